@@ -1,0 +1,60 @@
+#include <iostream>
+
+#include "commands.h"
+#include "shardtrain/launch.h"
+
+namespace shardtrain::cli {
+
+void add_launch_command(CLI::App& app, const std::vector<std::string>& command, int& exit_code) {
+  auto* cmd = app.add_subcommand(
+      "launch",
+      "Start N local ranks of PROGRAM with torchrun's environment (RANK WORLD_SIZE LOCAL_RANK "
+      "LOCAL_WORLD_SIZE MASTER_ADDR MASTER_PORT). Usage: shardtrain launch --nproc N [options] "
+      "-- PROGRAM ARGS...");
+  auto options = std::make_shared<LaunchOptions>();
+  cmd->add_option("--nproc,--nproc-per-node", options->nproc_, "Ranks to start on this node")
+      ->required()
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--nnodes", options->nnodes_, "Number of nodes in the job")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--node-rank", options->node_rank_,
+                  "Index of this node; its ranks are node_rank*nproc .. +nproc-1")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--master-addr", options->master_addr_, "Address of the node hosting rank 0")
+      ->capture_default_str();
+  cmd->add_option("--master-port", options->master_port_,
+                  "Port of the rendezvous store on rank 0 (default: a free port; required with "
+                  "--nnodes > 1)")
+      ->check(CLI::Range(1, 65535));
+  cmd->add_option("--max-restarts", options->max_restarts_,
+                  "Restart all local ranks up to R times after a failure")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  auto kill_seconds = std::make_shared<double>(10.0);
+  cmd->add_option("--kill-timeout", *kill_seconds,
+                  "Seconds the other ranks get after SIGTERM before SIGKILL, once one failed")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  auto no_prefix = std::make_shared<bool>(false);
+  cmd->add_flag("--no-prefix", *no_prefix, "Relay rank output without the '[rank N] ' prefix");
+  cmd->footer("Exit status: 0 when every rank exited 0, else the failed rank's status.");
+  cmd->callback([options, kill_seconds, no_prefix, &command, &exit_code] {
+    options->kill_timeout(std::chrono::milliseconds(static_cast<int64_t>(*kill_seconds * 1000)));
+    options->prefix_output(!*no_prefix);
+    LaunchResult result;
+    try {
+      result = launch(*options, command);
+    } catch (const std::invalid_argument& e) {
+      exit_code = 2;
+      throw;
+    }
+    if (result.exit_code != 0) {
+      std::cerr << "shardtrain launch: " << result.message << "\n";
+      exit_code = result.exit_code;
+    }
+  });
+}
+
+}  // namespace shardtrain::cli

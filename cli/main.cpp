@@ -1,0 +1,35 @@
+// shardtrain <subcommand>: parses arguments into option structs and calls the library.
+#include <iostream>
+
+#include "commands.h"
+
+int main(int argc, char** argv) {
+  // Everything after the first "--" is the program `launch` runs; CLI11 never sees it.
+  std::vector<std::string> args(argv + 1, argv + argc);
+  std::vector<std::string> command;
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (args[i] == "--") {
+      command.assign(args.begin() + i + 1, args.end());
+      args.resize(i);
+      break;
+    }
+  }
+  std::reverse(args.begin(), args.end());  // CLI11 takes a reversed vector
+
+  CLI::App app{"shardtrain: distributed training for LibTorch (DDP, FSDP, ZeRO, TP, PP)",
+               "shardtrain"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", "shardtrain 0.1.0");
+  int exit_code = 0;
+  shardtrain::cli::add_launch_command(app, command, exit_code);
+  shardtrain::cli::add_bench_command(app, exit_code);
+  try {
+    app.parse(args);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  } catch (const std::exception& e) {
+    std::cerr << "shardtrain: error: " << e.what() << "\n";
+    return exit_code ? exit_code : 1;
+  }
+  return exit_code;
+}

@@ -1,0 +1,64 @@
+// The device mesh pp x dp_replicate x dp_shard x tp: one value, validated once, holding the
+// group of each axis for this rank.
+#pragma once
+
+#include <array>
+#include <memory>
+#include <string>
+
+#include "shardtrain/dist.h"
+
+namespace shardtrain {
+
+enum class MeshAxis { kPp = 0, kDpReplicate = 1, kDpShard = 2, kTp = 3 };
+std::string to_string(MeshAxis axis);
+
+// Degrees of the four axes. At most one may be -1: it takes the ranks left over.
+struct MeshShape {
+  MeshShape& pp(int value) { degrees[0] = value; return *this; }
+  MeshShape& dp_replicate(int value) { degrees[1] = value; return *this; }
+  MeshShape& dp_shard(int value) { degrees[2] = value; return *this; }
+  MeshShape& tp(int value) { degrees[3] = value; return *this; }
+  int degree(MeshAxis axis) const { return degrees[static_cast<int>(axis)]; }
+
+  std::array<int, 4> degrees{1, 1, -1, 1};  // pp, dp_replicate, dp_shard, tp
+};
+
+// Fills in the -1 axis and checks that the product equals world_size. Throws
+// std::invalid_argument with every factor in the message, e.g.
+// "mesh pp=1 x dp_replicate=1 x dp_shard=3 x tp=2 = 6 does not match world size 4".
+MeshShape resolve_mesh(MeshShape shape, int world_size);
+
+// Ranks are laid out with tp innermost, then dp_shard, dp_replicate, pp outermost:
+// rank = ((pp * R + dp_replicate) * S + dp_shard) * T + tp, so tensor-parallel peers are
+// neighbours (same node first) and pipeline stages are furthest apart.
+class DeviceMesh {
+ public:
+  // Collective over `world`: every rank calls it with the same shape. Creates this rank's
+  // group on each axis, and the combined data-parallel group (dp_replicate x dp_shard).
+  DeviceMesh(std::shared_ptr<ProcessGroup> world, MeshShape shape);
+
+  const MeshShape& shape() const { return shape_; }
+  int size(MeshAxis axis) const { return shape_.degree(axis); }
+  // This rank's index along `axis`.
+  int coordinate(MeshAxis axis) const { return coordinate_[static_cast<int>(axis)]; }
+  ProcessGroup& group(MeshAxis axis) const { return *groups_[static_cast<int>(axis)]; }
+  std::shared_ptr<ProcessGroup> group_ptr(MeshAxis axis) const {
+    return groups_[static_cast<int>(axis)];
+  }
+  // dp_replicate x dp_shard: the ranks that see different data.
+  ProcessGroup& dp() const { return *dp_; }
+  std::shared_ptr<ProcessGroup> dp_ptr() const { return dp_; }
+  ProcessGroup& world() const { return *world_; }
+  // Global rank at the given coordinates (pp, dp_replicate, dp_shard, tp).
+  int rank_at(const std::array<int, 4>& coordinates) const;
+
+ private:
+  std::shared_ptr<ProcessGroup> world_;
+  MeshShape shape_;
+  std::array<int, 4> coordinate_{};
+  std::array<std::shared_ptr<ProcessGroup>, 4> groups_;
+  std::shared_ptr<ProcessGroup> dp_;
+};
+
+}  // namespace shardtrain

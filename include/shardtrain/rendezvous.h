@@ -1,0 +1,51 @@
+// Rendezvous from the environment a launcher leaves: torchrun (and `shardtrain launch`),
+// OpenMPI's mpirun, and Slurm's srun. Ranks meet over a TCP store hosted by rank 0.
+#pragma once
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+
+#include "shardtrain/dist.h"
+
+namespace shardtrain {
+
+using Environment = std::map<std::string, std::string>;
+
+// This process's environment variables.
+Environment current_environment();
+
+struct RendezvousInfo {
+  int rank = 0;
+  int world_size = 1;
+  int local_rank = 0;
+  int local_world_size = 1;
+  std::string master_addr = "127.0.0.1";
+  int master_port = 29500;
+  // Where the ranks came from: "torchrun", "openmpi", "slurm", or "single" (no launcher).
+  std::string source = "single";
+};
+
+// Reads the rank layout from `env`. torchrun variables (RANK WORLD_SIZE LOCAL_RANK
+// LOCAL_WORLD_SIZE MASTER_ADDR MASTER_PORT) win; else OMPI_COMM_WORLD_*; else SLURM_PROCID,
+// SLURM_NTASKS, SLURM_LOCALID. With none of them, a single process. MASTER_ADDR and MASTER_PORT
+// are read under every launcher (Slurm falls back to the first host of SLURM_JOB_NODELIST).
+// Throws std::invalid_argument naming the variable on inconsistent or malformed values.
+RendezvousInfo rendezvous_info(const Environment& env);
+
+// Reads the environment, connects the TCP store (rank 0 hosts it) and the world group.
+// Every rank calls it; blocks until all joined or options.timeout_ passed (naming the missing
+// ranks). Gloo binds the loopback address when MASTER_ADDR is loopback, else this host's name
+// (GLOO_SOCKET_IFNAME, when set, picks an interface instead).
+std::shared_ptr<ProcessGroup> init_from_environment(ProcessGroupOptions options = {});
+std::shared_ptr<ProcessGroup> init_from_environment(const RendezvousInfo& info,
+                                                    ProcessGroupOptions options = {});
+
+// Test and tooling harness: runs fn(group) on `world_size` ranks as threads of this process,
+// connected over the real Gloo transport on loopback through an in-memory store. Returns when
+// every rank finished; if any rank threw, rethrows the lowest rank's error prefixed with it.
+void run_local_ranks(int world_size, const std::function<void(ProcessGroup&)>& fn,
+                     ProcessGroupOptions options = {});
+
+}  // namespace shardtrain

@@ -1,0 +1,32 @@
+// Element-wise reductions for every supported dtype, and the ring reduce-scatter that Gloo's
+// library lacks in a flat-buffer form, written on Gloo's unbound-buffer transport.
+#pragma once
+
+#include <gloo/context.h>
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+#include "shardtrain/dist.h"
+
+namespace shardtrain::detail {
+
+// out[i] = a[i] (op) b[i] for n elements; out may alias a or b. The signature is Gloo's.
+using ReduceFn = void (*)(void* out, const void* a, const void* b, size_t n);
+// Throws naming the dtype when it has no reduction (or no average, for integer types).
+ReduceFn reduce_fn(at::ScalarType dtype, ReduceOp op);
+
+// Divides every element by `divisor` (the avg in ReduceOp::kAvg, applied after a sum).
+void divide_in_place(at::Tensor& tensor, int64_t divisor);
+
+// Ring reduce-scatter of the flat `input` (numel elements of elem_size bytes) into `output`,
+// which receives this rank's shard_range slice. Each rank sends and receives (size-1)/size of
+// the input; chunks are split into segments so reducing one overlaps receiving the next.
+// Runs on the calling thread and blocks until done; throws gloo's error on timeout.
+void ring_reduce_scatter(const std::shared_ptr<gloo::Context>& context, const void* input,
+                         void* output, int64_t numel, size_t elem_size, ReduceFn fn, uint32_t tag,
+                         std::chrono::milliseconds timeout);
+
+}  // namespace shardtrain::detail

@@ -1,0 +1,21 @@
+// Membership check done before any backend connects, so that a missing rank is named.
+#pragma once
+
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+#include <chrono>
+#include <string>
+#include <vector>
+
+namespace shardtrain::detail {
+
+// Announces group rank `rank` of `group` (whose members have the global ranks `members`) in
+// the store, then waits until every member has announced itself. On timeout throws an error
+// naming the global ranks that never joined.
+void wait_for_members(c10d::Store& store, const std::string& group, int rank,
+                      const std::vector<int>& members, std::chrono::milliseconds timeout);
+
+// "0,1,2" for {0,1,2}.
+std::string join_ranks(const std::vector<int>& ranks);
+
+}  // namespace shardtrain::detail

@@ -1,0 +1,179 @@
+#include "shardtrain/rendezvous.h"
+
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#include <unistd.h>
+
+#include <cctype>
+#include <stdexcept>
+
+extern char** environ;
+
+namespace shardtrain {
+namespace {
+
+const std::string* find(const Environment& env, const std::string& key) {
+  auto it = env.find(key);
+  return it == env.end() || it->second.empty() ? nullptr : &it->second;
+}
+
+int parse_int(const Environment& env, const std::string& key) {
+  const std::string* value = find(env, key);
+  if (!value) throw std::invalid_argument("environment variable " + key + " is not set");
+  size_t used = 0;
+  long parsed = -1;
+  try {
+    parsed = std::stol(*value, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used != value->size() || parsed < 0 || parsed > (1 << 30)) {
+    throw std::invalid_argument("environment variable " + key + "='" + *value +
+                                "' is not a non-negative integer");
+  }
+  return static_cast<int>(parsed);
+}
+
+int parse_int_or(const Environment& env, const std::string& key, int fallback) {
+  return find(env, key) ? parse_int(env, key) : fallback;
+}
+
+// First host of a Slurm node list: "node[03-05,07],gpu1" -> "node03".
+std::string first_slurm_host(const std::string& list) {
+  std::string host;
+  for (size_t i = 0; i < list.size(); ++i) {
+    const char c = list[i];
+    if (c == ',') break;
+    if (c != '[') {
+      host += c;
+      continue;
+    }
+    for (++i; i < list.size() && std::isalnum(static_cast<unsigned char>(list[i])); ++i) {
+      host += list[i];
+    }
+    break;
+  }
+  return host;
+}
+
+// Slurm's "4(x2),3" form: tasks on the first node.
+int first_slurm_count(const std::string& tasks) {
+  try {
+    return std::stoi(tasks);
+  } catch (const std::exception&) {
+    throw std::invalid_argument("environment variable SLURM_TASKS_PER_NODE='" + tasks +
+                                "' does not start with a task count");
+  }
+}
+
+}  // namespace
+
+Environment current_environment() {
+  Environment env;
+  for (char** entry = environ; entry && *entry; ++entry) {
+    std::string line(*entry);
+    const size_t eq = line.find('=');
+    if (eq != std::string::npos) env[line.substr(0, eq)] = line.substr(eq + 1);
+  }
+  return env;
+}
+
+RendezvousInfo rendezvous_info(const Environment& env) {
+  RendezvousInfo info;
+  std::string rank_key, size_key;
+  if (find(env, "RANK") || find(env, "WORLD_SIZE")) {
+    info.source = "torchrun";
+    rank_key = "RANK";
+    size_key = "WORLD_SIZE";
+    info.rank = parse_int(env, "RANK");
+    info.world_size = parse_int(env, "WORLD_SIZE");
+    info.local_rank = parse_int_or(env, "LOCAL_RANK", info.rank);
+    info.local_world_size = parse_int_or(env, "LOCAL_WORLD_SIZE", info.world_size);
+  } else if (find(env, "OMPI_COMM_WORLD_RANK")) {
+    info.source = "openmpi";
+    rank_key = "OMPI_COMM_WORLD_RANK";
+    size_key = "OMPI_COMM_WORLD_SIZE";
+    info.rank = parse_int(env, "OMPI_COMM_WORLD_RANK");
+    info.world_size = parse_int(env, "OMPI_COMM_WORLD_SIZE");
+    info.local_rank = parse_int_or(env, "OMPI_COMM_WORLD_LOCAL_RANK", info.rank);
+    info.local_world_size = parse_int_or(env, "OMPI_COMM_WORLD_LOCAL_SIZE", info.world_size);
+  } else if (find(env, "SLURM_PROCID")) {
+    info.source = "slurm";
+    rank_key = "SLURM_PROCID";
+    size_key = "SLURM_NTASKS";
+    info.rank = parse_int(env, "SLURM_PROCID");
+    info.world_size = parse_int(env, "SLURM_NTASKS");
+    info.local_rank = parse_int_or(env, "SLURM_LOCALID", 0);
+    if (const std::string* tasks = find(env, "SLURM_TASKS_PER_NODE")) {
+      info.local_world_size = first_slurm_count(*tasks);
+    } else {
+      info.local_world_size = parse_int_or(env, "SLURM_NTASKS_PER_NODE", info.world_size);
+    }
+  } else {
+    return info;  // no launcher: one process
+  }
+
+  if (info.world_size < 1) throw std::invalid_argument(size_key + " must be at least 1");
+  if (info.rank >= info.world_size) {
+    throw std::invalid_argument(rank_key + "=" + std::to_string(info.rank) +
+                                " is not below " + size_key + "=" +
+                                std::to_string(info.world_size));
+  }
+  if (info.local_rank >= info.local_world_size) {
+    throw std::invalid_argument("local rank " + std::to_string(info.local_rank) +
+                                " is not below the local world size " +
+                                std::to_string(info.local_world_size));
+  }
+  if (const std::string* addr = find(env, "MASTER_ADDR")) {
+    info.master_addr = *addr;
+  } else if (info.source == "slurm" && find(env, "SLURM_JOB_NODELIST")) {
+    info.master_addr = first_slurm_host(*find(env, "SLURM_JOB_NODELIST"));
+  } else if (info.world_size > 1) {
+    throw std::invalid_argument("environment variable MASTER_ADDR is not set (" + size_key +
+                                "=" + std::to_string(info.world_size) +
+                                " needs the address of rank 0)");
+  }
+  info.master_port = parse_int_or(env, "MASTER_PORT", 29500);
+  if (info.master_port < 1 || info.master_port > 65535) {
+    throw std::invalid_argument("MASTER_PORT=" + std::to_string(info.master_port) +
+                                " is not a TCP port (1-65535)");
+  }
+  return info;
+}
+
+std::shared_ptr<ProcessGroup> init_from_environment(ProcessGroupOptions options) {
+  const Environment env = current_environment();
+  if (options.interface_.empty()) {
+    if (const std::string* iface = find(env, "GLOO_SOCKET_IFNAME")) options.interface(*iface);
+  }
+  return init_from_environment(rendezvous_info(env), std::move(options));
+}
+
+std::shared_ptr<ProcessGroup> init_from_environment(const RendezvousInfo& info,
+                                                    ProcessGroupOptions options) {
+  const bool loopback = info.master_addr == "localhost" ||
+                        info.master_addr.rfind("127.", 0) == 0 || info.master_addr == "::1";
+  if (options.hostname_.empty() && options.interface_.empty() && !loopback) {
+    char name[256] = {};
+    gethostname(name, sizeof(name) - 1);
+    options.hostname(name);
+  }
+  c10d::TCPStoreOptions store_options;
+  store_options.port = static_cast<uint16_t>(info.master_port);
+  store_options.isServer = info.rank == 0;
+  store_options.numWorkers = info.world_size;
+  store_options.waitWorkers = false;  // wait_for_members names the ranks that are missing
+  store_options.timeout = options.timeout_;
+  c10::intrusive_ptr<c10d::Store> store;
+  try {
+    store = c10::make_intrusive<c10d::TCPStore>(info.master_addr, store_options);
+  } catch (const std::exception& e) {
+    throw std::runtime_error(
+        std::string(info.rank == 0 ? "rank 0 could not host" : "rank " +
+                                         std::to_string(info.rank) + " could not reach") +
+        " the rendezvous store at " + info.master_addr + ":" + std::to_string(info.master_port) +
+        (info.rank == 0 ? "" : " (is rank 0 running?)") + ": " + e.what());
+  }
+  return init_process_group(std::move(store), info.rank, info.world_size, options);
+}
+
+}  // namespace shardtrain

@@ -1,0 +1,35 @@
+// Work handles completed by whoever runs the operation (a worker thread, a transport wait).
+#pragma once
+
+#include <condition_variable>
+#include <exception>
+#include <mutex>
+#include <string>
+
+#include "shardtrain/dist.h"
+
+namespace shardtrain::detail {
+
+// A handle that another thread completes with finish(). wait() rethrows the stored error.
+class CompletionWork : public Work {
+ public:
+  void wait() override;
+  bool is_completed() override;
+  // Marks the operation done; `error` (may be null) is what wait() rethrows.
+  void finish(std::exception_ptr error = nullptr);
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable done_cv_;
+  bool done_ = false;
+  std::exception_ptr error_;
+};
+
+// A handle for an operation that finished before it was returned.
+class CompletedWork : public Work {
+ public:
+  void wait() override {}
+  bool is_completed() override { return true; }
+};
+
+}  // namespace shardtrain::detail

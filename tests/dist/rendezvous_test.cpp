@@ -1,0 +1,126 @@
+#include <gtest/gtest.h>
+
+#include <thread>
+
+#include "shardtrain/launch.h"
+#include "shardtrain/rendezvous.h"
+
+namespace shardtrain {
+namespace {
+
+std::string error_of(const Environment& env) {
+  try {
+    rendezvous_info(env);
+  } catch (const std::invalid_argument& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(RendezvousTest, ReadsTorchrunVariables) {
+  const auto info = rendezvous_info({{"RANK", "3"},
+                                     {"WORLD_SIZE", "8"},
+                                     {"LOCAL_RANK", "1"},
+                                     {"LOCAL_WORLD_SIZE", "2"},
+                                     {"MASTER_ADDR", "node7"},
+                                     {"MASTER_PORT", "1234"}});
+  EXPECT_EQ(info.source, "torchrun");
+  EXPECT_EQ(info.rank, 3);
+  EXPECT_EQ(info.world_size, 8);
+  EXPECT_EQ(info.local_rank, 1);
+  EXPECT_EQ(info.local_world_size, 2);
+  EXPECT_EQ(info.master_addr, "node7");
+  EXPECT_EQ(info.master_port, 1234);
+}
+
+TEST(RendezvousTest, ReadsOpenMpiVariables) {
+  const auto info = rendezvous_info({{"OMPI_COMM_WORLD_RANK", "2"},
+                                     {"OMPI_COMM_WORLD_SIZE", "4"},
+                                     {"OMPI_COMM_WORLD_LOCAL_RANK", "0"},
+                                     {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"},
+                                     {"MASTER_ADDR", "10.0.0.1"}});
+  EXPECT_EQ(info.source, "openmpi");
+  EXPECT_EQ(info.rank, 2);
+  EXPECT_EQ(info.world_size, 4);
+  EXPECT_EQ(info.local_world_size, 2);
+  EXPECT_EQ(info.master_port, 29500);
+}
+
+TEST(RendezvousTest, ReadsSlurmVariablesAndTheFirstNode) {
+  const auto info = rendezvous_info({{"SLURM_PROCID", "5"},
+                                     {"SLURM_NTASKS", "8"},
+                                     {"SLURM_LOCALID", "1"},
+                                     {"SLURM_TASKS_PER_NODE", "4(x2)"},
+                                     {"SLURM_JOB_NODELIST", "gpu[07-08,11],login1"}});
+  EXPECT_EQ(info.source, "slurm");
+  EXPECT_EQ(info.rank, 5);
+  EXPECT_EQ(info.local_rank, 1);
+  EXPECT_EQ(info.local_world_size, 4);
+  EXPECT_EQ(info.master_addr, "gpu07");
+}
+
+TEST(RendezvousTest, NoLauncherMeansOneProcess) {
+  const auto info = rendezvous_info({{"HOME", "/root"}});
+  EXPECT_EQ(info.source, "single");
+  EXPECT_EQ(info.world_size, 1);
+  EXPECT_EQ(info.rank, 0);
+}
+
+TEST(RendezvousTest, InconsistentEnvironmentIsNamed) {
+  const std::string too_big =
+      error_of({{"RANK", "4"}, {"WORLD_SIZE", "4"}, {"MASTER_ADDR", "h"}});
+  EXPECT_NE(too_big.find("RANK=4 is not below WORLD_SIZE=4"), std::string::npos) << too_big;
+
+  const std::string no_addr = error_of({{"RANK", "0"}, {"WORLD_SIZE", "2"}});
+  EXPECT_NE(no_addr.find("MASTER_ADDR is not set"), std::string::npos) << no_addr;
+
+  const std::string no_size = error_of({{"RANK", "0"}});
+  EXPECT_NE(no_size.find("WORLD_SIZE is not set"), std::string::npos) << no_size;
+
+  const std::string bad = error_of({{"RANK", "x"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "h"}});
+  EXPECT_NE(bad.find("RANK='x' is not a non-negative integer"), std::string::npos) << bad;
+
+  const std::string port =
+      error_of({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "h"}, {"MASTER_PORT", "0"}});
+  EXPECT_NE(port.find("MASTER_PORT=0"), std::string::npos) << port;
+
+  const std::string local = error_of(
+      {{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"LOCAL_RANK", "2"}, {"LOCAL_WORLD_SIZE", "2"},
+       {"MASTER_ADDR", "h"}});
+  EXPECT_NE(local.find("local rank 2"), std::string::npos) << local;
+}
+
+TEST(RendezvousTest, RanksMeetOverTheTcpStore) {
+  // Two ranks as threads, connected exactly as launched processes are: TCP store on rank 0.
+  RendezvousInfo info;
+  info.world_size = 2;
+  info.local_world_size = 2;
+  info.master_addr = "127.0.0.1";
+  info.master_port = 20000 + static_cast<int>(getpid() % 20000);
+  std::vector<float> results(2);
+  std::vector<std::string> errors(2);
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < 2; ++rank) {
+    threads.emplace_back([&, rank] {
+      try {
+        RendezvousInfo mine = info;
+        mine.rank = mine.local_rank = rank;
+        auto group = init_from_environment(
+            mine, ProcessGroupOptions().timeout(std::chrono::seconds(30)));
+        at::Tensor t = at::full({3}, rank + 1.0f);
+        group->all_reduce(t)->wait();
+        results[rank] = t[0].item<float>();
+      } catch (const std::exception& e) {
+        errors[rank] = e.what();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(errors[0], "");
+  EXPECT_EQ(errors[1], "");
+  EXPECT_EQ(results[0], 3.0f);
+  EXPECT_EQ(results[1], 3.0f);
+}
+
+}  // namespace
+}  // namespace shardtrain
