@@ -262,7 +262,7 @@ WorkHandle GlooProcessGroup::reduce_scatter(at::Tensor input, at::Tensor output,
   if (input.numel() == 0) return std::make_shared<CompletedWork>();
   return enqueue("reduce_scatter", [this, input, output, op, fn](uint32_t tag) mutable {
     ring_reduce_scatter(context_, input.data_ptr(), output.data_ptr(), input.numel(),
-                        input.element_size(), fn, tag, options_.timeout_);
+                        input.element_size(), fn, tag, options_.timeout_, ring_workspace_);
     if (op == ReduceOp::kAvg) divide_in_place(output, size());
   });
 }

@@ -61,6 +61,7 @@ class GlooProcessGroup : public ProcessGroup {
   uint32_t next_tag_ = 0;
   std::string broken_;  // first failure; non-empty means the group is unusable
   std::thread worker_;
+  std::vector<char> ring_workspace_;  // only the worker thread touches it
 
   std::mutex subgroups_mutex_;
   std::map<std::string, int> subgroup_count_;  // how often each member list was split off

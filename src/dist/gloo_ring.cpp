@@ -87,7 +87,7 @@ void divide_in_place(at::Tensor& tensor, int64_t divisor) {
 
 void ring_reduce_scatter(const std::shared_ptr<gloo::Context>& context, const void* input,
                          void* output, int64_t numel, size_t elem_size, ReduceFn fn, uint32_t tag,
-                         std::chrono::milliseconds timeout) {
+                         std::chrono::milliseconds timeout, std::vector<char>& workspace) {
   const int size = context->size;
   const int rank = context->rank;
   const ShardRange mine = shard_range(numel, size, rank);
@@ -99,50 +99,56 @@ void ring_reduce_scatter(const std::shared_ptr<gloo::Context>& context, const vo
   const int right = (rank + 1) % size;
   const int left = (rank + size - 1) % size;
   const int64_t max_chunk = shard_range(numel, size, 0).numel;
-  // Two chunk buffers alternate: one is being sent (the partial sum of the previous step)
-  // while the next partial sum is received and accumulated into the other.
-  std::vector<char> buffers[2] = {std::vector<char>(max_chunk * elem_size),
-                                  std::vector<char>(max_chunk * elem_size)};
-  std::unique_ptr<gloo::transport::UnboundBuffer> bound[2] = {
-      context->createUnboundBuffer(buffers[0].data(), buffers[0].size()),
-      context->createUnboundBuffer(buffers[1].data(), buffers[1].size())};
-  // Step 0 sends straight from the input, which gloo only reads.
-  auto input_buffer = context->createUnboundBuffer(const_cast<char*>(in), numel * elem_size);
   const uint64_t slot = gloo::Slot::build(kReduceScatterSlotPrefix, tag);
-  const size_t segment_elems = std::max<size_t>(1, kSegmentBytes / elem_size);
+  const int64_t segment = std::max<int64_t>(1, kSegmentBytes / elem_size);
+  auto segment_count = [&](int64_t done, int64_t total) {
+    return static_cast<size_t>(std::min(segment, total - done));
+  };
 
-  gloo::transport::UnboundBuffer* sending = nullptr;
-  int sends_pending = 0;
-  for (int step = 0; step < size - 1; ++step) {
-    const ShardRange send_chunk = shard_range(numel, size, (rank - step - 1 + 2 * size) % size);
-    const ShardRange recv_chunk = shard_range(numel, size, (rank - step - 2 + 2 * size) % size);
-    // Post this step's sends: at step 0 the own input's chunk, later the partial sum.
-    gloo::transport::UnboundBuffer* source = step == 0 ? input_buffer.get() : sending;
-    const size_t source_offset = step == 0 ? send_chunk.offset * elem_size : 0;
-    for (int64_t done = 0; done < send_chunk.numel; done += segment_elems) {
-      const size_t n = std::min<int64_t>(segment_elems, send_chunk.numel - done);
-      source->send(right, slot, source_offset + done * elem_size, n * elem_size);
-      ++sends_pending;
-    }
-    gloo::transport::UnboundBuffer* target = bound[step % 2].get();
-    for (int64_t done = 0; done < recv_chunk.numel; done += segment_elems) {
-      const size_t n = std::min<int64_t>(segment_elems, recv_chunk.numel - done);
-      target->recv(left, slot, done * elem_size, n * elem_size);
-    }
-    // Accumulate the own input's part segment by segment as each one lands; the last step
-    // writes the finished shard straight into the output.
-    const bool last = step == size - 2;
-    char* accumulated = last ? static_cast<char*>(output) : static_cast<char*>(target->ptr);
-    for (int64_t done = 0; done < recv_chunk.numel; done += segment_elems) {
-      const size_t n = std::min<int64_t>(segment_elems, recv_chunk.numel - done);
-      target->waitRecv(timeout);
-      fn(accumulated + done * elem_size, static_cast<char*>(target->ptr) + done * elem_size,
-         in + (recv_chunk.offset + done) * elem_size, n);
-    }
-    // The buffer sent in this step is received into two steps later: its sends must be done.
-    for (; sends_pending > 0; --sends_pending) source->waitSend(timeout);
-    sending = target;
+  // Two chunk buffers alternate: step s receives and accumulates into buffer s % 2, and each
+  // segment goes on to the right neighbour (as step s+1's send) as soon as it is accumulated,
+  // so the ring stays pipelined across steps. Index 2 is the input, which step 0 sends from.
+  const size_t chunk_bytes = max_chunk * elem_size;
+  if (workspace.size() < 2 * chunk_bytes) workspace.resize(2 * chunk_bytes);
+  std::unique_ptr<gloo::transport::UnboundBuffer> buffers[3] = {
+      context->createUnboundBuffer(workspace.data(), chunk_bytes),
+      context->createUnboundBuffer(workspace.data() + chunk_bytes, chunk_bytes),
+      context->createUnboundBuffer(const_cast<char*>(in), numel * elem_size)};
+  int pending_sends[3] = {0, 0, 0};
+  auto wait_sends = [&](int index) {
+    for (; pending_sends[index] > 0; --pending_sends[index]) buffers[index]->waitSend(timeout);
+  };
+
+  const ShardRange first = shard_range(numel, size, (rank + size - 1) % size);
+  for (int64_t done = 0; done < first.numel; done += segment) {
+    buffers[2]->send(right, slot, (first.offset + done) * elem_size,
+                     segment_count(done, first.numel) * elem_size);
+    ++pending_sends[2];
   }
+  for (int step = 0; step < size - 1; ++step) {
+    const ShardRange chunk = shard_range(numel, size, (rank - step - 2 + 2 * size) % size);
+    const int index = step % 2;
+    gloo::transport::UnboundBuffer& target = *buffers[index];
+    // This buffer was forwarded two steps ago: those sends must be out before it is reused.
+    wait_sends(index);
+    for (int64_t done = 0; done < chunk.numel; done += segment) {
+      target.recv(left, slot, done * elem_size, segment_count(done, chunk.numel) * elem_size);
+    }
+    // The last step writes the finished shard straight into the output.
+    const bool last = step == size - 2;
+    char* accumulated = last ? static_cast<char*>(output) : static_cast<char*>(target.ptr);
+    for (int64_t done = 0; done < chunk.numel; done += segment) {
+      const size_t n = segment_count(done, chunk.numel);
+      target.waitRecv(timeout);
+      fn(accumulated + done * elem_size, static_cast<char*>(target.ptr) + done * elem_size,
+         in + (chunk.offset + done) * elem_size, n);
+      if (!last) {
+        target.send(right, slot, done * elem_size, n * elem_size);
+        ++pending_sends[index];
+      }
+    }
+  }
+  for (int index = 0; index < 3; ++index) wait_sends(index);
 }
 
 }  // namespace shardtrain::detail

@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "shardtrain/dist.h"
 
@@ -24,9 +25,11 @@ void divide_in_place(at::Tensor& tensor, int64_t divisor);
 // Ring reduce-scatter of the flat `input` (numel elements of elem_size bytes) into `output`,
 // which receives this rank's shard_range slice. Each rank sends and receives (size-1)/size of
 // the input; chunks are split into segments so reducing one overlaps receiving the next.
+// `workspace` (grown to two chunks, never shrunk) is reused across calls so that large
+// reduce-scatters do not pay for allocating and faulting in fresh memory each time.
 // Runs on the calling thread and blocks until done; throws gloo's error on timeout.
 void ring_reduce_scatter(const std::shared_ptr<gloo::Context>& context, const void* input,
                          void* output, int64_t numel, size_t elem_size, ReduceFn fn, uint32_t tag,
-                         std::chrono::milliseconds timeout);
+                         std::chrono::milliseconds timeout, std::vector<char>& workspace);
 
 }  // namespace shardtrain::detail
