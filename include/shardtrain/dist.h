@@ -7,7 +7,9 @@
 
 #include <chrono>
 #include <cstdint>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -125,9 +127,21 @@ class ProcessGroup {
   void check_tensor(const char* op, const at::Tensor& tensor) const;
   void check_peer(const char* op, int peer) const;
 
+  // What new_group(ranks) creates on this rank, after checking the list.
+  struct SubgroupPlan {
+    std::string name;  // the same on every member
+    int rank = -1;     // this rank inside the subgroup
+    std::vector<int> global_ranks;
+  };
+  SubgroupPlan plan_subgroup(const std::vector<int>& ranks);
+
   std::string name_;
   int rank_;
   std::vector<int> global_ranks_;
+
+ private:
+  std::mutex subgroups_mutex_;
+  std::map<std::string, int> subgroup_count_;  // how often each member list was split off
 };
 
 // Connects `world_size` processes through `store` and returns the world group. Every rank calls

@@ -316,30 +316,9 @@ WorkHandle GlooProcessGroup::barrier() {
 }
 
 std::shared_ptr<ProcessGroup> GlooProcessGroup::new_group(const std::vector<int>& ranks) {
-  TORCH_CHECK(!ranks.empty(), "new_group: the rank list is empty");
-  std::vector<int> globals;
-  int my_rank = -1;
-  for (size_t i = 0; i < ranks.size(); ++i) {
-    check_peer("new_group", ranks[i]);
-    for (size_t j = 0; j < i; ++j) {
-      TORCH_CHECK(ranks[j] != ranks[i], "new_group: rank ", ranks[i], " is listed twice");
-    }
-    globals.push_back(global_ranks_[ranks[i]]);
-    if (ranks[i] == rank_) my_rank = static_cast<int>(i);
-  }
-  TORCH_CHECK(my_rank >= 0, "new_group: rank ", rank_, " of group '", name_,
-              "' called it but is not in the list [", join_ranks(ranks), "]");
-  std::string key = join_ranks(globals);
-  int generation;
-  {
-    std::lock_guard<std::mutex> lock(subgroups_mutex_);
-    generation = subgroup_count_[key]++;
-  }
-  // Every member derives the same name: the parent, the members, and how many times this same
-  // list was split off before, so a repeated split gets fresh store keys.
-  std::string name = name_ + "/[" + key + "]#" + std::to_string(generation);
-  return std::make_shared<GlooProcessGroup>(std::move(name), store_, my_rank, std::move(globals),
-                                            options_, device_);
+  SubgroupPlan plan = plan_subgroup(ranks);
+  return std::make_shared<GlooProcessGroup>(std::move(plan.name), store_, plan.rank,
+                                            std::move(plan.global_ranks), options_, device_);
 }
 
 }  // namespace shardtrain::detail

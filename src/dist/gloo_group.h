@@ -9,7 +9,6 @@
 #include <condition_variable>
 #include <deque>
 #include <functional>
-#include <map>
 #include <mutex>
 #include <thread>
 
@@ -62,9 +61,6 @@ class GlooProcessGroup : public ProcessGroup {
   std::string broken_;  // first failure; non-empty means the group is unusable
   std::thread worker_;
   std::vector<char> ring_workspace_;  // only the worker thread touches it
-
-  std::mutex subgroups_mutex_;
-  std::map<std::string, int> subgroup_count_;  // how often each member list was split off
 };
 
 // The Gloo TCP device for `options`: an interface when given, else the hostname.

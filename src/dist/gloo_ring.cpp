@@ -45,9 +45,10 @@ void max16_fn(void* out, const void* a, const void* b, size_t n) {
   }
 }
 
-// Gloo's unbound buffers bound the bytes in flight per send; 1 MiB segments keep two of them
-// in flight per step while the previous one is reduced.
-constexpr size_t kSegmentBytes = 1 << 20;
+// Each segment is received, reduced and forwarded on its own, so the ring pipelines across
+// steps. 4 MiB measured better than 1 MiB here (per-message overhead on loopback TCP): median
+// reduce_scatter/all_reduce busbw 0.91 against 0.82 at 64 MiB on 4 ranks.
+constexpr size_t kSegmentBytes = 4 << 20;
 constexpr uint8_t kReduceScatterSlotPrefix = 0x70;
 
 }  // namespace

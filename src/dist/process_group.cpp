@@ -49,6 +49,31 @@ void ProcessGroup::check_peer(const char* op, int peer) const {
               "' of size ", size());
 }
 
+ProcessGroup::SubgroupPlan ProcessGroup::plan_subgroup(const std::vector<int>& ranks) {
+  TORCH_CHECK(!ranks.empty(), "new_group: the rank list is empty");
+  SubgroupPlan plan;
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    check_peer("new_group", ranks[i]);
+    for (size_t j = 0; j < i; ++j) {
+      TORCH_CHECK(ranks[j] != ranks[i], "new_group: rank ", ranks[i], " is listed twice");
+    }
+    plan.global_ranks.push_back(global_ranks_[ranks[i]]);
+    if (ranks[i] == rank_) plan.rank = static_cast<int>(i);
+  }
+  TORCH_CHECK(plan.rank >= 0, "new_group: rank ", rank_, " of group '", name_,
+              "' called it but is not in the list [", detail::join_ranks(ranks), "]");
+  const std::string key = detail::join_ranks(plan.global_ranks);
+  int generation;
+  {
+    std::lock_guard<std::mutex> lock(subgroups_mutex_);
+    generation = subgroup_count_[key]++;
+  }
+  // Every member derives the same name: the parent, the members, and how many times this same
+  // list was split off before, so a repeated split gets fresh store keys.
+  plan.name = name_ + "/[" + key + "]#" + std::to_string(generation);
+  return plan;
+}
+
 namespace detail {
 
 std::string join_ranks(const std::vector<int>& ranks) {

@@ -150,8 +150,8 @@ INSTANTIATE_TEST_SUITE_P(WorldsAndDtypes, CollectiveTest,
                          });
 
 TEST(CollectiveTest, ReduceScatterLargeTensorUsesManySegments) {
-  // Chunks of several MiB exercise the segmented pipeline of the ring.
-  const int64_t numel = (3 << 20) + 7;
+  // 12 MiB chunks: three 4 MiB segments per ring step, plus an uneven tail.
+  const int64_t numel = (9 << 20) + 7;
   run_local_ranks(3, [&](ProcessGroup& group) {
     at::Tensor input = at::arange(numel, at::kFloat).remainder(1000) * (group.rank() + 1);
     at::Tensor output = at::empty({shard_range(numel, 3, group.rank()).numel});
