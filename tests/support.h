@@ -1,9 +1,10 @@
 // Helpers shared by the tests: running the CLI, temporary directories.
 #pragma once
 
+#include <sys/wait.h>
+
 #include <cstdio>
 #include <string>
-#include <sys/wait.h>
 
 namespace shardtrain::testing {
 

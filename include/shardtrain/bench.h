@@ -11,14 +11,38 @@ namespace shardtrain {
 
 struct CollectiveBenchOptions {
   // all_reduce, all_gather, reduce_scatter, broadcast.
-  CollectiveBenchOptions& ops(std::vector<std::string> value) { ops_ = std::move(value); return *this; }
-  CollectiveBenchOptions& min_bytes(int64_t value) { min_bytes_ = value; return *this; }
-  CollectiveBenchOptions& max_bytes(int64_t value) { max_bytes_ = value; return *this; }
-  CollectiveBenchOptions& step_factor(int value) { step_factor_ = value; return *this; }
-  CollectiveBenchOptions& iters(int value) { iters_ = value; return *this; }
-  CollectiveBenchOptions& warmup(int value) { warmup_ = value; return *this; }
-  CollectiveBenchOptions& dtype(at::ScalarType value) { dtype_ = value; return *this; }
-  CollectiveBenchOptions& check(bool value) { check_ = value; return *this; }
+  CollectiveBenchOptions& ops(std::vector<std::string> value) {
+    ops_ = std::move(value);
+    return *this;
+  }
+  CollectiveBenchOptions& min_bytes(int64_t value) {
+    min_bytes_ = value;
+    return *this;
+  }
+  CollectiveBenchOptions& max_bytes(int64_t value) {
+    max_bytes_ = value;
+    return *this;
+  }
+  CollectiveBenchOptions& step_factor(int value) {
+    step_factor_ = value;
+    return *this;
+  }
+  CollectiveBenchOptions& iters(int value) {
+    iters_ = value;
+    return *this;
+  }
+  CollectiveBenchOptions& warmup(int value) {
+    warmup_ = value;
+    return *this;
+  }
+  CollectiveBenchOptions& dtype(at::ScalarType value) {
+    dtype_ = value;
+    return *this;
+  }
+  CollectiveBenchOptions& check(bool value) {
+    check_ = value;
+    return *this;
+  }
 
   std::vector<std::string> ops_{"all_reduce"};
   int64_t min_bytes_ = 1024;
@@ -32,9 +56,9 @@ struct CollectiveBenchOptions {
 
 struct CollectiveBenchRow {
   std::string op;
-  int64_t bytes = 0;   // size of the full array (nccl-tests' "size")
-  int64_t count = 0;   // elements of the full array
-  double time_us = 0;  // mean time per operation, slowest rank
+  int64_t bytes = 0;      // size of the full array (nccl-tests' "size")
+  int64_t count = 0;      // elements of the full array
+  double time_us = 0;     // mean time per operation, slowest rank
   double algbw_gbps = 0;  // bytes / time
   double busbw_gbps = 0;  // algbw x 2(n-1)/n for all_reduce, (n-1)/n for all/reduce-scatter
   bool values_ok = true;

@@ -8,17 +8,41 @@
 namespace shardtrain {
 
 struct LaunchOptions {
-  LaunchOptions& nproc(int value) { nproc_ = value; return *this; }
-  LaunchOptions& nnodes(int value) { nnodes_ = value; return *this; }
-  LaunchOptions& node_rank(int value) { node_rank_ = value; return *this; }
-  LaunchOptions& master_addr(std::string value) { master_addr_ = std::move(value); return *this; }
+  LaunchOptions& nproc(int value) {
+    nproc_ = value;
+    return *this;
+  }
+  LaunchOptions& nnodes(int value) {
+    nnodes_ = value;
+    return *this;
+  }
+  LaunchOptions& node_rank(int value) {
+    node_rank_ = value;
+    return *this;
+  }
+  LaunchOptions& master_addr(std::string value) {
+    master_addr_ = std::move(value);
+    return *this;
+  }
   // 0: pick a free port (single node only; several nodes must agree on one).
-  LaunchOptions& master_port(int value) { master_port_ = value; return *this; }
-  LaunchOptions& max_restarts(int value) { max_restarts_ = value; return *this; }
+  LaunchOptions& master_port(int value) {
+    master_port_ = value;
+    return *this;
+  }
+  LaunchOptions& max_restarts(int value) {
+    max_restarts_ = value;
+    return *this;
+  }
   // How long ranks get between SIGTERM and SIGKILL once one of them failed.
-  LaunchOptions& kill_timeout(std::chrono::milliseconds value) { kill_timeout_ = value; return *this; }
+  LaunchOptions& kill_timeout(std::chrono::milliseconds value) {
+    kill_timeout_ = value;
+    return *this;
+  }
   // Prefix each line a rank prints with "[rank N] ".
-  LaunchOptions& prefix_output(bool value) { prefix_output_ = value; return *this; }
+  LaunchOptions& prefix_output(bool value) {
+    prefix_output_ = value;
+    return *this;
+  }
 
   int nproc_ = 1;
   int nnodes_ = 1;

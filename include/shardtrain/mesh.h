@@ -15,10 +15,22 @@ std::string to_string(MeshAxis axis);
 
 // Degrees of the four axes. At most one may be -1: it takes the ranks left over.
 struct MeshShape {
-  MeshShape& pp(int value) { degrees[0] = value; return *this; }
-  MeshShape& dp_replicate(int value) { degrees[1] = value; return *this; }
-  MeshShape& dp_shard(int value) { degrees[2] = value; return *this; }
-  MeshShape& tp(int value) { degrees[3] = value; return *this; }
+  MeshShape& pp(int value) {
+    degrees[0] = value;
+    return *this;
+  }
+  MeshShape& dp_replicate(int value) {
+    degrees[1] = value;
+    return *this;
+  }
+  MeshShape& dp_shard(int value) {
+    degrees[2] = value;
+    return *this;
+  }
+  MeshShape& tp(int value) {
+    degrees[3] = value;
+    return *this;
+  }
   int degree(MeshAxis axis) const { return degrees[static_cast<int>(axis)]; }
 
   std::array<int, 4> degrees{1, 1, -1, 1};  // pp, dp_replicate, dp_shard, tp

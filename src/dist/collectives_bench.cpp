@@ -42,7 +42,8 @@ bool values_ok(const std::string& op, const at::Tensor& full, const at::Tensor& 
     auto expected = at::empty({count}, at::kLong);
     for (int r = 0; r < n; ++r) {
       const ShardRange s = shard_range(count, n, r);
-      expected.narrow(0, s.offset, s.numel).copy_(pattern(count, r, at::kLong).narrow(0, s.offset, s.numel));
+      expected.narrow(0, s.offset, s.numel)
+          .copy_(pattern(count, r, at::kLong).narrow(0, s.offset, s.numel));
     }
     return at::equal(full.to(at::kLong), expected);
   }
@@ -117,14 +118,13 @@ std::vector<CollectiveBenchRow> bench_collectives(ProcessGroup& group,
 std::string format_bench_table(const std::vector<CollectiveBenchRow>& rows, int world_size) {
   std::ostringstream out;
   char line[256];
-  std::snprintf(line, sizeof(line), "# %d ranks\n#%15s %12s %14s %12s %10s %10s %6s\n",
-                world_size, "op", "size(B)", "count(elems)", "time(us)", "algbw(GB/s)",
-                "busbw(GB/s)", "check");
+  std::snprintf(line, sizeof(line), "# %d ranks\n#%15s %12s %14s %12s %10s %10s %6s\n", world_size,
+                "op", "size(B)", "count(elems)", "time(us)", "algbw(GB/s)", "busbw(GB/s)", "check");
   out << line;
   for (const auto& r : rows) {
-    std::snprintf(line, sizeof(line), "%16s %12lld %14lld %12.1f %10.3f %10.3f %6s\n",
-                  r.op.c_str(), static_cast<long long>(r.bytes), static_cast<long long>(r.count),
-                  r.time_us, r.algbw_gbps, r.busbw_gbps, r.values_ok ? "ok" : "WRONG");
+    std::snprintf(line, sizeof(line), "%16s %12lld %14lld %12.1f %10.3f %10.3f %6s\n", r.op.c_str(),
+                  static_cast<long long>(r.bytes), static_cast<long long>(r.count), r.time_us,
+                  r.algbw_gbps, r.busbw_gbps, r.values_ok ? "ok" : "WRONG");
     out << line;
   }
   return out.str();

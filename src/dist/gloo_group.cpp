@@ -9,10 +9,10 @@
 #include <gloo/transport/tcp/device.h>
 #include <gloo/transport/unbound_buffer.h>
 #include <gloo/types.h>
-#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 
 #include <cstring>
 #include <sstream>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 
 #include "dist/gloo_ring.h"
 #include "dist/join.h"
@@ -46,11 +46,16 @@ class GlooStoreAdapter : public gloo::rendezvous::Store {
 template <typename F>
 void with_element_size(size_t size, F&& f) {
   switch (size) {
-    case 1: return f(uint8_t{});
-    case 2: return f(uint16_t{});
-    case 4: return f(uint32_t{});
-    case 8: return f(uint64_t{});
-    default: TORCH_CHECK(false, "unsupported element size ", size);
+    case 1:
+      return f(uint8_t{});
+    case 2:
+      return f(uint16_t{});
+    case 4:
+      return f(uint32_t{});
+    case 8:
+      return f(uint64_t{});
+    default:
+      TORCH_CHECK(false, "unsupported element size ", size);
   }
 }
 
@@ -149,8 +154,8 @@ GlooProcessGroup::~GlooProcessGroup() {
 
 std::string GlooProcessGroup::describe(const char* op) const {
   std::ostringstream out;
-  out << op << " on group '" << name_ << "' (rank " << rank_ << " of " << size()
-      << ", global rank " << global_ranks_[rank_] << ")";
+  out << op << " on group '" << name_ << "' (rank " << rank_ << " of " << size() << ", global rank "
+      << global_ranks_[rank_] << ")";
   return out.str();
 }
 
@@ -226,9 +231,9 @@ WorkHandle GlooProcessGroup::all_gather(at::Tensor input, at::Tensor output) {
   TORCH_CHECK(input.scalar_type() == output.scalar_type(), "all_gather: input dtype ",
               input.scalar_type(), " differs from output dtype ", output.scalar_type());
   const ShardRange mine = shard_range(output.numel(), size(), rank_);
-  TORCH_CHECK(input.numel() == mine.numel, "all_gather: rank ", rank_, " of ", size(),
-              " owns ", mine.numel, " of the output's ", output.numel(),
-              " elements but its input has ", input.numel());
+  TORCH_CHECK(input.numel() == mine.numel, "all_gather: rank ", rank_, " of ", size(), " owns ",
+              mine.numel, " of the output's ", output.numel(), " elements but its input has ",
+              input.numel());
   if (output.numel() == 0) return std::make_shared<CompletedWork>();
   return enqueue("all_gather", [this, input, output](uint32_t tag) mutable {
     if (size() == 1) {
@@ -300,9 +305,8 @@ WorkHandle GlooProcessGroup::recv(at::Tensor tensor, int src, int tag) {
   TORCH_CHECK(src != rank_, "recv: rank ", rank_, " cannot receive from itself");
   auto buffer = context_->createUnboundBuffer(tensor.data_ptr(), tensor.nbytes());
   buffer->recv(src, gloo::Slot::build(kPointToPointSlotPrefix, static_cast<uint32_t>(tag)));
-  return std::make_shared<PointToPointWork>(
-      std::move(buffer), tensor, false, options_.timeout_,
-      describe("recv") + " from rank " + std::to_string(src));
+  return std::make_shared<PointToPointWork>(std::move(buffer), tensor, false, options_.timeout_,
+                                            describe("recv") + " from rank " + std::to_string(src));
 }
 
 WorkHandle GlooProcessGroup::barrier() {

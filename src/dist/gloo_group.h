@@ -4,13 +4,13 @@
 
 #include <gloo/context.h>
 #include <gloo/transport/device.h>
-#include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include <condition_variable>
 #include <deque>
 #include <functional>
 #include <mutex>
 #include <thread>
+#include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include "dist/work.h"
 #include "shardtrain/dist.h"

@@ -1,10 +1,9 @@
 // Membership check done before any backend connects, so that a missing rank is named.
 #pragma once
 
-#include <torch/csrc/distributed/c10d/Store.hpp>
-
 #include <chrono>
 #include <string>
+#include <torch/csrc/distributed/c10d/Store.hpp>
 #include <vector>
 
 namespace shardtrain::detail {

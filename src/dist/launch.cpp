@@ -249,7 +249,8 @@ LaunchResult launch(const LaunchOptions& options, const std::vector<std::string>
   struct sigaction forward {};
   forward.sa_handler = remember_signal;
   sigemptyset(&forward.sa_mask);
-  struct sigaction old_int {}, old_term {};
+  struct sigaction old_int {
+  }, old_term{};
   sigaction(SIGINT, &forward, &old_int);
   sigaction(SIGTERM, &forward, &old_term);
   g_forwarded_signal = 0;
@@ -270,8 +271,8 @@ LaunchResult launch(const LaunchOptions& options, const std::vector<std::string>
     drain(children, options.prefix_output_);
     if (g_forwarded_signal) {
       result.exit_code = 128 + g_forwarded_signal;
-      result.message = "interrupted by signal " + std::to_string(g_forwarded_signal) +
-                       "; stopped all ranks";
+      result.message =
+          "interrupted by signal " + std::to_string(g_forwarded_signal) + "; stopped all ranks";
       break;
     }
     if (failure < 0) {
@@ -282,7 +283,7 @@ LaunchResult launch(const LaunchOptions& options, const std::vector<std::string>
     result.failed_rank = failed_child.rank;
     result.restarts = attempt;
     result.exit_code = WIFEXITED(failed_child.status) ? WEXITSTATUS(failed_child.status)
-                                                     : 128 + WTERMSIG(failed_child.status);
+                                                      : 128 + WTERMSIG(failed_child.status);
     result.message = "rank " + std::to_string(failed_child.rank) + " (pid " +
                      std::to_string(failed_child.pid) + ") " +
                      describe_status(failed_child.status) + "; stopped the other ranks";

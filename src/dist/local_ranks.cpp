@@ -1,7 +1,6 @@
-#include <torch/csrc/distributed/c10d/HashStore.hpp>
-
 #include <exception>
 #include <thread>
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
 
 #include "shardtrain/rendezvous.h"
 
@@ -9,8 +8,7 @@ namespace shardtrain {
 
 void run_local_ranks(int world_size, const std::function<void(ProcessGroup&)>& fn,
                      ProcessGroupOptions options) {
-  TORCH_CHECK(world_size >= 1, "run_local_ranks: world size must be at least 1, got ",
-              world_size);
+  TORCH_CHECK(world_size >= 1, "run_local_ranks: world size must be at least 1, got ", world_size);
   if (options.hostname_.empty() && options.interface_.empty()) options.hostname("127.0.0.1");
   auto store = c10::make_intrusive<c10d::HashStore>();
   std::vector<std::string> errors(world_size);

@@ -1,9 +1,8 @@
 #include "dist/nccl_group.h"
 
-#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
-
 #include <functional>
 #include <sstream>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 
 #include "dist/join.h"
 
@@ -12,9 +11,12 @@ namespace {
 
 c10d::ReduceOp to_c10d(ReduceOp op) {
   switch (op) {
-    case ReduceOp::kSum: return c10d::ReduceOp::SUM;
-    case ReduceOp::kAvg: return c10d::ReduceOp::AVG;
-    case ReduceOp::kMax: return c10d::ReduceOp::MAX;
+    case ReduceOp::kSum:
+      return c10d::ReduceOp::SUM;
+    case ReduceOp::kAvg:
+      return c10d::ReduceOp::AVG;
+    case ReduceOp::kMax:
+      return c10d::ReduceOp::MAX;
   }
   return c10d::ReduceOp::SUM;
 }
@@ -149,8 +151,7 @@ WorkHandle NcclProcessGroup::recv(at::Tensor tensor, int src, int tag) {
 }
 
 WorkHandle NcclProcessGroup::barrier() {
-  return std::make_shared<NcclWork>(nccl_->barrier(c10d::BarrierOptions()),
-                                    "barrier on " + name_);
+  return std::make_shared<NcclWork>(nccl_->barrier(c10d::BarrierOptions()), "barrier on " + name_);
 }
 
 std::shared_ptr<ProcessGroup> NcclProcessGroup::new_group(const std::vector<int>& ranks) {

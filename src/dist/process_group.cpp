@@ -12,9 +12,12 @@ namespace shardtrain {
 
 std::string to_string(ReduceOp op) {
   switch (op) {
-    case ReduceOp::kSum: return "sum";
-    case ReduceOp::kAvg: return "avg";
-    case ReduceOp::kMax: return "max";
+    case ReduceOp::kSum:
+      return "sum";
+    case ReduceOp::kAvg:
+      return "avg";
+    case ReduceOp::kMax:
+      return "max";
   }
   return "?";
 }
@@ -99,8 +102,8 @@ void wait_for_members(c10d::Store& store, const std::string& group, int rank,
       std::ostringstream out;
       out << "rendezvous of group '" << group << "' timed out after " << timeout.count()
           << " ms: " << (missing.size() == 1 ? "rank " : "ranks ") << join_ranks(missing)
-          << " never joined (" 
-          << members.size() - missing.size() << " of " << members.size() << " ranks arrived)";
+          << " never joined (" << members.size() - missing.size() << " of " << members.size()
+          << " ranks arrived)";
       throw std::runtime_error(out.str());
     }
     std::this_thread::sleep_for(pause);

@@ -1,10 +1,10 @@
 #include "shardtrain/rendezvous.h"
 
-#include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #include <unistd.h>
 
 #include <cctype>
 #include <stdexcept>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 extern char** environ;
 
@@ -114,9 +114,8 @@ RendezvousInfo rendezvous_info(const Environment& env) {
 
   if (info.world_size < 1) throw std::invalid_argument(size_key + " must be at least 1");
   if (info.rank >= info.world_size) {
-    throw std::invalid_argument(rank_key + "=" + std::to_string(info.rank) +
-                                " is not below " + size_key + "=" +
-                                std::to_string(info.world_size));
+    throw std::invalid_argument(rank_key + "=" + std::to_string(info.rank) + " is not below " +
+                                size_key + "=" + std::to_string(info.world_size));
   }
   if (info.local_rank >= info.local_world_size) {
     throw std::invalid_argument("local rank " + std::to_string(info.local_rank) +
@@ -128,9 +127,8 @@ RendezvousInfo rendezvous_info(const Environment& env) {
   } else if (info.source == "slurm" && find(env, "SLURM_JOB_NODELIST")) {
     info.master_addr = first_slurm_host(*find(env, "SLURM_JOB_NODELIST"));
   } else if (info.world_size > 1) {
-    throw std::invalid_argument("environment variable MASTER_ADDR is not set (" + size_key +
-                                "=" + std::to_string(info.world_size) +
-                                " needs the address of rank 0)");
+    throw std::invalid_argument("environment variable MASTER_ADDR is not set (" + size_key + "=" +
+                                std::to_string(info.world_size) + " needs the address of rank 0)");
   }
   info.master_port = parse_int_or(env, "MASTER_PORT", 29500);
   if (info.master_port < 1 || info.master_port > 65535) {
@@ -150,8 +148,8 @@ std::shared_ptr<ProcessGroup> init_from_environment(ProcessGroupOptions options)
 
 std::shared_ptr<ProcessGroup> init_from_environment(const RendezvousInfo& info,
                                                     ProcessGroupOptions options) {
-  const bool loopback = info.master_addr == "localhost" ||
-                        info.master_addr.rfind("127.", 0) == 0 || info.master_addr == "::1";
+  const bool loopback = info.master_addr == "localhost" || info.master_addr.rfind("127.", 0) == 0 ||
+                        info.master_addr == "::1";
   if (options.hostname_.empty() && options.interface_.empty() && !loopback) {
     char name[256] = {};
     gethostname(name, sizeof(name) - 1);
@@ -168,8 +166,8 @@ std::shared_ptr<ProcessGroup> init_from_environment(const RendezvousInfo& info,
     store = c10::make_intrusive<c10d::TCPStore>(info.master_addr, store_options);
   } catch (const std::exception& e) {
     throw std::runtime_error(
-        std::string(info.rank == 0 ? "rank 0 could not host" : "rank " +
-                                         std::to_string(info.rank) + " could not reach") +
+        std::string(info.rank == 0 ? "rank 0 could not host"
+                                   : "rank " + std::to_string(info.rank) + " could not reach") +
         " the rendezvous store at " + info.master_addr + ":" + std::to_string(info.master_port) +
         (info.rank == 0 ? "" : " (is rank 0 running?)") + ": " + e.what());
   }

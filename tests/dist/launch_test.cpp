@@ -13,9 +13,10 @@ using testing::cli;
 using testing::run_command;
 
 TEST(LaunchTest, SetsTorchrunEnvironmentAndPrefixesLines) {
-  const auto result = run_command(
-      cli() + " launch --nproc 2 -- sh -c 'echo env=$RANK/$WORLD_SIZE/$LOCAL_RANK/"
-              "$LOCAL_WORLD_SIZE/$MASTER_ADDR'");
+  const auto result =
+      run_command(cli() +
+                  " launch --nproc 2 -- sh -c 'echo env=$RANK/$WORLD_SIZE/$LOCAL_RANK/"
+                  "$LOCAL_WORLD_SIZE/$MASTER_ADDR'");
   EXPECT_EQ(result.exit_code, 0) << result.output;
   EXPECT_NE(result.output.find("[rank 0] env=0/2/0/2/127.0.0.1"), std::string::npos)
       << result.output;
@@ -24,18 +25,19 @@ TEST(LaunchTest, SetsTorchrunEnvironmentAndPrefixesLines) {
 }
 
 TEST(LaunchTest, MultiNodeRanksAreOffsetByTheNodeRank) {
-  const auto result = run_command(
-      cli() + " launch --nproc 2 --nnodes 3 --node-rank 2 --master-port 29999 -- "
-              "sh -c 'echo env=$RANK/$WORLD_SIZE/$LOCAL_RANK/$MASTER_PORT'");
+  const auto result =
+      run_command(cli() +
+                  " launch --nproc 2 --nnodes 3 --node-rank 2 --master-port 29999 -- "
+                  "sh -c 'echo env=$RANK/$WORLD_SIZE/$LOCAL_RANK/$MASTER_PORT'");
   EXPECT_EQ(result.exit_code, 0) << result.output;
   EXPECT_NE(result.output.find("[rank 5] env=5/6/1/29999"), std::string::npos) << result.output;
 }
 
 TEST(LaunchTest, FailedRankStopsTheOthersAndIsNamed) {
   const auto start = std::chrono::steady_clock::now();
-  const auto result = run_command(
-      cli() + " launch --nproc 3 --kill-timeout 2 -- "
-              "sh -c 'if [ \"$RANK\" = 1 ]; then exit 3; fi; sleep 60'");
+  const auto result = run_command(cli() +
+                                  " launch --nproc 3 --kill-timeout 2 -- "
+                                  "sh -c 'if [ \"$RANK\" = 1 ]; then exit 3; fi; sleep 60'");
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   EXPECT_EQ(result.exit_code, 3) << result.output;
@@ -46,10 +48,11 @@ TEST(LaunchTest, FailedRankStopsTheOthersAndIsNamed) {
 
 TEST(LaunchTest, RankIgnoringSigtermIsKilledAfterTheTimeout) {
   const auto start = std::chrono::steady_clock::now();
-  const auto result = run_command(
-      cli() + " launch --nproc 2 --kill-timeout 1 -- "
-              "sh -c 'if [ \"$RANK\" = 0 ]; then sleep 0.5; exit 7; fi; trap \"\" TERM; "
-              "sleep 60'");
+  const auto result =
+      run_command(cli() +
+                  " launch --nproc 2 --kill-timeout 1 -- "
+                  "sh -c 'if [ \"$RANK\" = 0 ]; then sleep 0.5; exit 7; fi; trap \"\" TERM; "
+                  "sleep 60'");
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   EXPECT_EQ(result.exit_code, 7) << result.output;
@@ -58,8 +61,8 @@ TEST(LaunchTest, RankIgnoringSigtermIsKilledAfterTheTimeout) {
 }
 
 TEST(LaunchTest, RestartsAfterAFailure) {
-  const auto dir = std::filesystem::temp_directory_path() /
-                   ("shardtrain_restart_" + std::to_string(getpid()));
+  const auto dir =
+      std::filesystem::temp_directory_path() / ("shardtrain_restart_" + std::to_string(getpid()));
   std::filesystem::create_directories(dir);
   // Rank 0 fails on the first run only; rank 1 waits until it is stopped.
   const auto result = run_command(
@@ -104,8 +107,8 @@ TEST(CliTest, HelpDescribesEveryFlag) {
   EXPECT_NE(top.output.find("launch"), std::string::npos) << top.output;
   EXPECT_NE(top.output.find("bench"), std::string::npos) << top.output;
   const auto launch = run_command(cli() + " launch --help");
-  for (const char* flag : {"--nproc", "--nnodes", "--node-rank", "--master-addr",
-                           "--master-port", "--max-restarts", "--kill-timeout", "--no-prefix"}) {
+  for (const char* flag : {"--nproc", "--nnodes", "--node-rank", "--master-addr", "--master-port",
+                           "--max-restarts", "--kill-timeout", "--no-prefix"}) {
     EXPECT_NE(launch.output.find(flag), std::string::npos) << flag << "\n" << launch.output;
   }
   const auto bench = run_command(cli() + " bench collectives --help");

@@ -1,7 +1,7 @@
 #include <gtest/gtest.h>
-#include <torch/csrc/distributed/c10d/HashStore.hpp>
 
 #include <thread>
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
 
 #include "shardtrain/dist.h"
 #include "shardtrain/rendezvous.h"
@@ -46,97 +46,112 @@ TEST(ShardRangeTest, CoversTheTensorInOrder) {
 TEST_P(CollectiveTest, AllReduceSumAvgMax) {
   const auto [world, dtype] = GetParam();
   const int64_t numel = 7 * world + 3;  // not divisible by the world size
-  run_local_ranks(world, [&, world = world, dtype = dtype](ProcessGroup& group) {
-    at::Tensor expected_sum = at::zeros({numel}, at::kFloat);
-    at::Tensor expected_max = rank_values(numel, 0, at::kFloat);
-    for (int r = 0; r < world; ++r) {
-      expected_sum += rank_values(numel, r, at::kFloat);
-      expected_max = at::maximum(expected_max, rank_values(numel, r, at::kFloat));
-    }
-    auto sum = rank_values(numel, group.rank(), dtype);
-    group.all_reduce(sum, ReduceOp::kSum)->wait();
-    EXPECT_TRUE(at::equal(sum.to(at::kFloat), expected_sum));
+  run_local_ranks(
+      world,
+      [&, world = world, dtype = dtype](ProcessGroup& group) {
+        at::Tensor expected_sum = at::zeros({numel}, at::kFloat);
+        at::Tensor expected_max = rank_values(numel, 0, at::kFloat);
+        for (int r = 0; r < world; ++r) {
+          expected_sum += rank_values(numel, r, at::kFloat);
+          expected_max = at::maximum(expected_max, rank_values(numel, r, at::kFloat));
+        }
+        auto sum = rank_values(numel, group.rank(), dtype);
+        group.all_reduce(sum, ReduceOp::kSum)->wait();
+        EXPECT_TRUE(at::equal(sum.to(at::kFloat), expected_sum));
 
-    auto max = rank_values(numel, group.rank(), dtype);
-    group.all_reduce(max, ReduceOp::kMax)->wait();
-    EXPECT_TRUE(at::equal(max.to(at::kFloat), expected_max));
+        auto max = rank_values(numel, group.rank(), dtype);
+        group.all_reduce(max, ReduceOp::kMax)->wait();
+        EXPECT_TRUE(at::equal(max.to(at::kFloat), expected_max));
 
-    auto avg = rank_values(numel, group.rank(), dtype);
-    group.all_reduce(avg, ReduceOp::kAvg)->wait();
-    const double tolerance = dtype == at::kBFloat16 ? 1e-2 : 1e-6;
-    EXPECT_TRUE(at::allclose(avg.to(at::kFloat), expected_sum / world, tolerance, tolerance));
-  }, test_options());
+        auto avg = rank_values(numel, group.rank(), dtype);
+        group.all_reduce(avg, ReduceOp::kAvg)->wait();
+        const double tolerance = dtype == at::kBFloat16 ? 1e-2 : 1e-6;
+        EXPECT_TRUE(at::allclose(avg.to(at::kFloat), expected_sum / world, tolerance, tolerance));
+      },
+      test_options());
 }
 
 TEST_P(CollectiveTest, AllGatherIntoOneFlatTensor) {
   const auto [world, dtype] = GetParam();
   for (int64_t numel : {int64_t{1}, int64_t{10}, int64_t{4 * 3 + 1}}) {
-    run_local_ranks(world, [&, world = world, dtype = dtype](ProcessGroup& group) {
-      // Each rank owns its slice of the flat layout; the slice holds rank-specific values.
-      at::Tensor expected = at::empty({numel}, dtype);
-      for (int r = 0; r < world; ++r) {
-        const ShardRange s = shard_range(numel, world, r);
-        expected.narrow(0, s.offset, s.numel).copy_(rank_values(s.numel, r, dtype));
-      }
-      const ShardRange mine = shard_range(numel, world, group.rank());
-      at::Tensor input = rank_values(mine.numel, group.rank(), dtype);
-      at::Tensor output = at::full({numel}, -1, dtype);
-      group.all_gather(input, output)->wait();
-      EXPECT_TRUE(at::equal(output, expected)) << "numel " << numel;
-    }, test_options());
+    run_local_ranks(
+        world,
+        [&, world = world, dtype = dtype](ProcessGroup& group) {
+          // Each rank owns its slice of the flat layout; the slice holds rank-specific values.
+          at::Tensor expected = at::empty({numel}, dtype);
+          for (int r = 0; r < world; ++r) {
+            const ShardRange s = shard_range(numel, world, r);
+            expected.narrow(0, s.offset, s.numel).copy_(rank_values(s.numel, r, dtype));
+          }
+          const ShardRange mine = shard_range(numel, world, group.rank());
+          at::Tensor input = rank_values(mine.numel, group.rank(), dtype);
+          at::Tensor output = at::full({numel}, -1, dtype);
+          group.all_gather(input, output)->wait();
+          EXPECT_TRUE(at::equal(output, expected)) << "numel " << numel;
+        },
+        test_options());
   }
 }
 
 TEST_P(CollectiveTest, ReduceScatterFromOneFlatTensor) {
   const auto [world, dtype] = GetParam();
   for (int64_t numel : {int64_t{1}, int64_t{10}, int64_t{4 * 3 + 1}}) {
-    run_local_ranks(world, [&, world = world, dtype = dtype](ProcessGroup& group) {
-      at::Tensor total = at::zeros({numel}, at::kFloat);
-      for (int r = 0; r < world; ++r) total += rank_values(numel, r, at::kFloat);
-      const ShardRange mine = shard_range(numel, world, group.rank());
-      at::Tensor input = rank_values(numel, group.rank(), dtype);
-      const at::Tensor input_before = input.clone();
-      at::Tensor output = at::full({mine.numel}, -1, dtype);
-      group.reduce_scatter(input, output)->wait();
-      EXPECT_TRUE(at::equal(output.to(at::kFloat), total.narrow(0, mine.offset, mine.numel)))
-          << "numel " << numel;
-      EXPECT_TRUE(at::equal(input, input_before)) << "reduce_scatter must not modify its input";
+    run_local_ranks(
+        world,
+        [&, world = world, dtype = dtype](ProcessGroup& group) {
+          at::Tensor total = at::zeros({numel}, at::kFloat);
+          for (int r = 0; r < world; ++r) total += rank_values(numel, r, at::kFloat);
+          const ShardRange mine = shard_range(numel, world, group.rank());
+          at::Tensor input = rank_values(numel, group.rank(), dtype);
+          const at::Tensor input_before = input.clone();
+          at::Tensor output = at::full({mine.numel}, -1, dtype);
+          group.reduce_scatter(input, output)->wait();
+          EXPECT_TRUE(at::equal(output.to(at::kFloat), total.narrow(0, mine.offset, mine.numel)))
+              << "numel " << numel;
+          EXPECT_TRUE(at::equal(input, input_before)) << "reduce_scatter must not modify its input";
 
-      at::Tensor averaged = at::empty({mine.numel}, dtype);
-      group.reduce_scatter(input, averaged, ReduceOp::kAvg)->wait();
-      const double tolerance = dtype == at::kBFloat16 ? 1e-2 : 1e-6;
-      EXPECT_TRUE(at::allclose(averaged.to(at::kFloat),
-                               total.narrow(0, mine.offset, mine.numel) / world, tolerance,
-                               tolerance));
-    }, test_options());
+          at::Tensor averaged = at::empty({mine.numel}, dtype);
+          group.reduce_scatter(input, averaged, ReduceOp::kAvg)->wait();
+          const double tolerance = dtype == at::kBFloat16 ? 1e-2 : 1e-6;
+          EXPECT_TRUE(at::allclose(averaged.to(at::kFloat),
+                                   total.narrow(0, mine.offset, mine.numel) / world, tolerance,
+                                   tolerance));
+        },
+        test_options());
   }
 }
 
 TEST_P(CollectiveTest, BroadcastFromTheLastRank) {
   const auto [world, dtype] = GetParam();
-  run_local_ranks(world, [&, world = world, dtype = dtype](ProcessGroup& group) {
-    at::Tensor tensor = rank_values(11, group.rank(), dtype);
-    group.broadcast(tensor, world - 1)->wait();
-    EXPECT_TRUE(at::equal(tensor, rank_values(11, world - 1, dtype)));
-  }, test_options());
+  run_local_ranks(
+      world,
+      [&, world = world, dtype = dtype](ProcessGroup& group) {
+        at::Tensor tensor = rank_values(11, group.rank(), dtype);
+        group.broadcast(tensor, world - 1)->wait();
+        EXPECT_TRUE(at::equal(tensor, rank_values(11, world - 1, dtype)));
+      },
+      test_options());
 }
 
 TEST_P(CollectiveTest, SendRecvAroundARingAndBarrier) {
   const auto [world, dtype] = GetParam();
-  run_local_ranks(world, [&, world = world, dtype = dtype](ProcessGroup& group) {
-    group.barrier()->wait();
-    if (world == 1) return;  // point-to-point needs a peer
-    const int right = (group.rank() + 1) % world;
-    const int left = (group.rank() + world - 1) % world;
-    at::Tensor outgoing = rank_values(9, group.rank(), dtype);
-    at::Tensor incoming = at::zeros({9}, dtype);
-    // Both directions posted before waiting: sends must not block the matching receives.
-    auto sent = group.send(outgoing, right, 5);
-    auto received = group.recv(incoming, left, 5);
-    sent->wait();
-    received->wait();
-    EXPECT_TRUE(at::equal(incoming, rank_values(9, left, dtype)));
-  }, test_options());
+  run_local_ranks(
+      world,
+      [&, world = world, dtype = dtype](ProcessGroup& group) {
+        group.barrier()->wait();
+        if (world == 1) return;  // point-to-point needs a peer
+        const int right = (group.rank() + 1) % world;
+        const int left = (group.rank() + world - 1) % world;
+        at::Tensor outgoing = rank_values(9, group.rank(), dtype);
+        at::Tensor incoming = at::zeros({9}, dtype);
+        // Both directions posted before waiting: sends must not block the matching receives.
+        auto sent = group.send(outgoing, right, 5);
+        auto received = group.recv(incoming, left, 5);
+        sent->wait();
+        received->wait();
+        EXPECT_TRUE(at::equal(incoming, rank_values(9, left, dtype)));
+      },
+      test_options());
 }
 
 INSTANTIATE_TEST_SUITE_P(WorldsAndDtypes, CollectiveTest,
@@ -152,27 +167,33 @@ INSTANTIATE_TEST_SUITE_P(WorldsAndDtypes, CollectiveTest,
 TEST(CollectiveTest, ReduceScatterLargeTensorUsesManySegments) {
   // 12 MiB chunks: three 4 MiB segments per ring step, plus an uneven tail.
   const int64_t numel = (9 << 20) + 7;
-  run_local_ranks(3, [&](ProcessGroup& group) {
-    at::Tensor input = at::arange(numel, at::kFloat).remainder(1000) * (group.rank() + 1);
-    at::Tensor output = at::empty({shard_range(numel, 3, group.rank()).numel});
-    group.reduce_scatter(input, output)->wait();
-    const ShardRange mine = shard_range(numel, 3, group.rank());
-    EXPECT_TRUE(at::equal(output, (at::arange(numel, at::kFloat).remainder(1000) * 6)
-                                      .narrow(0, mine.offset, mine.numel)));
-  }, test_options());
+  run_local_ranks(
+      3,
+      [&](ProcessGroup& group) {
+        at::Tensor input = at::arange(numel, at::kFloat).remainder(1000) * (group.rank() + 1);
+        at::Tensor output = at::empty({shard_range(numel, 3, group.rank()).numel});
+        group.reduce_scatter(input, output)->wait();
+        const ShardRange mine = shard_range(numel, 3, group.rank());
+        EXPECT_TRUE(at::equal(output, (at::arange(numel, at::kFloat).remainder(1000) * 6)
+                                          .narrow(0, mine.offset, mine.numel)));
+      },
+      test_options());
 }
 
 TEST(CollectiveTest, ManyOperationsInFlightCompleteInOrder) {
-  run_local_ranks(2, [&](ProcessGroup& group) {
-    std::vector<at::Tensor> tensors;
-    std::vector<WorkHandle> handles;
-    for (int i = 0; i < 16; ++i) {
-      tensors.push_back(at::full({100}, i + group.rank(), at::kFloat));
-      handles.push_back(group.all_reduce(tensors.back()));
-    }
-    for (auto& handle : handles) handle->wait();
-    for (int i = 0; i < 16; ++i) EXPECT_EQ(tensors[i][0].item<float>(), 2 * i + 1);
-  }, test_options());
+  run_local_ranks(
+      2,
+      [&](ProcessGroup& group) {
+        std::vector<at::Tensor> tensors;
+        std::vector<WorkHandle> handles;
+        for (int i = 0; i < 16; ++i) {
+          tensors.push_back(at::full({100}, i + group.rank(), at::kFloat));
+          handles.push_back(group.all_reduce(tensors.back()));
+        }
+        for (auto& handle : handles) handle->wait();
+        for (int i = 0; i < 16; ++i) EXPECT_EQ(tensors[i][0].item<float>(), 2 * i + 1);
+      },
+      test_options());
 }
 
 TEST(ProcessGroupErrorsTest, RankThatNeverJoinsIsNamed) {
@@ -200,39 +221,45 @@ TEST(ProcessGroupErrorsTest, RankThatNeverJoinsIsNamed) {
 TEST(ProcessGroupErrorsTest, PeerThatSkipsACollectiveTimesOut) {
   const auto options = ProcessGroupOptions().timeout(std::chrono::milliseconds(800));
   std::string error;
-  run_local_ranks(2, [&](ProcessGroup& group) {
-    if (group.rank() == 1) return;  // never calls the all_reduce
-    at::Tensor t = at::ones({4});
-    try {
-      group.all_reduce(t)->wait();
-    } catch (const std::exception& e) {
-      error = e.what();
-    }
-  }, options);
+  run_local_ranks(
+      2,
+      [&](ProcessGroup& group) {
+        if (group.rank() == 1) return;  // never calls the all_reduce
+        at::Tensor t = at::ones({4});
+        try {
+          group.all_reduce(t)->wait();
+        } catch (const std::exception& e) {
+          error = e.what();
+        }
+      },
+      options);
   EXPECT_NE(error.find("all_reduce on group 'world'"), std::string::npos) << error;
   EXPECT_NE(error.find("failed"), std::string::npos) << error;
 }
 
 TEST(ProcessGroupErrorsTest, BadArgumentsAreNamed) {
-  run_local_ranks(2, [&](ProcessGroup& group) {
-    at::Tensor full = at::zeros({10});
-    at::Tensor wrong = at::zeros({4});  // rank 0 owns 5, rank 1 owns 5
-    EXPECT_THROW(
-        {
-          try {
-            group.reduce_scatter(full, wrong);
-          } catch (const c10::Error& e) {
-            EXPECT_NE(std::string(e.what()).find("owns 5"), std::string::npos) << e.what();
-            throw;
-          }
-        },
-        c10::Error);
-    EXPECT_THROW(group.broadcast(full, 2), c10::Error);
-    EXPECT_THROW(group.all_reduce(at::zeros({3, 4}).t()), c10::Error);
-    EXPECT_THROW(group.all_reduce(at::zeros({3}, at::kInt), ReduceOp::kAvg), c10::Error);
-    EXPECT_THROW(group.send(full, group.rank()), c10::Error);
-    EXPECT_THROW(group.new_group({1 - group.rank()}), c10::Error);
-  }, test_options());
+  run_local_ranks(
+      2,
+      [&](ProcessGroup& group) {
+        at::Tensor full = at::zeros({10});
+        at::Tensor wrong = at::zeros({4});  // rank 0 owns 5, rank 1 owns 5
+        EXPECT_THROW(
+            {
+              try {
+                group.reduce_scatter(full, wrong);
+              } catch (const c10::Error& e) {
+                EXPECT_NE(std::string(e.what()).find("owns 5"), std::string::npos) << e.what();
+                throw;
+              }
+            },
+            c10::Error);
+        EXPECT_THROW(group.broadcast(full, 2), c10::Error);
+        EXPECT_THROW(group.all_reduce(at::zeros({3, 4}).t()), c10::Error);
+        EXPECT_THROW(group.all_reduce(at::zeros({3}, at::kInt), ReduceOp::kAvg), c10::Error);
+        EXPECT_THROW(group.send(full, group.rank()), c10::Error);
+        EXPECT_THROW(group.new_group({1 - group.rank()}), c10::Error);
+      },
+      test_options());
 }
 
 }  // namespace

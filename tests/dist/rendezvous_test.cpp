@@ -1,9 +1,10 @@
+#include "shardtrain/rendezvous.h"
+
 #include <gtest/gtest.h>
 
 #include <thread>
 
 #include "shardtrain/launch.h"
-#include "shardtrain/rendezvous.h"
 
 namespace shardtrain {
 namespace {
@@ -67,8 +68,7 @@ TEST(RendezvousTest, NoLauncherMeansOneProcess) {
 }
 
 TEST(RendezvousTest, InconsistentEnvironmentIsNamed) {
-  const std::string too_big =
-      error_of({{"RANK", "4"}, {"WORLD_SIZE", "4"}, {"MASTER_ADDR", "h"}});
+  const std::string too_big = error_of({{"RANK", "4"}, {"WORLD_SIZE", "4"}, {"MASTER_ADDR", "h"}});
   EXPECT_NE(too_big.find("RANK=4 is not below WORLD_SIZE=4"), std::string::npos) << too_big;
 
   const std::string no_addr = error_of({{"RANK", "0"}, {"WORLD_SIZE", "2"}});
@@ -84,9 +84,11 @@ TEST(RendezvousTest, InconsistentEnvironmentIsNamed) {
       error_of({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "h"}, {"MASTER_PORT", "0"}});
   EXPECT_NE(port.find("MASTER_PORT=0"), std::string::npos) << port;
 
-  const std::string local = error_of(
-      {{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"LOCAL_RANK", "2"}, {"LOCAL_WORLD_SIZE", "2"},
-       {"MASTER_ADDR", "h"}});
+  const std::string local = error_of({{"RANK", "1"},
+                                      {"WORLD_SIZE", "2"},
+                                      {"LOCAL_RANK", "2"},
+                                      {"LOCAL_WORLD_SIZE", "2"},
+                                      {"MASTER_ADDR", "h"}});
   EXPECT_NE(local.find("local rank 2"), std::string::npos) << local;
 }
 
@@ -105,8 +107,8 @@ TEST(RendezvousTest, RanksMeetOverTheTcpStore) {
       try {
         RendezvousInfo mine = info;
         mine.rank = mine.local_rank = rank;
-        auto group = init_from_environment(
-            mine, ProcessGroupOptions().timeout(std::chrono::seconds(30)));
+        auto group =
+            init_from_environment(mine, ProcessGroupOptions().timeout(std::chrono::seconds(30)));
         at::Tensor t = at::full({3}, rank + 1.0f);
         group->all_reduce(t)->wait();
         results[rank] = t[0].item<float>();
