@@ -34,16 +34,16 @@ void add_bench_command(CLI::App& app, int& exit_code) {
       ->check(CLI::Range(2, 1024));
   coll->add_option("--iters,-n", options->iters_, "Timed iterations per size")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(CLI::Range(1, 1 << 20));
   coll->add_option("--warmup,-w", options->warmup_, "Untimed iterations per size")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(CLI::Range(0, 1 << 20));
   coll->add_option("--dtype", *dtype, "float32, bfloat16, float16 or float64")
       ->capture_default_str()
       ->check(CLI::IsMember({"float32", "bfloat16", "float16", "float64"}));
   coll->add_option("--timeout", *timeout_s, "Seconds before a collective or the rendezvous fails")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(CLI::Range(1, 1 << 20));
   auto no_check = std::make_shared<bool>(false);
   coll->add_flag("--no-check", *no_check, "Skip verifying the results of each size");
   coll->callback([=, &exit_code] {

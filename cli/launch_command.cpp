@@ -14,14 +14,14 @@ void add_launch_command(CLI::App& app, const std::vector<std::string>& command, 
   auto options = std::make_shared<LaunchOptions>();
   cmd->add_option("--nproc,--nproc-per-node", options->nproc_, "Ranks to start on this node")
       ->required()
-      ->check(CLI::PositiveNumber);
+      ->check(CLI::Range(1, 1 << 20));
   cmd->add_option("--nnodes", options->nnodes_, "Number of nodes in the job")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(CLI::Range(1, 1 << 20));
   cmd->add_option("--node-rank", options->node_rank_,
                   "Index of this node; its ranks are node_rank*nproc .. +nproc-1")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(CLI::Range(0, 1 << 20));
   cmd->add_option("--master-addr", options->master_addr_, "Address of the node hosting rank 0")
       ->capture_default_str();
   cmd->add_option("--master-port", options->master_port_,
@@ -31,12 +31,12 @@ void add_launch_command(CLI::App& app, const std::vector<std::string>& command, 
   cmd->add_option("--max-restarts", options->max_restarts_,
                   "Restart all local ranks up to R times after a failure")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(CLI::Range(0, 1 << 20));
   auto kill_seconds = std::make_shared<double>(10.0);
   cmd->add_option("--kill-timeout", *kill_seconds,
                   "Seconds the other ranks get after SIGTERM before SIGKILL, once one failed")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(CLI::Range(0, 1 << 20));
   auto no_prefix = std::make_shared<bool>(false);
   cmd->add_flag("--no-prefix", *no_prefix, "Relay rank output without the '[rank N] ' prefix");
   cmd->footer("Exit status: 0 when every rank exited 0, else the failed rank's status.");

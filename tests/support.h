@@ -1,7 +1,11 @@
-// Helpers shared by the tests: running the CLI, temporary directories.
+// Helpers shared by the tests: running the CLI, finding a free port.
 #pragma once
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <string>
@@ -27,5 +31,18 @@ inline CommandResult run_command(const std::string& command) {
 }
 
 inline std::string cli() { return SHARDTRAIN_CLI_PATH; }
+
+// A loopback port nothing listens on right now (the kernel's choice for port 0).
+inline int free_port() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(addr);
+  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  close(fd);
+  return ntohs(addr.sin_port);
+}
 
 }  // namespace shardtrain::testing

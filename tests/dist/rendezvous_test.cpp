@@ -4,7 +4,7 @@
 
 #include <thread>
 
-#include "shardtrain/launch.h"
+#include "support.h"
 
 namespace shardtrain {
 namespace {
@@ -98,7 +98,7 @@ TEST(RendezvousTest, RanksMeetOverTheTcpStore) {
   info.world_size = 2;
   info.local_world_size = 2;
   info.master_addr = "127.0.0.1";
-  info.master_port = 20000 + static_cast<int>(getpid() % 20000);
+  info.master_port = testing::free_port();
   std::vector<float> results(2);
   std::vector<std::string> errors(2);
   std::vector<std::thread> threads;
