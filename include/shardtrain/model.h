@@ -1,0 +1,87 @@
+// Reference decoder models: the GPT-2 family (learned positions, LayerNorm, GELU MLP, tied
+// embeddings) and the Llama family (RMSNorm, RoPE, SwiGLU, grouped-query attention).
+#pragma once
+
+#include <torch/nn/module.h>
+#include <torch/nn/modules/container/modulelist.h>
+#include <torch/nn/pimpl.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace shardtrain {
+
+enum class ModelFamily { kGpt2, kLlama };
+std::string to_string(ModelFamily family);
+
+// One parameter tensor of the model, described without allocating it.
+struct ParameterShape {
+  std::string name;  // as in the module tree, e.g. "blocks.0.attn.qkv.weight"
+  std::vector<int64_t> shape;
+  int64_t numel() const;
+};
+
+struct ModelConfig {
+  ModelFamily family = ModelFamily::kGpt2;
+  std::string name;             // preset name, or "custom"
+  int64_t vocab_size = 50257;
+  int64_t context_length = 1024;  // longest sequence the model accepts
+  int64_t d_model = 768;
+  int64_t n_layers = 12;
+  int64_t n_heads = 12;
+  int64_t n_kv_heads = 12;      // < n_heads: grouped-query attention (Llama)
+  int64_t ffn_hidden = 3072;    // MLP inner size (GPT-2: 4 d_model; Llama: SwiGLU width)
+  double norm_eps = 1e-5;
+  double rope_theta = 500000.0;  // Llama only
+  double dropout = 0.0;          // attention-probability and residual dropout
+  bool tie_embeddings = true;    // output projection shares the token embedding
+
+  // Every parameter, in registration order, with its shape. No allocation: this is what the
+  // planner uses for llama3-405b.
+  std::vector<ParameterShape> parameter_shapes() const;
+  int64_t num_parameters() const;  // sum of parameter_shapes(), tied weights counted once
+  // Throws std::invalid_argument naming the field that is inconsistent (d_model not divisible
+  // by n_heads, n_heads not divisible by n_kv_heads, non-positive sizes, ...).
+  void validate() const;
+};
+
+// Presets: "tiny" (tests; GPT-2 family), "tiny-llama" (tests; Llama family), "gpt2-124m",
+// "gpt2-350m", "llama3-8b", "llama3-70b", "llama3-405b". Throws std::invalid_argument listing the
+// valid names for an unknown one.
+ModelConfig model_preset(const std::string& name);
+std::vector<std::string> model_preset_names();
+
+// Reads a Hugging Face config.json of a GPT-2 ("model_type": "gpt2") or Llama ("llama") model.
+// Throws std::invalid_argument naming the file and the missing or unsupported key.
+ModelConfig model_config_from_hf_json(const std::string& path);
+
+// The decoder. forward(tokens [B, T] int64) -> logits [B, T, vocab] in the parameters' dtype.
+// T must not exceed context_length (throws naming both).
+class TransformerImpl : public torch::nn::Module {
+ public:
+  explicit TransformerImpl(ModelConfig config);
+  at::Tensor forward(const at::Tensor& tokens);
+
+  // Per transformer block: the block's activations are not kept; backward recomputes them with
+  // the same dropout randomness, so gradients are identical.
+  void set_activation_checkpointing(bool enabled) { checkpointing_ = enabled; }
+  bool activation_checkpointing() const { return checkpointing_; }
+  // Attention through LibTorch's scaled-dot-product-attention kernel (default) or the exact
+  // reference computation (softmax(QK^T/sqrt(d) + causal mask) V) beside it.
+  void set_use_sdpa(bool enabled) { use_sdpa_ = enabled; }
+
+  const ModelConfig& config() const { return config_; }
+  // The transformer blocks, in order (the units FSDP wraps).
+  torch::nn::ModuleList blocks() const { return blocks_; }
+
+ private:
+  ModelConfig config_;
+  bool checkpointing_ = false;
+  bool use_sdpa_ = true;
+  torch::nn::ModuleList blocks_;
+  // Embeddings, final norm and head are registered by the implementation.
+};
+TORCH_MODULE(Transformer);
+
+}  // namespace shardtrain
