@@ -22,6 +22,8 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", "shardtrain 0.1.0");
   int exit_code = 0;
   shardtrain::cli::add_launch_command(app, command, exit_code);
+  shardtrain::cli::add_train_command(app, exit_code);
+  shardtrain::cli::add_data_command(app, exit_code);
   shardtrain::cli::add_bench_command(app, exit_code);
   try {
     app.parse(args);

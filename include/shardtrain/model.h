@@ -7,6 +7,7 @@
 #include <torch/nn/pimpl.h>
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -24,14 +25,14 @@ struct ParameterShape {
 
 struct ModelConfig {
   ModelFamily family = ModelFamily::kGpt2;
-  std::string name;             // preset name, or "custom"
+  std::string name;  // preset name, or "custom"
   int64_t vocab_size = 50257;
   int64_t context_length = 1024;  // longest sequence the model accepts
   int64_t d_model = 768;
   int64_t n_layers = 12;
   int64_t n_heads = 12;
-  int64_t n_kv_heads = 12;      // < n_heads: grouped-query attention (Llama)
-  int64_t ffn_hidden = 3072;    // MLP inner size (GPT-2: 4 d_model; Llama: SwiGLU width)
+  int64_t n_kv_heads = 12;    // < n_heads: grouped-query attention (Llama)
+  int64_t ffn_hidden = 3072;  // MLP inner size (GPT-2: 4 d_model; Llama: SwiGLU width)
   double norm_eps = 1e-5;
   double rope_theta = 500000.0;  // Llama only
   double dropout = 0.0;          // attention-probability and residual dropout
@@ -80,7 +81,13 @@ class TransformerImpl : public torch::nn::Module {
   bool checkpointing_ = false;
   bool use_sdpa_ = true;
   torch::nn::ModuleList blocks_;
-  // Embeddings, final norm and head are registered by the implementation.
+  // Embeddings, final norm and head are registered by the implementation (src/model/), held as
+  // base pointers so that this header needs no module headers. pos_emb_ is null in the Llama
+  // family, lm_head_ when the head is tied to the token embedding.
+  std::shared_ptr<torch::nn::Module> tok_emb_, pos_emb_, final_norm_, lm_head_;
+  // Rotary tables for the whole context (Llama), kept for the device and dtype last used so that
+  // forward does not rebuild them and copy them to the device each call.
+  at::Tensor rope_cos_, rope_sin_;
 };
 TORCH_MODULE(Transformer);
 

@@ -1,0 +1,48 @@
+#include <iostream>
+
+#include "commands.h"
+#include "shardtrain/rendezvous.h"
+#include "shardtrain/train.h"
+
+namespace shardtrain::cli {
+
+void add_train_command(CLI::App& app, int& exit_code) {
+  auto* cmd = app.add_subcommand(
+      "train",
+      "Train a model from a TOML config (sections [model] [data] [train] [precision] [run]; see "
+      "docs/config.md). Writes RUN_DIR/metrics.jsonl and RUN_DIR/checkpoints/.");
+  auto config_path = std::make_shared<std::string>();
+  auto overrides = std::make_shared<std::vector<std::string>>();
+  cmd->add_option("--config,-c", *config_path, "TOML config file")
+      ->required()
+      ->check(CLI::ExistingFile);
+  cmd->add_option("--set", *overrides,
+                  "Override one key: --set section.key=value (repeatable; values are TOML, bare "
+                  "words are strings)")
+      ->take_all();
+  cmd->callback([=, &exit_code] {
+    const RendezvousInfo rendezvous = rendezvous_info(current_environment());
+    if (rendezvous.world_size > 1) {
+      exit_code = 2;
+      throw std::invalid_argument(
+          "shardtrain train runs on a single process in this version (WORLD_SIZE=" +
+          std::to_string(rendezvous.world_size) + "); launch it with --nproc 1");
+    }
+    TrainConfig config;
+    try {
+      config = load_train_config(*config_path, *overrides);
+    } catch (const std::invalid_argument&) {
+      exit_code = 2;
+      throw;
+    }
+    try {
+      Trainer trainer(config);
+      trainer.fit();
+    } catch (const std::invalid_argument&) {
+      exit_code = 2;
+      throw;
+    }
+  });
+}
+
+}  // namespace shardtrain::cli

@@ -1,0 +1,75 @@
+// The training configuration: TOML sections [model] [data] [train] [precision] [run], with
+// `section.key=value` overrides. Every key is known; an unknown key or a wrong type is an error
+// that names it.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "shardtrain/model.h"
+
+namespace shardtrain {
+
+struct TrainConfig {
+  // [model]: a preset (or a Hugging Face config.json), then any size overridden by key.
+  ModelConfig model = model_preset("tiny");
+  bool vocab_size_set = false;  // else the tokenizer's vocabulary size is used
+
+  // [data]
+  std::vector<std::string> corpus;  // token shard, or text files / directories to tokenize
+  std::string tokenizer = "byte";   // "byte" or "gpt2"
+  std::string gpt2_dir;             // encoder.json + vocab.bpe; empty: default_gpt2_dir()
+  int64_t seq_len = 64;
+  int64_t eval_sequences = 32;  // held out from the end of the corpus
+
+  // [train]
+  int64_t steps = 100;
+  int64_t micro_batch = 8;
+  int64_t grad_accum = 1;
+  double lr = 1e-3;
+  double min_lr = 1e-4;
+  int64_t warmup = 10;
+  std::string schedule = "cosine";  // "cosine", "linear" or "constant" after warmup
+  double weight_decay = 0.1;
+  double beta1 = 0.9;
+  double beta2 = 0.95;
+  double eps = 1e-8;
+  double clip = 1.0;  // global gradient norm; 0 disables
+  int64_t seed = 1234;
+  int64_t eval_every = 0;  // steps; 0 disables
+  int64_t eval_batches = 4;
+  int64_t checkpoint_every = 0;  // steps; 0: only at the end
+  int64_t keep_checkpoints = 2;
+  bool activation_checkpointing = false;
+  int64_t sample_tokens = 64;  // generated at the end; 0 disables
+  std::string sample_prompt;
+  double sample_temperature = 0.8;
+  int64_t sample_top_k = 40;
+
+  // [precision]
+  std::string autocast = "none";    // "none", "bf16", "fp16"
+  std::string loss_scale = "none";  // "none", "dynamic", or a fixed number
+  double initial_scale = 65536.0;
+  int64_t scale_window = 1000;
+  double min_scale = 1.0;
+
+  // [run]
+  std::string dir = "runs/default";
+  int64_t log_every = 10;
+  std::string resume;   // "", "latest" or a checkpoint directory
+  int64_t threads = 0;  // intra-op threads; 0 leaves LibTorch's default
+
+  // Checks relations between keys (seq_len within the context, min_lr <= lr, ...) and throws
+  // std::invalid_argument naming the keys.
+  void validate() const;
+};
+
+// Parses TOML text (`source` names it in errors), then applies overrides "section.key=value",
+// where value is a TOML value (strings may be left unquoted). Throws std::invalid_argument.
+TrainConfig parse_train_config(const std::string& toml_text, const std::string& source,
+                               const std::vector<std::string>& overrides = {});
+TrainConfig load_train_config(const std::string& path,
+                              const std::vector<std::string>& overrides = {});
+
+}  // namespace shardtrain

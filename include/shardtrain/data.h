@@ -1,0 +1,136 @@
+// Token shards (a binary file of token ids with a small header), the tool that writes them from
+// a text corpus, and the loader that cuts them into deterministic global batches.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "shardtrain/tokenizer.h"
+
+namespace shardtrain {
+
+// Layout of a token shard, little-endian:
+//   bytes 0-7   magic "STTOKENS"
+//   bytes 8-11  uint32 format version (1)
+//   bytes 12-15 uint32 bytes per token (2 when the vocabulary fits in 16 bits, else 4)
+//   bytes 16-23 uint64 number of tokens
+//   bytes 24-31 uint64 vocabulary size of the tokenizer that wrote it
+//   bytes 32-   the tokens
+struct TokenShardHeader {
+  uint32_t version = 1;
+  uint32_t token_bytes = 2;
+  uint64_t num_tokens = 0;
+  uint64_t vocab_size = 0;
+};
+constexpr size_t kTokenShardHeaderBytes = 32;
+
+// Writes `tokens` as a shard at `path`, atomically (a temporary file renamed into place).
+void write_token_shard(const std::string& path, const std::vector<int32_t>& tokens,
+                       int64_t vocab_size);
+
+// Tokenizes the text files (or every regular file inside a directory, in name order) and
+// writes one shard; each file is one document, followed by the end-of-text token. Returns the
+// number of tokens. Throws std::invalid_argument naming a missing or unreadable input.
+int64_t prepare_token_shard(const std::vector<std::string>& inputs, const Tokenizer& tokenizer,
+                            const std::string& out_path);
+
+// A shard mapped read-only into memory. Opening checks the magic, the version and that the file
+// holds exactly the tokens the header announces; errors name the file and what is wrong.
+class TokenShard {
+ public:
+  explicit TokenShard(const std::string& path);
+  ~TokenShard();
+  TokenShard(const TokenShard&) = delete;
+  TokenShard& operator=(const TokenShard&) = delete;
+
+  const TokenShardHeader& header() const { return header_; }
+  int64_t size() const { return static_cast<int64_t>(header_.num_tokens); }
+  // Tokens [begin, begin + count) as int64, copied out of the mapping.
+  at::Tensor read(int64_t begin, int64_t count) const;
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+  TokenShardHeader header_;
+  const unsigned char* data_ = nullptr;  // the whole mapping, header included
+  size_t mapped_bytes_ = 0;
+};
+
+// Options of the loader, LibTorch style.
+struct DataLoaderOptions {
+  DataLoaderOptions& seq_len(int64_t v) {
+    seq_len_ = v;
+    return *this;
+  }
+  DataLoaderOptions& micro_batch(int64_t v) {
+    micro_batch_ = v;
+    return *this;
+  }
+  DataLoaderOptions& grad_accum(int64_t v) {
+    grad_accum_ = v;
+    return *this;
+  }
+  DataLoaderOptions& seed(uint64_t v) {
+    seed_ = v;
+    return *this;
+  }
+  // Sequences at the end of the shard kept out of training for evaluation.
+  DataLoaderOptions& eval_sequences(int64_t v) {
+    eval_sequences_ = v;
+    return *this;
+  }
+
+  int64_t seq_len_ = 128;
+  int64_t micro_batch_ = 8;
+  int64_t grad_accum_ = 1;
+  uint64_t seed_ = 0;
+  int64_t eval_sequences_ = 0;
+};
+
+struct Batch {
+  at::Tensor inputs;   // [micro_batch, seq_len] int64
+  at::Tensor targets;  // inputs shifted by one token
+};
+
+// Cuts the shard into non-overlapping sequences of seq_len + 1 tokens and walks them in an
+// order shuffled per epoch from (seed, epoch). Sample position p (counted from the start of
+// training) is sequence perm_{p / N}[p % N]. Step s consumes the global batch of
+// B = micro_batch x grad_accum x dp_size positions starting at `samples_before_step`; rank r
+// takes, at micro-step a, positions a*(micro_batch*dp_size) + r*micro_batch + [0, micro_batch).
+// So the global batch is the same sequences for any dp size, and ranks are disjoint.
+// The loader holds no position of its own: resuming means passing the saved sample count.
+class DataLoader {
+ public:
+  DataLoader(std::shared_ptr<TokenShard> shard, DataLoaderOptions options, int dp_rank = 0,
+             int dp_size = 1);
+
+  // Micro-batch `micro_step` (0 .. grad_accum-1) of the step that starts at sample position
+  // `samples_before_step`.
+  Batch micro_batch(int64_t samples_before_step, int micro_step) const;
+  // Held-out sequences [index*micro_batch, ...) for evaluation (same on every rank).
+  Batch eval_batch(int64_t index) const;
+
+  int64_t global_batch_size() const;  // sequences per step over all ranks
+  int64_t train_sequences() const { return train_sequences_; }
+  int64_t eval_sequences() const { return options_.eval_sequences_; }
+  const DataLoaderOptions& options() const { return options_; }
+
+ private:
+  // Sequence index at sample position p.
+  int64_t sequence_at(int64_t position) const;
+  Batch gather(const std::vector<int64_t>& sequences) const;
+
+  std::shared_ptr<TokenShard> shard_;
+  DataLoaderOptions options_;
+  int dp_rank_;
+  int dp_size_;
+  int64_t train_sequences_;
+  mutable int64_t cached_epoch_ = -1;
+  mutable std::vector<int64_t> permutation_;
+};
+
+}  // namespace shardtrain

@@ -1,0 +1,79 @@
+// The trainer: config -> tokenizer and data -> model -> optimizer -> loop, with metrics,
+// evaluation, checkpoints and resume.
+#pragma once
+
+#include <torch/optim/adamw.h>
+
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "shardtrain/config.h"
+#include "shardtrain/data.h"
+#include "shardtrain/model.h"
+#include "shardtrain/optim.h"
+#include "shardtrain/tokenizer.h"
+
+namespace shardtrain {
+
+// What one optimizer step measured.
+struct StepResult {
+  int64_t step = 0;  // 1-based number of the step just taken
+  double loss = 0;   // mean over every token of the global batch
+  double lr = 0;
+  double grad_norm = 0;  // before clipping
+  bool skipped = false;  // the loss scaler found inf/nan gradients
+  double step_time_s = 0;
+  double tokens_per_s = 0;
+  int64_t activations_peak = 0;  // resident-memory rise during forward+backward, bytes
+};
+
+class Trainer {
+ public:
+  // Builds everything from the config, creating run.dir; with run.resume, restores the
+  // checkpoint. Throws std::invalid_argument for bad input (files, sizes), naming it.
+  explicit Trainer(TrainConfig config);
+
+  // Trains until train.steps, printing one progress line per run.log_every steps, appending
+  // RUN_DIR/metrics.jsonl, evaluating and checkpointing as configured, and saving a final
+  // checkpoint. Prints a sample at the end when train.sample_tokens > 0.
+  void fit();
+  // One optimizer step over the global batch.
+  StepResult train_step();
+  // Mean loss over train.eval_batches held-out micro-batches.
+  double evaluate();
+  // Continues `prompt` by `tokens` sampled tokens (temperature, top-k; its own generator
+  // seeded from train.seed, so training randomness is untouched).
+  std::string generate(const std::string& prompt, int64_t tokens);
+  // Writes RUN_DIR/checkpoints/step_NNNNNN atomically and returns its directory.
+  std::string save_checkpoint();
+  void load_checkpoint(const std::string& dir);
+
+  int64_t step() const { return step_; }
+  Transformer& model() { return model_; }
+  const TrainConfig& config() const { return config_; }
+  const LossScaler& loss_scaler() const { return scaler_; }
+  const DataLoader& data() const { return *loader_; }
+  // Called after backward and before unscaling, with the step about to be taken; tests use it
+  // to inject an overflow.
+  void set_after_backward(std::function<void(int64_t step)> hook) { after_backward_ = hook; }
+
+ private:
+  void write_metrics(const StepResult& result, double eval_loss);
+  std::vector<at::Tensor> parameters() const;
+
+  TrainConfig config_;
+  std::unique_ptr<Tokenizer> tokenizer_;
+  std::shared_ptr<TokenShard> shard_;
+  std::unique_ptr<DataLoader> loader_;
+  Transformer model_{nullptr};
+  std::unique_ptr<torch::optim::AdamW> optimizer_;
+  LrSchedule schedule_;
+  LossScaler scaler_;
+  int64_t step_ = 0;
+  int64_t samples_ = 0;  // sequences consumed, the data position
+  int64_t peak_rss_ = 0;
+  std::function<void(int64_t)> after_backward_;
+};
+
+}  // namespace shardtrain

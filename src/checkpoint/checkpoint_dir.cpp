@@ -1,0 +1,82 @@
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <stdexcept>
+
+#include "shardtrain/checkpoint.h"
+
+namespace fs = std::filesystem;
+
+namespace shardtrain {
+namespace {
+
+void fsync_path(const fs::path& path) {
+  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd >= 0) {
+    fsync(fd);
+    close(fd);
+  }
+}
+
+}  // namespace
+
+CheckpointWriter::CheckpointWriter(std::string root, std::string name, int keep)
+    : root_(std::move(root)), name_(std::move(name)), keep_(keep) {
+  fs::create_directories(root_);
+  staging_ = (fs::path(root_) / ("." + name_ + ".partial")).string();
+  fs::remove_all(staging_);  // leftovers of a save that was killed
+  fs::create_directories(staging_);
+}
+
+std::string CheckpointWriter::commit() {
+  for (const auto& entry : fs::directory_iterator(staging_)) fsync_path(entry.path());
+  fsync_path(staging_);
+  const fs::path final_dir = fs::path(root_) / name_;
+  fs::remove_all(final_dir);  // an older save of the same step
+  fs::rename(staging_, final_dir);
+  // `latest` is replaced by rename too, so readers see the old or the new name, never half.
+  const fs::path latest = fs::path(root_) / "latest";
+  const fs::path latest_tmp = fs::path(root_) / ".latest.tmp";
+  {
+    std::ofstream out(latest_tmp, std::ios::trunc);
+    out << name_ << "\n";
+  }
+  fsync_path(latest_tmp);
+  fs::rename(latest_tmp, latest);
+  fsync_path(root_);
+
+  std::vector<std::string> complete;
+  for (const auto& entry : fs::directory_iterator(root_)) {
+    const std::string name = entry.path().filename().string();
+    if (entry.is_directory() && name.rfind("step_", 0) == 0) complete.push_back(name);
+  }
+  std::sort(complete.begin(), complete.end());  // zero-padded step numbers sort by step
+  for (size_t i = 0; i + keep_ < complete.size(); ++i) {
+    if (complete[i] != name_) fs::remove_all(fs::path(root_) / complete[i]);
+  }
+  return final_dir.string();
+}
+
+std::string resolve_checkpoint(const std::string& root, const std::string& which) {
+  fs::path dir;
+  if (which == "latest") {
+    std::ifstream in(fs::path(root) / "latest");
+    std::string name;
+    if (!in || !(in >> name)) {
+      throw std::invalid_argument("run.resume = \"latest\" but '" + root +
+                                  "/latest' does not exist (no checkpoint was saved)");
+    }
+    dir = fs::path(root) / name;
+  } else {
+    dir = which;
+  }
+  if (!fs::is_directory(dir)) {
+    throw std::invalid_argument("checkpoint '" + dir.string() + "' does not exist");
+  }
+  return dir.string();
+}
+
+}  // namespace shardtrain

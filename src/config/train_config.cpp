@@ -1,0 +1,301 @@
+#include <toml++/toml.h>
+
+#include <fstream>
+#include <functional>
+#include <sstream>
+#include <stdexcept>
+
+#include "shardtrain/config.h"
+
+namespace shardtrain {
+namespace {
+
+using Setter = std::function<void(TrainConfig&, const toml::node&, const std::string& name)>;
+
+std::string type_of(const toml::node& node) {
+  switch (node.type()) {
+    case toml::node_type::string:
+      return "a string";
+    case toml::node_type::integer:
+      return "an integer";
+    case toml::node_type::floating_point:
+      return "a number";
+    case toml::node_type::boolean:
+      return "a boolean";
+    case toml::node_type::array:
+      return "an array";
+    case toml::node_type::table:
+      return "a table";
+    default:
+      return "a date or time";
+  }
+}
+
+[[noreturn]] void wrong_type(const std::string& name, const char* expected,
+                             const toml::node& node) {
+  throw std::invalid_argument("config key '" + name + "': expected " + expected + ", got " +
+                              type_of(node));
+}
+
+int64_t as_int(const toml::node& node, const std::string& name) {
+  if (!node.is_integer()) wrong_type(name, "an integer", node);
+  return *node.value<int64_t>();
+}
+double as_double(const toml::node& node, const std::string& name) {
+  if (!node.is_number()) wrong_type(name, "a number", node);
+  return *node.value<double>();
+}
+bool as_bool(const toml::node& node, const std::string& name) {
+  if (!node.is_boolean()) wrong_type(name, "a boolean", node);
+  return *node.value<bool>();
+}
+std::string as_string(const toml::node& node, const std::string& name) {
+  if (!node.is_string()) wrong_type(name, "a string", node);
+  return *node.value<std::string>();
+}
+
+template <typename T>
+Setter field(T TrainConfig::*member) {
+  return [member](TrainConfig& c, const toml::node& n, const std::string& name) {
+    if constexpr (std::is_same_v<T, int64_t>) {
+      c.*member = as_int(n, name);
+    } else if constexpr (std::is_same_v<T, double>) {
+      c.*member = as_double(n, name);
+    } else if constexpr (std::is_same_v<T, bool>) {
+      c.*member = as_bool(n, name);
+    } else {
+      c.*member = as_string(n, name);
+    }
+  };
+}
+
+template <typename T>
+Setter model_field(T ModelConfig::*member) {
+  return [member](TrainConfig& c, const toml::node& n, const std::string& name) {
+    if constexpr (std::is_same_v<T, int64_t>) {
+      c.model.*member = as_int(n, name);
+    } else if constexpr (std::is_same_v<T, double>) {
+      c.model.*member = as_double(n, name);
+    } else {
+      c.model.*member = as_bool(n, name);
+    }
+    c.model.name = "custom";
+  };
+}
+
+// Every key the trainer understands. `model.preset` and `model.hf_config` replace the whole
+// model, so they are applied before the keys that override single sizes.
+const std::map<std::string, Setter>& known_keys() {
+  static const std::map<std::string, Setter> keys = {
+      {"model.preset", [](TrainConfig& c, const toml::node& n,
+                          const std::string& name) { c.model = model_preset(as_string(n, name)); }},
+      {"model.hf_config",
+       [](TrainConfig& c, const toml::node& n, const std::string& name) {
+         c.model = model_config_from_hf_json(as_string(n, name));
+       }},
+      {"model.vocab_size",
+       [](TrainConfig& c, const toml::node& n, const std::string& name) {
+         c.model.vocab_size = as_int(n, name);
+         c.vocab_size_set = true;
+       }},
+      {"model.context_length", model_field(&ModelConfig::context_length)},
+      {"model.d_model", model_field(&ModelConfig::d_model)},
+      {"model.n_layers", model_field(&ModelConfig::n_layers)},
+      {"model.n_heads", model_field(&ModelConfig::n_heads)},
+      {"model.n_kv_heads", model_field(&ModelConfig::n_kv_heads)},
+      {"model.ffn_hidden", model_field(&ModelConfig::ffn_hidden)},
+      {"model.dropout", model_field(&ModelConfig::dropout)},
+      {"model.norm_eps", model_field(&ModelConfig::norm_eps)},
+      {"model.rope_theta", model_field(&ModelConfig::rope_theta)},
+      {"model.tie_embeddings", model_field(&ModelConfig::tie_embeddings)},
+      {"data.corpus",
+       [](TrainConfig& c, const toml::node& n, const std::string& name) {
+         c.corpus.clear();
+         if (n.is_string()) {
+           c.corpus.push_back(*n.value<std::string>());
+           return;
+         }
+         if (!n.is_array()) wrong_type(name, "a path or an array of paths", n);
+         for (const auto& item : *n.as_array()) c.corpus.push_back(as_string(item, name));
+       }},
+      {"data.tokenizer", field(&TrainConfig::tokenizer)},
+      {"data.gpt2_dir", field(&TrainConfig::gpt2_dir)},
+      {"data.seq_len", field(&TrainConfig::seq_len)},
+      {"data.eval_sequences", field(&TrainConfig::eval_sequences)},
+      {"train.steps", field(&TrainConfig::steps)},
+      {"train.micro_batch", field(&TrainConfig::micro_batch)},
+      {"train.grad_accum", field(&TrainConfig::grad_accum)},
+      {"train.lr", field(&TrainConfig::lr)},
+      {"train.min_lr", field(&TrainConfig::min_lr)},
+      {"train.warmup", field(&TrainConfig::warmup)},
+      {"train.schedule", field(&TrainConfig::schedule)},
+      {"train.weight_decay", field(&TrainConfig::weight_decay)},
+      {"train.beta1", field(&TrainConfig::beta1)},
+      {"train.beta2", field(&TrainConfig::beta2)},
+      {"train.eps", field(&TrainConfig::eps)},
+      {"train.clip", field(&TrainConfig::clip)},
+      {"train.seed", field(&TrainConfig::seed)},
+      {"train.eval_every", field(&TrainConfig::eval_every)},
+      {"train.eval_batches", field(&TrainConfig::eval_batches)},
+      {"train.checkpoint_every", field(&TrainConfig::checkpoint_every)},
+      {"train.keep_checkpoints", field(&TrainConfig::keep_checkpoints)},
+      {"train.activation_checkpointing", field(&TrainConfig::activation_checkpointing)},
+      {"train.sample_tokens", field(&TrainConfig::sample_tokens)},
+      {"train.sample_prompt", field(&TrainConfig::sample_prompt)},
+      {"train.sample_temperature", field(&TrainConfig::sample_temperature)},
+      {"train.sample_top_k", field(&TrainConfig::sample_top_k)},
+      {"precision.autocast", field(&TrainConfig::autocast)},
+      {"precision.loss_scale",
+       [](TrainConfig& c, const toml::node& n, const std::string& name) {
+         if (n.is_number()) {
+           c.loss_scale = std::to_string(*n.value<double>());
+         } else {
+           c.loss_scale = as_string(n, name);
+         }
+       }},
+      {"precision.initial_scale", field(&TrainConfig::initial_scale)},
+      {"precision.scale_window", field(&TrainConfig::scale_window)},
+      {"precision.min_scale", field(&TrainConfig::min_scale)},
+      {"run.dir", field(&TrainConfig::dir)},
+      {"run.log_every", field(&TrainConfig::log_every)},
+      {"run.resume", field(&TrainConfig::resume)},
+      {"run.threads", field(&TrainConfig::threads)},
+  };
+  return keys;
+}
+
+struct Entry {
+  std::string name;  // section.key
+  const toml::node* node;
+};
+
+void collect(const toml::table& doc, const std::string& source, std::vector<Entry>& out) {
+  for (const auto& [section, value] : doc) {
+    const std::string section_name(section.str());
+    const toml::table* table = value.as_table();
+    if (!table) {
+      throw std::invalid_argument(source + ": unknown config key '" + section_name +
+                                  "' (keys belong in [model], [data], [train], [precision] or "
+                                  "[run])");
+    }
+    for (const auto& [key, node] : *table) {
+      const std::string name = section_name + "." + std::string(key.str());
+      if (!known_keys().count(name)) {
+        throw std::invalid_argument(source + ": unknown config key '" + name + "'");
+      }
+      out.push_back(Entry{name, &node});
+    }
+  }
+}
+
+toml::table parse_toml(const std::string& text, const std::string& source) {
+  try {
+    return toml::parse(text, source);
+  } catch (const toml::parse_error& e) {
+    std::ostringstream message;
+    message << source << ":" << e.source().begin.line << ": " << e.description();
+    throw std::invalid_argument(message.str());
+  }
+}
+
+bool is_model_replacement(const std::string& name) {
+  return name == "model.preset" || name == "model.hf_config";
+}
+
+}  // namespace
+
+TrainConfig parse_train_config(const std::string& toml_text, const std::string& source,
+                               const std::vector<std::string>& overrides) {
+  std::vector<toml::table> documents;
+  documents.reserve(overrides.size() + 1);
+  documents.push_back(parse_toml(toml_text, source));
+  std::vector<Entry> entries;
+  collect(documents.back(), source, entries);
+  for (const auto& override_text : overrides) {
+    const size_t eq = override_text.find('=');
+    const size_t dot = override_text.find('.');
+    if (eq == std::string::npos || dot == std::string::npos || dot > eq) {
+      throw std::invalid_argument("--set '" + override_text +
+                                  "' is not of the form section.key=value");
+    }
+    const std::string section = override_text.substr(0, dot);
+    const std::string key = override_text.substr(dot + 1, eq - dot - 1);
+    const std::string value = override_text.substr(eq + 1);
+    // The value is TOML (numbers, booleans, quoted strings, arrays); a bare word is a string.
+    toml::table doc;
+    try {
+      doc = toml::parse("[" + section + "]\n" + key + " = " + value + "\n");
+    } catch (const toml::parse_error&) {
+      doc = toml::table{{section, toml::table{{key, value}}}};
+    }
+    documents.push_back(std::move(doc));
+    collect(documents.back(), "--set " + section + "." + key, entries);
+  }
+  TrainConfig config;
+  for (const bool replacement : {true, false}) {
+    for (const auto& entry : entries) {
+      if (is_model_replacement(entry.name) == replacement) {
+        known_keys().at(entry.name)(config, *entry.node, entry.name);
+      }
+    }
+  }
+  config.validate();
+  return config;
+}
+
+TrainConfig load_train_config(const std::string& path, const std::vector<std::string>& overrides) {
+  std::ifstream in(path);
+  if (!in) throw std::invalid_argument("config file '" + path + "' cannot be read");
+  std::ostringstream text;
+  text << in.rdbuf();
+  return parse_train_config(text.str(), path, overrides);
+}
+
+void TrainConfig::validate() const {
+  auto require = [](bool ok, const std::string& message) {
+    if (!ok) throw std::invalid_argument(message);
+  };
+  require(tokenizer == "byte" || tokenizer == "gpt2",
+          "data.tokenizer must be \"byte\" or \"gpt2\", got \"" + tokenizer + "\"");
+  require(seq_len >= 1, "data.seq_len must be at least 1");
+  require(seq_len <= model.context_length,
+          "data.seq_len " + std::to_string(seq_len) + " exceeds the model's context length " +
+              std::to_string(model.context_length) + " (model.context_length)");
+  require(eval_sequences >= 0, "data.eval_sequences must be >= 0");
+  require(steps >= 1, "train.steps must be at least 1");
+  require(micro_batch >= 1, "train.micro_batch must be at least 1");
+  require(grad_accum >= 1, "train.grad_accum must be at least 1");
+  require(lr > 0, "train.lr must be positive");
+  require(min_lr >= 0 && min_lr <= lr, "train.min_lr must be between 0 and train.lr");
+  require(warmup >= 0, "train.warmup must be >= 0");
+  require(
+      schedule == "cosine" || schedule == "linear" || schedule == "constant",
+      "train.schedule must be \"cosine\", \"linear\" or \"constant\", got \"" + schedule + "\"");
+  require(clip >= 0, "train.clip must be >= 0 (0 disables clipping)");
+  require(beta1 >= 0 && beta1 < 1 && beta2 >= 0 && beta2 < 1,
+          "train.beta1 and train.beta2 must be in [0, 1)");
+  require(eval_every >= 0 && checkpoint_every >= 0,
+          "train.eval_every and "
+          "train.checkpoint_every must be >= 0");
+  require(eval_every == 0 || eval_sequences > 0,
+          "train.eval_every needs data.eval_sequences > 0 (sequences held out for evaluation)");
+  require(keep_checkpoints >= 1, "train.keep_checkpoints must be at least 1");
+  require(sample_tokens >= 0 && sample_top_k >= 0 && sample_temperature > 0,
+          "train.sample_tokens and train.sample_top_k must be >= 0, sample_temperature > 0");
+  require(autocast == "none" || autocast == "bf16" || autocast == "fp16",
+          "precision.autocast must be \"none\", \"bf16\" or \"fp16\", got \"" + autocast + "\"");
+  if (loss_scale != "none" && loss_scale != "dynamic") {
+    char* end = nullptr;
+    const double fixed = std::strtod(loss_scale.c_str(), &end);
+    require(end && *end == '\0' && fixed > 0,
+            "precision.loss_scale must be \"none\", \"dynamic\" or a positive number, got \"" +
+                loss_scale + "\"");
+  }
+  require(initial_scale > 0 && min_scale > 0 && scale_window >= 1,
+          "precision.initial_scale and min_scale must be positive, scale_window >= 1");
+  require(log_every >= 1, "run.log_every must be at least 1");
+  require(threads >= 0, "run.threads must be >= 0");
+  model.validate();
+}
+
+}  // namespace shardtrain

@@ -1,0 +1,242 @@
+#include "data/bpe.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <limits>
+#include <nlohmann/json.hpp>
+#include <queue>
+#include <stdexcept>
+
+namespace shardtrain::detail {
+namespace {
+
+// Bounds the id -> bytes table so a typo such as an id of 2^31 cannot allocate gigabytes.
+constexpr int64_t kMaxTokenId = (int64_t{1} << 24) - 1;
+
+std::string utf8(uint32_t cp) {
+  std::string s;
+  if (cp < 0x80) {
+    s += static_cast<char>(cp);
+  } else if (cp < 0x800) {
+    s += static_cast<char>(0xC0 | (cp >> 6));
+    s += static_cast<char>(0x80 | (cp & 0x3F));
+  } else {
+    // The byte alphabet only reaches U+0143; three bytes are enough for anything passed here.
+    s += static_cast<char>(0xE0 | (cp >> 12));
+    s += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
+    s += static_cast<char>(0x80 | (cp & 0x3F));
+  }
+  return s;
+}
+
+// Maps a token as spelled in encoder.json back to the bytes it stands for. Returns false if it
+// holds a character outside GPT-2's 256-character byte alphabet.
+bool alphabet_to_bytes(const std::string& spelled, const std::array<int16_t, 324>& cp_to_byte,
+                       std::string& bytes) {
+  bytes.clear();
+  for (size_t i = 0; i < spelled.size();) {
+    const auto c = static_cast<unsigned char>(spelled[i]);
+    uint32_t cp;
+    if (c < 0x80) {
+      cp = c, i += 1;
+    } else if ((c & 0xE0) == 0xC0 && i + 1 < spelled.size()) {
+      cp = ((c & 0x1Fu) << 6) | (static_cast<unsigned char>(spelled[i + 1]) & 0x3Fu), i += 2;
+    } else {
+      return false;  // three- and four-byte characters are all outside the alphabet
+    }
+    if (cp >= cp_to_byte.size() || cp_to_byte[cp] < 0) return false;
+    bytes += static_cast<char>(cp_to_byte[cp]);
+  }
+  return true;
+}
+
+size_t line_of_byte(const std::string& text, size_t byte) {
+  const size_t end = std::min(byte, text.size());
+  return 1 + static_cast<size_t>(std::count(text.begin(), text.begin() + end, '\n'));
+}
+
+}  // namespace
+
+std::array<uint32_t, 256> gpt2_byte_to_code_point() {
+  std::array<uint32_t, 256> table{};
+  uint32_t next_extra = 256;
+  for (uint32_t b = 0; b < 256; ++b) {
+    const bool printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || b >= 0xAE;
+    table[b] = printable ? b : next_extra++;
+  }
+  return table;
+}
+
+std::string read_whole_file(const std::string& path, const std::string& what) {
+  std::FILE* f = std::fopen(path.c_str(), "rb");
+  if (!f) {
+    if (errno == ENOENT) throw std::invalid_argument(what + " '" + path + "' not found");
+    throw std::invalid_argument(what + " '" + path + "' cannot be read: " + std::strerror(errno));
+  }
+  std::string text;
+  char buffer[1 << 16];
+  size_t n;
+  while ((n = std::fread(buffer, 1, sizeof(buffer), f)) > 0) text.append(buffer, n);
+  const bool failed = std::ferror(f);
+  const int error = errno;  // a directory opens fine and fails here with EISDIR
+  std::fclose(f);
+  if (failed) {
+    throw std::invalid_argument(what + " '" + path + "' cannot be read: " + std::strerror(error));
+  }
+  return text;
+}
+
+BpeVocab load_gpt2_vocab(const std::string& encoder_json, const std::string& vocab_bpe) {
+  const std::string enc_name = "GPT-2 encoder file '" + encoder_json + "'";
+  // Both files are read first so that a missing one is reported as such, not as a content error.
+  const std::string text = read_whole_file(encoder_json, "GPT-2 encoder file");
+  const std::string merges = read_whole_file(vocab_bpe, "GPT-2 merges file");
+  nlohmann::json json;
+  try {
+    json = nlohmann::json::parse(text);
+  } catch (const nlohmann::json::parse_error& e) {
+    throw std::invalid_argument(enc_name + " line " +
+                                std::to_string(line_of_byte(text, e.byte > 0 ? e.byte - 1 : 0)) +
+                                ": malformed JSON: " + e.what());
+  }
+  if (!json.is_object()) {
+    throw std::invalid_argument(enc_name +
+                                ": expected a JSON object mapping tokens to ids, found " +
+                                std::string(json.type_name()));
+  }
+
+  const auto byte_to_cp = gpt2_byte_to_code_point();
+  std::array<int16_t, 324> cp_to_byte;
+  cp_to_byte.fill(-1);
+  for (int b = 0; b < 256; ++b) cp_to_byte[byte_to_cp[b]] = static_cast<int16_t>(b);
+
+  BpeVocab vocab;
+  // Merges name tokens by their spelling in the files, so keep spelling -> id while loading.
+  std::unordered_map<std::string, int32_t> spelled_to_id;
+  spelled_to_id.reserve(json.size());
+  std::string bytes;
+  for (const auto& [spelled, value] : json.items()) {
+    if (!value.is_number_integer() || value.get<int64_t>() < 0 ||
+        value.get<int64_t>() > kMaxTokenId) {
+      throw std::invalid_argument(enc_name + ": token '" + spelled + "' has id " + value.dump() +
+                                  ", expected an integer in 0.." + std::to_string(kMaxTokenId));
+    }
+    const auto id = static_cast<int32_t>(value.get<int64_t>());
+    if (!alphabet_to_bytes(spelled, cp_to_byte, bytes)) {
+      throw std::invalid_argument(enc_name + ": token '" + spelled +
+                                  "' has a character outside GPT-2's byte alphabet");
+    }
+    if (static_cast<size_t>(id) >= vocab.id_to_bytes.size()) {
+      vocab.id_to_bytes.resize(id + 1);
+      vocab.id_present.resize(id + 1, false);
+    }
+    if (vocab.id_present[id]) {
+      throw std::invalid_argument(enc_name + ": id " + std::to_string(id) +
+                                  " is used by two tokens, the second '" + spelled + "'");
+    }
+    vocab.id_to_bytes[id] = bytes;
+    vocab.id_present[id] = true;
+    spelled_to_id.emplace(spelled, id);
+  }
+  for (int b = 0; b < 256; ++b) {
+    const auto it = spelled_to_id.find(utf8(byte_to_cp[b]));
+    if (it == spelled_to_id.end()) {
+      throw std::invalid_argument(enc_name + " has no token for byte " + std::to_string(b) +
+                                  ", so some text could not be encoded");
+    }
+    vocab.byte_to_id[b] = it->second;
+  }
+  const auto eos = spelled_to_id.find("<|endoftext|>");
+  if (eos == spelled_to_id.end()) throw std::invalid_argument(enc_name + " has no <|endoftext|>");
+  vocab.eos_id = eos->second;
+
+  const std::string merges_name = "GPT-2 merges file '" + vocab_bpe + "'";
+  size_t line_number = 0;
+  int32_t rank = 0;
+  for (size_t begin = 0; begin < merges.size();) {
+    size_t end = merges.find('\n', begin);
+    if (end == std::string::npos) end = merges.size();
+    std::string line = merges.substr(begin, end - begin);
+    begin = end + 1;
+    ++line_number;
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    // The first line is a "#version: 0.2" header in every file GPT-2 and its copies ship.
+    if (line.empty() || (line_number == 1 && line[0] == '#')) continue;
+    const std::string where = merges_name + " line " + std::to_string(line_number);
+    const size_t space = line.find(' ');
+    if (space == 0 || space == std::string::npos || space + 1 == line.size() ||
+        line.find(' ', space + 1) != std::string::npos) {
+      throw std::invalid_argument(where + ": expected two tokens separated by one space, found '" +
+                                  line + "'");
+    }
+    const std::string left = line.substr(0, space), right = line.substr(space + 1);
+    const auto l = spelled_to_id.find(left), r = spelled_to_id.find(right);
+    const auto m = spelled_to_id.find(left + right);
+    auto require = [&](auto it, const std::string& token) {
+      if (it == spelled_to_id.end()) {
+        throw std::invalid_argument(where + ": token '" + token + "' is not in " + enc_name);
+      }
+    };
+    require(l, left);
+    require(r, right);
+    require(m, left + right);  // id-form BPE needs every merge result to have an id
+    // A repeated pair keeps its last rank, as Python's dict(zip(merges, range(...))) does.
+    vocab.merges[BpeVocab::pair_key(l->second, r->second)] = BpeMerge{rank++, m->second};
+  }
+  return vocab;
+}
+
+void bpe_encode_piece(const BpeVocab& vocab, std::string_view piece, std::vector<int32_t>& out) {
+  const auto n = static_cast<int32_t>(piece.size());
+  if (n <= 1) {
+    if (n == 1) out.push_back(vocab.byte_to_id[static_cast<unsigned char>(piece[0])]);
+    return;
+  }
+  // Symbols form a linked list over the piece; a merge folds the right symbol into the left one.
+  struct Symbol {
+    int32_t id, prev, next;
+  };
+  std::vector<Symbol> symbols(n);
+  for (int32_t i = 0; i < n; ++i) {
+    symbols[i] = {vocab.byte_to_id[static_cast<unsigned char>(piece[i])], i - 1,
+                  i + 1 < n ? i + 1 : -1};
+  }
+  struct Candidate {
+    int32_t rank, pos, left, right, result;
+  };
+  // Lowest rank first and, within one rank, leftmost first: that reproduces the reference's
+  // "merge every occurrence of the best pair, left to right" because a merge only creates pairs
+  // containing its result, which rank after the pair that produced it.
+  auto later = [](const Candidate& a, const Candidate& b) {
+    return a.rank != b.rank ? a.rank > b.rank : a.pos > b.pos;
+  };
+  std::priority_queue<Candidate, std::vector<Candidate>, decltype(later)> queue(later);
+  auto consider = [&](int32_t pos) {
+    const int32_t next = symbols[pos].next;
+    if (next < 0) return;
+    const auto it = vocab.merges.find(BpeVocab::pair_key(symbols[pos].id, symbols[next].id));
+    if (it != vocab.merges.end()) {
+      queue.push({it->second.rank, pos, symbols[pos].id, symbols[next].id, it->second.result});
+    }
+  };
+  for (int32_t i = 0; i + 1 < n; ++i) consider(i);
+  while (!queue.empty()) {
+    const Candidate c = queue.top();
+    queue.pop();
+    Symbol& left = symbols[c.pos];
+    // Entries go stale when a neighbour merged first; the ids tell whether the pair still exists.
+    if (left.id != c.left || left.next < 0 || symbols[left.next].id != c.right) continue;
+    Symbol& right = symbols[left.next];
+    left.id = c.result;
+    left.next = right.next;
+    if (right.next >= 0) symbols[right.next].prev = c.pos;
+    right.id = -1;
+    if (left.prev >= 0) consider(left.prev);
+    consider(c.pos);
+  }
+  for (int32_t i = 0; i >= 0; i = symbols[i].next) out.push_back(symbols[i].id);
+}
+
+}  // namespace shardtrain::detail

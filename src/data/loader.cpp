@@ -1,0 +1,80 @@
+#include <random>
+#include <stdexcept>
+
+#include "shardtrain/data.h"
+
+namespace shardtrain {
+
+DataLoader::DataLoader(std::shared_ptr<TokenShard> shard, DataLoaderOptions options, int dp_rank,
+                       int dp_size)
+    : shard_(std::move(shard)), options_(options), dp_rank_(dp_rank), dp_size_(dp_size) {
+  const auto& o = options_;
+  if (o.seq_len_ < 1 || o.micro_batch_ < 1 || o.grad_accum_ < 1 || o.eval_sequences_ < 0) {
+    throw std::invalid_argument("data loader: seq_len, micro_batch and grad_accum must be >= 1");
+  }
+  TORCH_CHECK(dp_rank >= 0 && dp_rank < dp_size, "data loader: rank ", dp_rank,
+              " outside data-parallel size ", dp_size);
+  // Each sequence needs seq_len + 1 tokens (targets are shifted by one); windows don't overlap.
+  const int64_t total = (shard_->size() - 1) / o.seq_len_;
+  train_sequences_ = total - o.eval_sequences_;
+  if (train_sequences_ < 1) {
+    throw std::invalid_argument("corpus '" + shard_->path() +
+                                "' is too small: " + std::to_string(shard_->size()) +
+                                " tokens make " + std::to_string(total) + " sequences of seq_len " +
+                                std::to_string(o.seq_len_) + ", and " +
+                                std::to_string(o.eval_sequences_) + " are held out for evaluation");
+  }
+}
+
+int64_t DataLoader::global_batch_size() const {
+  return options_.micro_batch_ * options_.grad_accum_ * dp_size_;
+}
+
+int64_t DataLoader::sequence_at(int64_t position) const {
+  const int64_t epoch = position / train_sequences_;
+  if (epoch != cached_epoch_) {
+    // Fisher-Yates with mt19937_64, whose output is fixed by the standard; std::shuffle is
+    // not, and the order must be identical on every platform and rank.
+    permutation_.resize(train_sequences_);
+    for (int64_t i = 0; i < train_sequences_; ++i) permutation_[i] = i;
+    std::mt19937_64 rng(options_.seed_ * 0x9E3779B97F4A7C15ull + static_cast<uint64_t>(epoch));
+    for (int64_t i = train_sequences_ - 1; i > 0; --i) {
+      const int64_t j = static_cast<int64_t>(rng() % static_cast<uint64_t>(i + 1));
+      std::swap(permutation_[i], permutation_[j]);
+    }
+    cached_epoch_ = epoch;
+  }
+  return permutation_[position % train_sequences_];
+}
+
+Batch DataLoader::gather(const std::vector<int64_t>& sequences) const {
+  const int64_t len = options_.seq_len_;
+  at::Tensor tokens = at::empty({static_cast<int64_t>(sequences.size()), len + 1}, at::kLong);
+  for (size_t i = 0; i < sequences.size(); ++i) {
+    tokens[static_cast<int64_t>(i)].copy_(shard_->read(sequences[i] * len, len + 1));
+  }
+  return Batch{tokens.narrow(1, 0, len).contiguous(), tokens.narrow(1, 1, len).contiguous()};
+}
+
+Batch DataLoader::micro_batch(int64_t samples_before_step, int micro_step) const {
+  TORCH_CHECK(micro_step >= 0 && micro_step < options_.grad_accum_, "micro-step ", micro_step,
+              " outside grad_accum ", options_.grad_accum_);
+  const int64_t m = options_.micro_batch_;
+  const int64_t first = samples_before_step + micro_step * m * dp_size_ + dp_rank_ * m;
+  std::vector<int64_t> sequences;
+  for (int64_t i = 0; i < m; ++i) sequences.push_back(sequence_at(first + i));
+  return gather(sequences);
+}
+
+Batch DataLoader::eval_batch(int64_t index) const {
+  TORCH_CHECK(options_.eval_sequences_ > 0,
+              "data loader: no sequences are held out for evaluation");
+  const int64_t m = options_.micro_batch_;
+  std::vector<int64_t> sequences;
+  for (int64_t i = 0; i < m; ++i) {
+    sequences.push_back(train_sequences_ + (index * m + i) % options_.eval_sequences_);
+  }
+  return gather(sequences);
+}
+
+}  // namespace shardtrain

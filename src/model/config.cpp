@@ -1,0 +1,135 @@
+// ModelConfig: the parameter inventory of both families, computed without allocating, and the
+// consistency checks every other component relies on.
+#include <stdexcept>
+#include <string>
+
+#include "shardtrain/model.h"
+
+namespace shardtrain {
+namespace {
+
+std::string describe(const ModelConfig& config) {
+  return "model config '" + (config.name.empty() ? std::string("custom") : config.name) + "' (" +
+         to_string(config.family) + ")";
+}
+
+[[noreturn]] void fail(const ModelConfig& config, const std::string& what) {
+  throw std::invalid_argument(describe(config) + ": " + what);
+}
+
+void require_positive(const ModelConfig& config, const char* field, int64_t value) {
+  if (value <= 0)
+    fail(config, std::string(field) + " must be positive, got " + std::to_string(value));
+}
+
+void add(std::vector<ParameterShape>& shapes, std::string name, std::vector<int64_t> shape) {
+  shapes.push_back(ParameterShape{std::move(name), std::move(shape)});
+}
+
+}  // namespace
+
+std::string to_string(ModelFamily family) {
+  switch (family) {
+    case ModelFamily::kGpt2:
+      return "gpt2";
+    case ModelFamily::kLlama:
+      return "llama";
+  }
+  return "unknown";
+}
+
+int64_t ParameterShape::numel() const {
+  int64_t n = 1;
+  for (int64_t s : shape) n *= s;
+  return n;
+}
+
+void ModelConfig::validate() const {
+  if (family != ModelFamily::kGpt2 && family != ModelFamily::kLlama) {
+    fail(*this, "family must be gpt2 or llama");
+  }
+  require_positive(*this, "vocab_size", vocab_size);
+  require_positive(*this, "context_length", context_length);
+  require_positive(*this, "d_model", d_model);
+  require_positive(*this, "n_layers", n_layers);
+  require_positive(*this, "n_heads", n_heads);
+  require_positive(*this, "n_kv_heads", n_kv_heads);
+  require_positive(*this, "ffn_hidden", ffn_hidden);
+  if (d_model % n_heads != 0) {
+    fail(*this, "d_model " + std::to_string(d_model) + " is not divisible by n_heads " +
+                    std::to_string(n_heads));
+  }
+  if (n_heads % n_kv_heads != 0) {
+    fail(*this, "n_heads " + std::to_string(n_heads) + " is not divisible by n_kv_heads " +
+                    std::to_string(n_kv_heads));
+  }
+  // The fused qkv projection of GPT-2 has one key/value head per query head.
+  if (family == ModelFamily::kGpt2 && n_kv_heads != n_heads) {
+    fail(*this, "n_kv_heads " + std::to_string(n_kv_heads) + " must equal n_heads " +
+                    std::to_string(n_heads) + " in the gpt2 family (no grouped-query attention)");
+  }
+  // rotate_half pairs the first and second half of each head: the head size must split evenly.
+  if (family == ModelFamily::kLlama && (d_model / n_heads) % 2 != 0) {
+    fail(*this, "head size d_model / n_heads = " + std::to_string(d_model / n_heads) +
+                    " must be even for rotary position embeddings");
+  }
+  if (!(norm_eps > 0.0)) fail(*this, "norm_eps must be positive, got " + std::to_string(norm_eps));
+  if (family == ModelFamily::kLlama && !(rope_theta > 0.0)) {
+    fail(*this, "rope_theta must be positive, got " + std::to_string(rope_theta));
+  }
+  if (!(dropout >= 0.0 && dropout < 1.0)) {
+    fail(*this, "dropout must be in [0, 1), got " + std::to_string(dropout));
+  }
+}
+
+std::vector<ParameterShape> ModelConfig::parameter_shapes() const {
+  validate();  // the shapes below divide by n_heads
+  const int64_t d = d_model;
+  const int64_t kv_width = n_kv_heads * (d_model / n_heads);
+  std::vector<ParameterShape> shapes;
+  add(shapes, "tok_emb.weight", {vocab_size, d});
+  if (family == ModelFamily::kGpt2) add(shapes, "pos_emb.weight", {context_length, d});
+  for (int64_t i = 0; i < n_layers; ++i) {
+    const std::string p = "blocks." + std::to_string(i) + ".";
+    if (family == ModelFamily::kGpt2) {
+      add(shapes, p + "ln1.weight", {d});
+      add(shapes, p + "ln1.bias", {d});
+      add(shapes, p + "attn.qkv.weight", {3 * d, d});
+      add(shapes, p + "attn.qkv.bias", {3 * d});
+      add(shapes, p + "attn.proj.weight", {d, d});
+      add(shapes, p + "attn.proj.bias", {d});
+      add(shapes, p + "ln2.weight", {d});
+      add(shapes, p + "ln2.bias", {d});
+      add(shapes, p + "mlp.fc.weight", {ffn_hidden, d});
+      add(shapes, p + "mlp.fc.bias", {ffn_hidden});
+      add(shapes, p + "mlp.proj.weight", {d, ffn_hidden});
+      add(shapes, p + "mlp.proj.bias", {d});
+    } else {
+      add(shapes, p + "attn_norm.weight", {d});
+      add(shapes, p + "attn.q.weight", {d, d});
+      add(shapes, p + "attn.k.weight", {kv_width, d});
+      add(shapes, p + "attn.v.weight", {kv_width, d});
+      add(shapes, p + "attn.o.weight", {d, d});
+      add(shapes, p + "ffn_norm.weight", {d});
+      add(shapes, p + "mlp.gate.weight", {ffn_hidden, d});
+      add(shapes, p + "mlp.up.weight", {ffn_hidden, d});
+      add(shapes, p + "mlp.down.weight", {d, ffn_hidden});
+    }
+  }
+  if (family == ModelFamily::kGpt2) {
+    add(shapes, "ln_f.weight", {d});
+    add(shapes, "ln_f.bias", {d});
+  } else {
+    add(shapes, "norm.weight", {d});
+  }
+  if (!tie_embeddings) add(shapes, "lm_head.weight", {vocab_size, d});
+  return shapes;
+}
+
+int64_t ModelConfig::num_parameters() const {
+  int64_t total = 0;
+  for (const auto& p : parameter_shapes()) total += p.numel();
+  return total;
+}
+
+}  // namespace shardtrain

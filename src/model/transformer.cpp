@@ -1,0 +1,163 @@
+// The decoder: embeddings, the stack of blocks (optionally checkpointed), final norm and head.
+#include <torch/nn/modules/embedding.h>
+
+#include <cmath>
+#include <sstream>
+#include <stdexcept>
+
+#include "model/checkpoint.h"
+#include "model/layers.h"
+#include "shardtrain/model.h"
+
+namespace shardtrain {
+namespace {
+
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() &&
+         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+// GPT-2's initialization: N(0, 0.02) for matrices, and for the projections that write into the
+// residual stream 0.02 / sqrt(2 n_layers), because each layer adds two of them and the stream's
+// variance would otherwise grow with depth. Norm weights start at one, biases at zero.
+void initialize(torch::nn::Module& model, const ModelConfig& config) {
+  at::NoGradGuard no_grad;
+  const double residual_std = 0.02 / std::sqrt(2.0 * static_cast<double>(config.n_layers));
+  for (auto& item : model.named_parameters()) {
+    const std::string& name = item.key();
+    at::Tensor& p = item.value();
+    if (p.dim() == 1) {
+      if (ends_with(name, ".bias")) {
+        p.zero_();
+      } else {
+        p.fill_(1.0);
+      }
+      continue;
+    }
+    const bool residual = ends_with(name, "attn.proj.weight") || ends_with(name, "attn.o.weight") ||
+                          ends_with(name, "mlp.proj.weight") || ends_with(name, "mlp.down.weight");
+    p.normal_(0.0, residual ? residual_std : 0.02);
+  }
+}
+
+void check_tokens(const at::Tensor& tokens, const ModelConfig& config) {
+  if (!tokens.defined() || tokens.dim() != 2) {
+    std::ostringstream got;
+    if (tokens.defined()) {
+      got << tokens.sizes();
+    } else {
+      got << "an undefined tensor";
+    }
+    throw std::invalid_argument("Transformer::forward: tokens must be [batch, sequence], got " +
+                                got.str());
+  }
+  if (tokens.scalar_type() != at::kLong) {
+    throw std::invalid_argument(std::string("Transformer::forward: tokens must be int64, got ") +
+                                c10::toString(tokens.scalar_type()));
+  }
+  if (tokens.size(1) > config.context_length) {
+    throw std::invalid_argument("sequence length " + std::to_string(tokens.size(1)) +
+                                " exceeds the model's context length " +
+                                std::to_string(config.context_length));
+  }
+  if (tokens.numel() == 0) {
+    throw std::invalid_argument("Transformer::forward: tokens is empty");
+  }
+  // One host synchronization per forward; an out-of-range id would otherwise surface as an
+  // opaque indexing error (or a device-side assert on CUDA).
+  const auto bounds = at::aminmax(tokens);
+  const at::Tensor both = at::stack({std::get<0>(bounds), std::get<1>(bounds)}).cpu();
+  const int64_t lo = both[0].item<int64_t>();
+  const int64_t hi = both[1].item<int64_t>();
+  if (lo < 0 || hi >= config.vocab_size) {
+    const at::Tensor where = ((tokens < 0) | (tokens >= config.vocab_size)).nonzero()[0].cpu();
+    const int64_t b = where[0].item<int64_t>(), t = where[1].item<int64_t>();
+    throw std::invalid_argument("token id " + std::to_string(tokens[b][t].item<int64_t>()) +
+                                " at [" + std::to_string(b) + ", " + std::to_string(t) +
+                                "] is outside the vocabulary [0, " +
+                                std::to_string(config.vocab_size) + ")");
+  }
+}
+
+at::Tensor weight_of(const std::shared_ptr<torch::nn::Module>& module) {
+  return module->named_parameters(/*recurse=*/false)["weight"];
+}
+
+}  // namespace
+
+TransformerImpl::TransformerImpl(ModelConfig config) : config_(std::move(config)) {
+  config_.validate();
+  const int64_t d = config_.d_model;
+  const bool gpt2 = config_.family == ModelFamily::kGpt2;
+  // Registration order is the parameter order ModelConfig::parameter_shapes() promises.
+  tok_emb_ = register_module("tok_emb", torch::nn::Embedding(config_.vocab_size, d));
+  if (gpt2) {
+    pos_emb_ = register_module("pos_emb", torch::nn::Embedding(config_.context_length, d));
+  }
+  blocks_ = register_module("blocks", torch::nn::ModuleList());
+  for (int64_t i = 0; i < config_.n_layers; ++i) blocks_->push_back(detail::make_block(config_));
+  if (gpt2) {
+    final_norm_ = register_module(
+        "ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({d}).eps(config_.norm_eps)));
+  } else {
+    final_norm_ = register_module("norm", detail::RMSNorm(d, config_.norm_eps));
+  }
+  if (!config_.tie_embeddings) {
+    lm_head_ = register_module(
+        "lm_head", torch::nn::Linear(torch::nn::LinearOptions(d, config_.vocab_size).bias(false)));
+  }
+  initialize(*this, config_);
+}
+
+at::Tensor TransformerImpl::forward(const at::Tensor& tokens) {
+  check_tokens(tokens, config_);
+  const int64_t length = tokens.size(1);
+  const bool gpt2 = config_.family == ModelFamily::kGpt2;
+  const double dropout = is_training() ? config_.dropout : 0.0;
+
+  const at::Tensor& tok_weight = weight_of(tok_emb_);
+  at::Tensor x = at::embedding(tok_weight, tokens);
+  detail::BlockContext ctx;
+  ctx.use_sdpa = use_sdpa_;
+  if (gpt2) {
+    x = x + at::embedding(weight_of(pos_emb_), at::arange(length, tokens.options()));
+    if (dropout > 0.0) x = at::dropout(x, dropout, /*train=*/true);  // GPT-2's embedding dropout
+  } else {
+    if (!rope_cos_.defined() || rope_cos_.device() != x.device() ||
+        rope_cos_.scalar_type() != x.scalar_type()) {
+      std::tie(rope_cos_, rope_sin_) =
+          detail::rope_tables(config_.context_length, config_.d_model / config_.n_heads,
+                              config_.rope_theta, x.options());
+    }
+    ctx.rope_cos = rope_cos_.narrow(0, 0, length);
+    ctx.rope_sin = rope_sin_.narrow(0, 0, length);
+  }
+
+  // Checkpointing only pays off when a graph is recorded; under NoGradGuard run blocks plainly.
+  const bool checkpoint = checkpointing_ && at::GradMode::is_enabled();
+  int64_t index = 0;
+  for (const auto& module : *blocks_) {
+    auto block = std::dynamic_pointer_cast<detail::BlockImpl>(module);
+    if (!block) {
+      throw std::logic_error("Transformer: blocks." + std::to_string(index) +
+                             " is not a transformer block (was the ModuleList modified?)");
+    }
+    if (checkpoint) {
+      x = detail::checkpoint([block, ctx](const at::Tensor& in) { return block->forward(in, ctx); },
+                             x, block->parameters());
+    } else {
+      x = block->forward(x, ctx);
+    }
+    ++index;
+  }
+
+  // Module is a virtual base of LibTorch's modules, hence dynamic_cast.
+  if (gpt2) {
+    x = dynamic_cast<torch::nn::LayerNormImpl&>(*final_norm_).forward(x);
+  } else {
+    x = dynamic_cast<detail::RMSNormImpl&>(*final_norm_).forward(x);
+  }
+  return at::linear(x, config_.tie_embeddings ? tok_weight : weight_of(lm_head_));
+}
+
+}  // namespace shardtrain

@@ -1,0 +1,27 @@
+// What the trainer builds before its loop: the tokenizer, the token shard, process memory reads.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "shardtrain/config.h"
+#include "shardtrain/data.h"
+#include "shardtrain/tokenizer.h"
+
+namespace shardtrain::detail {
+
+// "byte", or "gpt2" from data.gpt2_dir (default_gpt2_dir() when empty).
+std::unique_ptr<Tokenizer> make_tokenizer(const TrainConfig& config);
+
+// data.corpus as a token shard: used directly when it is one, else tokenized once into
+// RUN_DIR/corpus.tokens (re-made when the inputs or the tokenizer change).
+std::shared_ptr<TokenShard> open_corpus(const TrainConfig& config, const Tokenizer& tokenizer);
+
+// Resident and peak-resident memory of this process, bytes (Linux /proc/self/status).
+int64_t resident_bytes();
+int64_t peak_resident_bytes();
+// Restarts the peak-resident counter at the current resident size, so the next peak measures
+// one step. A no-op where the kernel does not allow it.
+void reset_peak_resident();
+
+}  // namespace shardtrain::detail

@@ -1,0 +1,238 @@
+#include <ATen/autocast_mode.h>
+#include <torch/version.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+
+#include "shardtrain/checkpoint.h"
+#include "shardtrain/train.h"
+#include "train/run_setup.h"
+
+namespace shardtrain {
+namespace {
+
+// bf16 autocast on CPU for the forward pass; the scope restores the previous state.
+class CpuAutocast {
+ public:
+  explicit CpuAutocast(bool enabled) : enabled_(enabled) {
+    if (!enabled_) return;
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
+    at::autocast::set_autocast_dtype(at::kCPU, at::kBFloat16);
+    at::autocast::set_autocast_enabled(at::kCPU, true);
+#else
+    at::autocast::set_autocast_cpu_dtype(at::kBFloat16);
+    at::autocast::set_cpu_enabled(true);
+#endif
+  }
+  ~CpuAutocast() {
+    if (!enabled_) return;
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
+    at::autocast::set_autocast_enabled(at::kCPU, false);
+#else
+    at::autocast::set_cpu_enabled(false);
+#endif
+    at::autocast::clear_cache();
+  }
+
+ private:
+  bool enabled_;
+};
+
+at::Tensor token_loss(Transformer& model, const Batch& batch) {
+  at::Tensor logits = model->forward(batch.inputs);
+  return at::cross_entropy_loss(logits.reshape({-1, logits.size(-1)}).to(at::kFloat),
+                                batch.targets.reshape({-1}));
+}
+
+}  // namespace
+
+Trainer::Trainer(TrainConfig config) : config_(std::move(config)) {
+  config_.validate();
+  if (config_.autocast == "fp16") {
+    // LibTorch's CPU autocast has no fp16 kernels; fp16 needs the CUDA path.
+    throw std::invalid_argument(
+        "precision.autocast = \"fp16\" needs a CUDA device; on CPU use \"bf16\" (loss scaling "
+        "via precision.loss_scale works with either)");
+  }
+  if (config_.threads > 0) at::set_num_threads(static_cast<int>(config_.threads));
+  std::filesystem::create_directories(config_.dir);
+
+  tokenizer_ = detail::make_tokenizer(config_);
+  if (!config_.vocab_size_set) {
+    config_.model.vocab_size = tokenizer_->vocab_size();
+  } else if (config_.model.vocab_size < tokenizer_->vocab_size()) {
+    throw std::invalid_argument("model.vocab_size " + std::to_string(config_.model.vocab_size) +
+                                " is smaller than the " + tokenizer_->name() +
+                                " tokenizer's vocabulary of " +
+                                std::to_string(tokenizer_->vocab_size()));
+  }
+  shard_ = detail::open_corpus(config_, *tokenizer_);
+  if (static_cast<int64_t>(shard_->header().vocab_size) > config_.model.vocab_size) {
+    throw std::invalid_argument("token shard '" + shard_->path() + "' was written with a " +
+                                std::to_string(shard_->header().vocab_size) +
+                                "-token vocabulary, larger than model.vocab_size " +
+                                std::to_string(config_.model.vocab_size));
+  }
+  loader_ = std::make_unique<DataLoader>(shard_, DataLoaderOptions()
+                                                     .seq_len(config_.seq_len)
+                                                     .micro_batch(config_.micro_batch)
+                                                     .grad_accum(config_.grad_accum)
+                                                     .seed(static_cast<uint64_t>(config_.seed))
+                                                     .eval_sequences(config_.eval_sequences));
+
+  torch::manual_seed(static_cast<uint64_t>(config_.seed));
+  model_ = Transformer(config_.model);
+  model_->set_activation_checkpointing(config_.activation_checkpointing);
+
+  // Weight decay on matrices only: biases, norms and 1-D tensors are not decayed (as GPT-2
+  // and Llama training do).
+  std::vector<at::Tensor> decay, no_decay;
+  for (const auto& p : model_->parameters()) (p.dim() >= 2 ? decay : no_decay).push_back(p);
+  auto options = torch::optim::AdamWOptions(config_.lr)
+                     .betas({config_.beta1, config_.beta2})
+                     .eps(config_.eps)
+                     .weight_decay(config_.weight_decay);
+  std::vector<torch::optim::OptimizerParamGroup> groups;
+  groups.emplace_back(decay, std::make_unique<torch::optim::AdamWOptions>(options));
+  groups.emplace_back(no_decay,
+                      std::make_unique<torch::optim::AdamWOptions>(options.weight_decay(0.0)));
+  optimizer_ = std::make_unique<torch::optim::AdamW>(std::move(groups), options);
+  schedule_ =
+      LrSchedule{config_.lr, config_.min_lr, config_.warmup, config_.steps, config_.schedule};
+  scaler_ = LossScaler::from_config(config_.loss_scale, config_.initial_scale, config_.scale_window,
+                                    config_.min_scale);
+  if (!config_.resume.empty()) {
+    load_checkpoint(resolve_checkpoint(config_.dir + "/checkpoints", config_.resume));
+  }
+}
+
+std::vector<at::Tensor> Trainer::parameters() const { return model_->parameters(); }
+
+StepResult Trainer::train_step() {
+  const auto start = std::chrono::steady_clock::now();
+  model_->train();
+  optimizer_->zero_grad();
+  const int64_t before = detail::resident_bytes();
+  detail::reset_peak_resident();
+  double loss_sum = 0.0;
+  for (int a = 0; a < config_.grad_accum; ++a) {
+    const Batch batch = loader_->micro_batch(samples_, a);
+    at::Tensor loss;
+    {
+      CpuAutocast autocast(config_.autocast == "bf16");
+      loss = token_loss(model_, batch);
+    }
+    // Every micro-batch has the same number of tokens, so the mean over the global batch is
+    // the mean of the micro-batch means: each contributes 1/grad_accum of the gradient.
+    (loss * (scaler_.scale() / static_cast<double>(config_.grad_accum))).backward();
+    loss_sum += loss.item<double>();
+  }
+  StepResult result;
+  result.step = step_ + 1;
+  result.loss = loss_sum / static_cast<double>(config_.grad_accum);
+  result.activations_peak = std::max<int64_t>(0, detail::peak_resident_bytes() - before);
+  if (after_backward_) after_backward_(step_);
+
+  const auto params = parameters();
+  const bool finite = scaler_.unscale(params);
+  result.lr = schedule_.at(step_);
+  if (finite) result.grad_norm = clip_grad_norm(params, config_.clip);
+  result.skipped = !scaler_.update(finite);
+  if (!result.skipped) {
+    for (auto& group : optimizer_->param_groups()) {
+      static_cast<torch::optim::AdamWOptions&>(group.options()).lr(result.lr);
+    }
+    optimizer_->step();
+  }
+  // A skipped step still consumes its data and advances the schedule, as AMP and DeepSpeed do.
+  ++step_;
+  samples_ += loader_->global_batch_size();
+  result.step_time_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  result.tokens_per_s =
+      static_cast<double>(loader_->global_batch_size() * config_.seq_len) / result.step_time_s;
+  peak_rss_ = std::max(peak_rss_, detail::peak_resident_bytes());
+  return result;
+}
+
+double Trainer::evaluate() {
+  torch::NoGradGuard no_grad;
+  model_->eval();
+  double total = 0.0;
+  for (int64_t i = 0; i < config_.eval_batches; ++i) {
+    CpuAutocast autocast(config_.autocast == "bf16");
+    total += token_loss(model_, loader_->eval_batch(i)).item<double>();
+  }
+  model_->train();
+  return total / static_cast<double>(config_.eval_batches);
+}
+
+std::string Trainer::generate(const std::string& prompt, int64_t tokens) {
+  torch::NoGradGuard no_grad;
+  model_->eval();
+  std::vector<int32_t> ids = tokenizer_->encode(prompt);
+  if (ids.empty()) ids.push_back(tokenizer_->eos_id());
+  const size_t prompt_length = ids.size();
+  auto generator = at::make_generator<at::CPUGeneratorImpl>(static_cast<uint64_t>(config_.seed));
+  for (int64_t i = 0; i < tokens; ++i) {
+    const int64_t start =
+        std::max<int64_t>(0, static_cast<int64_t>(ids.size()) - config_.model.context_length);
+    at::Tensor context =
+        at::tensor(std::vector<int64_t>(ids.begin() + start, ids.end()), at::kLong).unsqueeze(0);
+    at::Tensor logits = model_->forward(context)[0][-1].to(at::kFloat) / config_.sample_temperature;
+    if (config_.sample_top_k > 0 && config_.sample_top_k < logits.size(0)) {
+      const at::Tensor kth = std::get<0>(logits.topk(config_.sample_top_k)).min();
+      logits = logits.masked_fill(logits < kth, -INFINITY);
+    }
+    const at::Tensor next = at::multinomial(logits.softmax(0), 1, false, generator);
+    ids.push_back(static_cast<int32_t>(next.item<int64_t>()));
+  }
+  model_->train();
+  std::vector<int32_t> generated(ids.begin() + static_cast<int64_t>(prompt_length), ids.end());
+  return prompt + tokenizer_->decode(generated);
+}
+
+void Trainer::fit() {
+  std::printf(
+      "training %s (%s, %.2fM parameters) on %lld tokens of '%s', %lld steps of %lld "
+      "sequences x %lld tokens\n",
+      config_.model.name.c_str(), to_string(config_.model.family).c_str(),
+      static_cast<double>(config_.model.num_parameters()) / 1e6,
+      static_cast<long long>(shard_->size()), shard_->path().c_str(),
+      static_cast<long long>(config_.steps), static_cast<long long>(loader_->global_batch_size()),
+      static_cast<long long>(config_.seq_len));
+  std::fflush(stdout);
+  while (step_ < config_.steps) {
+    const StepResult result = train_step();
+    double eval_loss = NAN;
+    if (config_.eval_every > 0 && (step_ % config_.eval_every == 0 || step_ == config_.steps)) {
+      eval_loss = evaluate();
+    }
+    write_metrics(result, eval_loss);
+    if (step_ % config_.log_every == 0 || step_ == config_.steps || step_ == 1) {
+      std::printf(
+          "step %5lld/%lld | loss %.4f | lr %.2e | %7.0f tok/s | %.3f s/step | rss %.1f MiB%s",
+          static_cast<long long>(step_), static_cast<long long>(config_.steps), result.loss,
+          result.lr, result.tokens_per_s, result.step_time_s,
+          static_cast<double>(detail::resident_bytes()) / (1 << 20),
+          result.skipped ? " | skipped (overflow)" : "");
+      if (!std::isnan(eval_loss)) std::printf(" | eval loss %.4f", eval_loss);
+      std::printf("\n");
+      std::fflush(stdout);
+    }
+    if (config_.checkpoint_every > 0 && step_ % config_.checkpoint_every == 0 &&
+        step_ != config_.steps) {
+      save_checkpoint();
+    }
+  }
+  const std::string dir = save_checkpoint();
+  std::printf("checkpoint: %s\n", dir.c_str());
+  if (config_.sample_tokens > 0) {
+    std::printf("sample: %s\n", generate(config_.sample_prompt, config_.sample_tokens).c_str());
+  }
+  std::fflush(stdout);
+}
+
+}  // namespace shardtrain

@@ -1,0 +1,85 @@
+#include <gtest/gtest.h>
+
+#include "shardtrain/config.h"
+
+namespace shardtrain {
+namespace {
+
+std::string error_of(const std::string& text, const std::vector<std::string>& overrides = {}) {
+  try {
+    parse_train_config(text, "test.toml", overrides);
+  } catch (const std::invalid_argument& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(ConfigTest, ReadsSectionsAndOverrides) {
+  const auto config =
+      parse_train_config(R"(
+[model]
+preset = "tiny"
+n_layers = 3
+[data]
+corpus = ["a.txt", "b"]
+seq_len = 32
+[train]
+lr = 3e-4
+min_lr = 0
+steps = 50
+[run]
+dir = "runs/x"
+)",
+                         "test.toml", {"train.steps=7", "run.dir=runs/y", "model.dropout=0.1"});
+  EXPECT_EQ(config.model.n_layers, 3);
+  EXPECT_DOUBLE_EQ(config.model.dropout, 0.1);
+  EXPECT_EQ(config.corpus, (std::vector<std::string>{"a.txt", "b"}));
+  EXPECT_EQ(config.seq_len, 32);
+  EXPECT_DOUBLE_EQ(config.lr, 3e-4);
+  EXPECT_EQ(config.steps, 7);
+  EXPECT_EQ(config.dir, "runs/y");
+}
+
+TEST(ConfigTest, PresetAppliesBeforeSizeOverrides) {
+  // toml tables are unordered: context_length must win over the preset however they are listed.
+  const auto config = parse_train_config("[model]\ncontext_length = 32\npreset = \"tiny\"\n",
+                                         "test.toml", {"data.seq_len=16"});
+  EXPECT_EQ(config.model.context_length, 32);
+}
+
+TEST(ConfigTest, UnknownKeyIsNamed) {
+  EXPECT_NE(
+      error_of("[train]\nlearning_rate = 1\n").find("unknown config key 'train.learning_rate'"),
+      std::string::npos);
+  EXPECT_NE(error_of("[trian]\nlr = 1\n").find("'trian.lr'"), std::string::npos);
+  EXPECT_NE(error_of("lr = 1\n").find("unknown config key 'lr'"), std::string::npos);
+  EXPECT_NE(error_of("", {"train.stepz=3"}).find("'train.stepz'"), std::string::npos);
+  EXPECT_NE(error_of("", {"steps=3"}).find("section.key=value"), std::string::npos);
+}
+
+TEST(ConfigTest, WrongTypeIsNamed) {
+  const std::string e = error_of("[train]\nsteps = \"many\"\n");
+  EXPECT_NE(e.find("'train.steps': expected an integer, got a string"), std::string::npos) << e;
+  EXPECT_NE(error_of("[train]\nlr = true\n").find("'train.lr': expected a number"),
+            std::string::npos);
+  EXPECT_NE(error_of("[data]\ncorpus = 3\n").find("'data.corpus'"), std::string::npos);
+}
+
+TEST(ConfigTest, SequenceLongerThanTheContextIsRefused) {
+  const std::string e = error_of("[model]\npreset = \"tiny\"\n[data]\nseq_len = 65\n");
+  EXPECT_NE(e.find("data.seq_len 65 exceeds the model's context length 64"), std::string::npos)
+      << e;
+}
+
+TEST(ConfigTest, BadValuesAreNamed) {
+  EXPECT_NE(error_of("[data]\ntokenizer = \"sentencepiece\"\n").find("data.tokenizer"),
+            std::string::npos);
+  EXPECT_NE(error_of("[train]\nschedule = \"step\"\n").find("train.schedule"), std::string::npos);
+  EXPECT_NE(error_of("[precision]\nloss_scale = \"big\"\n").find("precision.loss_scale"),
+            std::string::npos);
+  EXPECT_NE(error_of("[model]\npreset = \"gpt5\"\n").find("gpt5"), std::string::npos);
+  EXPECT_NE(error_of("[train\nlr = 1").find("test.toml:1"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace shardtrain

@@ -1,0 +1,146 @@
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <set>
+
+#include "shardtrain/data.h"
+
+namespace shardtrain {
+namespace {
+
+namespace fs = std::filesystem;
+
+class LoaderTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() /
+           ("shardtrain_loader_" + std::to_string(getpid()) + "_" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  std::string path(const std::string& name) const { return (dir_ / name).string(); }
+
+  // A shard whose token i is i % vocab, so a sequence's first token tells where it starts.
+  std::shared_ptr<TokenShard> counting_shard(int64_t tokens, int64_t vocab = 60000) {
+    std::vector<int32_t> ids(tokens);
+    for (int64_t i = 0; i < tokens; ++i) ids[i] = static_cast<int32_t>(i % vocab);
+    write_token_shard(path("counting.tokens"), ids, vocab);
+    return std::make_shared<TokenShard>(path("counting.tokens"));
+  }
+
+  fs::path dir_;
+};
+
+TEST_F(LoaderTest, ShardRoundTripsSixteenAndThirtyTwoBitTokens) {
+  const std::vector<int32_t> small = {0, 1, 50256, 65535, 7};
+  write_token_shard(path("a.tokens"), small, 65536);
+  TokenShard a(path("a.tokens"));
+  EXPECT_EQ(a.header().token_bytes, 2u);
+  EXPECT_TRUE(at::equal(a.read(0, 5), at::tensor({0, 1, 50256, 65535, 7}, at::kLong)));
+
+  const std::vector<int32_t> large = {128000, 3, 70000};
+  write_token_shard(path("b.tokens"), large, 128256);
+  TokenShard b(path("b.tokens"));
+  EXPECT_EQ(b.header().token_bytes, 4u);
+  EXPECT_EQ(b.read(0, 3)[2].item<int64_t>(), 70000);
+}
+
+TEST_F(LoaderTest, TruncatedShardIsRefusedNamingTheFile) {
+  write_token_shard(path("t.tokens"), std::vector<int32_t>(100, 5), 257);
+  fs::resize_file(path("t.tokens"), fs::file_size(path("t.tokens")) - 3);
+  try {
+    TokenShard shard(path("t.tokens"));
+    FAIL() << "a truncated shard was accepted";
+  } catch (const std::invalid_argument& e) {
+    const std::string message = e.what();
+    EXPECT_NE(message.find(path("t.tokens")), std::string::npos) << message;
+    EXPECT_NE(message.find("truncated"), std::string::npos) << message;
+    EXPECT_NE(message.find("100 tokens"), std::string::npos) << message;
+  }
+  std::ofstream(path("text.tokens")) << "this is text, not tokens";
+  EXPECT_THROW(TokenShard(path("text.tokens")), std::invalid_argument);
+  EXPECT_THROW(TokenShard(path("missing.tokens")), std::invalid_argument);
+}
+
+TEST_F(LoaderTest, PrepareWritesOneDocumentPerFileWithEndOfText) {
+  std::ofstream(path("one.txt")) << "ab";
+  std::ofstream(path("two.txt")) << "c";
+  auto tokenizer = make_byte_tokenizer();
+  EXPECT_EQ(prepare_token_shard({path("one.txt"), path("two.txt")}, *tokenizer, path("o.tokens")),
+            5);
+  TokenShard shard(path("o.tokens"));
+  EXPECT_TRUE(at::equal(shard.read(0, 5), at::tensor({97, 98, 256, 99, 256}, at::kLong)));
+  EXPECT_THROW(prepare_token_shard({path("nope.txt")}, *tokenizer, path("x.tokens")),
+               std::invalid_argument);
+}
+
+TEST_F(LoaderTest, BatchesAreDeterministicForASeedAndDifferAcrossSeeds) {
+  auto shard = counting_shard(10000);
+  const auto options = DataLoaderOptions().seq_len(16).micro_batch(4).seed(7);
+  DataLoader a(shard, options), b(shard, options), c(shard, DataLoaderOptions(options).seed(8));
+  for (int64_t step = 0; step < 5; ++step) {
+    EXPECT_TRUE(at::equal(a.micro_batch(step * 4, 0).inputs, b.micro_batch(step * 4, 0).inputs));
+  }
+  EXPECT_FALSE(at::equal(a.micro_batch(0, 0).inputs, c.micro_batch(0, 0).inputs));
+  const Batch batch = a.micro_batch(0, 0);
+  EXPECT_TRUE(at::equal(batch.targets.narrow(1, 0, 15), batch.inputs.narrow(1, 1, 15)));
+}
+
+// The set of sequence start positions of the global batch of one step.
+std::multiset<int64_t> global_batch(const std::shared_ptr<TokenShard>& shard, int dp, int64_t micro,
+                                    int64_t accum, int64_t step,
+                                    std::vector<std::set<int64_t>>* per_rank = nullptr) {
+  std::multiset<int64_t> starts;
+  for (int r = 0; r < dp; ++r) {
+    DataLoader loader(
+        shard, DataLoaderOptions().seq_len(8).micro_batch(micro).grad_accum(accum).seed(3), r, dp);
+    for (int a = 0; a < accum; ++a) {
+      const Batch batch = loader.micro_batch(step * loader.global_batch_size(), a);
+      for (int64_t i = 0; i < batch.inputs.size(0); ++i) {
+        starts.insert(batch.inputs[i][0].item<int64_t>());
+        if (per_rank) (*per_rank)[r].insert(batch.inputs[i][0].item<int64_t>());
+      }
+    }
+  }
+  return starts;
+}
+
+TEST_F(LoaderTest, GlobalBatchIsTheSameForAnyDataParallelSizeAndRanksAreDisjoint) {
+  auto shard = counting_shard(8 * 500 + 1);
+  for (int64_t step : {0, 3, 70}) {  // step 70 crosses into the second epoch
+    const auto one = global_batch(shard, 1, 8, 1, step);
+    EXPECT_EQ(global_batch(shard, 2, 4, 1, step), one);
+    EXPECT_EQ(global_batch(shard, 4, 1, 2, step), one);
+    std::vector<std::set<int64_t>> per_rank(4);
+    global_batch(shard, 4, 2, 1, step, &per_rank);
+    std::set<int64_t> all;
+    for (const auto& rank : per_rank) {
+      for (int64_t start : rank) EXPECT_TRUE(all.insert(start).second) << "ranks overlap";
+    }
+    EXPECT_EQ(all.size(), 8u);
+  }
+}
+
+TEST_F(LoaderTest, EvaluationSequencesAreHeldOut) {
+  auto shard = counting_shard(16 * 20 + 1);
+  DataLoader loader(shard, DataLoaderOptions().seq_len(16).micro_batch(4).eval_sequences(4));
+  EXPECT_EQ(loader.train_sequences(), 16);
+  std::set<int64_t> train_starts;
+  for (int64_t step = 0; step < 4; ++step) {
+    const Batch batch = loader.micro_batch(step * 4, 0);
+    for (int64_t i = 0; i < 4; ++i) train_starts.insert(batch.inputs[i][0].item<int64_t>());
+  }
+  const Batch eval = loader.eval_batch(0);
+  for (int64_t i = 0; i < 4; ++i) {
+    EXPECT_EQ(train_starts.count(eval.inputs[i][0].item<int64_t>()), 0u);
+    EXPECT_GE(eval.inputs[i][0].item<int64_t>(), 16 * 16);
+  }
+  EXPECT_THROW(DataLoader(shard, DataLoaderOptions().seq_len(16).eval_sequences(20)),
+               std::invalid_argument);
+}
+
+}  // namespace
+}  // namespace shardtrain

@@ -1,0 +1,145 @@
+// Import of Hugging Face config.json files of both families, and the errors that name the cause.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <stdexcept>
+#include <string>
+
+#include "shardtrain/model.h"
+
+namespace shardtrain {
+namespace {
+
+class ModelHfConfig : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = std::filesystem::temp_directory_path() /
+           ("shardtrain_hf_config_" + std::to_string(getpid()) + "_" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    std::filesystem::create_directories(dir_);
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+
+  std::string write(const std::string& text) {
+    const std::string path = (dir_ / "config.json").string();
+    std::ofstream(path) << text;
+    return path;
+  }
+
+  // The message of the std::invalid_argument the import throws, or "" when it does not.
+  std::string import_error(const std::string& text) {
+    const std::string path = write(text);
+    try {
+      model_config_from_hf_json(path);
+    } catch (const std::invalid_argument& e) {
+      const std::string msg = e.what();
+      EXPECT_NE(msg.find(path), std::string::npos) << "error does not name the file: " << msg;
+      return msg;
+    }
+    return "";
+  }
+
+  std::filesystem::path dir_;
+};
+
+// openai-community/gpt2's config.json, abridged.
+const char* kGpt2Json = R"({
+  "activation_function": "gelu_new", "architectures": ["GPT2LMHeadModel"],
+  "attn_pdrop": 0.1, "embd_pdrop": 0.1, "resid_pdrop": 0.1, "layer_norm_epsilon": 1e-05,
+  "model_type": "gpt2", "n_ctx": 1024, "n_embd": 768, "n_head": 12, "n_inner": null,
+  "n_layer": 12, "n_positions": 1024, "vocab_size": 50257
+})";
+
+// meta-llama/Meta-Llama-3-8B's config.json, abridged.
+const char* kLlamaJson = R"({
+  "architectures": ["LlamaForCausalLM"], "attention_bias": false, "hidden_act": "silu",
+  "hidden_size": 4096, "intermediate_size": 14336, "max_position_embeddings": 8192,
+  "model_type": "llama", "num_attention_heads": 32, "num_hidden_layers": 32,
+  "num_key_value_heads": 8, "rms_norm_eps": 1e-05, "rope_scaling": null,
+  "rope_theta": 500000.0, "tie_word_embeddings": false, "torch_dtype": "bfloat16",
+  "vocab_size": 128256
+})";
+
+TEST_F(ModelHfConfig, ImportsGpt2) {
+  const ModelConfig c = model_config_from_hf_json(write(kGpt2Json));
+  EXPECT_EQ(c.family, ModelFamily::kGpt2);
+  EXPECT_EQ(c.vocab_size, 50257);
+  EXPECT_EQ(c.context_length, 1024);
+  EXPECT_EQ(c.d_model, 768);
+  EXPECT_EQ(c.n_layers, 12);
+  EXPECT_EQ(c.n_heads, 12);
+  EXPECT_EQ(c.n_kv_heads, 12);
+  EXPECT_EQ(c.ffn_hidden, 3072);  // n_inner null -> 4 n_embd
+  EXPECT_DOUBLE_EQ(c.norm_eps, 1e-5);
+  EXPECT_DOUBLE_EQ(c.dropout, 0.1);
+  EXPECT_TRUE(c.tie_embeddings);
+  EXPECT_EQ(c.num_parameters(), model_preset("gpt2-124m").num_parameters());
+}
+
+TEST_F(ModelHfConfig, ImportsLlama) {
+  const ModelConfig c = model_config_from_hf_json(write(kLlamaJson));
+  EXPECT_EQ(c.family, ModelFamily::kLlama);
+  EXPECT_EQ(c.vocab_size, 128256);
+  EXPECT_EQ(c.context_length, 8192);
+  EXPECT_EQ(c.d_model, 4096);
+  EXPECT_EQ(c.n_layers, 32);
+  EXPECT_EQ(c.n_heads, 32);
+  EXPECT_EQ(c.n_kv_heads, 8);
+  EXPECT_EQ(c.ffn_hidden, 14336);
+  EXPECT_DOUBLE_EQ(c.rope_theta, 500000.0);
+  EXPECT_DOUBLE_EQ(c.norm_eps, 1e-5);
+  EXPECT_FALSE(c.tie_embeddings);
+  EXPECT_EQ(c.num_parameters(), 8030261248);
+}
+
+TEST_F(ModelHfConfig, AppliesDefaults) {
+  // n_ctx stands in for n_positions; explicit n_inner; untied head.
+  ModelConfig c = model_config_from_hf_json(write(
+      R"({"model_type": "gpt2", "vocab_size": 257, "n_ctx": 64, "n_embd": 64, "n_layer": 2,
+          "n_head": 4, "n_inner": 128, "tie_word_embeddings": false})"));
+  EXPECT_EQ(c.context_length, 64);
+  EXPECT_EQ(c.ffn_hidden, 128);
+  EXPECT_FALSE(c.tie_embeddings);
+  // No num_key_value_heads: multi-head attention; rope_theta defaults to 10000.
+  c = model_config_from_hf_json(write(
+      R"({"model_type": "llama", "vocab_size": 257, "max_position_embeddings": 64,
+          "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+          "intermediate_size": 176, "rms_norm_eps": 1e-6})"));
+  EXPECT_EQ(c.n_kv_heads, 4);
+  EXPECT_DOUBLE_EQ(c.rope_theta, 10000.0);
+  EXPECT_FALSE(c.tie_embeddings);
+}
+
+TEST_F(ModelHfConfig, ErrorsNameFileAndKey) {
+  EXPECT_THROW(model_config_from_hf_json((dir_ / "absent.json").string()), std::invalid_argument);
+  EXPECT_NE(import_error("{ not json").find("not valid JSON"), std::string::npos);
+  EXPECT_NE(import_error(R"({"vocab_size": 5})").find("model_type"), std::string::npos);
+  EXPECT_NE(import_error(R"({"model_type": "bert"})").find("\"bert\""), std::string::npos);
+
+  std::string gpt2 = kGpt2Json;
+  gpt2.replace(gpt2.find("\"n_layer\": 12,"), 14, "");
+  EXPECT_NE(import_error(gpt2).find("missing key \"n_layer\""), std::string::npos);
+
+  std::string llama = kLlamaJson;
+  llama.replace(llama.find("\"hidden_size\": 4096"), 19, "\"hidden_size\": \"big\"");
+  EXPECT_NE(import_error(llama).find("\"hidden_size\" must be an integer"), std::string::npos);
+
+  llama = kLlamaJson;
+  llama.replace(llama.find("\"rope_scaling\": null"), 20,
+                R"("rope_scaling": {"rope_type": "llama3", "factor": 8.0})");
+  EXPECT_NE(import_error(llama).find("rope_scaling"), std::string::npos);
+
+  gpt2 = kGpt2Json;
+  gpt2.replace(gpt2.find("gelu_new"), 8, "relu");
+  EXPECT_NE(import_error(gpt2).find("activation_function"), std::string::npos);
+
+  // Values that parse but make no model are reported through validate(), with the file name.
+  llama = kLlamaJson;
+  llama.replace(llama.find("\"num_key_value_heads\": 8"), 24, "\"num_key_value_heads\": 5");
+  EXPECT_NE(import_error(llama).find("n_kv_heads 5"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace shardtrain

@@ -1,0 +1,210 @@
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "shardtrain/data.h"
+#include "shardtrain/train.h"
+#include "support.h"
+
+namespace shardtrain {
+namespace {
+
+namespace fs = std::filesystem;
+
+class TrainerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() /
+           ("shardtrain_trainer_" + std::to_string(getpid()) + "_" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+    std::ofstream corpus(dir_ / "corpus.txt");
+    for (int i = 0; i < 200; ++i) {
+      corpus << "the quick brown fox " << i % 7 << " jumps over the lazy dog number " << i % 11
+             << ".\n";
+    }
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  TrainConfig config(const std::vector<std::string>& overrides = {}) const {
+    std::vector<std::string> all = {"data.corpus=\"" + (dir_ / "corpus.txt").string() + "\"",
+                                    "run.dir=\"" + (dir_ / "run").string() + "\"",
+                                    "data.seq_len=32",
+                                    "train.micro_batch=4",
+                                    "train.warmup=2",
+                                    "train.steps=6",
+                                    "train.sample_tokens=0",
+                                    "data.eval_sequences=4"};
+    all.insert(all.end(), overrides.begin(), overrides.end());
+    return parse_train_config("[model]\npreset = \"tiny\"\n", "test.toml", all);
+  }
+
+  std::vector<double> losses(Trainer& trainer, int steps) {
+    std::vector<double> out;
+    for (int i = 0; i < steps; ++i) out.push_back(trainer.train_step().loss);
+    return out;
+  }
+
+  fs::path dir_;
+};
+
+TEST_F(TrainerTest, AccumulatingMicroBatchesEqualsOneLargerBatch) {
+  // The gradient of the first step (taken after backward, before the optimizer) and the losses
+  // of the following steps. Parameters are not compared after several steps: AdamW divides by
+  // sqrt(v), which magnifies summation-order differences of near-zero gradients.
+  auto run = [&](const std::vector<std::string>& overrides, std::vector<at::Tensor>& grads) {
+    Trainer trainer(config(overrides));
+    trainer.set_after_backward([&](int64_t step) {
+      if (step != 0) return;
+      for (const auto& p : trainer.model()->parameters()) grads.push_back(p.grad().clone());
+    });
+    return losses(trainer, 4);
+  };
+  std::vector<at::Tensor> grads_one, grads_four;
+  const auto a = run({"train.micro_batch=4", "train.grad_accum=1"}, grads_one);
+  const auto b = run(
+      {"train.micro_batch=1", "train.grad_accum=4", "run.dir=\"" + (dir_ / "b").string() + "\""},
+      grads_four);
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(a[i], b[i], 1e-5 * std::abs(a[i])) << i;
+  ASSERT_EQ(grads_one.size(), grads_four.size());
+  for (size_t i = 0; i < grads_one.size(); ++i) {
+    EXPECT_TRUE(at::allclose(grads_one[i], grads_four[i], 1e-5, 1e-7)) << "gradient " << i;
+  }
+}
+
+TEST_F(TrainerTest, ResumeReproducesTheUninterruptedLossesExactly) {
+  const auto base = config({"model.dropout=0.1", "train.checkpoint_every=3"});
+  Trainer uninterrupted(base);
+  const auto all = losses(uninterrupted, 6);
+  uninterrupted.save_checkpoint();
+
+  TrainConfig resumed_config = base;
+  resumed_config.resume = (dir_ / "run" / "checkpoints" / "step_000003").string();
+  // Checkpoints are written by fit(); make the step-3 one the same way.
+  TrainConfig first_half = base;
+  first_half.dir = (dir_ / "half").string();
+  first_half.steps = 3;
+  Trainer half(first_half);
+  const auto head = losses(half, 3);
+  const std::string saved = half.save_checkpoint();
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(head[i], all[i]) << "step " << i + 1;
+
+  resumed_config.resume = saved;
+  Trainer resumed(resumed_config);
+  EXPECT_EQ(resumed.step(), 3);
+  const auto tail = losses(resumed, 3);
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(tail[i], all[i + 3]) << "step " << i + 4;
+}
+
+TEST_F(TrainerTest, LossScalingSkipsAnInjectedOverflowAndRecovers) {
+  Trainer trainer(config({"precision.loss_scale=\"dynamic\"", "precision.initial_scale=1024",
+                          "precision.scale_window=2"}));
+  trainer.set_after_backward([&](int64_t step) {
+    if (step == 2) trainer.model()->parameters()[0].mutable_grad()[0][0] = INFINITY;
+  });
+  losses(trainer, 2);
+  EXPECT_DOUBLE_EQ(trainer.loss_scaler().scale(), 2048.0);  // grew after 2 good steps
+  std::vector<at::Tensor> before;
+  for (const auto& p : trainer.model()->parameters()) before.push_back(p.detach().clone());
+  const StepResult overflow = trainer.train_step();
+  EXPECT_TRUE(overflow.skipped);
+  EXPECT_DOUBLE_EQ(trainer.loss_scaler().scale(), 1024.0);
+  const auto after = trainer.model()->parameters();
+  for (size_t i = 0; i < before.size(); ++i) EXPECT_TRUE(at::equal(before[i], after[i]));
+  const StepResult next = trainer.train_step();
+  EXPECT_FALSE(next.skipped);
+  EXPECT_TRUE(std::isfinite(next.loss));
+  EXPECT_FALSE(at::equal(before[0], trainer.model()->parameters()[0]));
+  trainer.train_step();
+  EXPECT_DOUBLE_EQ(trainer.loss_scaler().scale(), 2048.0);
+  EXPECT_EQ(trainer.loss_scaler().skipped_steps(), 1);
+}
+
+TEST_F(TrainerTest, ActivationCheckpointingKeepsTheLosses) {
+  // One after the other: each trainer seeds the global generator when it is built.
+  Trainer plain(config({"model.dropout=0.1"}));
+  const auto a = losses(plain, 3);
+  Trainer checkpointed(config({"model.dropout=0.1", "train.activation_checkpointing=true",
+                               "run.dir=\"" + (dir_ / "ac").string() + "\""}));
+  const auto b = losses(checkpointed, 3);
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_EQ(a[i], b[i]) << i;  // recomputation is exact
+}
+
+TEST_F(TrainerTest, Bf16AutocastStaysCloseToFp32) {
+  Trainer fp32(config());
+  const auto a = losses(fp32, 3);
+  Trainer bf16(
+      config({"precision.autocast=\"bf16\"", "run.dir=\"" + (dir_ / "bf").string() + "\""}));
+  const auto b = losses(bf16, 3);
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(a[i], b[i], 0.02 * a[i]) << i;
+}
+
+TEST_F(TrainerTest, FitWritesMetricsCheckpointsAndASample) {
+  Trainer trainer(
+      config({"train.steps=3", "train.eval_every=2", "train.sample_tokens=5", "run.log_every=1"}));
+  trainer.fit();
+  std::ifstream in(dir_ / "run" / "metrics.jsonl");
+  int lines = 0;
+  for (std::string line; std::getline(in, line); ++lines) {
+    const auto j = nlohmann::json::parse(line);
+    for (const char* key : {"step", "rank", "loss", "lr", "tokens_per_s", "step_time_s"}) {
+      EXPECT_TRUE(j.contains(key)) << key;
+    }
+    for (const char* key : {"params", "grads", "optim", "activations_peak", "peak_rss"}) {
+      EXPECT_TRUE(j.at("mem").contains(key)) << key;
+    }
+    EXPECT_GT(j.at("mem").at("params").get<int64_t>(), 0);
+    EXPECT_EQ(j.at("mem").at("optim").get<int64_t>(), 2 * j.at("mem").at("params").get<int64_t>());
+    EXPECT_EQ(j.contains("eval_loss"), j.at("step").get<int>() >= 2);
+  }
+  EXPECT_EQ(lines, 3);
+  EXPECT_TRUE(fs::exists(dir_ / "run" / "checkpoints" / "step_000003" / "model.safetensors"));
+  EXPECT_EQ(trainer.generate("the ", 5).rfind("the ", 0), 0u);
+}
+
+TEST_F(TrainerTest, BadInputIsNamed) {
+  auto message = [&](const std::vector<std::string>& overrides) {
+    try {
+      Trainer trainer(config(overrides));
+    } catch (const std::invalid_argument& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  EXPECT_NE(message({"data.corpus=\"/nonexistent/corpus.txt\""}).find("/nonexistent/corpus.txt"),
+            std::string::npos);
+  EXPECT_NE(message({"data.tokenizer=\"gpt2\"", "data.gpt2_dir=\"/nonexistent/gpt2\""})
+                .find("/nonexistent/gpt2/encoder.json"),
+            std::string::npos);
+  EXPECT_NE(message({"model.vocab_size=100"}).find("model.vocab_size 100"), std::string::npos);
+
+  const std::string shard = (dir_ / "cut.tokens").string();
+  write_token_shard(shard, std::vector<int32_t>(1000, 3), 257);
+  fs::resize_file(shard, fs::file_size(shard) - 1);
+  EXPECT_NE(message({"data.corpus=\"" + shard + "\""}).find("truncated"), std::string::npos);
+}
+
+TEST_F(TrainerTest, CommandLineTrainsAndRefusesBadKeys) {
+  const std::string config_file = (dir_ / "run.toml").string();
+  std::ofstream(config_file) << "[model]\npreset = \"tiny\"\n[data]\ncorpus = \""
+                             << (dir_ / "corpus.txt").string() << "\"\nseq_len = 32\n[train]\n"
+                             << "steps = 2\nmicro_batch = 2\nsample_tokens = 4\n[run]\ndir = \""
+                             << (dir_ / "cli").string() << "\"\n";
+  auto ok = testing::run_command(testing::cli() + " train --config " + config_file +
+                                 " --set run.log_every=1");
+  EXPECT_EQ(ok.exit_code, 0) << ok.output;
+  EXPECT_NE(ok.output.find("step     2/2"), std::string::npos) << ok.output;
+  EXPECT_NE(ok.output.find("sample: "), std::string::npos) << ok.output;
+  auto bad = testing::run_command(testing::cli() + " train --config " + config_file +
+                                  " --set train.stepz=3");
+  EXPECT_EQ(bad.exit_code, 2) << bad.output;
+  EXPECT_NE(bad.output.find("unknown config key 'train.stepz'"), std::string::npos) << bad.output;
+}
+
+}  // namespace
+}  // namespace shardtrain
