@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# Sets up the machine, builds shardtrain and runs the demo: the collectives benchmark
-# on 4 local ranks started by `shardtrain launch`.
+# Sets up the machine, builds shardtrain and runs the demo: a small GPT-2-family model trained on
+# the fortune cookie files of Debian's `fortunes` package with GPT-2's tokenizer; it prints a
+# progress line every 25 steps, the evaluation loss, and a sample at the end.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root"
 bash scripts/build.sh
-build/shardtrain launch --nproc 4 -- build/shardtrain bench collectives --op all --max-bytes 16M
+rm -rf runs/demo
+build/shardtrain train --config configs/demo.toml "$@"

@@ -2,7 +2,15 @@
 #pragma once
 
 #include "shardtrain/bench.h"
+#include "shardtrain/checkpoint.h"
+#include "shardtrain/config.h"
+#include "shardtrain/data.h"
 #include "shardtrain/dist.h"
 #include "shardtrain/launch.h"
+#include "shardtrain/memory.h"
 #include "shardtrain/mesh.h"
+#include "shardtrain/model.h"
+#include "shardtrain/optim.h"
 #include "shardtrain/rendezvous.h"
+#include "shardtrain/tokenizer.h"
+#include "shardtrain/train.h"

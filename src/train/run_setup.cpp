@@ -72,10 +72,4 @@ std::shared_ptr<TokenShard> open_corpus(const TrainConfig& config, const Tokeniz
 int64_t resident_bytes() { return status_field_kib("VmRSS") * 1024; }
 int64_t peak_resident_bytes() { return status_field_kib("VmHWM") * 1024; }
 
-void reset_peak_resident() {
-  // Writing 5 to clear_refs resets VmHWM to the current RSS (Linux >= 4.0).
-  std::ofstream out("/proc/self/clear_refs");
-  if (out) out << "5";
-}
-
 }  // namespace shardtrain::detail

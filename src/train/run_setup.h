@@ -20,8 +20,5 @@ std::shared_ptr<TokenShard> open_corpus(const TrainConfig& config, const Tokeniz
 // Resident and peak-resident memory of this process, bytes (Linux /proc/self/status).
 int64_t resident_bytes();
 int64_t peak_resident_bytes();
-// Restarts the peak-resident counter at the current resident size, so the next peak measures
-// one step. A no-op where the kernel does not allow it.
-void reset_peak_resident();
 
 }  // namespace shardtrain::detail

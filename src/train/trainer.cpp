@@ -7,6 +7,7 @@
 #include <filesystem>
 
 #include "shardtrain/checkpoint.h"
+#include "shardtrain/memory.h"
 #include "shardtrain/train.h"
 #include "train/run_setup.h"
 
@@ -57,6 +58,7 @@ Trainer::Trainer(TrainConfig config) : config_(std::move(config)) {
         "via precision.loss_scale works with either)");
   }
   if (config_.threads > 0) at::set_num_threads(static_cast<int>(config_.threads));
+  install_cpu_memory_tracking();
   std::filesystem::create_directories(config_.dir);
 
   tokenizer_ = detail::make_tokenizer(config_);
@@ -114,8 +116,10 @@ StepResult Trainer::train_step() {
   const auto start = std::chrono::steady_clock::now();
   model_->train();
   optimizer_->zero_grad();
-  const int64_t before = detail::resident_bytes();
-  detail::reset_peak_resident();
+  // Everything above the bytes held now (parameters, optimizer state) that forward and
+  // backward add at their peak: activations, gradients and temporaries.
+  const int64_t before = cpu_memory_stats().live_bytes;
+  reset_peak_cpu_memory();
   double loss_sum = 0.0;
   for (int a = 0; a < config_.grad_accum; ++a) {
     const Batch batch = loader_->micro_batch(samples_, a);
@@ -132,7 +136,7 @@ StepResult Trainer::train_step() {
   StepResult result;
   result.step = step_ + 1;
   result.loss = loss_sum / static_cast<double>(config_.grad_accum);
-  result.activations_peak = std::max<int64_t>(0, detail::peak_resident_bytes() - before);
+  result.activations_peak = cpu_memory_stats().peak_bytes - before;
   if (after_backward_) after_backward_(step_);
 
   const auto params = parameters();

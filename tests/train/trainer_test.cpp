@@ -159,6 +159,7 @@ TEST_F(TrainerTest, FitWritesMetricsCheckpointsAndASample) {
       EXPECT_TRUE(j.at("mem").contains(key)) << key;
     }
     EXPECT_GT(j.at("mem").at("params").get<int64_t>(), 0);
+    EXPECT_GT(j.at("mem").at("activations_peak").get<int64_t>(), 0);
     EXPECT_EQ(j.at("mem").at("optim").get<int64_t>(), 2 * j.at("mem").at("params").get<int64_t>());
     EXPECT_EQ(j.contains("eval_loss"), j.at("step").get<int>() >= 2);
   }
