@@ -1,4 +1,6 @@
-// Each subcommand registers its flags on the app and runs through the callback it sets.
+// Each subcommand registers its flags on the app and runs through the callback it sets. A
+// callback reports bad input by throwing std::invalid_argument (main exits 2); `exit_code` is
+// for commands whose status comes from elsewhere (a launched rank, wrong benchmark results).
 #pragma once
 
 #include <CLI/CLI.hpp>
@@ -10,7 +12,7 @@ namespace shardtrain::cli {
 // Adds `launch`; `command` is the program after "--", split off before parsing.
 void add_launch_command(CLI::App& app, const std::vector<std::string>& command, int& exit_code);
 void add_bench_command(CLI::App& app, int& exit_code);
-void add_train_command(CLI::App& app, int& exit_code);
-void add_data_command(CLI::App& app, int& exit_code);
+void add_train_command(CLI::App& app);
+void add_data_command(CLI::App& app);
 
 }  // namespace shardtrain::cli

@@ -6,7 +6,7 @@
 
 namespace shardtrain::cli {
 
-void add_data_command(CLI::App& app, int& exit_code) {
+void add_data_command(CLI::App& app) {
   auto* data = app.add_subcommand("data", "Data tools");
   data->require_subcommand(1);
   auto* prepare = data->add_subcommand(
@@ -24,23 +24,18 @@ void add_data_command(CLI::App& app, int& exit_code) {
       ->check(CLI::IsMember({"gpt2", "byte"}));
   prepare->add_option("--gpt2-dir", *gpt2_dir,
                       "Folder with encoder.json and vocab.bpe (default: set-up's copy)");
-  prepare->callback([=, &exit_code] {
+  prepare->callback([=] {
     std::unique_ptr<Tokenizer> tokenizer;
-    try {
-      if (*tokenizer_name == "byte") {
-        tokenizer = make_byte_tokenizer();
-      } else {
-        const std::filesystem::path dir = gpt2_dir->empty() ? default_gpt2_dir() : *gpt2_dir;
-        tokenizer =
-            make_gpt2_tokenizer((dir / "encoder.json").string(), (dir / "vocab.bpe").string());
-      }
-      const int64_t tokens = prepare_token_shard(*inputs, *tokenizer, *out);
-      std::cout << "wrote " << tokens << " tokens (" << tokenizer->name() << ", vocabulary "
-                << tokenizer->vocab_size() << ") to " << *out << "\n";
-    } catch (const std::invalid_argument&) {
-      exit_code = 2;
-      throw;
+    if (*tokenizer_name == "byte") {
+      tokenizer = make_byte_tokenizer();
+    } else {
+      const std::filesystem::path dir = gpt2_dir->empty() ? default_gpt2_dir() : *gpt2_dir;
+      tokenizer =
+          make_gpt2_tokenizer((dir / "encoder.json").string(), (dir / "vocab.bpe").string());
     }
+    const int64_t tokens = prepare_token_shard(*inputs, *tokenizer, *out);
+    std::cout << "wrote " << tokens << " tokens (" << tokenizer->name() << ", vocabulary "
+              << tokenizer->vocab_size() << ") to " << *out << "\n";
   });
 }
 

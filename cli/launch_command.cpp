@@ -43,13 +43,7 @@ void add_launch_command(CLI::App& app, const std::vector<std::string>& command, 
   cmd->callback([options, kill_seconds, no_prefix, &command, &exit_code] {
     options->kill_timeout(std::chrono::milliseconds(static_cast<int64_t>(*kill_seconds * 1000)));
     options->prefix_output(!*no_prefix);
-    LaunchResult result;
-    try {
-      result = launch(*options, command);
-    } catch (const std::invalid_argument& e) {
-      exit_code = 2;
-      throw;
-    }
+    const LaunchResult result = launch(*options, command);
     if (result.exit_code != 0) {
       std::cerr << "shardtrain launch: " << result.message << "\n";
       exit_code = result.exit_code;

@@ -33,14 +33,18 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", "shardtrain 0.1.0");
   int exit_code = 0;
   shardtrain::cli::add_launch_command(app, command, exit_code);
-  shardtrain::cli::add_train_command(app, exit_code);
-  shardtrain::cli::add_data_command(app, exit_code);
+  shardtrain::cli::add_train_command(app);
+  shardtrain::cli::add_data_command(app);
   shardtrain::cli::add_bench_command(app, exit_code);
   try {
     app.parse(args);
   } catch (const CLI::ParseError& e) {
     // --help and --version exit 0; every usage error exits 2, as getopt tools do.
     return app.exit(e) == 0 ? 0 : 2;
+  } catch (const std::invalid_argument& e) {
+    // Bad input (a flag, a config key, a file, the environment): status 2, like a usage error.
+    std::cerr << "shardtrain: error: " << e.what() << "\n";
+    return 2;
   } catch (const std::exception& e) {
     std::cerr << "shardtrain: error: " << e.what() << "\n";
     return exit_code ? exit_code : 1;

@@ -6,7 +6,7 @@
 
 namespace shardtrain::cli {
 
-void add_train_command(CLI::App& app, int& exit_code) {
+void add_train_command(CLI::App& app) {
   auto* cmd = app.add_subcommand(
       "train",
       "Train a model from a TOML config (sections [model] [data] [train] [precision] [run]; see "
@@ -20,28 +20,15 @@ void add_train_command(CLI::App& app, int& exit_code) {
                   "Override one key: --set section.key=value (repeatable; values are TOML, bare "
                   "words are strings)")
       ->take_all();
-  cmd->callback([=, &exit_code] {
+  cmd->callback([=] {
     const RendezvousInfo rendezvous = rendezvous_info(current_environment());
     if (rendezvous.world_size > 1) {
-      exit_code = 2;
       throw std::invalid_argument(
           "shardtrain train runs on a single process in this version (WORLD_SIZE=" +
           std::to_string(rendezvous.world_size) + "); launch it with --nproc 1");
     }
-    TrainConfig config;
-    try {
-      config = load_train_config(*config_path, *overrides);
-    } catch (const std::invalid_argument&) {
-      exit_code = 2;
-      throw;
-    }
-    try {
-      Trainer trainer(config);
-      trainer.fit();
-    } catch (const std::invalid_argument&) {
-      exit_code = 2;
-      throw;
-    }
+    Trainer trainer(load_train_config(*config_path, *overrides));
+    trainer.fit();
   });
 }
 

@@ -77,40 +77,44 @@ Environment current_environment() {
   return env;
 }
 
+// The variables each launcher sets, in order of precedence. Slurm's local world size is not a
+// plain variable; it is read from SLURM_TASKS_PER_NODE below.
+struct LauncherKeys {
+  const char* source;
+  const char* rank;
+  const char* size;
+  const char* local_rank;
+  const char* local_size;
+};
+constexpr LauncherKeys kLaunchers[] = {
+    {"torchrun", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"},
+    {"openmpi", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
+     "OMPI_COMM_WORLD_LOCAL_SIZE"},
+    {"slurm", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE"},
+};
+
 RendezvousInfo rendezvous_info(const Environment& env) {
   RendezvousInfo info;
-  std::string rank_key, size_key;
-  if (find(env, "RANK") || find(env, "WORLD_SIZE")) {
-    info.source = "torchrun";
-    rank_key = "RANK";
-    size_key = "WORLD_SIZE";
-    info.rank = parse_int(env, "RANK");
-    info.world_size = parse_int(env, "WORLD_SIZE");
-    info.local_rank = parse_int_or(env, "LOCAL_RANK", info.rank);
-    info.local_world_size = parse_int_or(env, "LOCAL_WORLD_SIZE", info.world_size);
-  } else if (find(env, "OMPI_COMM_WORLD_RANK")) {
-    info.source = "openmpi";
-    rank_key = "OMPI_COMM_WORLD_RANK";
-    size_key = "OMPI_COMM_WORLD_SIZE";
-    info.rank = parse_int(env, "OMPI_COMM_WORLD_RANK");
-    info.world_size = parse_int(env, "OMPI_COMM_WORLD_SIZE");
-    info.local_rank = parse_int_or(env, "OMPI_COMM_WORLD_LOCAL_RANK", info.rank);
-    info.local_world_size = parse_int_or(env, "OMPI_COMM_WORLD_LOCAL_SIZE", info.world_size);
-  } else if (find(env, "SLURM_PROCID")) {
-    info.source = "slurm";
-    rank_key = "SLURM_PROCID";
-    size_key = "SLURM_NTASKS";
-    info.rank = parse_int(env, "SLURM_PROCID");
-    info.world_size = parse_int(env, "SLURM_NTASKS");
-    info.local_rank = parse_int_or(env, "SLURM_LOCALID", 0);
-    if (const std::string* tasks = find(env, "SLURM_TASKS_PER_NODE")) {
-      info.local_world_size = first_slurm_count(*tasks);
-    } else {
-      info.local_world_size = parse_int_or(env, "SLURM_NTASKS_PER_NODE", info.world_size);
+  const LauncherKeys* keys = nullptr;
+  for (const auto& launcher : kLaunchers) {
+    if (find(env, launcher.rank) || find(env, launcher.size)) {
+      keys = &launcher;
+      break;
     }
-  } else {
-    return info;  // no launcher: one process
   }
+  if (!keys) return info;  // no launcher: one process
+  info.source = keys->source;
+  info.rank = parse_int(env, keys->rank);
+  info.world_size = parse_int(env, keys->size);
+  info.local_rank = parse_int_or(env, keys->local_rank, info.source == "slurm" ? 0 : info.rank);
+  const std::string* tasks = find(env, "SLURM_TASKS_PER_NODE");
+  if (info.source == "slurm" && tasks) {
+    info.local_world_size = first_slurm_count(*tasks);
+  } else {
+    info.local_world_size = parse_int_or(env, keys->local_size, info.world_size);
+  }
+  const std::string rank_key = keys->rank;
+  const std::string size_key = keys->size;
 
   if (info.world_size < 1) throw std::invalid_argument(size_key + " must be at least 1");
   if (info.rank >= info.world_size) {

@@ -111,6 +111,14 @@ TEST(CliTest, HelpDescribesEveryFlag) {
                            "--max-restarts", "--kill-timeout", "--no-prefix"}) {
     EXPECT_NE(launch.output.find(flag), std::string::npos) << flag << "\n" << launch.output;
   }
+  const auto train = run_command(cli() + " train --help");
+  for (const char* flag : {"--config", "--set"}) {
+    EXPECT_NE(train.output.find(flag), std::string::npos) << flag << "\n" << train.output;
+  }
+  const auto prepare = run_command(cli() + " data prepare --help");
+  for (const char* flag : {"--corpus", "--out", "--tokenizer", "--gpt2-dir"}) {
+    EXPECT_NE(prepare.output.find(flag), std::string::npos) << flag << "\n" << prepare.output;
+  }
   const auto bench = run_command(cli() + " bench collectives --help");
   for (const char* flag : {"--op", "--min-bytes", "--max-bytes", "--step-factor", "--iters",
                            "--warmup", "--dtype", "--timeout", "--no-check"}) {
