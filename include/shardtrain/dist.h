@@ -46,6 +46,9 @@ class Work {
   virtual void wait() = 0;
   // True once the operation finished, successfully or not. Never blocks.
   virtual bool is_completed() = 0;
+  // When the operation finished on this rank (steady clock), once is_completed(); the clock's
+  // epoch where the backend cannot tell.
+  virtual std::chrono::steady_clock::time_point finished_at() { return {}; }
 };
 using WorkHandle = std::shared_ptr<Work>;
 

@@ -13,9 +13,15 @@ bool CompletionWork::is_completed() {
   return done_;
 }
 
+std::chrono::steady_clock::time_point CompletionWork::finished_at() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return finished_at_;
+}
+
 void CompletionWork::finish(std::exception_ptr error) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
+    finished_at_ = std::chrono::steady_clock::now();
     done_ = true;
     error_ = std::move(error);
   }

@@ -1,6 +1,7 @@
 // Work handles completed by whoever runs the operation (a worker thread, a transport wait).
 #pragma once
 
+#include <chrono>
 #include <condition_variable>
 #include <exception>
 #include <mutex>
@@ -15,10 +16,12 @@ class CompletionWork : public Work {
  public:
   void wait() override;
   bool is_completed() override;
+  std::chrono::steady_clock::time_point finished_at() override;
   // Marks the operation done; `error` (may be null) is what wait() rethrows.
   void finish(std::exception_ptr error = nullptr);
 
  private:
+  std::chrono::steady_clock::time_point finished_at_;
   std::mutex mutex_;
   std::condition_variable done_cv_;
   bool done_ = false;

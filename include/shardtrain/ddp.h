@@ -1,0 +1,127 @@
+// DistributedDataParallel: replicas of a module on every rank of a group, gradients averaged in
+// buckets whose all-reduce starts during backward as soon as each bucket is complete.
+#pragma once
+
+#include <torch/nn/module.h>
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "shardtrain/dist.h"
+
+namespace torch::autograd {
+struct Node;
+}
+
+namespace shardtrain {
+
+// How a bucket travels: as is, or compressed to a 16-bit float for the all-reduce (half the
+// bytes; the average is taken in that precision and copied back into the fp32 gradients).
+enum class DDPCommHook { kNone, kBf16Compress, kFp16Compress };
+
+struct DDPOptions {
+  // Largest bucket, MiB (PyTorch's default 25).
+  DDPOptions& bucket_cap_mb(double value) {
+    bucket_cap_mb_ = value;
+    return *this;
+  }
+  // The first bucket (the last layers, whose gradients come first) is small so that
+  // communication starts early in backward (PyTorch: 1 MiB).
+  DDPOptions& first_bucket_cap_mb(double value) {
+    first_bucket_cap_mb_ = value;
+    return *this;
+  }
+  // Parameters may receive no gradient in a backward pass (unused branches). Without this, that
+  // is an error naming them, since the all-reduce of their bucket would wait forever.
+  DDPOptions& find_unused_parameters(bool value) {
+    find_unused_parameters_ = value;
+    return *this;
+  }
+  DDPOptions& comm_hook(DDPCommHook value) {
+    comm_hook_ = value;
+    return *this;
+  }
+
+  double bucket_cap_mb_ = 25.0;
+  double first_bucket_cap_mb_ = 1.0;
+  bool find_unused_parameters_ = false;
+  DDPCommHook comm_hook_ = DDPCommHook::kNone;
+};
+
+// What one synchronized backward did, for the benchmark: times in seconds since the backward's
+// first gradient became ready.
+struct DDPTimeline {
+  struct Bucket {
+    int index = 0;
+    int64_t bytes = 0;
+    double start = 0;  // all-reduce launched
+    double end = 0;    // all-reduce finished
+  };
+  double last_gradient = 0;  // the last gradient of the backward became ready
+  double finished = 0;       // every all-reduce finished (end of backward for the caller)
+  std::vector<Bucket> buckets;
+  // Fraction of all-reduce time that ran while gradients were still being computed.
+  double hidden_fraction() const;
+};
+
+class DistributedDataParallel {
+ public:
+  // Collective over `group`: broadcasts rank 0's parameters and buffers to every rank, groups
+  // the parameters into buckets (reverse registration order, so buckets fill in the order
+  // backward produces gradients) and makes each parameter's .grad a view into its bucket.
+  // The module is shared, not copied: keep using it for forward; DDP acts during backward.
+  DistributedDataParallel(std::shared_ptr<torch::nn::Module> module,
+                          std::shared_ptr<ProcessGroup> group, DDPOptions options = {});
+  ~DistributedDataParallel();
+  DistributedDataParallel(const DistributedDataParallel&) = delete;
+  DistributedDataParallel& operator=(const DistributedDataParallel&) = delete;
+
+  // While the returned guard lives, backward passes only accumulate gradients locally; the
+  // next backward outside it averages the accumulated sum over the ranks (gradient
+  // accumulation with one all-reduce per step).
+  class NoSync {
+   public:
+    explicit NoSync(DistributedDataParallel& ddp) : ddp_(ddp) { ddp_.sync_ = false; }
+    ~NoSync() { ddp_.sync_ = true; }
+
+   private:
+    DistributedDataParallel& ddp_;
+  };
+  NoSync no_sync() { return NoSync(*this); }
+
+  torch::nn::Module& module() { return *module_; }
+  ProcessGroup& group() { return *group_; }
+  int num_buckets() const { return static_cast<int>(buckets_.size()); }
+  // Parameter names of each bucket, in bucket order.
+  std::vector<std::vector<std::string>> bucket_layout() const;
+  const DDPTimeline& last_timeline() const { return timeline_; }
+
+ private:
+  struct Bucket;
+  at::Tensor grad_view(size_t param) const;
+  void mark_ready(size_t param);
+  void launch(size_t bucket);
+  void finish_backward();
+  void reset_for_next_backward();
+
+  std::shared_ptr<torch::nn::Module> module_;
+  std::shared_ptr<ProcessGroup> group_;
+  DDPOptions options_;
+  std::vector<std::string> names_;  // by parameter index (registration order)
+  std::vector<at::Tensor> params_;
+  std::vector<size_t> bucket_of_;   // parameter -> bucket
+  std::vector<int64_t> offset_of_;  // parameter -> offset in its bucket
+  std::vector<std::unique_ptr<Bucket>> buckets_;
+  // Each parameter's gradient accumulator (kept alive) and the hook we added to it.
+  std::vector<std::pair<std::shared_ptr<torch::autograd::Node>, void*>> hooks_;
+  std::vector<bool> ready_;
+  size_t next_to_launch_ = 0;
+  bool in_backward_ = false;
+  bool sync_ = true;
+  std::chrono::steady_clock::time_point backward_start_;
+  DDPTimeline timeline_;
+};
+
+}  // namespace shardtrain
