@@ -21,13 +21,11 @@ void add_train_command(CLI::App& app) {
                   "words are strings)")
       ->take_all();
   cmd->callback([=] {
-    const RendezvousInfo rendezvous = rendezvous_info(current_environment());
-    if (rendezvous.world_size > 1) {
-      throw std::invalid_argument(
-          "shardtrain train runs on a single process in this version (WORLD_SIZE=" +
-          std::to_string(rendezvous.world_size) + "); launch it with --nproc 1");
-    }
-    Trainer trainer(load_train_config(*config_path, *overrides));
+    TrainConfig config = load_train_config(*config_path, *overrides);
+    // Under a launcher (torchrun, mpirun, srun, shardtrain launch) every rank joins the world.
+    std::shared_ptr<ProcessGroup> world;
+    if (rendezvous_info(current_environment()).world_size > 1) world = init_from_environment();
+    Trainer trainer(std::move(config), world);
     trainer.fit();
   });
 }

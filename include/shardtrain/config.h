@@ -1,4 +1,5 @@
-// The training configuration: TOML sections [model] [data] [train] [precision] [run], with
+// The training configuration: TOML sections [model] [data] [train] [parallel] [precision]
+// [run], with
 // `section.key=value` overrides. Every key is known; an unknown key or a wrong type is an error
 // that names it.
 #pragma once
@@ -53,6 +54,12 @@ struct TrainConfig {
   double initial_scale = 65536.0;
   int64_t scale_window = 1000;
   double min_scale = 1.0;
+
+  // [parallel]
+  std::string strategy = "none";  // "none" (one process) or "ddp"
+  double ddp_bucket_cap_mb = 25.0;
+  bool ddp_find_unused_parameters = false;
+  std::string ddp_comm_hook = "none";  // "none", "bf16", "fp16"
 
   // [run]
   std::string dir = "runs/default";

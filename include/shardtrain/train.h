@@ -10,6 +10,8 @@
 
 #include "shardtrain/config.h"
 #include "shardtrain/data.h"
+#include "shardtrain/ddp.h"
+#include "shardtrain/dist.h"
 #include "shardtrain/model.h"
 #include "shardtrain/optim.h"
 #include "shardtrain/tokenizer.h"
@@ -32,7 +34,10 @@ class Trainer {
  public:
   // Builds everything from the config, creating run.dir; with run.resume, restores the
   // checkpoint. Throws std::invalid_argument for bad input (files, sizes), naming it.
-  explicit Trainer(TrainConfig config);
+  // With a `world` group of several ranks (parallel.strategy = "ddp"), it is collective: every
+  // rank constructs its Trainer and calls train_step/fit in step; each takes its slice of every
+  // global batch, and rank 0 alone prints, samples and writes checkpoints.
+  explicit Trainer(TrainConfig config, std::shared_ptr<ProcessGroup> world = nullptr);
 
   // Trains until train.steps, printing one progress line per run.log_every steps, appending
   // RUN_DIR/metrics.jsonl, evaluating and checkpointing as configured, and saving a final
@@ -50,6 +55,8 @@ class Trainer {
   void load_checkpoint(const std::string& dir);
 
   int64_t step() const { return step_; }
+  int rank() const { return world_ ? world_->rank() : 0; }
+  int world_size() const { return world_ ? world_->size() : 1; }
   Transformer& model() { return model_; }
   const TrainConfig& config() const { return config_; }
   const LossScaler& loss_scaler() const { return scaler_; }
@@ -61,8 +68,12 @@ class Trainer {
  private:
   void write_metrics(const StepResult& result, double eval_loss);
   std::vector<at::Tensor> parameters() const;
+  // Waits for every rank (no-op on one process).
+  void barrier() const;
 
   TrainConfig config_;
+  std::shared_ptr<ProcessGroup> world_;
+  std::unique_ptr<DistributedDataParallel> ddp_;
   std::unique_ptr<Tokenizer> tokenizer_;
   std::shared_ptr<TokenShard> shard_;
   std::unique_ptr<DataLoader> loader_;

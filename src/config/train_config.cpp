@@ -156,6 +156,10 @@ const std::map<std::string, Setter>& known_keys() {
       {"precision.initial_scale", field(&TrainConfig::initial_scale)},
       {"precision.scale_window", field(&TrainConfig::scale_window)},
       {"precision.min_scale", field(&TrainConfig::min_scale)},
+      {"parallel.strategy", field(&TrainConfig::strategy)},
+      {"parallel.ddp.bucket_cap_mb", field(&TrainConfig::ddp_bucket_cap_mb)},
+      {"parallel.ddp.find_unused_parameters", field(&TrainConfig::ddp_find_unused_parameters)},
+      {"parallel.ddp.comm_hook", field(&TrainConfig::ddp_comm_hook)},
       {"run.dir", field(&TrainConfig::dir)},
       {"run.log_every", field(&TrainConfig::log_every)},
       {"run.resume", field(&TrainConfig::resume)},
@@ -169,23 +173,27 @@ struct Entry {
   const toml::node* node;
 };
 
-void collect(const toml::table& doc, const std::string& source, std::vector<Entry>& out) {
-  for (const auto& [section, value] : doc) {
-    const std::string section_name(section.str());
-    const toml::table* table = value.as_table();
-    if (!table) {
-      throw std::invalid_argument(source + ": unknown config key '" + section_name +
-                                  "' (keys belong in [model], [data], [train], [precision] or "
-                                  "[run])");
-    }
-    for (const auto& [key, node] : *table) {
-      const std::string name = section_name + "." + std::string(key.str());
-      if (!known_keys().count(name)) {
-        throw std::invalid_argument(source + ": unknown config key '" + name + "'");
-      }
+// Flattens tables into dotted names ("parallel.ddp.bucket_cap_mb"); every leaf must be known.
+void collect_table(const toml::table& table, const std::string& prefix, const std::string& source,
+                   std::vector<Entry>& out) {
+  for (const auto& [key, node] : table) {
+    const std::string name = prefix + std::string(key.str());
+    if (known_keys().count(name)) {
       out.push_back(Entry{name, &node});
+    } else if (node.is_table()) {
+      collect_table(*node.as_table(), name + ".", source, out);
+    } else {
+      throw std::invalid_argument(
+          source + ": unknown config key '" + name + "'" +
+          (prefix.empty() ? " (keys belong in [model], [data], [train], [parallel], [precision] "
+                            "or [run])"
+                          : ""));
     }
   }
+}
+
+void collect(const toml::table& doc, const std::string& source, std::vector<Entry>& out) {
+  collect_table(doc, "", source, out);
 }
 
 toml::table parse_toml(const std::string& text, const std::string& source) {
@@ -196,6 +204,16 @@ toml::table parse_toml(const std::string& text, const std::string& source) {
     message << source << ":" << e.source().begin.line << ": " << e.description();
     throw std::invalid_argument(message.str());
   }
+}
+
+// A bare word as a TOML basic string.
+std::string toml_quote(const std::string& text) {
+  std::string quoted = "\"";
+  for (char c : text) {
+    if (c == '"' || c == '\\') quoted += '\\';
+    quoted += c;
+  }
+  return quoted + "\"";
 }
 
 bool is_model_replacement(const std::string& name) {
@@ -219,14 +237,14 @@ TrainConfig parse_train_config(const std::string& toml_text, const std::string& 
                                   "' is not of the form section.key=value");
     }
     const std::string section = override_text.substr(0, dot);
-    const std::string key = override_text.substr(dot + 1, eq - dot - 1);
+    const std::string key = override_text.substr(dot + 1, eq - dot - 1);  // may be dotted
     const std::string value = override_text.substr(eq + 1);
     // The value is TOML (numbers, booleans, quoted strings, arrays); a bare word is a string.
     toml::table doc;
     try {
       doc = toml::parse("[" + section + "]\n" + key + " = " + value + "\n");
     } catch (const toml::parse_error&) {
-      doc = toml::table{{section, toml::table{{key, value}}}};
+      doc = toml::parse("[" + section + "]\n" + key + " = " + toml_quote(value) + "\n");
     }
     documents.push_back(std::move(doc));
     collect(documents.back(), "--set " + section + "." + key, entries);
@@ -293,6 +311,12 @@ void TrainConfig::validate() const {
   }
   require(initial_scale > 0 && min_scale > 0 && scale_window >= 1,
           "precision.initial_scale and min_scale must be positive, scale_window >= 1");
+  require(strategy == "none" || strategy == "ddp",
+          "parallel.strategy must be \"none\" or \"ddp\", got \"" + strategy + "\"");
+  require(ddp_bucket_cap_mb > 0, "parallel.ddp.bucket_cap_mb must be positive");
+  require(ddp_comm_hook == "none" || ddp_comm_hook == "bf16" || ddp_comm_hook == "fp16",
+          "parallel.ddp.comm_hook must be \"none\", \"bf16\" or \"fp16\", got \"" + ddp_comm_hook +
+              "\"");
   require(log_every >= 1, "run.log_every must be at least 1");
   require(threads >= 0, "run.threads must be >= 0");
   model.validate();

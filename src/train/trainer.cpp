@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <mutex>
 
 #include "shardtrain/checkpoint.h"
 #include "shardtrain/memory.h"
@@ -49,8 +50,15 @@ at::Tensor token_loss(Transformer& model, const Batch& batch) {
 
 }  // namespace
 
-Trainer::Trainer(TrainConfig config) : config_(std::move(config)) {
+Trainer::Trainer(TrainConfig config, std::shared_ptr<ProcessGroup> world)
+    : config_(std::move(config)), world_(std::move(world)) {
   config_.validate();
+  if (world_size() > 1 && config_.strategy == "none") {
+    throw std::invalid_argument(
+        "parallel.strategy = \"none\" trains on one process, but the "
+        "world has " +
+        std::to_string(world_size()) + " ranks; set parallel.strategy = \"ddp\"");
+  }
   if (config_.autocast == "fp16") {
     // LibTorch's CPU autocast has no fp16 kernels; fp16 needs the CUDA path.
     throw std::invalid_argument(
@@ -70,23 +78,44 @@ Trainer::Trainer(TrainConfig config) : config_(std::move(config)) {
                                 " tokenizer's vocabulary of " +
                                 std::to_string(tokenizer_->vocab_size()));
   }
-  shard_ = detail::open_corpus(config_, *tokenizer_);
+  // Rank 0 tokenizes the corpus (if it is text) before the others open the shard.
+  if (rank() == 0) shard_ = detail::open_corpus(config_, *tokenizer_);
+  barrier();
+  if (rank() != 0) shard_ = detail::open_corpus(config_, *tokenizer_);
   if (static_cast<int64_t>(shard_->header().vocab_size) > config_.model.vocab_size) {
     throw std::invalid_argument("token shard '" + shard_->path() + "' was written with a " +
                                 std::to_string(shard_->header().vocab_size) +
                                 "-token vocabulary, larger than model.vocab_size " +
                                 std::to_string(config_.model.vocab_size));
   }
-  loader_ = std::make_unique<DataLoader>(shard_, DataLoaderOptions()
-                                                     .seq_len(config_.seq_len)
-                                                     .micro_batch(config_.micro_batch)
-                                                     .grad_accum(config_.grad_accum)
-                                                     .seed(static_cast<uint64_t>(config_.seed))
-                                                     .eval_sequences(config_.eval_sequences));
-
-  torch::manual_seed(static_cast<uint64_t>(config_.seed));
-  model_ = Transformer(config_.model);
+  loader_ = std::make_unique<DataLoader>(shard_,
+                                         DataLoaderOptions()
+                                             .seq_len(config_.seq_len)
+                                             .micro_batch(config_.micro_batch)
+                                             .grad_accum(config_.grad_accum)
+                                             .seed(static_cast<uint64_t>(config_.seed))
+                                             .eval_sequences(config_.eval_sequences),
+                                         rank(), world_size());
+  {
+    // Ranks that are threads of one process share LibTorch's global generator: seeding and
+    // initializing one at a time gives each the same initial weights.
+    static std::mutex init_mutex;
+    std::lock_guard<std::mutex> lock(init_mutex);
+    torch::manual_seed(static_cast<uint64_t>(config_.seed));
+    model_ = Transformer(config_.model);
+  }
   model_->set_activation_checkpointing(config_.activation_checkpointing);
+  if (world_ && config_.strategy == "ddp") {
+    const DDPCommHook hook = config_.ddp_comm_hook == "bf16"   ? DDPCommHook::kBf16Compress
+                             : config_.ddp_comm_hook == "fp16" ? DDPCommHook::kFp16Compress
+                                                               : DDPCommHook::kNone;
+    ddp_ = std::make_unique<DistributedDataParallel>(
+        model_.ptr(), world_,
+        DDPOptions()
+            .bucket_cap_mb(config_.ddp_bucket_cap_mb)
+            .find_unused_parameters(config_.ddp_find_unused_parameters)
+            .comm_hook(hook));
+  }
 
   // Weight decay on matrices only: biases, norms and 1-D tensors are not decayed (as GPT-2
   // and Llama training do).
@@ -112,6 +141,10 @@ Trainer::Trainer(TrainConfig config) : config_(std::move(config)) {
 
 std::vector<at::Tensor> Trainer::parameters() const { return model_->parameters(); }
 
+void Trainer::barrier() const {
+  if (world_size() > 1) world_->barrier()->wait();
+}
+
 StepResult Trainer::train_step() {
   const auto start = std::chrono::steady_clock::now();
   model_->train();
@@ -129,9 +162,22 @@ StepResult Trainer::train_step() {
       loss = token_loss(model_, batch);
     }
     // Every micro-batch has the same number of tokens, so the mean over the global batch is
-    // the mean of the micro-batch means: each contributes 1/grad_accum of the gradient.
-    (loss * (scaler_.scale() / static_cast<double>(config_.grad_accum))).backward();
+    // the mean of the micro-batch means: each contributes 1/grad_accum of the gradient (and
+    // DDP averages over the ranks). Only the last micro-batch's backward communicates.
+    const at::Tensor scaled = loss * (scaler_.scale() / static_cast<double>(config_.grad_accum));
+    if (ddp_ && a + 1 < config_.grad_accum) {
+      auto local_only = ddp_->no_sync();
+      scaled.backward();
+    } else {
+      scaled.backward();
+    }
     loss_sum += loss.item<double>();
+  }
+  if (world_size() > 1) {
+    // The reported loss is the global batch's, the same number on every rank.
+    at::Tensor mean = at::tensor(loss_sum, at::kDouble);
+    world_->all_reduce(mean, ReduceOp::kAvg)->wait();
+    loss_sum = mean.item<double>();
   }
   StepResult result;
   result.step = step_ + 1;
@@ -199,15 +245,21 @@ std::string Trainer::generate(const std::string& prompt, int64_t tokens) {
 }
 
 void Trainer::fit() {
-  std::printf(
-      "training %s (%s, %.2fM parameters) on %lld tokens of '%s', %lld steps of %lld "
-      "sequences x %lld tokens\n",
-      config_.model.name.c_str(), to_string(config_.model.family).c_str(),
-      static_cast<double>(config_.model.num_parameters()) / 1e6,
-      static_cast<long long>(shard_->size()), shard_->path().c_str(),
-      static_cast<long long>(config_.steps), static_cast<long long>(loader_->global_batch_size()),
-      static_cast<long long>(config_.seq_len));
-  std::fflush(stdout);
+  const bool talk = rank() == 0;
+  if (talk) {
+    std::printf(
+        "training %s (%s, %.2fM parameters) on %lld tokens of '%s', %lld steps of %lld "
+        "sequences x %lld tokens\n",
+        config_.model.name.c_str(), to_string(config_.model.family).c_str(),
+        static_cast<double>(config_.model.num_parameters()) / 1e6,
+        static_cast<long long>(shard_->size()), shard_->path().c_str(),
+        static_cast<long long>(config_.steps), static_cast<long long>(loader_->global_batch_size()),
+        static_cast<long long>(config_.seq_len));
+    if (world_size() > 1) {
+      std::printf("data parallel (%s) over %d ranks\n", config_.strategy.c_str(), world_size());
+    }
+    std::fflush(stdout);
+  }
   while (step_ < config_.steps) {
     const StepResult result = train_step();
     double eval_loss = NAN;
@@ -215,7 +267,7 @@ void Trainer::fit() {
       eval_loss = evaluate();
     }
     write_metrics(result, eval_loss);
-    if (step_ % config_.log_every == 0 || step_ == config_.steps || step_ == 1) {
+    if (talk && (step_ % config_.log_every == 0 || step_ == config_.steps || step_ == 1)) {
       std::printf(
           "step %5lld/%lld | loss %.4f | lr %.2e | %7.0f tok/s | %.3f s/step | rss %.1f MiB%s",
           static_cast<long long>(step_), static_cast<long long>(config_.steps), result.loss,
@@ -232,8 +284,8 @@ void Trainer::fit() {
     }
   }
   const std::string dir = save_checkpoint();
-  std::printf("checkpoint: %s\n", dir.c_str());
-  if (config_.sample_tokens > 0) {
+  if (talk) std::printf("checkpoint: %s\n", dir.c_str());
+  if (talk && config_.sample_tokens > 0) {
     std::printf("sample: %s\n", generate(config_.sample_prompt, config_.sample_tokens).c_str());
   }
   std::fflush(stdout);

@@ -47,6 +47,11 @@ int64_t bytes_of(const std::vector<at::Tensor>& tensors) {
 std::string Trainer::save_checkpoint() {
   char name[32];
   std::snprintf(name, sizeof(name), "step_%06lld", static_cast<long long>(step_));
+  // Replicated strategies hold the same state on every rank: rank 0 writes it alone.
+  if (rank() != 0) {
+    barrier();
+    return config_.dir + "/checkpoints/" + name;
+  }
   CheckpointWriter writer(config_.dir + "/checkpoints", name,
                           static_cast<int>(config_.keep_checkpoints));
   const fs::path dir = writer.staging_dir();
@@ -77,7 +82,9 @@ std::string Trainer::save_checkpoint() {
                                 {"tokenizer", tokenizer_->name()},
                                 {"model", describe_model(config_.model)}};
   std::ofstream(dir / "state.json") << state.dump(2) << "\n";
-  return writer.commit();
+  const std::string final_dir = writer.commit();
+  barrier();
+  return final_dir;
 }
 
 void Trainer::load_checkpoint(const std::string& dir) {
@@ -139,7 +146,8 @@ void Trainer::load_checkpoint(const std::string& dir) {
   // Steps after the checkpoint will be measured again: drop their old metrics lines.
   const fs::path metrics = fs::path(config_.dir) / "metrics.jsonl";
   std::vector<std::string> kept;
-  if (std::ifstream old(metrics); old) {
+  std::ifstream old(rank() == 0 ? metrics : fs::path());
+  if (old) {
     for (std::string line; std::getline(old, line);) {
       try {
         if (nlohmann::json::parse(line).at("step").get<int64_t>() <= step_) kept.push_back(line);
@@ -150,7 +158,10 @@ void Trainer::load_checkpoint(const std::string& dir) {
     std::ofstream rewrite(metrics, std::ios::trunc);
     for (const auto& line : kept) rewrite << line << "\n";
   }
-  std::printf("resumed from %s at step %lld\n", dir.c_str(), static_cast<long long>(step_));
+  barrier();  // nobody appends before rank 0 has rewritten the file
+  if (rank() == 0) {
+    std::printf("resumed from %s at step %lld\n", dir.c_str(), static_cast<long long>(step_));
+  }
 }
 
 void Trainer::write_metrics(const StepResult& result, double eval_loss) {
@@ -164,7 +175,7 @@ void Trainer::write_metrics(const StepResult& result, double eval_loss) {
     optim_state.push_back(state.exp_avg_sq());
   }
   nlohmann::json line = {{"step", result.step},
-                         {"rank", 0},
+                         {"rank", rank()},
                          {"loss", result.loss},
                          {"lr", result.lr},
                          {"grad_norm", result.grad_norm},

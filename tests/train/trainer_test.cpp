@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "shardtrain/data.h"
+#include "shardtrain/rendezvous.h"
 #include "shardtrain/train.h"
 #include "support.h"
 
@@ -205,6 +206,68 @@ TEST_F(TrainerTest, CommandLineTrainsAndRefusesBadKeys) {
                                   " --set train.stepz=3");
   EXPECT_EQ(bad.exit_code, 2) << bad.output;
   EXPECT_NE(bad.output.find("unknown config key 'train.stepz'"), std::string::npos) << bad.output;
+}
+
+TEST_F(TrainerTest, DdpOnTwoRanksMatchesOneProcessAtTheSameGlobalBatch) {
+  Trainer single(config({"train.micro_batch=4", "train.grad_accum=2"}));
+  const auto expected = losses(single, 5);
+  std::vector<double> got;
+  run_local_ranks(
+      2,
+      [&](ProcessGroup& group) {
+        auto world = std::shared_ptr<ProcessGroup>(&group, [](ProcessGroup*) {});
+        Trainer trainer(
+            config({"parallel.strategy=\"ddp\"", "train.micro_batch=2", "train.grad_accum=2",
+                    "run.dir=\"" + (dir_ / "ddp").string() + "\""}),
+            world);
+        EXPECT_EQ(trainer.data().global_batch_size(), 8);
+        const auto mine = losses(trainer, 5);
+        if (group.rank() == 0) got = mine;
+      },
+      ProcessGroupOptions().timeout(std::chrono::seconds(120)));
+  ASSERT_EQ(got.size(), expected.size());
+  for (size_t i = 0; i < got.size(); ++i) {
+    EXPECT_NEAR(got[i], expected[i], 1e-5 * expected[i]) << "step " << i + 1;
+  }
+}
+
+// Losses by step from rank 0's lines of a metrics file.
+std::vector<double> metric_losses(const fs::path& file) {
+  std::vector<double> out;
+  std::ifstream in(file);
+  for (std::string line; std::getline(in, line);) {
+    const auto j = nlohmann::json::parse(line);
+    if (j.at("rank").get<int>() == 0) out.push_back(j.at("loss").get<double>());
+  }
+  return out;
+}
+
+TEST_F(TrainerTest, LaunchedDdpWritesTheLossesOfTheOneProcessRun) {
+  const std::string config_file = (dir_ / "run.toml").string();
+  std::ofstream(config_file) << "[model]\npreset = \"tiny\"\n[data]\ncorpus = \""
+                             << (dir_ / "corpus.txt").string() << "\"\nseq_len = 32\n[train]\n"
+                             << "steps = 4\nsample_tokens = 0\n[run]\nthreads = 1\n";
+  const std::string train = testing::cli() + " train --config " + config_file;
+  auto one =
+      testing::run_command(testing::cli() + " launch --nproc 1 -- " + train +
+                           " --set train.micro_batch=4 --set run.dir=" + (dir_ / "one").string());
+  ASSERT_EQ(one.exit_code, 0) << one.output;
+  auto two = testing::run_command(testing::cli() + " launch --nproc 2 -- " + train +
+                                  " --set train.micro_batch=2 --set parallel.strategy=ddp " +
+                                  "--set run.dir=" + (dir_ / "two").string());
+  ASSERT_EQ(two.exit_code, 0) << two.output;
+  EXPECT_NE(two.output.find("data parallel (ddp) over 2 ranks"), std::string::npos) << two.output;
+  const auto a = metric_losses(dir_ / "one" / "metrics.jsonl");
+  const auto b = metric_losses(dir_ / "two" / "metrics.jsonl");
+  ASSERT_EQ(a.size(), 4u);
+  ASSERT_EQ(b.size(), 4u);
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(a[i], b[i], 1e-5 * a[i]) << "step " << i + 1;
+
+  auto refused = testing::run_command(testing::cli() + " launch --nproc 2 -- " + train +
+                                      " --set run.dir=" + (dir_ / "three").string());
+  EXPECT_NE(refused.exit_code, 0);
+  EXPECT_NE(refused.output.find("set parallel.strategy = \"ddp\""), std::string::npos)
+      << refused.output;
 }
 
 }  // namespace
