@@ -4,12 +4,12 @@
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Context.h>
-#include <ATen/autocast_mode.h>
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/custom_function.h>
-#include <torch/version.h>
 
 #include <mutex>
+
+#include "model/autocast.h"
 
 namespace shardtrain::detail {
 namespace {
@@ -68,61 +68,13 @@ class RngReplay {
   RngState saved_;
 };
 
-// Autocast is thread-local state that the backward pass usually runs outside of (the trainer
-// scopes it to the forward); the recomputation must see the forward's, or it would compute in
-// other dtypes.
-struct AutocastState {
-  bool cpu = false;
-  bool cuda = false;
-  at::ScalarType cpu_dtype = at::kBFloat16;
-  at::ScalarType cuda_dtype = at::kHalf;
-  bool cache = true;
-};
-
-#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
-AutocastState autocast_state() {
-  return {at::autocast::is_autocast_enabled(at::kCPU), at::autocast::is_autocast_enabled(at::kCUDA),
-          at::autocast::get_autocast_dtype(at::kCPU), at::autocast::get_autocast_dtype(at::kCUDA),
-          at::autocast::is_autocast_cache_enabled()};
-}
-void set_autocast_state(const AutocastState& s) {
-  at::autocast::set_autocast_enabled(at::kCPU, s.cpu);
-  at::autocast::set_autocast_enabled(at::kCUDA, s.cuda);
-  at::autocast::set_autocast_dtype(at::kCPU, s.cpu_dtype);
-  at::autocast::set_autocast_dtype(at::kCUDA, s.cuda_dtype);
-  at::autocast::set_autocast_cache_enabled(s.cache);
-}
-#else
-AutocastState autocast_state() {
-  return {at::autocast::is_cpu_enabled(), at::autocast::is_enabled(),
-          at::autocast::get_autocast_cpu_dtype(), at::autocast::get_autocast_gpu_dtype(),
-          at::autocast::is_autocast_cache_enabled()};
-}
-void set_autocast_state(const AutocastState& s) {
-  at::autocast::set_cpu_enabled(s.cpu);
-  at::autocast::set_enabled(s.cuda);
-  at::autocast::set_autocast_cpu_dtype(s.cpu_dtype);
-  at::autocast::set_autocast_gpu_dtype(s.cuda_dtype);
-  at::autocast::set_autocast_cache_enabled(s.cache);
-}
-#endif
-
 // Runs the recomputation under the forward's autocast settings. The weight-cast cache is off
 // meanwhile: entries made during backward would outlive the caller's autocast scope and hand
 // the next forward casts of weights the optimizer has since changed.
-class AutocastReplay {
- public:
-  explicit AutocastReplay(AutocastState replay) : saved_(autocast_state()) {
-    replay.cache = false;
-    set_autocast_state(replay);
-  }
-  ~AutocastReplay() { set_autocast_state(saved_); }
-  AutocastReplay(const AutocastReplay&) = delete;
-  AutocastReplay& operator=(const AutocastReplay&) = delete;
-
- private:
-  AutocastState saved_;
-};
+AutocastState without_cache(AutocastState state) {
+  state.cache = false;
+  return state;
+}
 
 // Non-tensor state of one checkpointed call; an IValue capsule carries it in the context.
 struct CheckpointState : torch::CustomClassHolder {
@@ -155,7 +107,7 @@ class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> 
     at::Tensor output;
     {
       RngReplay rng(state->rng);
-      AutocastReplay autocast(state->autocast);
+      AutocastScope autocast(without_cache(state->autocast));
       at::AutoGradMode grad_mode(true);
       output = state->fn(input);
     }

@@ -1,12 +1,10 @@
-#include <ATen/autocast_mode.h>
-#include <torch/version.h>
-
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <mutex>
 
+#include "model/autocast.h"
 #include "shardtrain/checkpoint.h"
 #include "shardtrain/memory.h"
 #include "shardtrain/train.h"
@@ -14,33 +12,6 @@
 
 namespace shardtrain {
 namespace {
-
-// bf16 autocast on CPU for the forward pass; the scope restores the previous state.
-class CpuAutocast {
- public:
-  explicit CpuAutocast(bool enabled) : enabled_(enabled) {
-    if (!enabled_) return;
-#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
-    at::autocast::set_autocast_dtype(at::kCPU, at::kBFloat16);
-    at::autocast::set_autocast_enabled(at::kCPU, true);
-#else
-    at::autocast::set_autocast_cpu_dtype(at::kBFloat16);
-    at::autocast::set_cpu_enabled(true);
-#endif
-  }
-  ~CpuAutocast() {
-    if (!enabled_) return;
-#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
-    at::autocast::set_autocast_enabled(at::kCPU, false);
-#else
-    at::autocast::set_cpu_enabled(false);
-#endif
-    at::autocast::clear_cache();
-  }
-
- private:
-  bool enabled_;
-};
 
 at::Tensor token_loss(Transformer& model, const Batch& batch) {
   at::Tensor logits = model->forward(batch.inputs);
@@ -158,7 +129,7 @@ StepResult Trainer::train_step() {
     const Batch batch = loader_->micro_batch(samples_, a);
     at::Tensor loss;
     {
-      CpuAutocast autocast(config_.autocast == "bf16");
+      detail::AutocastScope autocast(detail::cpu_bf16_autocast(config_.autocast == "bf16"));
       loss = token_loss(model_, batch);
     }
     // Every micro-batch has the same number of tokens, so the mean over the global batch is
@@ -212,7 +183,7 @@ double Trainer::evaluate() {
   model_->eval();
   double total = 0.0;
   for (int64_t i = 0; i < config_.eval_batches; ++i) {
-    CpuAutocast autocast(config_.autocast == "bf16");
+    detail::AutocastScope autocast(detail::cpu_bf16_autocast(config_.autocast == "bf16"));
     total += token_loss(model_, loader_->eval_batch(i)).item<double>();
   }
   model_->train();

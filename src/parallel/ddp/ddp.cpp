@@ -178,9 +178,12 @@ void DistributedDataParallel::mark_ready(size_t k) {
   const at::Tensor& p = params_[k];
   Bucket& bucket = *buckets_[bucket_of_[k]];
   // A gradient that is not our view (set to None by zero_grad, then stolen by the accumulator)
-  // is copied into the bucket, and the view restored.
-  const at::Tensor view = grad_view(k);
-  if (!p.grad().defined() || p.grad().data_ptr() != view.data_ptr()) {
+  // is copied into the bucket, and the view restored. Comparing addresses keeps this check off
+  // the allocator on the usual path.
+  const void* slot =
+      static_cast<char*>(bucket.buffer.data_ptr()) + offset_of_[k] * bucket.buffer.element_size();
+  if (!p.grad().defined() || p.grad().data_ptr() != slot) {
+    const at::Tensor view = grad_view(k);
     if (p.grad().defined()) {
       view.copy_(p.grad());
     } else {
