@@ -98,8 +98,8 @@ Trainer::Trainer(TrainConfig config, std::shared_ptr<ProcessGroup> world)
                      .weight_decay(config_.weight_decay);
   std::vector<torch::optim::OptimizerParamGroup> groups;
   groups.emplace_back(decay, std::make_unique<torch::optim::AdamWOptions>(options));
-  groups.emplace_back(no_decay,
-                      std::make_unique<torch::optim::AdamWOptions>(options.weight_decay(0.0)));
+  groups.emplace_back(no_decay, std::make_unique<torch::optim::AdamWOptions>(
+                                    torch::optim::AdamWOptions(options).weight_decay(0.0)));
   optimizer_ = std::make_unique<torch::optim::AdamW>(std::move(groups), options);
   schedule_ =
       LrSchedule{config_.lr, config_.min_lr, config_.warmup, config_.steps, config_.schedule};

@@ -22,6 +22,30 @@ std::string state_key(const at::Tensor& parameter) {
   return key.str();
 }
 
+// AdamW's state of one parameter, or null before its first step.
+const torch::optim::AdamWParamState* adam_state(const torch::optim::AdamW& optimizer,
+                                                const at::Tensor& parameter) {
+  auto it = optimizer.state().find(state_key(parameter));
+  if (it == optimizer.state().end()) return nullptr;
+  return static_cast<const torch::optim::AdamWParamState*>(it->second.get());
+}
+
+// Steps after a resumed checkpoint are measured again: drops their metrics lines.
+void drop_metrics_after(const fs::path& metrics, int64_t step) {
+  std::ifstream old(metrics);
+  if (!old) return;
+  std::vector<std::string> kept;
+  for (std::string line; std::getline(old, line);) {
+    try {
+      if (nlohmann::json::parse(line).at("step").get<int64_t>() <= step) kept.push_back(line);
+    } catch (const std::exception&) {
+      // a line cut short by the interruption
+    }
+  }
+  std::ofstream rewrite(metrics, std::ios::trunc);
+  for (const auto& line : kept) rewrite << line << "\n";
+}
+
 nlohmann::json describe_model(const ModelConfig& m) {
   return {{"family", to_string(m.family)},
           {"vocab_size", m.vocab_size},
@@ -60,12 +84,11 @@ std::string Trainer::save_checkpoint() {
   int64_t optimizer_step = 0;
   for (const auto& item : model_->named_parameters()) {
     params.emplace_back(item.key(), item.value());
-    auto it = optimizer_->state().find(state_key(item.value()));
-    if (it == optimizer_->state().end()) continue;
-    auto& state = static_cast<torch::optim::AdamWParamState&>(*it->second);
-    optim.emplace_back(item.key() + ".exp_avg", state.exp_avg());
-    optim.emplace_back(item.key() + ".exp_avg_sq", state.exp_avg_sq());
-    optimizer_step = state.step();
+    const auto* state = adam_state(*optimizer_, item.value());
+    if (!state) continue;
+    optim.emplace_back(item.key() + ".exp_avg", state->exp_avg());
+    optim.emplace_back(item.key() + ".exp_avg_sq", state->exp_avg_sq());
+    optimizer_step = state->step();
   }
   for (const auto& item : model_->named_buffers()) params.emplace_back(item.key(), item.value());
   save_safetensors((dir / "model.safetensors").string(), params);
@@ -143,21 +166,7 @@ void Trainer::load_checkpoint(const std::string& dir) {
                   state.at("loss_scale_good_steps").get<int64_t>(),
                   state.at("loss_scale_skipped").get<int64_t>());
 
-  // Steps after the checkpoint will be measured again: drop their old metrics lines.
-  const fs::path metrics = fs::path(config_.dir) / "metrics.jsonl";
-  std::vector<std::string> kept;
-  std::ifstream old(rank() == 0 ? metrics : fs::path());
-  if (old) {
-    for (std::string line; std::getline(old, line);) {
-      try {
-        if (nlohmann::json::parse(line).at("step").get<int64_t>() <= step_) kept.push_back(line);
-      } catch (const std::exception&) {
-        // a line cut short by the interruption
-      }
-    }
-    std::ofstream rewrite(metrics, std::ios::trunc);
-    for (const auto& line : kept) rewrite << line << "\n";
-  }
+  if (rank() == 0) drop_metrics_after(fs::path(config_.dir) / "metrics.jsonl", step_);
   barrier();  // nobody appends before rank 0 has rewritten the file
   if (rank() == 0) {
     std::printf("resumed from %s at step %lld\n", dir.c_str(), static_cast<long long>(step_));
@@ -168,11 +177,10 @@ void Trainer::write_metrics(const StepResult& result, double eval_loss) {
   std::vector<at::Tensor> grads, optim_state;
   for (const auto& p : parameters()) {
     grads.push_back(p.grad());
-    auto it = optimizer_->state().find(state_key(p));
-    if (it == optimizer_->state().end()) continue;
-    auto& state = static_cast<torch::optim::AdamWParamState&>(*it->second);
-    optim_state.push_back(state.exp_avg());
-    optim_state.push_back(state.exp_avg_sq());
+    if (const auto* state = adam_state(*optimizer_, p)) {
+      optim_state.push_back(state->exp_avg());
+      optim_state.push_back(state->exp_avg_sq());
+    }
   }
   nlohmann::json line = {{"step", result.step},
                          {"rank", rank()},
