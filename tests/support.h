@@ -2,12 +2,14 @@
 #pragma once
 
 #include <arpa/inet.h>
+#include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdio>
+#include <filesystem>
 #include <string>
 
 namespace shardtrain::testing {
@@ -31,6 +33,17 @@ inline CommandResult run_command(const std::string& command) {
 }
 
 inline std::string cli() { return SHARDTRAIN_CLI_PATH; }
+
+// An empty directory of the running test's own under the system temp dir (named after the
+// process and the test, so parallel test processes never share one).
+inline std::filesystem::path fresh_test_dir(const std::string& prefix) {
+  const auto dir = std::filesystem::temp_directory_path() /
+                   (prefix + "_" + std::to_string(getpid()) + "_" +
+                    ::testing::UnitTest::GetInstance()->current_test_info()->name());
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  return dir;
+}
 
 // A loopback port nothing listens on right now (the kernel's choice for port 0).
 inline int free_port() {

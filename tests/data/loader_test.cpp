@@ -6,6 +6,7 @@
 #include <set>
 
 #include "shardtrain/data.h"
+#include "support.h"
 
 namespace shardtrain {
 namespace {
@@ -14,12 +15,7 @@ namespace fs = std::filesystem;
 
 class LoaderTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() /
-           ("shardtrain_loader_" + std::to_string(getpid()) + "_" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::create_directories(dir_);
-  }
+  void SetUp() override { dir_ = testing::fresh_test_dir("shardtrain_loader"); }
   void TearDown() override { fs::remove_all(dir_); }
   std::string path(const std::string& name) const { return (dir_ / name).string(); }
 

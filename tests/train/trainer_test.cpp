@@ -19,11 +19,7 @@ namespace fs = std::filesystem;
 class TrainerTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = fs::temp_directory_path() /
-           ("shardtrain_trainer_" + std::to_string(getpid()) + "_" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
+    dir_ = testing::fresh_test_dir("shardtrain_trainer");
     std::ofstream corpus(dir_ / "corpus.txt");
     for (int i = 0; i < 200; ++i) {
       corpus << "the quick brown fox " << i % 7 << " jumps over the lazy dog number " << i % 11
