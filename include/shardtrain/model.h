@@ -57,6 +57,20 @@ std::vector<std::string> model_preset_names();
 // Throws std::invalid_argument naming the file and the missing or unsupported key.
 ModelConfig model_config_from_hf_json(const std::string& path);
 
+// Calls a module makes around the computation of its parts, so that a wrapper such as FSDP can
+// act just in time (gather a unit's parameters before it computes, free them after) without
+// replacing modules. `module` is the model itself or one of its hook_points().
+class ForwardHooks {
+ public:
+  virtual ~ForwardHooks() = default;
+  // Before `module` computes: in forward, and again in backward when activation checkpointing
+  // recomputes a block.
+  virtual void pre_forward(torch::nn::Module& module) = 0;
+  // After it computed `output`; returns the tensor the model continues with (the hook may
+  // register a gradient hook on it). Also called after a recomputation in backward.
+  virtual at::Tensor post_forward(torch::nn::Module& module, at::Tensor output) = 0;
+};
+
 // The decoder. forward(tokens [B, T] int64) -> logits [B, T, vocab] in the parameters' dtype.
 // T must not exceed context_length (throws naming both).
 class TransformerImpl : public torch::nn::Module {
@@ -75,6 +89,11 @@ class TransformerImpl : public torch::nn::Module {
   const ModelConfig& config() const { return config_; }
   // The transformer blocks, in order (the units FSDP wraps).
   torch::nn::ModuleList blocks() const { return blocks_; }
+  // The submodules forward reports to the hooks, in forward order: the blocks. Each is called
+  // exactly once per forward, and its parameters are used by no other part of the model.
+  std::vector<std::shared_ptr<torch::nn::Module>> hook_points() const;
+  // Installs (or, with null, removes) hooks around the whole forward and each hook point.
+  void set_forward_hooks(std::shared_ptr<ForwardHooks> hooks) { hooks_ = std::move(hooks); }
 
  private:
   ModelConfig config_;
@@ -85,6 +104,7 @@ class TransformerImpl : public torch::nn::Module {
   // base pointers so that this header needs no module headers. pos_emb_ is null in the Llama
   // family, lm_head_ when the head is tied to the token embedding.
   std::shared_ptr<torch::nn::Module> tok_emb_, pos_emb_, final_norm_, lm_head_;
+  std::shared_ptr<ForwardHooks> hooks_;
   // Rotary tables for the whole context (Llama), kept for the device and dtype last used so that
   // forward does not rebuild them and copy them to the device each call.
   at::Tensor rope_cos_, rope_sin_;

@@ -109,8 +109,15 @@ TransformerImpl::TransformerImpl(ModelConfig config) : config_(std::move(config)
   initialize(*this, config_);
 }
 
+std::vector<std::shared_ptr<torch::nn::Module>> TransformerImpl::hook_points() const {
+  return std::vector<std::shared_ptr<torch::nn::Module>>(blocks_->begin(), blocks_->end());
+}
+
 at::Tensor TransformerImpl::forward(const at::Tensor& tokens) {
   check_tokens(tokens, config_);
+  // Held for the call, so hooks removed meanwhile still see their post_forward.
+  const std::shared_ptr<ForwardHooks> hooks = hooks_;
+  if (hooks) hooks->pre_forward(*this);
   const int64_t length = tokens.size(1);
   const bool gpt2 = config_.family == ModelFamily::kGpt2;
   const double dropout = is_training() ? config_.dropout : 0.0;
@@ -143,10 +150,18 @@ at::Tensor TransformerImpl::forward(const at::Tensor& tokens) {
                              " is not a transformer block (was the ModuleList modified?)");
     }
     if (checkpoint) {
-      x = detail::checkpoint([block, ctx](const at::Tensor& in) { return block->forward(in, ctx); },
-                             x, block->parameters());
+      // The hooks go inside, so that the recomputation in backward finds the parameters too.
+      x = detail::checkpoint(
+          [block, ctx, hooks](const at::Tensor& in) {
+            if (hooks) hooks->pre_forward(*block);
+            at::Tensor out = block->forward(in, ctx);
+            return hooks ? hooks->post_forward(*block, out) : out;
+          },
+          x, block->parameters());
     } else {
+      if (hooks) hooks->pre_forward(*block);
       x = block->forward(x, ctx);
+      if (hooks) x = hooks->post_forward(*block, x);
     }
     ++index;
   }
@@ -157,7 +172,8 @@ at::Tensor TransformerImpl::forward(const at::Tensor& tokens) {
   } else {
     x = dynamic_cast<detail::RMSNormImpl&>(*final_norm_).forward(x);
   }
-  return at::linear(x, config_.tie_embeddings ? tok_weight : weight_of(lm_head_));
+  x = at::linear(x, config_.tie_embeddings ? tok_weight : weight_of(lm_head_));
+  return hooks ? hooks->post_forward(*this, x) : x;
 }
 
 }  // namespace shardtrain

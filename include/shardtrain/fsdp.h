@@ -1,0 +1,252 @@
+// Fully sharded data parallelism: each rank keeps 1/N of every unit's parameters, gradients and
+// optimizer state, and gathers a unit's full parameters only while it computes.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "shardtrain/dist.h"
+#include "shardtrain/mesh.h"
+#include "shardtrain/model.h"
+
+namespace torch::autograd {
+struct Node;
+}
+
+namespace shardtrain {
+
+// What is sharded, as PyTorch FSDP names it:
+// - kFullShard: parameters, gradients and optimizer state; parameters gathered for each unit's
+//   forward and again for its backward (ZeRO-3).
+// - kShardGradOp: gradients and optimizer state; parameters stay gathered from a unit's forward
+//   to the end of its backward (ZeRO-2 style).
+// - kNoShard: nothing; gradients all-reduced (DDP semantics).
+// - kHybridShard: kFullShard inside the mesh's dp_shard group, gradients all-reduced across the
+//   dp_replicate group.
+enum class ShardingStrategy { kFullShard, kShardGradOp, kNoShard, kHybridShard };
+// When the next unit's parameters are gathered during backward: when the current unit's
+// backward starts (kBackwardPre, most overlap, one more unit in memory), after its gradients are
+// reduced (kBackwardPost), or only when needed (kNone).
+enum class BackwardPrefetch { kBackwardPre, kBackwardPost, kNone };
+
+// Parses "full_shard", ..., and "backward_pre", ...; throws std::invalid_argument listing the
+// valid names.
+ShardingStrategy sharding_strategy_from_string(const std::string& name);
+BackwardPrefetch backward_prefetch_from_string(const std::string& name);
+std::string to_string(ShardingStrategy strategy);
+std::string to_string(BackwardPrefetch prefetch);
+
+// Which submodules become units. kBlocks: every transformer block (the model's hook points);
+// kSize: consecutive blocks grouped until each unit holds at least min_params parameters (a
+// last group below it joins the one before); kClassName: blocks whose class is one of
+// `class_names` ("Block", "GPT2Block", "LlamaDecoderLayer", ...). The parameters outside every
+// unit form the root unit. A policy that makes no unit is an error.
+struct WrapPolicy {
+  enum class Kind { kBlocks, kSize, kClassName };
+  static WrapPolicy blocks() { return {}; }
+  static WrapPolicy size(int64_t min_params) {
+    WrapPolicy p;
+    p.kind = Kind::kSize;
+    p.min_params = min_params;
+    return p;
+  }
+  static WrapPolicy class_name(std::vector<std::string> names) {
+    WrapPolicy p;
+    p.kind = Kind::kClassName;
+    p.class_names = std::move(names);
+    return p;
+  }
+  Kind kind = Kind::kBlocks;
+  int64_t min_params = 100000000;
+  std::vector<std::string> class_names;
+};
+
+// Dtypes of the gathered parameters the model computes with, of gradient reduction, and of
+// buffers. The optimizer always updates an fp32 master shard.
+struct MixedPrecision {
+  MixedPrecision& param_dtype(at::ScalarType value) {
+    param_dtype_ = value;
+    return *this;
+  }
+  MixedPrecision& reduce_dtype(at::ScalarType value) {
+    reduce_dtype_ = value;
+    return *this;
+  }
+  MixedPrecision& buffer_dtype(at::ScalarType value) {
+    buffer_dtype_ = value;
+    return *this;
+  }
+  at::ScalarType param_dtype_ = at::kFloat;
+  at::ScalarType reduce_dtype_ = at::kFloat;
+  at::ScalarType buffer_dtype_ = at::kFloat;
+};
+
+struct FSDPOptions {
+  FSDPOptions& sharding(ShardingStrategy value) {
+    sharding_ = value;
+    return *this;
+  }
+  FSDPOptions& wrap(WrapPolicy value) {
+    wrap_ = std::move(value);
+    return *this;
+  }
+  FSDPOptions& backward_prefetch(BackwardPrefetch value) {
+    backward_prefetch_ = value;
+    return *this;
+  }
+  // Gather the next unit while the current one computes its forward.
+  FSDPOptions& forward_prefetch(bool value) {
+    forward_prefetch_ = value;
+    return *this;
+  }
+  // At most this many units (besides the root) gathered or being gathered at once: a prefetch
+  // that would exceed it is not issued, so prefetching cannot grow memory beyond it. >= 1.
+  // (kShardGradOp keeps every unit gathered through backward by design and ignores it.)
+  FSDPOptions& limit_all_gathers(int value) {
+    limit_all_gathers_ = value;
+    return *this;
+  }
+  FSDPOptions& mixed_precision(MixedPrecision value) {
+    mixed_precision_ = value;
+    return *this;
+  }
+  // Keeps the parameter and gradient shards and the optimizer state in host memory and steps
+  // there. On a CPU-only machine the shards already live in host memory, so this changes
+  // placement only for CUDA modules.
+  FSDPOptions& cpu_offload(bool value) {
+    cpu_offload_ = value;
+    return *this;
+  }
+  // Make every rank start from rank 0's parameters and buffers (a broadcast at construction).
+  FSDPOptions& sync_module_states(bool value) {
+    sync_module_states_ = value;
+    return *this;
+  }
+
+  ShardingStrategy sharding_ = ShardingStrategy::kFullShard;
+  WrapPolicy wrap_ = WrapPolicy::blocks();
+  BackwardPrefetch backward_prefetch_ = BackwardPrefetch::kBackwardPre;
+  bool forward_prefetch_ = false;
+  int limit_all_gathers_ = 2;
+  MixedPrecision mixed_precision_;
+  bool cpu_offload_ = false;
+  bool sync_module_states_ = true;
+};
+
+// One contiguous piece of this rank's shard: elements [offset, offset + numel) of the
+// row-major flattening of parameter `name`. `param` is a leaf view into the fp32 master shard
+// and its .grad() a view into the gradient shard: give these to the optimizer.
+struct ShardSegment {
+  std::string name;
+  std::vector<int64_t> shape;  // the full parameter's
+  int64_t offset = 0;
+  at::Tensor param;
+  int unit = 0;              // which flat parameter
+  int64_t shard_offset = 0;  // where the piece starts in this rank's shard of it
+};
+
+// Bytes this rank holds, for the progress line and metrics.
+struct FSDPMemory {
+  int64_t param_shards = 0;     // fp32 master shards (+ their param_dtype copies)
+  int64_t grad_shards = 0;      // fp32 gradient shards
+  int64_t gathered = 0;         // full parameters gathered right now
+  int64_t gathered_peak = 0;    // most gathered at once since reset_peak()
+  int64_t largest_unit = 0;     // bytes of the largest gathered non-root unit
+  int64_t root_unit = 0;        // bytes of the gathered root unit
+};
+
+class FullyShardedDataParallel {
+ public:
+  // Collective over the mesh's data-parallel ranks (dp_replicate x dp_shard; kFullShard and
+  // kShardGradOp need dp_replicate = 1, kNoShard dp_shard = 1, kHybridShard both > 1). Builds
+  // one flat parameter per unit, keeps this rank's shard as fp32 master, and installs forward
+  // hooks on the model and gradient hooks on its parameters. The model is shared: call its
+  // forward as usual; afterwards its parameters are views into gathered buffers that exist only
+  // while a unit computes. Throws std::invalid_argument for a mesh that does not fit the
+  // strategy or a wrap policy that matches nothing.
+  FullyShardedDataParallel(Transformer model, const DeviceMesh& mesh, FSDPOptions options = {});
+  ~FullyShardedDataParallel();
+  FullyShardedDataParallel(const FullyShardedDataParallel&) = delete;
+  FullyShardedDataParallel& operator=(const FullyShardedDataParallel&) = delete;
+
+  // The optimizer's parameters: this rank's pieces of every parameter.
+  const std::vector<ShardSegment>& segments() const { return segments_; }
+  // Zeroes the gradient shards (before the first micro-batch of a step). Backward passes add
+  // into them: after each backward returns, every rank holds its shard of the gradient averaged
+  // over the data-parallel ranks, summed over the backward passes since zero_grad.
+  void zero_grad();
+  // Global L2 norm of the gradient (fp64, across the shards); with max_norm > 0 scales the
+  // shards so it is at most max_norm. Collective.
+  double clip_grad_norm(double max_norm);
+  // True when every rank's gradient shard is finite. Collective.
+  bool grads_finite();
+  // Divides the gradient shards by `scale` (loss scaling).
+  void unscale(double scale);
+  // After the optimizer changed the master shards: gathered copies are stale and dropped.
+  void after_optimizer_step();
+  // The full value of every parameter, gathered (collective; for checkpoints and tests).
+  std::vector<std::pair<std::string, at::Tensor>> full_parameters();
+  // The full tensors of a per-segment state (e.g. an optimizer moment), gathered like the
+  // parameters: `state_of(segment_index)` returns the segment's piece (fp32, segment numel).
+  std::vector<std::pair<std::string, at::Tensor>> full_state(
+      const std::function<at::Tensor(size_t)>& state_of);
+  // Names and unit of every parameter: the units in forward order, the root last.
+  std::vector<std::vector<std::string>> unit_layout() const;
+  FSDPMemory memory() const;
+  void reset_peak();
+  const FSDPOptions& options() const { return options_; }
+
+ private:
+  struct Unit;
+  class Hooks;
+  struct HookPoint {
+    int unit = 0;
+    bool first = false;  // the unit's first block in forward order
+    bool last = false;
+  };
+  void install_hooks();
+  bool reshard_after_forward() const;
+  void pre_forward(torch::nn::Module& module);
+  at::Tensor post_forward(torch::nn::Module& module, at::Tensor output);
+  void start_backward();
+  void pre_backward(Unit& unit);
+  void gather(Unit& unit, bool wait);
+  void release(Unit& unit);
+  void wait_gathered(Unit& unit);
+  void prefetch(int index);
+  void reduce(Unit& unit);
+  void finish_backward();
+  int64_t gathered_units() const;
+  // Gathers a unit's fp32 flat parameter (or a per-segment state) and splits it per parameter.
+  void split_full(const Unit& unit, const at::Tensor& shard,
+                  std::vector<std::pair<std::string, at::Tensor>>& out);
+
+  Transformer model_;
+  FSDPOptions options_;
+  std::shared_ptr<ProcessGroup> shard_group_;      // null when dp_shard = 1
+  std::shared_ptr<ProcessGroup> replicate_group_;  // null when dp_replicate = 1
+  std::shared_ptr<ProcessGroup> dp_group_;
+  int shard_rank_ = 0, shard_size_ = 1;
+  std::vector<std::unique_ptr<Unit>> units_;  // forward order; the root last
+  std::vector<ShardSegment> segments_;
+  std::shared_ptr<Hooks> hooks_;
+  std::map<const torch::nn::Module*, HookPoint> hook_points_;
+  std::set<const torch::nn::Module*> ran_;  // hook points run in the current forward
+  std::vector<std::pair<std::shared_ptr<torch::autograd::Node>, void*>> grad_hooks_;
+  enum class Phase { kIdle, kForward, kBackward } phase_ = Phase::kIdle;
+  int64_t gathered_bytes_ = 0;
+  int64_t gathered_peak_ = 0;
+};
+
+// PyTorch's spelling: shards `model` over the mesh's data-parallel ranks.
+std::unique_ptr<FullyShardedDataParallel> fully_shard(Transformer model, const DeviceMesh& mesh,
+                                                      FSDPOptions options = {});
+
+}  // namespace shardtrain

@@ -1,0 +1,396 @@
+// FSDP construction: units from the wrap policy, flat parameters and their shards, and the
+// gathering and releasing of a unit's full parameters.
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/utils/lambda_post_hook.h>
+#include <torch/csrc/autograd/variable.h>
+
+#include <algorithm>
+#include <map>
+#include <sstream>
+#include <stdexcept>
+
+#include "parallel/fsdp/unit.h"
+
+namespace shardtrain {
+namespace {
+
+// Names the blocks answer to, as users of PyTorch and accelerate write them.
+std::vector<std::string> class_aliases(const torch::nn::Module& module) {
+  const std::string name = module.name();
+  std::vector<std::string> aliases{name, "Block", "TransformerBlock"};
+  if (name.find("Gpt2Block") != std::string::npos) {
+    aliases.insert(aliases.end(), {"GPT2Block", "Gpt2Block"});
+  }
+  if (name.find("LlamaBlock") != std::string::npos) {
+    aliases.insert(aliases.end(), {"LlamaDecoderLayer", "LlamaBlock"});
+  }
+  return aliases;
+}
+
+int64_t parameter_count(const torch::nn::Module& module) {
+  int64_t total = 0;
+  for (const auto& p : module.parameters()) total += p.numel();
+  return total;
+}
+
+// Groups of hook points (indices), one per unit, as the policy decides.
+std::vector<std::vector<size_t>> plan_units(
+    const std::vector<std::shared_ptr<torch::nn::Module>>& points, const WrapPolicy& policy) {
+  std::vector<std::vector<size_t>> groups;
+  switch (policy.kind) {
+    case WrapPolicy::Kind::kBlocks:
+      for (size_t i = 0; i < points.size(); ++i) groups.push_back({i});
+      break;
+    case WrapPolicy::Kind::kClassName: {
+      for (size_t i = 0; i < points.size(); ++i) {
+        const auto aliases = class_aliases(*points[i]);
+        for (const auto& wanted : policy.class_names) {
+          if (std::find(aliases.begin(), aliases.end(), wanted) != aliases.end()) {
+            groups.push_back({i});
+            break;
+          }
+        }
+      }
+      if (groups.empty()) {
+        std::ostringstream msg;
+        msg << "FSDP wrap policy: no module of the model has class";
+        for (const auto& n : policy.class_names) msg << " '" << n << "'";
+        msg << "; its blocks are "
+            << (points.empty() ? std::string("none") : class_aliases(*points[0])[0]);
+        throw std::invalid_argument(msg.str());
+      }
+      break;
+    }
+    case WrapPolicy::Kind::kSize: {
+      if (policy.min_params <= 0) {
+        throw std::invalid_argument("FSDP wrap policy: min_params must be positive, got " +
+                                    std::to_string(policy.min_params));
+      }
+      std::vector<size_t> current;
+      int64_t count = 0;
+      for (size_t i = 0; i < points.size(); ++i) {
+        current.push_back(i);
+        count += parameter_count(*points[i]);
+        if (count >= policy.min_params) {
+          groups.push_back(current);
+          current.clear();
+          count = 0;
+        }
+      }
+      if (groups.empty()) {
+        throw std::invalid_argument(
+            "FSDP wrap policy: no group of blocks reaches min_params = " +
+            std::to_string(policy.min_params) + " (all blocks together have " +
+            std::to_string(count) + "); lower parallel.fsdp.min_params or wrap by block");
+      }
+      // Blocks left below the minimum join the last unit.
+      groups.back().insert(groups.back().end(), current.begin(), current.end());
+      break;
+    }
+  }
+  if (groups.empty()) {
+    throw std::invalid_argument("FSDP wrap policy matched no module: the model has no blocks");
+  }
+  return groups;
+}
+
+}  // namespace
+
+namespace detail {
+
+void release_storage(const at::Tensor& tensor) {
+  c10::StorageImpl* storage = tensor.storage().unsafeGetStorageImpl();
+  storage->set_data_ptr_noswap(at::DataPtr(nullptr, storage->device()));
+  storage->set_nbytes(0);
+}
+
+void restore_storage(const at::Tensor& tensor, int64_t nbytes) {
+  c10::StorageImpl* storage = tensor.storage().unsafeGetStorageImpl();
+  storage->set_data_ptr_noswap(storage->allocator()->allocate(static_cast<size_t>(nbytes)));
+  storage->set_nbytes(static_cast<size_t>(nbytes));
+}
+
+}  // namespace detail
+
+ShardingStrategy sharding_strategy_from_string(const std::string& name) {
+  if (name == "full_shard") return ShardingStrategy::kFullShard;
+  if (name == "shard_grad_op") return ShardingStrategy::kShardGradOp;
+  if (name == "no_shard") return ShardingStrategy::kNoShard;
+  if (name == "hybrid_shard") return ShardingStrategy::kHybridShard;
+  throw std::invalid_argument("unknown FSDP sharding strategy '" + name +
+                              "' (expected full_shard, shard_grad_op, no_shard or hybrid_shard)");
+}
+
+BackwardPrefetch backward_prefetch_from_string(const std::string& name) {
+  if (name == "backward_pre") return BackwardPrefetch::kBackwardPre;
+  if (name == "backward_post") return BackwardPrefetch::kBackwardPost;
+  if (name == "none") return BackwardPrefetch::kNone;
+  throw std::invalid_argument("unknown FSDP backward prefetch '" + name +
+                              "' (expected backward_pre, backward_post or none)");
+}
+
+std::string to_string(ShardingStrategy strategy) {
+  switch (strategy) {
+    case ShardingStrategy::kFullShard: return "full_shard";
+    case ShardingStrategy::kShardGradOp: return "shard_grad_op";
+    case ShardingStrategy::kNoShard: return "no_shard";
+    case ShardingStrategy::kHybridShard: return "hybrid_shard";
+  }
+  return "?";
+}
+
+std::string to_string(BackwardPrefetch prefetch) {
+  switch (prefetch) {
+    case BackwardPrefetch::kBackwardPre: return "backward_pre";
+    case BackwardPrefetch::kBackwardPost: return "backward_post";
+    case BackwardPrefetch::kNone: return "none";
+  }
+  return "?";
+}
+
+FullyShardedDataParallel::FullyShardedDataParallel(Transformer model, const DeviceMesh& mesh,
+                                                   FSDPOptions options)
+    : model_(std::move(model)), options_(std::move(options)) {
+  const auto strategy = options_.sharding_;
+  const int replicate = mesh.size(MeshAxis::kDpReplicate);
+  const int shard = mesh.size(MeshAxis::kDpShard);
+  if (mesh.size(MeshAxis::kTp) != 1 || mesh.size(MeshAxis::kPp) != 1) {
+    throw std::invalid_argument("FSDP shards over data-parallel ranks only; the mesh has tp=" +
+                                std::to_string(mesh.size(MeshAxis::kTp)) + " pp=" +
+                                std::to_string(mesh.size(MeshAxis::kPp)));
+  }
+  if (options_.limit_all_gathers_ < 1) {
+    throw std::invalid_argument("FSDP limit_all_gathers must be at least 1, got " +
+                                std::to_string(options_.limit_all_gathers_));
+  }
+  dp_group_ = mesh.dp_ptr();
+  if (strategy == ShardingStrategy::kHybridShard) {
+    if (replicate < 2 || shard < 2) {
+      throw std::invalid_argument(
+          "hybrid_shard needs a 2-D mesh with dp_replicate > 1 and dp_shard > 1, got "
+          "dp_replicate=" + std::to_string(replicate) + " x dp_shard=" + std::to_string(shard));
+    }
+    shard_group_ = mesh.group_ptr(MeshAxis::kDpShard);
+    replicate_group_ = mesh.group_ptr(MeshAxis::kDpReplicate);
+  } else if (strategy == ShardingStrategy::kNoShard) {
+    if (dp_group_->size() > 1) replicate_group_ = dp_group_;
+  } else {
+    if (replicate != 1) {
+      throw std::invalid_argument(to_string(strategy) +
+                                  " shards over every data-parallel rank, but the mesh has "
+                                  "dp_replicate=" + std::to_string(replicate) +
+                                  "; use hybrid_shard for a 2-D mesh");
+    }
+    if (dp_group_->size() > 1) shard_group_ = dp_group_;
+  }
+  if (shard_group_) {
+    shard_rank_ = shard_group_->rank();
+    shard_size_ = shard_group_->size();
+  }
+
+  // Units: the policy's groups of blocks in forward order, then the root with the rest.
+  const auto points = model_->hook_points();
+  for (size_t i = 0; i < points.size(); ++i) {
+    for (size_t j = 0; j < i; ++j) {
+      if (points[i] == points[j]) {
+        throw std::invalid_argument(
+            "FSDP: blocks." + std::to_string(j) + " and blocks." + std::to_string(i) +
+            " are the same module; a unit used twice in one forward is not supported (its "
+            "parameters are freed after its first use)");
+      }
+    }
+  }
+  const auto groups = plan_units(points, options_.wrap_);
+  std::map<const at::TensorImpl*, std::string> names;
+  for (const auto& item : model_->named_parameters()) {
+    names[item.value().unsafeGetTensorImpl()] = item.key();
+  }
+  std::map<const at::TensorImpl*, int> owner;
+  auto add_params = [&](Unit& unit, const std::vector<at::Tensor>& params) {
+    for (const auto& p : params) {
+      auto [it, fresh] = owner.emplace(p.unsafeGetTensorImpl(), unit.index);
+      if (!fresh) {
+        throw std::invalid_argument("FSDP: parameter '" + names[p.unsafeGetTensorImpl()] +
+                                    "' belongs to two units (" + units_[it->second]->name +
+                                    " and " + unit.name + ")");
+      }
+      unit.params.push_back(p);
+      unit.names.push_back(names[p.unsafeGetTensorImpl()]);
+    }
+  };
+  for (const auto& group : groups) {
+    auto unit = std::make_unique<Unit>();
+    unit->index = static_cast<int>(units_.size());
+    unit->name = "blocks." + std::to_string(group.front()) +
+                 (group.size() > 1 ? "-" + std::to_string(group.back()) : "");
+    for (size_t i : group) unit->modules.push_back(points[i].get());
+    units_.push_back(std::move(unit));
+    for (size_t i : group) add_params(*units_.back(), points[i]->parameters());
+  }
+  {
+    auto root = std::make_unique<Unit>();
+    root->index = static_cast<int>(units_.size());
+    root->name = "root";
+    root->root = true;
+    units_.push_back(std::move(root));
+    std::vector<at::Tensor> rest;
+    for (const auto& p : model_->parameters()) {
+      if (!owner.count(p.unsafeGetTensorImpl())) rest.push_back(p);
+    }
+    add_params(*units_.back(), rest);
+  }
+
+  torch::NoGradGuard no_grad;
+  if (options_.sync_module_states_ && dp_group_->size() > 1) {
+    std::vector<WorkHandle> pending;
+    for (auto& p : model_->parameters()) pending.push_back(dp_group_->broadcast(p.data(), 0));
+    for (auto& b : model_->buffers()) pending.push_back(dp_group_->broadcast(b, 0));
+    for (auto& w : pending) w->wait();
+  }
+  const at::ScalarType param_dtype = options_.mixed_precision_.param_dtype_;
+  for (auto& b : model_->buffers()) b.set_data(b.to(options_.mixed_precision_.buffer_dtype_));
+
+  for (auto& unit_ptr : units_) {
+    Unit& unit = *unit_ptr;
+    std::vector<at::Tensor> pieces;
+    for (const auto& p : unit.params) {
+      unit.offsets.push_back(unit.numel);
+      unit.shapes.push_back(p.sizes().vec());
+      unit.numel += p.numel();
+      pieces.push_back(p.detach().reshape({-1}).to(at::kFloat));
+    }
+    unit.padded = (unit.numel + shard_size_ - 1) / shard_size_ * shard_size_;
+    unit.shard_numel = unit.padded / shard_size_;
+    pieces.push_back(at::zeros({unit.padded - unit.numel}, at::kFloat));
+    const at::Tensor flat = at::cat(pieces);
+    const at::TensorOptions options = unit.params.empty() ? at::TensorOptions(at::kFloat)
+                                                          : unit.params.front().options();
+    unit.master = flat.narrow(0, shard_rank_ * unit.shard_numel, unit.shard_numel)
+                      .clone()
+                      .to(options.dtype(at::kFloat));
+    unit.wire = param_dtype == at::kFloat ? unit.master : unit.master.to(param_dtype);
+    unit.grad_shard = at::zeros_like(unit.master);
+    unit.aliased = shard_size_ == 1 && param_dtype == at::kFloat;
+    unit.full = unit.aliased ? unit.master : at::empty({unit.padded}, options.dtype(param_dtype));
+    if (!unit.aliased) unit.full.copy_(flat);
+    // The module's parameters become views into the flat buffer, in the compute dtype.
+    for (size_t k = 0; k < unit.params.size(); ++k) {
+      at::Tensor& p = unit.params[k];
+      if (p.scalar_type() != param_dtype) p.set_data(at::empty({0}, options.dtype(param_dtype)));
+      p.set_(unit.full.storage(), unit.offsets[k], unit.shapes[k],
+             c10::contiguous_strides(unit.shapes[k]));
+      p.mutable_grad() = at::Tensor();
+    }
+    unit.gathered = !unit.aliased;
+    if (unit.gathered) gathered_bytes_ += unit.full_bytes();
+    release(unit);  // start sharded
+
+    // The optimizer's pieces: where each parameter meets this rank's shard.
+    const int64_t begin = shard_rank_ * unit.shard_numel;
+    const int64_t end = begin + unit.shard_numel;
+    for (size_t k = 0; k < unit.params.size(); ++k) {
+      const int64_t lo = std::max(begin, unit.offsets[k]);
+      const int64_t hi = std::min(end, unit.offsets[k] + unit.params[k].numel());
+      if (lo >= hi) continue;
+      ShardSegment segment;
+      segment.name = unit.names[k];
+      segment.shape = unit.shapes[k];
+      segment.offset = lo - unit.offsets[k];
+      segment.unit = unit.index;
+      segment.shard_offset = lo - begin;
+      segment.param = unit.master.narrow(0, lo - begin, hi - lo);
+      segment.param.requires_grad_(true);
+      segment.param.mutable_grad() = unit.grad_shard.narrow(0, lo - begin, hi - lo);
+      segments_.push_back(std::move(segment));
+    }
+
+    unit.ready_flags.assign(unit.params.size(), false);
+    for (size_t k = 0; k < unit.params.size(); ++k) {
+      auto accumulator = torch::autograd::impl::grad_accumulator(unit.params[k]);
+      Unit* target = &unit;
+      accumulator->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(
+          [this, target, k](const torch::autograd::variable_list& outputs,
+                            const torch::autograd::variable_list&) {
+            if (!target->ready_flags[k]) {
+              target->ready_flags[k] = true;
+              if (++target->ready == target->params.size()) reduce(*target);
+            }
+            return outputs;
+          }));
+      grad_hooks_.push_back({accumulator, accumulator->post_hooks().back().get()});
+    }
+  }
+  install_hooks();
+}
+
+FullyShardedDataParallel::~FullyShardedDataParallel() {
+  model_->set_forward_hooks(nullptr);
+  for (auto& [accumulator, hook] : grad_hooks_) {
+    auto& hooks = accumulator->post_hooks();
+    hooks.erase(std::remove_if(hooks.begin(), hooks.end(),
+                               [hook = hook](const auto& h) { return h.get() == hook; }),
+                hooks.end());
+  }
+  for (auto& unit : units_) {
+    try {
+      if (unit->gather_work) unit->gather_work->wait();
+      for (auto& pending : unit->pending) {
+        if (pending.scatter) pending.scatter->wait();
+        if (pending.replicate) pending.replicate->wait();
+      }
+    } catch (const std::exception&) {
+      // the group failed; nothing to hand back from a destructor
+    }
+  }
+}
+
+std::unique_ptr<FullyShardedDataParallel> fully_shard(Transformer model, const DeviceMesh& mesh,
+                                                      FSDPOptions options) {
+  return std::make_unique<FullyShardedDataParallel>(std::move(model), mesh, std::move(options));
+}
+
+void FullyShardedDataParallel::gather(Unit& unit, bool wait) {
+  if (!unit.aliased && !unit.gathered) {
+    detail::restore_storage(unit.full, unit.full_bytes());
+    if (shard_group_) {
+      unit.gather_work = shard_group_->all_gather(unit.wire, unit.full);
+    } else {
+      unit.full.copy_(unit.wire);
+    }
+    unit.gathered = true;
+    gathered_bytes_ += unit.full_bytes();
+    gathered_peak_ = std::max(gathered_peak_, gathered_bytes_);
+  }
+  if (wait) wait_gathered(unit);
+}
+
+void FullyShardedDataParallel::wait_gathered(Unit& unit) {
+  if (unit.gather_work) {
+    unit.gather_work->wait();
+    unit.gather_work.reset();
+  }
+}
+
+void FullyShardedDataParallel::release(Unit& unit) {
+  if (unit.aliased || !unit.gathered) return;
+  wait_gathered(unit);  // the collective still writes into the memory
+  detail::release_storage(unit.full);
+  unit.gathered = false;
+  gathered_bytes_ -= unit.full_bytes();
+}
+
+int64_t FullyShardedDataParallel::gathered_units() const {
+  int64_t count = 0;
+  for (const auto& unit : units_) count += (!unit->root && unit->gathered) ? 1 : 0;
+  return count;
+}
+
+void FullyShardedDataParallel::prefetch(int index) {
+  if (index < 0 || index >= static_cast<int>(units_.size())) return;
+  Unit& unit = *units_[index];
+  if (unit.root || unit.gathered || unit.aliased) return;
+  if (gathered_units() >= options_.limit_all_gathers_) return;
+  gather(unit, /*wait=*/false);
+}
+
+}  // namespace shardtrain

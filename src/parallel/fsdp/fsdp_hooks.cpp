@@ -1,0 +1,167 @@
+// FSDP during forward and backward: gather a unit just before it computes, release it after,
+// gather it again for its backward, and reduce its gradients as soon as they are complete.
+#include <torch/csrc/autograd/engine.h>
+
+#include <stdexcept>
+
+#include "parallel/fsdp/unit.h"
+
+namespace shardtrain {
+
+// The model reports its blocks and itself; the root is the model.
+class FullyShardedDataParallel::Hooks : public ForwardHooks {
+ public:
+  explicit Hooks(FullyShardedDataParallel& fsdp) : fsdp_(fsdp) {}
+  void pre_forward(torch::nn::Module& module) override { fsdp_.pre_forward(module); }
+  at::Tensor post_forward(torch::nn::Module& module, at::Tensor output) override {
+    return fsdp_.post_forward(module, std::move(output));
+  }
+
+ private:
+  FullyShardedDataParallel& fsdp_;
+};
+
+void FullyShardedDataParallel::install_hooks() {
+  for (auto& unit : units_) {
+    for (size_t m = 0; m < unit->modules.size(); ++m) {
+      hook_points_[unit->modules[m]] = {unit->index, m == 0, m + 1 == unit->modules.size()};
+    }
+  }
+  hooks_ = std::make_shared<Hooks>(*this);
+  model_->set_forward_hooks(hooks_);
+}
+
+bool FullyShardedDataParallel::reshard_after_forward() const {
+  return options_.sharding_ == ShardingStrategy::kFullShard ||
+         options_.sharding_ == ShardingStrategy::kHybridShard;
+}
+
+void FullyShardedDataParallel::pre_forward(torch::nn::Module& module) {
+  Unit& root = *units_.back();
+  if (&module == model_.get()) {
+    phase_ = Phase::kForward;
+    ran_.clear();
+    // The root's parameters (embeddings, final norm, head) are used at both ends of forward
+    // and first in backward: it stays gathered until the backward ends.
+    gather(root, /*wait=*/true);
+    if (options_.forward_prefetch_) prefetch(0);
+    return;
+  }
+  const auto point = hook_points_.find(&module);
+  if (point == hook_points_.end()) {
+    throw std::logic_error("FSDP: a module outside the model's hook points reported a forward");
+  }
+  Unit& unit = *units_[point->second.unit];
+  if (phase_ == Phase::kBackward) {
+    // Activation checkpointing recomputes the block: this is the start of its backward.
+    pre_backward(unit);
+    return;
+  }
+  if (!ran_.insert(&module).second) {
+    throw std::logic_error(
+        "FSDP: unit " + unit.name + " ran twice in one forward; full_shard frees a unit's "
+        "parameters after its forward, so a module called twice needs a wrap policy that puts it "
+        "in the root unit, or sharding shard_grad_op / no_shard");
+  }
+  gather(unit, /*wait=*/true);
+  if (options_.forward_prefetch_ && point->second.last) prefetch(unit.index + 1);
+}
+
+at::Tensor FullyShardedDataParallel::post_forward(torch::nn::Module& module, at::Tensor output) {
+  if (&module == model_.get()) {
+    if (!output.requires_grad()) {
+      // No backward will follow (evaluation, generation): nothing stays gathered.
+      for (auto& unit : units_) release(*unit);
+      phase_ = Phase::kIdle;
+      return output;
+    }
+    output.register_hook([this](const at::Tensor&) { start_backward(); });
+    return output;
+  }
+  if (phase_ == Phase::kBackward) return output;  // a recomputation: backward needs the unit
+  const auto& point = hook_points_.at(&module);
+  if (!point.last) return output;
+  Unit& unit = *units_[point.unit];
+  if (reshard_after_forward()) release(unit);
+  if (output.requires_grad()) {
+    Unit* target = &unit;
+    output.register_hook([this, target](const at::Tensor&) { pre_backward(*target); });
+  }
+  return output;
+}
+
+void FullyShardedDataParallel::start_backward() {
+  if (phase_ == Phase::kBackward) return;
+  phase_ = Phase::kBackward;
+  // Queued from the outer backward (the gradient of the model's output), so it runs when the
+  // whole backward is done, after the nested ones activation checkpointing starts.
+  torch::autograd::Engine::get_default_engine().queue_callback([this] { finish_backward(); });
+  units_.back()->in_backward = true;
+  if (options_.backward_prefetch_ == BackwardPrefetch::kBackwardPre) {
+    prefetch(static_cast<int>(units_.size()) - 2);
+  }
+}
+
+void FullyShardedDataParallel::pre_backward(Unit& unit) {
+  if (unit.in_backward) {
+    wait_gathered(unit);
+    return;
+  }
+  unit.in_backward = true;
+  gather(unit, /*wait=*/true);
+  if (options_.backward_prefetch_ == BackwardPrefetch::kBackwardPre) prefetch(unit.index - 1);
+}
+
+void FullyShardedDataParallel::reduce(Unit& unit) {
+  if (unit.reduced) return;
+  unit.reduced = true;
+  const at::ScalarType reduce_dtype = options_.mixed_precision_.reduce_dtype_;
+  at::Tensor flat = at::zeros({unit.padded}, unit.master.options().dtype(reduce_dtype));
+  for (size_t k = 0; k < unit.params.size(); ++k) {
+    at::Tensor& grad = unit.params[k].mutable_grad();
+    if (grad.defined()) {
+      flat.narrow(0, unit.offsets[k], grad.numel()).copy_(grad.reshape({-1}));
+      grad = at::Tensor();  // the full gradient is not kept
+    }
+  }
+  Unit::PendingReduce pending;
+  if (shard_group_) {
+    pending.output = at::empty({unit.shard_numel}, flat.options());
+    pending.scatter = shard_group_->reduce_scatter(flat, pending.output, ReduceOp::kAvg);
+  } else {
+    pending.output = flat;
+  }
+  unit.pending.push_back(std::move(pending));
+  // Backward is done with this unit's parameters.
+  if (!unit.aliased && shard_group_) release(unit);
+  if (options_.backward_prefetch_ == BackwardPrefetch::kBackwardPost) prefetch(unit.index - 1);
+}
+
+void FullyShardedDataParallel::finish_backward() {
+  // Units whose parameters got no gradient (unused in this pass) still take part, with zeros,
+  // so that every rank issues the same collectives.
+  for (auto it = units_.rbegin(); it != units_.rend(); ++it) reduce(**it);
+  for (auto& unit : units_) {
+    for (auto& pending : unit->pending) {
+      if (pending.scatter) pending.scatter->wait();
+      if (replicate_group_) {
+        pending.replicate = replicate_group_->all_reduce(pending.output, ReduceOp::kAvg);
+      }
+    }
+  }
+  for (auto& unit : units_) {
+    for (auto& pending : unit->pending) {
+      if (pending.replicate) pending.replicate->wait();
+      unit->grad_shard.add_(pending.output.narrow(0, 0, unit->shard_numel));
+    }
+    unit->pending.clear();
+    unit->in_backward = false;
+    unit->reduced = false;
+    unit->ready = 0;
+    unit->ready_flags.assign(unit->params.size(), false);
+    release(*unit);
+  }
+  phase_ = Phase::kIdle;
+}
+
+}  // namespace shardtrain

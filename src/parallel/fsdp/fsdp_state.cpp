@@ -1,0 +1,110 @@
+// FSDP between backward passes: what the optimizer sees (the shards), gradient clipping and
+// loss scaling over shards, full tensors for checkpoints, and memory accounting.
+#include <cmath>
+
+#include "parallel/fsdp/unit.h"
+
+namespace shardtrain {
+
+void FullyShardedDataParallel::zero_grad() {
+  for (auto& unit : units_) unit->grad_shard.zero_();
+}
+
+double FullyShardedDataParallel::clip_grad_norm(double max_norm) {
+  at::Tensor squares = at::zeros({}, at::kDouble);
+  for (auto& unit : units_) squares += unit->grad_shard.to(at::kDouble).pow(2).sum();
+  // Shards are disjoint inside the shard group and identical across replicas.
+  if (shard_group_) shard_group_->all_reduce(squares, ReduceOp::kSum)->wait();
+  const double norm = std::sqrt(squares.item<double>());
+  if (max_norm > 0 && norm > max_norm) {
+    const double factor = max_norm / (norm + 1e-6);
+    for (auto& unit : units_) unit->grad_shard.mul_(factor);
+  }
+  return norm;
+}
+
+bool FullyShardedDataParallel::grads_finite() {
+  bool finite = true;
+  for (auto& unit : units_) finite = finite && unit->grad_shard.isfinite().all().item<bool>();
+  at::Tensor bad = at::tensor(finite ? 0.0 : 1.0, at::kDouble);
+  if (dp_group_->size() > 1) dp_group_->all_reduce(bad, ReduceOp::kMax)->wait();
+  return bad.item<double>() == 0.0;
+}
+
+void FullyShardedDataParallel::unscale(double scale) {
+  for (auto& unit : units_) unit->grad_shard.div_(scale);
+}
+
+void FullyShardedDataParallel::after_optimizer_step() {
+  for (auto& unit : units_) {
+    release(*unit);
+    if (!unit->wire.is_same(unit->master)) unit->wire.copy_(unit->master);
+  }
+}
+
+void FullyShardedDataParallel::split_full(
+    const Unit& unit, const at::Tensor& shard,
+    std::vector<std::pair<std::string, at::Tensor>>& out) {
+  at::Tensor full = shard;
+  if (shard_group_) {
+    full = at::empty({unit.padded}, shard.options());
+    shard_group_->all_gather(shard.contiguous(), full)->wait();
+  }
+  for (size_t k = 0; k < unit.params.size(); ++k) {
+    int64_t numel = 1;
+    for (int64_t d : unit.shapes[k]) numel *= d;
+    out.emplace_back(unit.names[k],
+                     full.narrow(0, unit.offsets[k], numel).view(unit.shapes[k]).clone());
+  }
+}
+
+std::vector<std::pair<std::string, at::Tensor>> FullyShardedDataParallel::full_parameters() {
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  for (auto& unit : units_) split_full(*unit, unit->master, out);
+  return out;
+}
+
+std::vector<std::pair<std::string, at::Tensor>> FullyShardedDataParallel::full_state(
+    const std::function<at::Tensor(size_t)>& state_of) {
+  std::vector<at::Tensor> shards;
+  for (auto& unit : units_) shards.push_back(at::zeros_like(unit->master));
+  for (size_t i = 0; i < segments_.size(); ++i) {
+    const ShardSegment& segment = segments_[i];
+    const at::Tensor piece = state_of(i);
+    if (piece.defined()) {
+      shards[segment.unit].narrow(0, segment.shard_offset, segment.param.numel()).copy_(piece);
+    }
+  }
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  for (size_t u = 0; u < units_.size(); ++u) split_full(*units_[u], shards[u], out);
+  return out;
+}
+
+std::vector<std::vector<std::string>> FullyShardedDataParallel::unit_layout() const {
+  std::vector<std::vector<std::string>> layout;
+  for (const auto& unit : units_) layout.push_back(unit->names);
+  return layout;
+}
+
+FSDPMemory FullyShardedDataParallel::memory() const {
+  FSDPMemory memory;
+  for (const auto& unit : units_) {
+    memory.param_shards += static_cast<int64_t>(unit->master.nbytes());
+    if (!unit->wire.is_same(unit->master)) {
+      memory.param_shards += static_cast<int64_t>(unit->wire.nbytes());
+    }
+    memory.grad_shards += static_cast<int64_t>(unit->grad_shard.nbytes());
+    if (unit->root) {
+      memory.root_unit = unit->full_bytes();
+    } else {
+      memory.largest_unit = std::max(memory.largest_unit, unit->full_bytes());
+    }
+  }
+  memory.gathered = gathered_bytes_;
+  memory.gathered_peak = gathered_peak_;
+  return memory;
+}
+
+void FullyShardedDataParallel::reset_peak() { gathered_peak_ = gathered_bytes_; }
+
+}  // namespace shardtrain

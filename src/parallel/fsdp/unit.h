@@ -1,0 +1,57 @@
+// One FSDP unit: the flat parameter of a group of blocks (or the root's leftovers), its shards,
+// and where its gathered copy stands.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <string>
+#include <vector>
+
+#include "shardtrain/fsdp.h"
+
+namespace shardtrain {
+
+struct FullyShardedDataParallel::Unit {
+  std::string name;  // "blocks.0", "blocks.0-1" or "root"
+  int index = 0;     // forward order; the root is last
+  bool root = false;
+  std::vector<torch::nn::Module*> modules;  // the hook points it covers (none for the root)
+  std::vector<at::Tensor> params;           // the model's parameters, views into `full`
+  std::vector<std::string> names;
+  std::vector<std::vector<int64_t>> shapes;
+  std::vector<int64_t> offsets;  // of each parameter in the flat parameter
+  int64_t numel = 0;             // sum of the parameters
+  int64_t padded = 0;            // numel rounded up to a multiple of the shard group size
+  int64_t shard_numel = 0;       // padded / shard group size
+
+  at::Tensor master;      // fp32 [shard_numel]: this rank's shard, what the optimizer updates
+  at::Tensor wire;        // what the all-gather sends: master, or its param_dtype copy
+  at::Tensor grad_shard;  // fp32 [shard_numel]
+  at::Tensor full;        // param_dtype [padded]; its storage's memory exists only while gathered
+  bool aliased = false;   // full is master itself: one rank holds everything in fp32
+  bool gathered = false;  // memory allocated (the gather may still be in flight)
+  WorkHandle gather_work;
+
+  // Per backward.
+  bool in_backward = false;
+  bool reduced = false;
+  size_t ready = 0;
+  std::vector<bool> ready_flags;
+  struct PendingReduce {
+    at::Tensor output;  // reduce_dtype, this rank's shard of the averaged gradient
+    WorkHandle scatter;
+    WorkHandle replicate;
+  };
+  std::vector<PendingReduce> pending;
+
+  int64_t full_bytes() const { return aliased ? 0 : padded * static_cast<int64_t>(full.element_size()); }
+};
+
+namespace detail {
+// Gives the memory of `tensor`'s storage back, keeping the storage object (and every view of it,
+// including the ones autograd saved for backward); restore_storage allocates it again.
+void release_storage(const at::Tensor& tensor);
+void restore_storage(const at::Tensor& tensor, int64_t nbytes);
+}  // namespace detail
+
+}  // namespace shardtrain
