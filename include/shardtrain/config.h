@@ -55,11 +55,25 @@ struct TrainConfig {
   int64_t scale_window = 1000;
   double min_scale = 1.0;
 
+  // [precision] dtypes of FSDP's mixed-precision policy: "fp32" or "bf16"
+  std::string param_dtype = "fp32";   // gathered parameters the model computes with
+  std::string reduce_dtype = "fp32";  // gradient reduction
+  std::string buffer_dtype = "fp32";
+
   // [parallel]
-  std::string strategy = "none";  // "none" (one process) or "ddp"
+  std::string strategy = "none";  // "none" (one process), "ddp" or "fsdp"
   double ddp_bucket_cap_mb = 25.0;
   bool ddp_find_unused_parameters = false;
   std::string ddp_comm_hook = "none";  // "none", "bf16", "fp16"
+  std::string fsdp_sharding = "full_shard";  // full_shard, shard_grad_op, no_shard, hybrid_shard
+  int64_t fsdp_replicate = 0;                // hybrid_shard's dp_replicate; 0: one per node
+  std::string fsdp_wrap = "block";           // "block", "size" (min_params) or "class"
+  int64_t fsdp_min_params = 100000000;
+  std::vector<std::string> fsdp_wrap_classes;  // with wrap = "class"
+  std::string fsdp_prefetch = "backward_pre";  // backward_pre, backward_post, none
+  bool fsdp_forward_prefetch = false;
+  int64_t fsdp_limit_all_gathers = 2;
+  bool fsdp_cpu_offload = false;
 
   // [run]
   std::string dir = "runs/default";

@@ -12,6 +12,8 @@
 #include "shardtrain/data.h"
 #include "shardtrain/ddp.h"
 #include "shardtrain/dist.h"
+#include "shardtrain/fsdp.h"
+#include "shardtrain/mesh.h"
 #include "shardtrain/model.h"
 #include "shardtrain/optim.h"
 #include "shardtrain/tokenizer.h"
@@ -34,9 +36,10 @@ class Trainer {
  public:
   // Builds everything from the config, creating run.dir; with run.resume, restores the
   // checkpoint. Throws std::invalid_argument for bad input (files, sizes), naming it.
-  // With a `world` group of several ranks (parallel.strategy = "ddp"), it is collective: every
-  // rank constructs its Trainer and calls train_step/fit in step; each takes its slice of every
-  // global batch, and rank 0 alone prints, samples and writes checkpoints.
+  // With a `world` group of several ranks (parallel.strategy = "ddp" or "fsdp"), it is
+  // collective: every rank constructs its Trainer and calls train_step/fit/evaluate/generate/
+  // save_checkpoint in step; each takes its slice of every global batch, and rank 0 alone
+  // prints and writes the replicated files. FSDP without a world runs on a group of one rank.
   explicit Trainer(TrainConfig config, std::shared_ptr<ProcessGroup> world = nullptr);
 
   // Trains until train.steps, printing one progress line per run.log_every steps, appending
@@ -67,6 +70,7 @@ class Trainer {
 
  private:
   void write_metrics(const StepResult& result, double eval_loss);
+  void setup_fsdp();
   std::vector<at::Tensor> parameters() const;
   // Waits for every rank (no-op on one process).
   void barrier() const;
@@ -74,6 +78,8 @@ class Trainer {
   TrainConfig config_;
   std::shared_ptr<ProcessGroup> world_;
   std::unique_ptr<DistributedDataParallel> ddp_;
+  std::unique_ptr<DeviceMesh> mesh_;
+  std::unique_ptr<FullyShardedDataParallel> fsdp_;
   std::unique_ptr<Tokenizer> tokenizer_;
   std::shared_ptr<TokenShard> shard_;
   std::unique_ptr<DataLoader> loader_;

@@ -6,6 +6,7 @@
 #include <stdexcept>
 
 #include "shardtrain/config.h"
+#include "shardtrain/fsdp.h"
 
 namespace shardtrain {
 namespace {
@@ -160,6 +161,23 @@ const std::map<std::string, Setter>& known_keys() {
       {"parallel.ddp.bucket_cap_mb", field(&TrainConfig::ddp_bucket_cap_mb)},
       {"parallel.ddp.find_unused_parameters", field(&TrainConfig::ddp_find_unused_parameters)},
       {"parallel.ddp.comm_hook", field(&TrainConfig::ddp_comm_hook)},
+      {"parallel.fsdp.sharding", field(&TrainConfig::fsdp_sharding)},
+      {"parallel.fsdp.replicate", field(&TrainConfig::fsdp_replicate)},
+      {"parallel.fsdp.wrap", field(&TrainConfig::fsdp_wrap)},
+      {"parallel.fsdp.min_params", field(&TrainConfig::fsdp_min_params)},
+      {"parallel.fsdp.wrap_classes",
+       [](TrainConfig& c, const toml::node& n, const std::string& name) {
+         c.fsdp_wrap_classes.clear();
+         if (!n.is_array()) wrong_type(name, "an array of class names", n);
+         for (const auto& item : *n.as_array()) c.fsdp_wrap_classes.push_back(as_string(item, name));
+       }},
+      {"parallel.fsdp.prefetch", field(&TrainConfig::fsdp_prefetch)},
+      {"parallel.fsdp.forward_prefetch", field(&TrainConfig::fsdp_forward_prefetch)},
+      {"parallel.fsdp.limit_all_gathers", field(&TrainConfig::fsdp_limit_all_gathers)},
+      {"parallel.fsdp.cpu_offload", field(&TrainConfig::fsdp_cpu_offload)},
+      {"precision.param_dtype", field(&TrainConfig::param_dtype)},
+      {"precision.reduce_dtype", field(&TrainConfig::reduce_dtype)},
+      {"precision.buffer_dtype", field(&TrainConfig::buffer_dtype)},
       {"run.dir", field(&TrainConfig::dir)},
       {"run.log_every", field(&TrainConfig::log_every)},
       {"run.resume", field(&TrainConfig::resume)},
@@ -311,8 +329,32 @@ void TrainConfig::validate() const {
   }
   require(initial_scale > 0 && min_scale > 0 && scale_window >= 1,
           "precision.initial_scale and min_scale must be positive, scale_window >= 1");
-  require(strategy == "none" || strategy == "ddp",
-          "parallel.strategy must be \"none\" or \"ddp\", got \"" + strategy + "\"");
+  require(strategy == "none" || strategy == "ddp" || strategy == "fsdp",
+          "parallel.strategy must be \"none\", \"ddp\" or \"fsdp\", got \"" + strategy + "\"");
+  for (const auto& [key, value] : {std::pair<std::string, std::string>{"param_dtype", param_dtype},
+                                   {"reduce_dtype", reduce_dtype},
+                                   {"buffer_dtype", buffer_dtype}}) {
+    require(value == "fp32" || value == "bf16",
+            "precision." + key + " must be \"fp32\" or \"bf16\", got \"" + value + "\"");
+  }
+  require(strategy == "fsdp" || (param_dtype == "fp32" && reduce_dtype == "fp32" &&
+                                 buffer_dtype == "fp32"),
+          "precision.param_dtype, reduce_dtype and buffer_dtype are FSDP's mixed-precision "
+          "policy: they need parallel.strategy = \"fsdp\" (use precision.autocast otherwise)");
+  try {
+    sharding_strategy_from_string(fsdp_sharding);
+    backward_prefetch_from_string(fsdp_prefetch);
+  } catch (const std::invalid_argument& e) {
+    throw std::invalid_argument(std::string("parallel.fsdp: ") + e.what());
+  }
+  require(fsdp_wrap == "block" || fsdp_wrap == "size" || fsdp_wrap == "class",
+          "parallel.fsdp.wrap must be \"block\", \"size\" or \"class\", got \"" + fsdp_wrap +
+              "\"");
+  require(fsdp_wrap != "class" || !fsdp_wrap_classes.empty(),
+          "parallel.fsdp.wrap = \"class\" needs parallel.fsdp.wrap_classes");
+  require(fsdp_min_params > 0, "parallel.fsdp.min_params must be positive");
+  require(fsdp_limit_all_gathers >= 1, "parallel.fsdp.limit_all_gathers must be at least 1");
+  require(fsdp_replicate >= 0, "parallel.fsdp.replicate must be >= 0");
   require(ddp_bucket_cap_mb > 0, "parallel.ddp.bucket_cap_mb must be positive");
   require(ddp_comm_hook == "none" || ddp_comm_hook == "bf16" || ddp_comm_hook == "fp16",
           "parallel.ddp.comm_hook must be \"none\", \"bf16\" or \"fp16\", got \"" + ddp_comm_hook +

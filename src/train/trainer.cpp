@@ -4,6 +4,10 @@
 #include <filesystem>
 #include <mutex>
 
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
+
+#include <cstdlib>
+
 #include "model/autocast.h"
 #include "shardtrain/checkpoint.h"
 #include "shardtrain/memory.h"
@@ -28,7 +32,11 @@ Trainer::Trainer(TrainConfig config, std::shared_ptr<ProcessGroup> world)
     throw std::invalid_argument(
         "parallel.strategy = \"none\" trains on one process, but the "
         "world has " +
-        std::to_string(world_size()) + " ranks; set parallel.strategy = \"ddp\"");
+        std::to_string(world_size()) + " ranks; set parallel.strategy = \"ddp\" or \"fsdp\"");
+  }
+  if (!world_ && config_.strategy == "fsdp") {
+    // FSDP's sharding, policy and accounting on one rank, so a single process can run it too.
+    world_ = init_process_group(c10::make_intrusive<c10d::HashStore>(), 0, 1);
   }
   if (config_.autocast == "fp16") {
     // LibTorch's CPU autocast has no fp16 kernels; fp16 needs the CUDA path.
@@ -88,10 +96,18 @@ Trainer::Trainer(TrainConfig config, std::shared_ptr<ProcessGroup> world)
             .comm_hook(hook));
   }
 
+  if (config_.strategy == "fsdp") setup_fsdp();
+
   // Weight decay on matrices only: biases, norms and 1-D tensors are not decayed (as GPT-2
-  // and Llama training do).
+  // and Llama training do). Under FSDP the optimizer holds this rank's pieces of them.
   std::vector<at::Tensor> decay, no_decay;
-  for (const auto& p : model_->parameters()) (p.dim() >= 2 ? decay : no_decay).push_back(p);
+  if (fsdp_) {
+    for (const auto& s : fsdp_->segments()) {
+      (s.shape.size() >= 2 ? decay : no_decay).push_back(s.param);
+    }
+  } else {
+    for (const auto& p : model_->parameters()) (p.dim() >= 2 ? decay : no_decay).push_back(p);
+  }
   auto options = torch::optim::AdamWOptions(config_.lr)
                      .betas({config_.beta1, config_.beta2})
                      .eps(config_.eps)
@@ -110,7 +126,49 @@ Trainer::Trainer(TrainConfig config, std::shared_ptr<ProcessGroup> world)
   }
 }
 
-std::vector<at::Tensor> Trainer::parameters() const { return model_->parameters(); }
+void Trainer::setup_fsdp() {
+  const auto sharding = sharding_strategy_from_string(config_.fsdp_sharding);
+  int replicate = 1;
+  if (sharding == ShardingStrategy::kHybridShard) {
+    replicate = static_cast<int>(config_.fsdp_replicate);
+    if (replicate == 0) {
+      // One replica per node, sharding inside it, as PyTorch's hybrid_shard does.
+      const char* local = std::getenv("LOCAL_WORLD_SIZE");
+      const int per_node = local ? std::atoi(local) : 0;
+      if (per_node <= 0 || world_size() % per_node != 0 || world_size() == per_node) {
+        throw std::invalid_argument(
+            "parallel.fsdp.sharding = \"hybrid_shard\" needs parallel.fsdp.replicate (the "
+            "dp_replicate size) when the ranks are not on several nodes");
+      }
+      replicate = world_size() / per_node;
+    }
+  }
+  mesh_ = std::make_unique<DeviceMesh>(world_, resolve_mesh(MeshShape().dp_replicate(replicate),
+                                                            world_size()));
+  WrapPolicy wrap = config_.fsdp_wrap == "size"    ? WrapPolicy::size(config_.fsdp_min_params)
+                    : config_.fsdp_wrap == "class" ? WrapPolicy::class_name(config_.fsdp_wrap_classes)
+                                                   : WrapPolicy::blocks();
+  auto dtype = [](const std::string& name) { return name == "bf16" ? at::kBFloat16 : at::kFloat; };
+  fsdp_ = fully_shard(model_, *mesh_,
+                      FSDPOptions()
+                          .sharding(sharding)
+                          .wrap(wrap)
+                          .backward_prefetch(backward_prefetch_from_string(config_.fsdp_prefetch))
+                          .forward_prefetch(config_.fsdp_forward_prefetch)
+                          .limit_all_gathers(static_cast<int>(config_.fsdp_limit_all_gathers))
+                          .cpu_offload(config_.fsdp_cpu_offload)
+                          .mixed_precision(MixedPrecision()
+                                               .param_dtype(dtype(config_.param_dtype))
+                                               .reduce_dtype(dtype(config_.reduce_dtype))
+                                               .buffer_dtype(dtype(config_.buffer_dtype))));
+}
+
+std::vector<at::Tensor> Trainer::parameters() const {
+  if (!fsdp_) return model_->parameters();
+  std::vector<at::Tensor> pieces;
+  for (const auto& s : fsdp_->segments()) pieces.push_back(s.param);
+  return pieces;
+}
 
 void Trainer::barrier() const {
   if (world_size() > 1) world_->barrier()->wait();
@@ -119,7 +177,12 @@ void Trainer::barrier() const {
 StepResult Trainer::train_step() {
   const auto start = std::chrono::steady_clock::now();
   model_->train();
-  optimizer_->zero_grad();
+  if (fsdp_) {
+    fsdp_->zero_grad();  // the optimizer's gradients are views into the shards
+    fsdp_->reset_peak();
+  } else {
+    optimizer_->zero_grad();
+  }
   // Everything above the bytes held now (parameters, optimizer state) that forward and
   // backward add at their peak: activations, gradients and temporaries.
   const int64_t before = cpu_memory_stats().live_bytes;
@@ -157,15 +220,25 @@ StepResult Trainer::train_step() {
   if (after_backward_) after_backward_(step_);
 
   const auto params = parameters();
-  const bool finite = scaler_.unscale(params);
+  bool finite = true;
+  if (fsdp_) {
+    if (scaler_.enabled()) fsdp_->unscale(scaler_.scale());
+    finite = fsdp_->grads_finite();
+  } else {
+    finite = scaler_.unscale(params);
+  }
   result.lr = schedule_.at(step_);
-  if (finite) result.grad_norm = clip_grad_norm(params, config_.clip);
+  if (finite) {
+    result.grad_norm = fsdp_ ? fsdp_->clip_grad_norm(config_.clip)
+                             : clip_grad_norm(params, config_.clip);
+  }
   result.skipped = !scaler_.update(finite);
   if (!result.skipped) {
     for (auto& group : optimizer_->param_groups()) {
       static_cast<torch::optim::AdamWOptions&>(group.options()).lr(result.lr);
     }
     optimizer_->step();
+    if (fsdp_) fsdp_->after_optimizer_step();
   }
   // A skipped step still consumes its data and advances the schedule, as AMP and DeepSpeed do.
   ++step_;
@@ -226,7 +299,10 @@ void Trainer::fit() {
         static_cast<long long>(shard_->size()), shard_->path().c_str(),
         static_cast<long long>(config_.steps), static_cast<long long>(loader_->global_batch_size()),
         static_cast<long long>(config_.seq_len));
-    if (world_size() > 1) {
+    if (fsdp_) {
+      std::printf("fsdp %s over %d rank(s), %zu units\n", config_.fsdp_sharding.c_str(),
+                  world_size(), fsdp_->unit_layout().size());
+    } else if (world_size() > 1) {
       std::printf("data parallel (%s) over %d ranks\n", config_.strategy.c_str(), world_size());
     }
     std::fflush(stdout);
@@ -245,6 +321,12 @@ void Trainer::fit() {
           result.lr, result.tokens_per_s, result.step_time_s,
           static_cast<double>(detail::resident_bytes()) / (1 << 20),
           result.skipped ? " | skipped (overflow)" : "");
+      if (fsdp_) {
+        const FSDPMemory m = fsdp_->memory();
+        std::printf(" | shards %.1f MiB, gathered peak %.1f MiB",
+                    static_cast<double>(m.param_shards + m.grad_shards) / (1 << 20),
+                    static_cast<double>(m.gathered_peak) / (1 << 20));
+      }
       if (!std::isnan(eval_loss)) std::printf(" | eval loss %.4f", eval_loss);
       std::printf("\n");
       std::fflush(stdout);
@@ -256,8 +338,10 @@ void Trainer::fit() {
   }
   const std::string dir = save_checkpoint();
   if (talk) std::printf("checkpoint: %s\n", dir.c_str());
-  if (talk && config_.sample_tokens > 0) {
-    std::printf("sample: %s\n", generate(config_.sample_prompt, config_.sample_tokens).c_str());
+  // Under FSDP every rank takes part in the forward passes of generation.
+  if ((talk || fsdp_) && config_.sample_tokens > 0) {
+    const std::string sample = generate(config_.sample_prompt, config_.sample_tokens);
+    if (talk) std::printf("sample: %s\n", sample.c_str());
   }
   std::fflush(stdout);
 }

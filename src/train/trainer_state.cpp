@@ -71,6 +71,34 @@ int64_t bytes_of(const std::vector<at::Tensor>& tensors) {
 std::string Trainer::save_checkpoint() {
   char name[32];
   std::snprintf(name, sizeof(name), "step_%06lld", static_cast<long long>(step_));
+  NamedTensors params, optim;
+  int64_t optimizer_step = 0;
+  if (fsdp_) {
+    // Collective: every rank gathers the full tensors of the shards.
+    const auto& segments = fsdp_->segments();
+    auto moment = [&](bool second) {
+      return [&, second](size_t i) {
+        const auto* state = adam_state(*optimizer_, segments[i].param);
+        if (!state) return at::Tensor();
+        optimizer_step = state->step();
+        return second ? state->exp_avg_sq() : state->exp_avg();
+      };
+    };
+    params = fsdp_->full_parameters();
+    const auto avg = fsdp_->full_state(moment(false));
+    const auto avg_sq = fsdp_->full_state(moment(true));
+    // A rank whose shards hold no element of a tensor has no state for it: the step is the
+    // same everywhere, so take the largest.
+    at::Tensor steps = at::tensor(static_cast<double>(optimizer_step), at::kDouble);
+    world_->all_reduce(steps, ReduceOp::kMax)->wait();
+    optimizer_step = static_cast<int64_t>(steps.item<double>());
+    if (optimizer_step > 0) {
+      for (size_t i = 0; i < avg.size(); ++i) {
+        optim.emplace_back(avg[i].first + ".exp_avg", avg[i].second);
+        optim.emplace_back(avg_sq[i].first + ".exp_avg_sq", avg_sq[i].second);
+      }
+    }
+  }
   // Replicated strategies hold the same state on every rank: rank 0 writes it alone.
   if (rank() != 0) {
     barrier();
@@ -80,9 +108,8 @@ std::string Trainer::save_checkpoint() {
                           static_cast<int>(config_.keep_checkpoints));
   const fs::path dir = writer.staging_dir();
 
-  NamedTensors params, optim;
-  int64_t optimizer_step = 0;
-  for (const auto& item : model_->named_parameters()) {
+  for (const auto& item : fsdp_ ? torch::OrderedDict<std::string, at::Tensor>()
+                                : model_->named_parameters()) {
     params.emplace_back(item.key(), item.value());
     const auto* state = adam_state(*optimizer_, item.value());
     if (!state) continue;
@@ -142,7 +169,33 @@ void Trainer::load_checkpoint(const std::string& dir) {
     target.copy_(it->second);
   };
   const int64_t optimizer_step = state.at("optimizer_step").get<int64_t>();
-  for (const auto& item : model_->named_parameters()) {
+  if (fsdp_) {
+    // Each rank takes its pieces of the full tensors.
+    for (const auto& segment : fsdp_->segments()) {
+      auto piece = [&](const std::map<std::string, at::Tensor>& from, const std::string& name) {
+        auto it = from.find(name);
+        if (it == from.end()) {
+          throw std::invalid_argument("checkpoint '" + dir + "' has no tensor '" + name + "'");
+        }
+        if (it->second.sizes().vec() != segment.shape) {
+          throw std::invalid_argument("checkpoint '" + dir + "': tensor '" + name +
+                                      "' has shape " + c10::str(it->second.sizes()) +
+                                      ", the model expects " + c10::str(segment.shape));
+        }
+        return it->second.reshape({-1}).narrow(0, segment.offset, segment.param.numel());
+      };
+      segment.param.detach().copy_(piece(tensors, segment.name));
+      if (optim.count(segment.name + ".exp_avg") == 0) continue;
+      auto param_state = std::make_unique<torch::optim::AdamWParamState>();
+      param_state->step(optimizer_step);
+      param_state->exp_avg(piece(optim, segment.name + ".exp_avg").clone());
+      param_state->exp_avg_sq(piece(optim, segment.name + ".exp_avg_sq").clone());
+      optimizer_->state()[state_key(segment.param)] = std::move(param_state);
+    }
+    fsdp_->after_optimizer_step();
+  }
+  for (const auto& item : fsdp_ ? torch::OrderedDict<std::string, at::Tensor>()
+                                : model_->named_parameters()) {
     copy_into(item.key(), item.value());
     auto avg = optim.find(item.key() + ".exp_avg");
     auto avg_sq = optim.find(item.key() + ".exp_avg_sq");
@@ -197,6 +250,13 @@ void Trainer::write_metrics(const StepResult& result, double eval_loss) {
                            {"optim", bytes_of(optim_state)},
                            {"activations_peak", result.activations_peak},
                            {"peak_rss", peak_rss_}}}};
+  if (fsdp_) {
+    // Shards as allocated (with padding), and the full parameters gathered at the step's peak.
+    const FSDPMemory m = fsdp_->memory();
+    line["mem"]["params"] = m.param_shards;
+    line["mem"]["grads"] = m.grad_shards;
+    line["mem"]["gathered_peak"] = m.gathered_peak;
+  }
   if (!std::isnan(eval_loss)) line["eval_loss"] = eval_loss;
   std::ofstream out(fs::path(config_.dir) / "metrics.jsonl", std::ios::app);
   out << line.dump() << "\n";

@@ -1,0 +1,184 @@
+// The trainer under parallel.strategy = "fsdp": in-process ranks, resume, and launched ranks.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "shardtrain/rendezvous.h"
+#include "shardtrain/train.h"
+#include "support.h"
+
+namespace shardtrain {
+namespace {
+
+namespace fs = std::filesystem;
+
+class FsdpTrainerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = testing::fresh_test_dir("shardtrain_fsdp_trainer");
+    std::ofstream corpus(dir_ / "corpus.txt");
+    for (int i = 0; i < 200; ++i) {
+      corpus << "pack my box with " << i % 9 << " dozen liquor jugs, said number " << i % 13
+             << ".\n";
+    }
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  TrainConfig config(const std::vector<std::string>& overrides = {}) const {
+    std::vector<std::string> all = {"data.corpus=\"" + (dir_ / "corpus.txt").string() + "\"",
+                                    "run.dir=\"" + (dir_ / "run").string() + "\"",
+                                    "data.seq_len=32",
+                                    "train.micro_batch=8",
+                                    "train.warmup=2",
+                                    "train.steps=4",
+                                    "train.sample_tokens=0",
+                                    "data.eval_sequences=4"};
+    all.insert(all.end(), overrides.begin(), overrides.end());
+    return parse_train_config("[model]\npreset = \"tiny\"\n", "test.toml", all);
+  }
+
+  // Rank 0's losses of `steps` steps on `world` in-process ranks.
+  std::vector<double> fsdp_losses(int world, const std::vector<std::string>& overrides,
+                                  int steps) {
+    std::vector<double> got;
+    run_local_ranks(
+        world,
+        [&](ProcessGroup& group) {
+          auto shared = std::shared_ptr<ProcessGroup>(&group, [](ProcessGroup*) {});
+          Trainer trainer(config(overrides), shared);
+          std::vector<double> mine;
+          for (int i = 0; i < steps; ++i) mine.push_back(trainer.train_step().loss);
+          if (group.rank() == 0) got = mine;
+        },
+        ProcessGroupOptions().timeout(std::chrono::seconds(120)));
+    return got;
+  }
+
+  fs::path dir_;
+};
+
+void expect_same_losses(const std::vector<double>& got, const std::vector<double>& want,
+                        double tolerance) {
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < got.size(); ++i) {
+    EXPECT_NEAR(got[i], want[i], tolerance * std::abs(want[i])) << "step " << i + 1;
+  }
+}
+
+TEST_F(FsdpTrainerTest, EveryShardingOnFourRanksMatchesOneProcess) {
+  Trainer single(config());
+  std::vector<double> want;
+  for (int i = 0; i < 4; ++i) want.push_back(single.train_step().loss);
+  for (const std::string sharding : {"full_shard", "shard_grad_op", "no_shard", "hybrid_shard"}) {
+    SCOPED_TRACE(sharding);
+    expect_same_losses(fsdp_losses(4,
+                                   {"parallel.strategy=\"fsdp\"", "train.micro_batch=2",
+                                    "parallel.fsdp.sharding=\"" + sharding + "\"",
+                                    "parallel.fsdp.replicate=2",
+                                    "run.dir=\"" + (dir_ / sharding).string() + "\""},
+                                   4),
+                       want, 1e-5);
+  }
+}
+
+TEST_F(FsdpTrainerTest, ResumeOnTheSameRanksContinuesExactly) {
+  const std::vector<std::string> fsdp = {"parallel.strategy=\"fsdp\"", "train.micro_batch=4",
+                                         "train.steps=6"};
+  auto run = [&](std::vector<std::string> extra, int steps) {
+    extra.insert(extra.end(), fsdp.begin(), fsdp.end());
+    return fsdp_losses(2, extra, steps);
+  };
+  const auto straight = run({"run.dir=\"" + (dir_ / "straight").string() + "\""}, 6);
+  std::vector<double> resumed;
+  run_local_ranks(2, [&](ProcessGroup& group) {
+    auto shared = std::shared_ptr<ProcessGroup>(&group, [](ProcessGroup*) {});
+    std::vector<std::string> overrides = fsdp;
+    overrides.push_back("run.dir=\"" + (dir_ / "resumed").string() + "\"");
+    {
+      Trainer first(config(overrides), shared);
+      for (int i = 0; i < 3; ++i) first.train_step();
+      first.save_checkpoint();
+    }
+    overrides.push_back("run.resume=\"latest\"");
+    Trainer second(config(overrides), shared);
+    EXPECT_EQ(second.step(), 3);
+    std::vector<double> mine;
+    for (int i = 0; i < 3; ++i) mine.push_back(second.train_step().loss);
+    if (group.rank() == 0) resumed = mine;
+  });
+  ASSERT_EQ(resumed.size(), 3u);
+  for (size_t i = 0; i < 3; ++i) EXPECT_EQ(resumed[i], straight[i + 3]) << "step " << i + 4;
+}
+
+std::vector<double> metric_losses(const fs::path& file) {
+  std::vector<double> out;
+  std::ifstream in(file);
+  for (std::string line; std::getline(in, line);) {
+    const auto j = nlohmann::json::parse(line);
+    if (j.at("rank").get<int>() == 0) out.push_back(j.at("loss").get<double>());
+  }
+  return out;
+}
+
+TEST_F(FsdpTrainerTest, LaunchedFourRanksWriteTheLossesOfTheOneProcessRun) {
+  const std::string config_file = (dir_ / "run.toml").string();
+  std::ofstream(config_file) << "[model]\npreset = \"tiny\"\n[data]\ncorpus = \""
+                             << (dir_ / "corpus.txt").string() << "\"\nseq_len = 32\n[train]\n"
+                             << "steps = 3\nsample_tokens = 0\n[run]\nthreads = 1\n";
+  const std::string train = testing::cli() + " train --config " + config_file;
+  auto one =
+      testing::run_command(testing::cli() + " launch --nproc 1 -- " + train +
+                           " --set train.micro_batch=8 --set run.dir=" + (dir_ / "one").string());
+  ASSERT_EQ(one.exit_code, 0) << one.output;
+  const auto want = metric_losses(dir_ / "one" / "metrics.jsonl");
+  ASSERT_EQ(want.size(), 3u);
+  for (const std::string sharding : {"full_shard", "shard_grad_op", "no_shard", "hybrid_shard"}) {
+    SCOPED_TRACE(sharding);
+    const fs::path run_dir = dir_ / sharding;
+    auto four = testing::run_command(
+        testing::cli() + " launch --nproc 4 -- " + train +
+        " --set train.micro_batch=2 --set parallel.strategy=fsdp --set parallel.fsdp.sharding=" +
+        sharding + " --set parallel.fsdp.replicate=2 --set run.dir=" + run_dir.string());
+    ASSERT_EQ(four.exit_code, 0) << four.output;
+    EXPECT_NE(four.output.find("fsdp " + sharding + " over 4 rank(s)"), std::string::npos)
+        << four.output;
+    expect_same_losses(metric_losses(run_dir / "metrics.jsonl"), want, 1e-5);
+    // Every rank reports its shard bytes and the gathered peak.
+    std::ifstream in(run_dir / "metrics.jsonl");
+    std::string line;
+    std::getline(in, line);
+    const auto mem = nlohmann::json::parse(line).at("mem");
+    EXPECT_GT(mem.at("params").get<int64_t>(), 0);
+    // no_shard in fp32 computes on its master copy directly: nothing is ever gathered.
+    EXPECT_EQ(mem.at("gathered_peak").get<int64_t>() > 0, sharding != "no_shard");
+  }
+}
+
+TEST_F(FsdpTrainerTest, BadFsdpSettingsAreNamed) {
+  auto message = [&](const std::vector<std::string>& overrides) {
+    try {
+      Trainer trainer(config(overrides));
+    } catch (const std::invalid_argument& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(message({"parallel.strategy=\"fsdp\"", "parallel.fsdp.sharding=\"zero4\""})
+                .find("zero4"),
+            std::string::npos);
+  EXPECT_NE(message({"parallel.strategy=\"fsdp\"", "parallel.fsdp.wrap=\"class\"",
+                     "parallel.fsdp.wrap_classes=[\"BertLayer\"]"})
+                .find("BertLayer"),
+            std::string::npos);
+  EXPECT_NE(message({"parallel.strategy=\"fsdp\"", "parallel.fsdp.sharding=\"hybrid_shard\""})
+                .find("parallel.fsdp.replicate"),
+            std::string::npos);
+  EXPECT_NE(message({"precision.param_dtype=\"bf16\""}).find("parallel.strategy"),
+            std::string::npos);
+}
+
+}  // namespace
+}  // namespace shardtrain
