@@ -61,7 +61,7 @@ struct TrainConfig {
   std::string buffer_dtype = "fp32";
 
   // [parallel]
-  std::string strategy = "none";  // "none" (one process), "ddp" or "fsdp"
+  std::string strategy = "none";  // "none" (one process), "ddp", "fsdp" or "zero"
   double ddp_bucket_cap_mb = 25.0;
   bool ddp_find_unused_parameters = false;
   std::string ddp_comm_hook = "none";  // "none", "bf16", "fp16"
@@ -74,6 +74,19 @@ struct TrainConfig {
   bool fsdp_forward_prefetch = false;
   int64_t fsdp_limit_all_gathers = 2;
   bool fsdp_cpu_offload = false;
+  // DeepSpeed's ZeRO; sizes in elements, as DeepSpeed counts them.
+  int64_t zero_stage = 1;                    // 1, 2 or 3
+  std::string zero_offload_optimizer = "none";  // "none", "cpu", "nvme"
+  std::string zero_offload_param = "none";      // "none", "cpu", "nvme" (stage 3)
+  std::string zero_nvme_path;                   // directory for nvme offload
+  bool zero_pin_memory = false;
+  bool zero_overlap_comm = true;
+  bool zero_contiguous_gradients = true;
+  int64_t zero_reduce_bucket_size = 500000000;
+  int64_t zero_allgather_bucket_size = 500000000;
+  int64_t zero_prefetch_bucket_size = 50000000;       // stage 3
+  int64_t zero_param_persistence_threshold = 100000;  // stage 3
+  int64_t zero_max_live_parameters = 1000000000;      // stage 3
 
   // [run]
   std::string dir = "runs/default";

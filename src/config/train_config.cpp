@@ -175,6 +175,19 @@ const std::map<std::string, Setter>& known_keys() {
       {"parallel.fsdp.forward_prefetch", field(&TrainConfig::fsdp_forward_prefetch)},
       {"parallel.fsdp.limit_all_gathers", field(&TrainConfig::fsdp_limit_all_gathers)},
       {"parallel.fsdp.cpu_offload", field(&TrainConfig::fsdp_cpu_offload)},
+      {"parallel.zero.stage", field(&TrainConfig::zero_stage)},
+      {"parallel.zero.offload_optimizer", field(&TrainConfig::zero_offload_optimizer)},
+      {"parallel.zero.offload_param", field(&TrainConfig::zero_offload_param)},
+      {"parallel.zero.nvme_path", field(&TrainConfig::zero_nvme_path)},
+      {"parallel.zero.pin_memory", field(&TrainConfig::zero_pin_memory)},
+      {"parallel.zero.overlap_comm", field(&TrainConfig::zero_overlap_comm)},
+      {"parallel.zero.contiguous_gradients", field(&TrainConfig::zero_contiguous_gradients)},
+      {"parallel.zero.reduce_bucket_size", field(&TrainConfig::zero_reduce_bucket_size)},
+      {"parallel.zero.allgather_bucket_size", field(&TrainConfig::zero_allgather_bucket_size)},
+      {"parallel.zero.prefetch_bucket_size", field(&TrainConfig::zero_prefetch_bucket_size)},
+      {"parallel.zero.param_persistence_threshold",
+       field(&TrainConfig::zero_param_persistence_threshold)},
+      {"parallel.zero.max_live_parameters", field(&TrainConfig::zero_max_live_parameters)},
       {"precision.param_dtype", field(&TrainConfig::param_dtype)},
       {"precision.reduce_dtype", field(&TrainConfig::reduce_dtype)},
       {"precision.buffer_dtype", field(&TrainConfig::buffer_dtype)},
@@ -329,18 +342,43 @@ void TrainConfig::validate() const {
   }
   require(initial_scale > 0 && min_scale > 0 && scale_window >= 1,
           "precision.initial_scale and min_scale must be positive, scale_window >= 1");
-  require(strategy == "none" || strategy == "ddp" || strategy == "fsdp",
-          "parallel.strategy must be \"none\", \"ddp\" or \"fsdp\", got \"" + strategy + "\"");
+  require(strategy == "none" || strategy == "ddp" || strategy == "fsdp" || strategy == "zero",
+          "parallel.strategy must be \"none\", \"ddp\", \"fsdp\" or \"zero\", got \"" +
+              strategy + "\"");
+  require(zero_stage >= 1 && zero_stage <= 3,
+          "parallel.zero.stage must be 1, 2 or 3, got " + std::to_string(zero_stage));
+  for (const auto& [key, value] :
+       {std::pair<std::string, std::string>{"offload_optimizer", zero_offload_optimizer},
+        {"offload_param", zero_offload_param}}) {
+    require(value == "none" || value == "cpu" || value == "nvme",
+            "parallel.zero." + key + " must be \"none\", \"cpu\" or \"nvme\", got \"" + value +
+                "\"");
+  }
+  require(zero_offload_param == "none" || zero_stage == 3,
+          "parallel.zero.offload_param needs parallel.zero.stage = 3 (stages 1 and 2 keep the "
+          "parameters whole on every rank)");
+  require((zero_offload_optimizer != "nvme" && zero_offload_param != "nvme") ||
+              !zero_nvme_path.empty(),
+          "parallel.zero offload to nvme needs parallel.zero.nvme_path");
+  require(zero_contiguous_gradients,
+          "parallel.zero.contiguous_gradients = false is not supported: gradients are always "
+          "reduced from one contiguous buffer per unit");
+  require(zero_reduce_bucket_size > 0 && zero_allgather_bucket_size > 0 &&
+              zero_prefetch_bucket_size >= 0 && zero_param_persistence_threshold >= 0 &&
+              zero_max_live_parameters > 0,
+          "parallel.zero bucket sizes and max_live_parameters must be positive, "
+          "prefetch_bucket_size and param_persistence_threshold >= 0");
   for (const auto& [key, value] : {std::pair<std::string, std::string>{"param_dtype", param_dtype},
                                    {"reduce_dtype", reduce_dtype},
                                    {"buffer_dtype", buffer_dtype}}) {
     require(value == "fp32" || value == "bf16",
             "precision." + key + " must be \"fp32\" or \"bf16\", got \"" + value + "\"");
   }
-  require(strategy == "fsdp" || (param_dtype == "fp32" && reduce_dtype == "fp32" &&
+  require(strategy == "fsdp" || strategy == "zero" || (param_dtype == "fp32" && reduce_dtype == "fp32" &&
                                  buffer_dtype == "fp32"),
           "precision.param_dtype, reduce_dtype and buffer_dtype are FSDP's mixed-precision "
-          "policy: they need parallel.strategy = \"fsdp\" (use precision.autocast otherwise)");
+          "policy: they need parallel.strategy = \"fsdp\" or \"zero\" (use precision.autocast "
+          "otherwise)");
   try {
     sharding_strategy_from_string(fsdp_sharding);
     backward_prefetch_from_string(fsdp_prefetch);

@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# Side by side at RANKS ranks on the same model and global batch: DDP and FSDP full_shard,
+# shard_grad_op and no_shard, each launched by shardtrain on configs/demo.toml's model (GPT-2
+# BPE on Debian's fortunes), STEPS steps, alternating the strategies ROUNDS times. Prints each
+# run's median step time (first 2 steps dropped as warm-up), its ratio to DDP's in the same
+# round, and per rank: model-state bytes (params + grads + optimizer state, as metrics.jsonl
+# reports them), the gathered-parameter peak, and the process's peak RSS.
+# Usage: bench/fsdp_compare.sh [RANKS] [ROUNDS] [STEPS] [extra --set flags for every run]
+set -euo pipefail
+root="$(cd "$(dirname "$0")/.." && pwd)"
+ranks="${1:-4}"
+rounds="${2:-3}"
+steps="${3:-12}"
+shift $(( $# > 3 ? 3 : $# ))
+out="$(mktemp -d)"
+trap 'rm -rf "$out"' EXIT
+micro=$(( 8 / ranks ))
+for round in $(seq "$rounds"); do
+  for strategy in ddp full_shard shard_grad_op no_shard; do
+    if [ "$strategy" = ddp ]; then
+      flags=(--set parallel.strategy=ddp)
+    else
+      flags=(--set parallel.strategy=fsdp --set "parallel.fsdp.sharding=$strategy")
+    fi
+    dir="$out/$strategy-$round"
+    "$root/build/shardtrain" launch --nproc "$ranks" -- "$root/build/shardtrain" train \
+      --config "$root/configs/demo.toml" --set "train.steps=$steps" --set train.eval_every=0 \
+      --set train.sample_tokens=0 --set train.checkpoint_every=0 \
+      --set "train.micro_batch=$micro" --set "run.dir=$dir" --set run.log_every=1000 \
+      "${flags[@]}" "$@" >/dev/null
+    # The corpus cache is reused; the checkpoints are not needed.
+    rm -rf "$dir/checkpoints"
+    echo "$strategy $round $dir/metrics.jsonl"
+  done
+done | python3 -c '
+import json, statistics, sys
+rows = [line.split() for line in sys.stdin]
+runs = {}
+for strategy, rnd, path in rows:
+    lines = [json.loads(l) for l in open(path)]
+    steps = sorted({l["step"] for l in lines})[2:]
+    times = [statistics.median(l["step_time_s"] for l in lines if l["step"] == s) for s in steps]
+    mem = [l["mem"] for l in lines if l["rank"] == 0][-1]
+    runs.setdefault(strategy, []).append((rnd, statistics.median(times), mem))
+ddp = {rnd: t for rnd, t, _ in runs["ddp"]}
+print("| strategy | median step (s) | ratio to DDP (median of rounds) | model state / rank (MiB) | gathered peak (MiB) | peak RSS rank 0 (MiB) |")
+print("|---|---|---|---|---|---|")
+for strategy, items in runs.items():
+    t = statistics.median(x[1] for x in items)
+    ratio = statistics.median(x[1] / ddp[x[0]] for x in items)
+    mem = items[-1][2]
+    state = (mem["params"] + mem["grads"] + mem["optim"]) / 2**20
+    print(f"| {strategy} | {t:.3f} | {ratio:.3f} | {state:.1f} | {mem.get(\"gathered_peak\", 0)/2**20:.1f} | {mem[\"peak_rss\"]/2**20:.0f} |")
+'
