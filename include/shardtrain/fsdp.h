@@ -88,6 +88,18 @@ struct MixedPrecision {
   at::ScalarType buffer_dtype_ = at::kFloat;
 };
 
+// DeepSpeed ZeRO's behaviour on the same flat-parameter machinery; zero_shard (zero.h) sets
+// it, stage 0 is FSDP. Sizes in elements; 0 means unbounded.
+struct ZeroBehaviour {
+  int stage = 0;
+  bool overlap_comm = true;             // false: wait for each gradient reduction at once
+  int64_t reduce_bucket_size = 0;       // gradient elements being reduced at once
+  int64_t allgather_bucket_size = 0;    // parameter elements being gathered after a step
+  int64_t prefetch_bucket_size = 0;     // stage 3: elements prefetched ahead of the current unit
+  int64_t persistence_threshold = 0;    // stage 3: units smaller than this stay gathered
+  int64_t max_live_parameters = 0;      // stage 3: most elements gathered at once
+};
+
 struct FSDPOptions {
   FSDPOptions& sharding(ShardingStrategy value) {
     sharding_ = value;
@@ -130,7 +142,13 @@ struct FSDPOptions {
     return *this;
   }
 
+  FSDPOptions& zero(ZeroBehaviour value) {
+    zero_ = value;
+    return *this;
+  }
+
   ShardingStrategy sharding_ = ShardingStrategy::kFullShard;
+  ZeroBehaviour zero_;
   WrapPolicy wrap_ = WrapPolicy::blocks();
   BackwardPrefetch backward_prefetch_ = BackwardPrefetch::kBackwardPre;
   bool forward_prefetch_ = false;
@@ -221,6 +239,13 @@ class FullyShardedDataParallel {
   void release(Unit& unit);
   void wait_gathered(Unit& unit);
   void prefetch(int index);
+  // Prefetches the units after `index` in direction `step` (+1 forward, -1 backward), as the
+  // options allow.
+  void prefetch_ahead(int index, int step);
+  // Whether a unit stays gathered between uses (ZeRO-1/2 parameters, ZeRO-3 small units).
+  bool keeps_gathered(const Unit& unit) const;
+  void refresh(Unit& unit);
+  void bound_reductions();
   void reduce(Unit& unit);
   void finish_backward();
   int64_t gathered_units() const;
@@ -241,6 +266,8 @@ class FullyShardedDataParallel {
   std::set<const torch::nn::Module*> ran_;  // hook points run in the current forward
   std::vector<std::pair<std::shared_ptr<torch::autograd::Node>, void*>> grad_hooks_;
   enum class Phase { kIdle, kForward, kBackward } phase_ = Phase::kIdle;
+  std::vector<std::pair<WorkHandle, int64_t>> reductions_in_flight_;
+  int64_t gathered_elements_ = 0;
   int64_t gathered_bytes_ = 0;
   int64_t gathered_peak_ = 0;
 };

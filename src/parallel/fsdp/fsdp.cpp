@@ -151,6 +151,14 @@ std::string to_string(BackwardPrefetch prefetch) {
 FullyShardedDataParallel::FullyShardedDataParallel(Transformer model, const DeviceMesh& mesh,
                                                    FSDPOptions options)
     : model_(std::move(model)), options_(std::move(options)) {
+  const int stage = options_.zero_.stage;
+  if (stage < 0 || stage > 3) {
+    throw std::invalid_argument("ZeRO stage must be 1, 2 or 3, got " + std::to_string(stage));
+  }
+  // ZeRO-1/2 shard over every data-parallel rank and keep the parameters gathered; ZeRO-3 is
+  // full_shard.
+  if (stage == 1 || stage == 2) options_.sharding_ = ShardingStrategy::kShardGradOp;
+  if (stage == 3) options_.sharding_ = ShardingStrategy::kFullShard;
   const auto strategy = options_.sharding_;
   const int replicate = mesh.size(MeshAxis::kDpReplicate);
   const int shard = mesh.size(MeshAxis::kDpShard);
@@ -265,14 +273,27 @@ FullyShardedDataParallel::FullyShardedDataParallel(Transformer model, const Devi
     const at::Tensor flat = at::cat(pieces);
     const at::TensorOptions options = unit.params.empty() ? at::TensorOptions(at::kFloat)
                                                           : unit.params.front().options();
-    unit.master = flat.narrow(0, shard_rank_ * unit.shard_numel, unit.shard_numel)
-                      .clone()
-                      .to(options.dtype(at::kFloat));
-    unit.wire = param_dtype == at::kFloat ? unit.master : unit.master.to(param_dtype);
-    unit.grad_shard = at::zeros_like(unit.master);
     unit.aliased = shard_size_ == 1 && param_dtype == at::kFloat;
-    unit.full = unit.aliased ? unit.master : at::empty({unit.padded}, options.dtype(param_dtype));
-    if (!unit.aliased) unit.full.copy_(flat);
+    unit.master_in_full = (stage == 1 || stage == 2) && param_dtype == at::kFloat && !unit.aliased;
+    if (unit.master_in_full) {
+      // ZeRO-1/2 keep the whole parameters on every rank: the fp32 master is a slice of them,
+      // updated in place, then all-gathered.
+      unit.full = flat.to(options.dtype(at::kFloat));
+      unit.master = unit.full.narrow(0, shard_rank_ * unit.shard_numel, unit.shard_numel);
+    } else {
+      unit.master = flat.narrow(0, shard_rank_ * unit.shard_numel, unit.shard_numel)
+                        .clone()
+                        .to(options.dtype(at::kFloat));
+      unit.full = unit.aliased ? unit.master : at::empty({unit.padded}, options.dtype(param_dtype));
+      if (!unit.aliased) unit.full.copy_(flat);
+    }
+    unit.wire = param_dtype == at::kFloat ? unit.master : unit.master.to(param_dtype);
+    if (stage == 1) {
+      unit.grad_full = at::zeros({unit.padded}, unit.master.options());
+      unit.grad_shard = unit.grad_full.narrow(0, shard_rank_ * unit.shard_numel, unit.shard_numel);
+    } else {
+      unit.grad_shard = at::zeros_like(unit.master);
+    }
     // The module's parameters become views into the flat buffer, in the compute dtype.
     for (size_t k = 0; k < unit.params.size(); ++k) {
       at::Tensor& p = unit.params[k];
@@ -282,8 +303,12 @@ FullyShardedDataParallel::FullyShardedDataParallel(Transformer model, const Devi
       p.mutable_grad() = at::Tensor();
     }
     unit.gathered = !unit.aliased;
-    if (unit.gathered) gathered_bytes_ += unit.full_bytes();
-    release(unit);  // start sharded
+    if (unit.gathered) {
+      gathered_bytes_ += unit.full_bytes();
+      gathered_elements_ += unit.padded;
+      gathered_peak_ = std::max(gathered_peak_, gathered_bytes_);
+    }
+    release(unit);  // start sharded, unless it stays gathered
 
     // The optimizer's pieces: where each parameter meets this rank's shard.
     const int64_t begin = shard_rank_ * unit.shard_numel;
@@ -359,6 +384,7 @@ void FullyShardedDataParallel::gather(Unit& unit, bool wait) {
     }
     unit.gathered = true;
     gathered_bytes_ += unit.full_bytes();
+    gathered_elements_ += unit.padded;
     gathered_peak_ = std::max(gathered_peak_, gathered_bytes_);
   }
   if (wait) wait_gathered(unit);
@@ -371,17 +397,44 @@ void FullyShardedDataParallel::wait_gathered(Unit& unit) {
   }
 }
 
+bool FullyShardedDataParallel::keeps_gathered(const Unit& unit) const {
+  const ZeroBehaviour& zero = options_.zero_;
+  return zero.stage == 1 || zero.stage == 2 ||
+         (zero.stage == 3 && unit.numel < zero.persistence_threshold);
+}
+
 void FullyShardedDataParallel::release(Unit& unit) {
-  if (unit.aliased || !unit.gathered) return;
+  if (unit.aliased || !unit.gathered || keeps_gathered(unit)) return;
   wait_gathered(unit);  // the collective still writes into the memory
   detail::release_storage(unit.full);
   unit.gathered = false;
   gathered_bytes_ -= unit.full_bytes();
+  gathered_elements_ -= unit.padded;
+}
+
+void FullyShardedDataParallel::refresh(Unit& unit) {
+  if (!unit.wire.is_same(unit.master)) unit.wire.copy_(unit.master);
+  if (unit.aliased) return;
+  if (!keeps_gathered(unit)) {
+    release(unit);
+    return;
+  }
+  // A unit that stays gathered takes the updated shards of every rank now. The input may not
+  // alias the output, and with master_in_full it is a slice of it.
+  wait_gathered(unit);
+  const at::Tensor input = unit.master_in_full ? unit.master.clone() : unit.wire;
+  if (shard_group_) {
+    unit.gather_work = shard_group_->all_gather(input, unit.full);
+  } else {
+    unit.full.copy_(input);
+  }
 }
 
 int64_t FullyShardedDataParallel::gathered_units() const {
   int64_t count = 0;
-  for (const auto& unit : units_) count += (!unit->root && unit->gathered) ? 1 : 0;
+  for (const auto& unit : units_) {
+    count += (!unit->root && unit->gathered && !keeps_gathered(*unit)) ? 1 : 0;
+  }
   return count;
 }
 
@@ -389,8 +442,30 @@ void FullyShardedDataParallel::prefetch(int index) {
   if (index < 0 || index >= static_cast<int>(units_.size())) return;
   Unit& unit = *units_[index];
   if (unit.root || unit.gathered || unit.aliased) return;
-  if (gathered_units() >= options_.limit_all_gathers_) return;
+  if (options_.zero_.stage == 3) {
+    const int64_t live = options_.zero_.max_live_parameters;
+    if (live > 0 && gathered_elements_ + unit.padded > live) return;
+  } else if (gathered_units() >= options_.limit_all_gathers_) {
+    return;
+  }
   gather(unit, /*wait=*/false);
+}
+
+void FullyShardedDataParallel::prefetch_ahead(int index, int step) {
+  if (options_.zero_.stage != 3) {
+    prefetch(index + step);
+    return;
+  }
+  // DeepSpeed's stage3_prefetch_bucket_size: units ahead, up to that many elements.
+  int64_t budget = options_.zero_.prefetch_bucket_size;
+  for (int i = index + step; i >= 0 && i < static_cast<int>(units_.size()); i += step) {
+    const Unit& unit = *units_[i];
+    if (unit.root) break;
+    if (unit.gathered) continue;
+    if (unit.padded > budget) break;
+    budget -= unit.padded;
+    prefetch(i);
+  }
 }
 
 }  // namespace shardtrain

@@ -44,7 +44,7 @@ void FullyShardedDataParallel::pre_forward(torch::nn::Module& module) {
     // The root's parameters (embeddings, final norm, head) are used at both ends of forward
     // and first in backward: it stays gathered until the backward ends.
     gather(root, /*wait=*/true);
-    if (options_.forward_prefetch_) prefetch(0);
+    if (options_.forward_prefetch_) prefetch_ahead(-1, +1);
     return;
   }
   const auto point = hook_points_.find(&module);
@@ -64,7 +64,7 @@ void FullyShardedDataParallel::pre_forward(torch::nn::Module& module) {
         "in the root unit, or sharding shard_grad_op / no_shard");
   }
   gather(unit, /*wait=*/true);
-  if (options_.forward_prefetch_ && point->second.last) prefetch(unit.index + 1);
+  if (options_.forward_prefetch_ && point->second.last) prefetch_ahead(unit.index, +1);
 }
 
 at::Tensor FullyShardedDataParallel::post_forward(torch::nn::Module& module, at::Tensor output) {
@@ -98,7 +98,7 @@ void FullyShardedDataParallel::start_backward() {
   torch::autograd::Engine::get_default_engine().queue_callback([this] { finish_backward(); });
   units_.back()->in_backward = true;
   if (options_.backward_prefetch_ == BackwardPrefetch::kBackwardPre) {
-    prefetch(static_cast<int>(units_.size()) - 2);
+    prefetch_ahead(static_cast<int>(units_.size()) - 1, -1);
   }
 }
 
@@ -109,7 +109,9 @@ void FullyShardedDataParallel::pre_backward(Unit& unit) {
   }
   unit.in_backward = true;
   gather(unit, /*wait=*/true);
-  if (options_.backward_prefetch_ == BackwardPrefetch::kBackwardPre) prefetch(unit.index - 1);
+  if (options_.backward_prefetch_ == BackwardPrefetch::kBackwardPre) {
+    prefetch_ahead(unit.index, -1);
+  }
 }
 
 void FullyShardedDataParallel::reduce(Unit& unit) {
@@ -125,16 +127,41 @@ void FullyShardedDataParallel::reduce(Unit& unit) {
     }
   }
   Unit::PendingReduce pending;
-  if (shard_group_) {
+  if (options_.zero_.stage == 1) {
+    // ZeRO-1 keeps the whole gradient: an all-reduce, of which the optimizer reads its slice.
+    pending.output = flat;
+    if (dp_group_->size() > 1) pending.scatter = dp_group_->all_reduce(flat, ReduceOp::kAvg);
+  } else if (shard_group_) {
     pending.output = at::empty({unit.shard_numel}, flat.options());
     pending.scatter = shard_group_->reduce_scatter(flat, pending.output, ReduceOp::kAvg);
   } else {
     pending.output = flat;
   }
+  if (pending.scatter) {
+    if (!options_.zero_.overlap_comm) {
+      pending.scatter->wait();
+    } else if (options_.zero_.reduce_bucket_size > 0) {
+      reductions_in_flight_.emplace_back(pending.scatter, unit.padded);
+      bound_reductions();
+    }
+  }
   unit.pending.push_back(std::move(pending));
   // Backward is done with this unit's parameters.
   if (!unit.aliased && shard_group_) release(unit);
-  if (options_.backward_prefetch_ == BackwardPrefetch::kBackwardPost) prefetch(unit.index - 1);
+  if (options_.backward_prefetch_ == BackwardPrefetch::kBackwardPost) {
+    prefetch_ahead(unit.index, -1);
+  }
+}
+
+void FullyShardedDataParallel::bound_reductions() {
+  // DeepSpeed's reduce_bucket_size: at most that many gradient elements in flight.
+  int64_t in_flight = 0;
+  for (const auto& item : reductions_in_flight_) in_flight += item.second;
+  while (in_flight > options_.zero_.reduce_bucket_size && reductions_in_flight_.size() > 1) {
+    reductions_in_flight_.front().first->wait();
+    in_flight -= reductions_in_flight_.front().second;
+    reductions_in_flight_.erase(reductions_in_flight_.begin());
+  }
 }
 
 void FullyShardedDataParallel::finish_backward() {
@@ -152,7 +179,11 @@ void FullyShardedDataParallel::finish_backward() {
   for (auto& unit : units_) {
     for (auto& pending : unit->pending) {
       if (pending.replicate) pending.replicate->wait();
-      unit->grad_shard.add_(pending.output.narrow(0, 0, unit->shard_numel));
+      if (unit->grad_full.defined()) {
+        unit->grad_full.add_(pending.output);
+      } else {
+        unit->grad_shard.add_(pending.output.narrow(0, 0, unit->shard_numel));
+      }
     }
     unit->pending.clear();
     unit->in_backward = false;
@@ -161,6 +192,7 @@ void FullyShardedDataParallel::finish_backward() {
     unit->ready_flags.assign(unit->params.size(), false);
     release(*unit);
   }
+  reductions_in_flight_.clear();
   phase_ = Phase::kIdle;
 }
 

@@ -7,7 +7,7 @@
 namespace shardtrain {
 
 void FullyShardedDataParallel::zero_grad() {
-  for (auto& unit : units_) unit->grad_shard.zero_();
+  for (auto& unit : units_) (unit->grad_full.defined() ? unit->grad_full : unit->grad_shard).zero_();
 }
 
 double FullyShardedDataParallel::clip_grad_norm(double max_norm) {
@@ -36,9 +36,21 @@ void FullyShardedDataParallel::unscale(double scale) {
 }
 
 void FullyShardedDataParallel::after_optimizer_step() {
+  // DeepSpeed's allgather_bucket_size: at most that many elements being gathered at once.
+  const int64_t bucket = options_.zero_.allgather_bucket_size;
+  int64_t in_flight = 0;
+  std::vector<Unit*> flying;
   for (auto& unit : units_) {
-    release(*unit);
-    if (!unit->wire.is_same(unit->master)) unit->wire.copy_(unit->master);
+    refresh(*unit);
+    if (unit->gather_work && bucket > 0) {
+      flying.push_back(unit.get());
+      in_flight += unit->padded;
+      while (in_flight > bucket && flying.size() > 1) {
+        wait_gathered(*flying.front());
+        in_flight -= flying.front()->padded;
+        flying.erase(flying.begin());
+      }
+    }
   }
 }
 
@@ -89,11 +101,13 @@ std::vector<std::vector<std::string>> FullyShardedDataParallel::unit_layout() co
 FSDPMemory FullyShardedDataParallel::memory() const {
   FSDPMemory memory;
   for (const auto& unit : units_) {
-    memory.param_shards += static_cast<int64_t>(unit->master.nbytes());
+    // With master_in_full the master is part of the gathered parameters, counted there.
+    if (!unit->master_in_full) memory.param_shards += static_cast<int64_t>(unit->master.nbytes());
     if (!unit->wire.is_same(unit->master)) {
       memory.param_shards += static_cast<int64_t>(unit->wire.nbytes());
     }
-    memory.grad_shards += static_cast<int64_t>(unit->grad_shard.nbytes());
+    memory.grad_shards += static_cast<int64_t>(
+        (unit->grad_full.defined() ? unit->grad_full : unit->grad_shard).nbytes());
     if (unit->root) {
       memory.root_unit = unit->full_bytes();
     } else {

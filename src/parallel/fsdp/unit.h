@@ -29,6 +29,8 @@ struct FullyShardedDataParallel::Unit {
   at::Tensor grad_shard;  // fp32 [shard_numel]
   at::Tensor full;        // param_dtype [padded]; its storage's memory exists only while gathered
   bool aliased = false;   // full is master itself: one rank holds everything in fp32
+  bool master_in_full = false;  // ZeRO-1/2 in fp32: master is this rank's slice of full
+  at::Tensor grad_full;   // ZeRO-1: the whole averaged gradient; grad_shard is a slice of it
   bool gathered = false;  // memory allocated (the gather may still be in flight)
   WorkHandle gather_work;
 
