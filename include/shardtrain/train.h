@@ -14,6 +14,7 @@
 #include "shardtrain/dist.h"
 #include "shardtrain/fsdp.h"
 #include "shardtrain/mesh.h"
+#include "shardtrain/zero.h"
 #include "shardtrain/model.h"
 #include "shardtrain/optim.h"
 #include "shardtrain/tokenizer.h"

@@ -34,7 +34,7 @@ Trainer::Trainer(TrainConfig config, std::shared_ptr<ProcessGroup> world)
         "world has " +
         std::to_string(world_size()) + " ranks; set parallel.strategy = \"ddp\" or \"fsdp\"");
   }
-  if (!world_ && config_.strategy == "fsdp") {
+  if (!world_ && (config_.strategy == "fsdp" || config_.strategy == "zero")) {
     // FSDP's sharding, policy and accounting on one rank, so a single process can run it too.
     world_ = init_process_group(c10::make_intrusive<c10d::HashStore>(), 0, 1);
   }
@@ -96,7 +96,7 @@ Trainer::Trainer(TrainConfig config, std::shared_ptr<ProcessGroup> world)
             .comm_hook(hook));
   }
 
-  if (config_.strategy == "fsdp") setup_fsdp();
+  if (config_.strategy == "fsdp" || config_.strategy == "zero") setup_fsdp();
 
   // Weight decay on matrices only: biases, norms and 1-D tensors are not decayed (as GPT-2
   // and Llama training do). Under FSDP the optimizer holds this rank's pieces of them.
@@ -127,6 +127,30 @@ Trainer::Trainer(TrainConfig config, std::shared_ptr<ProcessGroup> world)
 }
 
 void Trainer::setup_fsdp() {
+  auto dtype = [](const std::string& name) { return name == "bf16" ? at::kBFloat16 : at::kFloat; };
+  const MixedPrecision precision = MixedPrecision()
+                                       .param_dtype(dtype(config_.param_dtype))
+                                       .reduce_dtype(dtype(config_.reduce_dtype))
+                                       .buffer_dtype(dtype(config_.buffer_dtype));
+  if (config_.strategy == "zero") {
+    mesh_ = std::make_unique<DeviceMesh>(world_, resolve_mesh(MeshShape(), world_size()));
+    ZeroBehaviour knobs;
+    knobs.overlap_comm = config_.zero_overlap_comm;
+    knobs.reduce_bucket_size = config_.zero_reduce_bucket_size;
+    knobs.allgather_bucket_size = config_.zero_allgather_bucket_size;
+    knobs.prefetch_bucket_size = config_.zero_prefetch_bucket_size;
+    knobs.persistence_threshold = config_.zero_param_persistence_threshold;
+    knobs.max_live_parameters = config_.zero_max_live_parameters;
+    fsdp_ = zero_shard(model_, *mesh_,
+                       ZeroOptions()
+                           .stage(static_cast<int>(config_.zero_stage))
+                           .offload_optimizer(offload_device_from_string(config_.zero_offload_optimizer))
+                           .offload_param(offload_device_from_string(config_.zero_offload_param))
+                           .nvme_path(config_.zero_nvme_path)
+                           .behaviour(knobs)
+                           .mixed_precision(precision));
+    return;
+  }
   const auto sharding = sharding_strategy_from_string(config_.fsdp_sharding);
   int replicate = 1;
   if (sharding == ShardingStrategy::kHybridShard) {
@@ -148,7 +172,6 @@ void Trainer::setup_fsdp() {
   WrapPolicy wrap = config_.fsdp_wrap == "size"    ? WrapPolicy::size(config_.fsdp_min_params)
                     : config_.fsdp_wrap == "class" ? WrapPolicy::class_name(config_.fsdp_wrap_classes)
                                                    : WrapPolicy::blocks();
-  auto dtype = [](const std::string& name) { return name == "bf16" ? at::kBFloat16 : at::kFloat; };
   fsdp_ = fully_shard(model_, *mesh_,
                       FSDPOptions()
                           .sharding(sharding)
@@ -157,10 +180,7 @@ void Trainer::setup_fsdp() {
                           .forward_prefetch(config_.fsdp_forward_prefetch)
                           .limit_all_gathers(static_cast<int>(config_.fsdp_limit_all_gathers))
                           .cpu_offload(config_.fsdp_cpu_offload)
-                          .mixed_precision(MixedPrecision()
-                                               .param_dtype(dtype(config_.param_dtype))
-                                               .reduce_dtype(dtype(config_.reduce_dtype))
-                                               .buffer_dtype(dtype(config_.buffer_dtype))));
+                          .mixed_precision(precision));
 }
 
 std::vector<at::Tensor> Trainer::parameters() const {
@@ -299,7 +319,11 @@ void Trainer::fit() {
         static_cast<long long>(shard_->size()), shard_->path().c_str(),
         static_cast<long long>(config_.steps), static_cast<long long>(loader_->global_batch_size()),
         static_cast<long long>(config_.seq_len));
-    if (fsdp_) {
+    if (fsdp_ && config_.strategy == "zero") {
+      std::printf("zero stage %lld over %d rank(s), %zu units, optimizer offload %s\n",
+                  static_cast<long long>(config_.zero_stage), world_size(),
+                  fsdp_->unit_layout().size(), config_.zero_offload_optimizer.c_str());
+    } else if (fsdp_) {
       std::printf("fsdp %s over %d rank(s), %zu units\n", config_.fsdp_sharding.c_str(),
                   world_size(), fsdp_->unit_layout().size());
     } else if (world_size() > 1) {

@@ -82,6 +82,15 @@ TEST_F(FsdpTrainerTest, EveryShardingOnFourRanksMatchesOneProcess) {
                                    4),
                        want, 1e-5);
   }
+  for (const std::string stage : {"1", "2", "3"}) {
+    SCOPED_TRACE("zero stage " + stage);
+    expect_same_losses(fsdp_losses(4,
+                                   {"parallel.strategy=\"zero\"", "train.micro_batch=2",
+                                    "parallel.zero.stage=" + stage,
+                                    "run.dir=\"" + (dir_ / ("zero" + stage)).string() + "\""},
+                                   4),
+                       want, 1e-5);
+  }
 }
 
 TEST_F(FsdpTrainerTest, ResumeOnTheSameRanksContinuesExactly) {
@@ -135,6 +144,18 @@ TEST_F(FsdpTrainerTest, LaunchedFourRanksWriteTheLossesOfTheOneProcessRun) {
   ASSERT_EQ(one.exit_code, 0) << one.output;
   const auto want = metric_losses(dir_ / "one" / "metrics.jsonl");
   ASSERT_EQ(want.size(), 3u);
+  for (const std::string stage : {"1", "2", "3"}) {
+    SCOPED_TRACE("zero stage " + stage);
+    const fs::path run_dir = dir_ / ("zero" + stage);
+    auto four = testing::run_command(
+        testing::cli() + " launch --nproc 4 -- " + train +
+        " --set train.micro_batch=2 --set parallel.strategy=zero --set parallel.zero.stage=" +
+        stage + " --set run.dir=" + run_dir.string());
+    ASSERT_EQ(four.exit_code, 0) << four.output;
+    EXPECT_NE(four.output.find("zero stage " + stage + " over 4 rank(s)"), std::string::npos)
+        << four.output;
+    expect_same_losses(metric_losses(run_dir / "metrics.jsonl"), want, 1e-5);
+  }
   for (const std::string sharding : {"full_shard", "shard_grad_op", "no_shard", "hybrid_shard"}) {
     SCOPED_TRACE(sharding);
     const fs::path run_dir = dir_ / sharding;
