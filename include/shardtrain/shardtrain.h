@@ -6,6 +6,7 @@
 #include "shardtrain/config.h"
 #include "shardtrain/data.h"
 #include "shardtrain/dist.h"
+#include "shardtrain/fused_adamw.h"
 #include "shardtrain/launch.h"
 #include "shardtrain/memory.h"
 #include "shardtrain/mesh.h"
