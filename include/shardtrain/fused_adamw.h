@@ -184,16 +184,17 @@ struct AdamBenchOptions {
 };
 
 struct AdamBenchRow {
-  std::string name;             // "copy", "torch AdamW", "fused", "fused+bf16", "nvme", ...
-  double median_s = 0;          // median seconds per step (per copy for "copy")
-  double elements_per_s = 0;    // params / median_s
-  double gbps_28 = 0;           // elements/s x 28 bytes (copy: bytes read + written / s)
-  double vs_torch = 0;          // speed relative to torch AdamW (higher is faster)
-  double of_bound = 0;          // elements/s over the bandwidth bound (copy GB/s / 28 B)
+  std::string name;           // "copy (memcpy)", "torch::optim::AdamW", "fused AdamW", ...
+  double median_s = 0;        // median seconds per step (per copy for the copy rows)
+  double elements_per_s = 0;  // params / median_s
+  double gbps_28 = 0;         // elements/s x 28 bytes (copy rows: 8 bytes, read + written)
+  double vs_torch = 0;        // speed relative to torch::optim::AdamW (higher is faster)
+  double of_bound = 0;        // elements/s over the bound: best copy GB/s / 28 bytes
 };
 
-// Measures, in one run and at one thread count: a copy bandwidth (at::Tensor::copy_ of a
-// params-sized fp32 buffer into another, counted as 8 bytes per element), LibTorch's AdamW
+// Measures, in one run and at one thread count: a copy bandwidth (a params-sized fp32 buffer
+// copied into another by at::Tensor::copy_ and by memcpy on the same threads, counted as 8 bytes
+// per element; the faster sets the bound), LibTorch's AdamW
 // step, fused_adamw_step without and with the bf16 copy, and NvmeAdamW (page cache and
 // O_DIRECT, when the directory allows it). Allocates about 10 x 4 bytes per parameter.
 // Throws std::invalid_argument for a bad option.

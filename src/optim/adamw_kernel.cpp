@@ -92,6 +92,7 @@ struct Avx2Constants {
 };
 
 // c10::BFloat16's rounding of 8 floats: add 0x7FFF plus the lowest kept bit, keep the top half.
+template <bool stream>
 inline void avx2_store_bf16(__m256 x, uint16_t* out) {
   const __m256i bits = _mm256_castps_si256(x);
   const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
@@ -101,9 +102,14 @@ inline void avx2_store_bf16(__m256 x, uint16_t* out) {
   r = _mm256_blendv_epi8(r, _mm256_set1_epi32(0x7FC0), _mm256_castps_si256(is_nan));
   // packus works per 128-bit lane; the permute brings both lanes' halves together.
   const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0b1000);
-  _mm_storeu_si128(reinterpret_cast<__m128i*>(out), _mm256_castsi256_si128(packed));
+  if (stream) {
+    _mm_stream_si128(reinterpret_cast<__m128i*>(out), _mm256_castsi256_si128(packed));
+  } else {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out), _mm256_castsi256_si128(packed));
+  }
 }
 
+template <bool stream = false>
 inline void avx2_block(const Avx2Constants& c, float* p, const float* g, float* m, float* v,
                        uint16_t* bf16) {
   __m256 param = _mm256_loadu_ps(p);
@@ -117,7 +123,7 @@ inline void avx2_block(const Avx2Constants& c, float* p, const float* g, float* 
   _mm256_storeu_ps(p, param);
   _mm256_storeu_ps(m, avg);
   _mm256_storeu_ps(v, avg_sq);
-  if (bf16) avx2_store_bf16(param, bf16);
+  if (bf16) avx2_store_bf16<stream>(param, bf16);
 }
 
 void avx2_range(const AdamWScalars& s, float* p, const float* g, float* m, float* v,
@@ -125,7 +131,15 @@ void avx2_range(const AdamWScalars& s, float* p, const float* g, float* m, float
   const Avx2Constants c(s);
   int64_t i = 0;
   if (bf16) {
-    for (; i + 8 <= n; i += 8) avx2_block(c, p + i, g + i, m + i, v + i, bf16 + i);
+    // Streaming stores for the bf16 copy, as in the AVX-512 path; 16-byte aligned.
+    i = std::min<int64_t>(n, static_cast<int64_t>((16 - reinterpret_cast<uintptr_t>(bf16) % 16) % 16) / 2);
+    if (i > 0) {
+      Tail<8> t(p, g, m, v, i);
+      avx2_block(c, t.tp, t.tg, t.tm, t.tv, t.tb);
+      t.write_back(p, m, v, bf16);
+    }
+    for (; i + 8 <= n; i += 8) avx2_block<true>(c, p + i, g + i, m + i, v + i, bf16 + i);
+    _mm_sfence();
   } else {
     for (; i + 8 <= n; i += 8) avx2_block(c, p + i, g + i, m + i, v + i, nullptr);
   }
@@ -164,6 +178,7 @@ struct Avx512Constants {
   __m512 decay, beta1, omb1, beta2, omb2, sqrt_bc2, eps, neg_step;
 };
 
+template <bool stream>
 inline void avx512_store_bf16(__m512 x, uint16_t* out) {
   const __m512i bits = _mm512_castps_si512(x);
   const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
@@ -171,9 +186,14 @@ inline void avx512_store_bf16(__m512 x, uint16_t* out) {
       _mm512_add_epi32(_mm512_add_epi32(bits, _mm512_set1_epi32(0x7FFF)), lsb), 16);
   const __mmask16 is_nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
   r = _mm512_mask_blend_epi32(is_nan, r, _mm512_set1_epi32(0x7FC0));
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), _mm512_cvtepi32_epi16(r));
+  if (stream) {
+    _mm256_stream_si256(reinterpret_cast<__m256i*>(out), _mm512_cvtepi32_epi16(r));
+  } else {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), _mm512_cvtepi32_epi16(r));
+  }
 }
 
+template <bool stream = false>
 inline void avx512_block(const Avx512Constants& c, float* p, const float* g, float* m, float* v,
                          uint16_t* bf16) {
   __m512 param = _mm512_loadu_ps(p);
@@ -187,7 +207,7 @@ inline void avx512_block(const Avx512Constants& c, float* p, const float* g, flo
   _mm512_storeu_ps(p, param);
   _mm512_storeu_ps(m, avg);
   _mm512_storeu_ps(v, avg_sq);
-  if (bf16) avx512_store_bf16(param, bf16);
+  if (bf16) avx512_store_bf16<stream>(param, bf16);
 }
 
 void avx512_range(const AdamWScalars& s, float* p, const float* g, float* m, float* v,
@@ -195,7 +215,16 @@ void avx512_range(const AdamWScalars& s, float* p, const float* g, float* m, flo
   const Avx512Constants c(s);
   int64_t i = 0;
   if (bf16) {
-    for (; i + 16 <= n; i += 16) avx512_block(c, p + i, g + i, m + i, v + i, bf16 + i);
+    // Nothing reads the bf16 copy again during the step: streaming stores spare reading each of
+    // its cache lines before writing it. They need 32-byte alignment, which a lead-in reaches.
+    i = std::min<int64_t>(n, static_cast<int64_t>((32 - reinterpret_cast<uintptr_t>(bf16) % 32) % 32) / 2);
+    if (i > 0) {
+      Tail<16> t(p, g, m, v, i);
+      avx512_block(c, t.tp, t.tg, t.tm, t.tv, t.tb);
+      t.write_back(p, m, v, bf16);
+    }
+    for (; i + 16 <= n; i += 16) avx512_block<true>(c, p + i, g + i, m + i, v + i, bf16 + i);
+    _mm_sfence();
   } else {
     for (; i + 16 <= n; i += 16) avx512_block(c, p + i, g + i, m + i, v + i, nullptr);
   }
