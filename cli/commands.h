@@ -12,6 +12,8 @@ namespace shardtrain::cli {
 // Adds `launch`; `command` is the program after "--", split off before parsing.
 void add_launch_command(CLI::App& app, const std::vector<std::string>& command, int& exit_code);
 void add_bench_command(CLI::App& app, int& exit_code);
+// `bench adam`, under the `bench` subcommand.
+void add_bench_adam_command(CLI::App& bench);
 void add_train_command(CLI::App& app);
 void add_data_command(CLI::App& app);
 

@@ -1,0 +1,228 @@
+// AdamW state in files. The partition is walked in chunks through three rotating buffers: while
+// the kernel updates chunk i in one, chunk i+1 is being read into the next and chunk i-1
+// written from the previous, each on its own I/O thread, so a step costs about
+// max(compute, read, write) instead of their sum once the pipeline is full.
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <stdexcept>
+
+#include "optim/adamw_kernel.h"
+#include "optim/io_thread.h"
+#include "shardtrain/fused_adamw.h"
+
+namespace shardtrain {
+namespace {
+
+// O_DIRECT transfers must be aligned to the logical block size; 4 KiB covers current devices.
+constexpr int64_t kDirectAlign = 4096;
+
+int64_t round_up(int64_t value, int64_t multiple) { return (value + multiple - 1) / multiple * multiple; }
+
+std::string system_error(const std::string& what, const std::string& path) {
+  return "NVMe offload: " + what + " '" + path + "': " + std::strerror(errno);
+}
+
+void transfer(bool write, int fd, const std::string& path, char* buffer, int64_t bytes,
+              int64_t offset) {
+  while (bytes > 0) {
+    const ssize_t done = write ? ::pwrite(fd, buffer, bytes, offset) : ::pread(fd, buffer, bytes, offset);
+    if (done < 0 && errno == EINTR) continue;
+    if (done < 0) throw std::runtime_error(system_error(write ? "cannot write" : "cannot read", path));
+    if (done == 0) {
+      throw std::runtime_error("NVMe offload: '" + path + "' ended early (at byte " +
+                               std::to_string(offset) + "); was it truncated?");
+    }
+    buffer += done;
+    bytes -= done;
+    offset += done;
+  }
+}
+
+struct FreeDeleter {
+  void operator()(float* p) const { std::free(p); }
+};
+
+}  // namespace
+
+struct NvmeAdamW::Io {
+  int fds[2] = {-1, -1};
+  int64_t chunk = 0;                            // elements per chunk
+  std::unique_ptr<float, FreeDeleter> buf[3][2];  // [slot][exp_avg, exp_avg_sq]
+  detail::IoThread reader, writer;
+};
+
+NvmeAdamW::NvmeAdamW(int64_t numel, NvmeAdamWOptions options)
+    : numel_(numel), options_(std::move(options)), io_(std::make_unique<Io>()) {
+  if (numel_ <= 0) throw std::invalid_argument("NVMe offload: numel must be > 0, got " + std::to_string(numel_));
+  if (options_.chunk_elements_ <= 0) {
+    throw std::invalid_argument("NVMe offload: chunk_elements must be > 0, got " +
+                                std::to_string(options_.chunk_elements_));
+  }
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (options_.dir_.empty() || !fs::is_directory(options_.dir_, ec)) {
+    throw std::invalid_argument("NVMe offload: directory '" + options_.dir_ + "' does not exist");
+  }
+  io_->chunk = std::min(options_.chunk_elements_, numel_);
+  if (options_.direct_io_) io_->chunk = round_up(io_->chunk, kDirectAlign / 4);
+  const int64_t buffer_bytes = round_up(io_->chunk * 4, kDirectAlign);
+  for (auto& slot : io_->buf) {
+    for (auto& b : slot) {
+      b.reset(static_cast<float*>(std::aligned_alloc(kDirectAlign, buffer_bytes)));
+      if (!b) throw std::bad_alloc();
+    }
+  }
+  static std::atomic<int64_t> counter{0};
+  const std::string stem = (fs::path(options_.dir_) / ("shardtrain_adamw_" + std::to_string(getpid()) + "_" +
+                                                      std::to_string(counter++))).string();
+  paths_[0] = stem + ".exp_avg";
+  paths_[1] = stem + ".exp_avg_sq";
+  // Padded to the alignment so that the last O_DIRECT transfer may be a whole block.
+  const int64_t file_bytes = round_up(numel_ * 4, kDirectAlign);
+  for (int k = 0; k < 2; ++k) {
+    int flags = O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC;
+    if (options_.direct_io_) flags |= O_DIRECT;
+    io_->fds[k] = ::open(paths_[k].c_str(), flags, 0600);
+    if (io_->fds[k] < 0) {
+      const std::string reason = system_error("cannot create", paths_[k]);
+      if (k == 1) {
+        ::close(io_->fds[0]);
+        ::unlink(paths_[0].c_str());
+      }
+      throw std::invalid_argument(
+          reason + (options_.direct_io_ && errno == EINVAL ? " (O_DIRECT unsupported there)" : ""));
+    }
+  }
+  // A file that is all holes reads as zeros: AdamW's initial state, without writing it.
+  for (int k = 0; k < 2; ++k) {
+    if (::ftruncate(io_->fds[k], file_bytes) != 0) {
+      const std::string reason = system_error("cannot size", paths_[k]);
+      for (int j = 0; j < 2; ++j) {
+        ::close(io_->fds[j]);
+        ::unlink(paths_[j].c_str());
+      }
+      throw std::runtime_error(reason);
+    }
+  }
+}
+
+NvmeAdamW::~NvmeAdamW() {
+  for (int k = 0; k < 2; ++k) {
+    if (io_->fds[k] >= 0) ::close(io_->fds[k]);
+    ::unlink(paths_[k].c_str());
+  }
+}
+
+void NvmeAdamW::step(at::Tensor& param, const at::Tensor& grad, const AdamWStep& hyper,
+                     at::Tensor* param_bf16_out) {
+  uint16_t* bf16 = detail::check_adamw_args(param, grad, nullptr, nullptr, hyper, param_bf16_out);
+  if (param.numel() != numel_) {
+    throw std::invalid_argument("NVMe offload: param has " + std::to_string(param.numel()) +
+                                " elements, the state holds " + std::to_string(numel_));
+  }
+  const auto s = detail::AdamWScalars::from(hyper);
+  float* p = param.data_ptr<float>();
+  const float* g = grad.data_ptr<float>();
+  Io& io = *io_;
+  const int64_t chunks = (numel_ + io.chunk - 1) / io.chunk;
+  auto io_job = [this, &io](bool write, int64_t chunk, int slot) {
+    const int64_t begin = chunk * io.chunk;
+    int64_t bytes = std::min(io.chunk, numel_ - begin) * 4;
+    if (options_.direct_io_) bytes = round_up(bytes, kDirectAlign);
+    return [this, &io, write, begin, bytes, slot] {
+      for (int k = 0; k < 2; ++k) {
+        transfer(write, io.fds[k], paths_[k], reinterpret_cast<char*>(io.buf[slot][k].get()), bytes,
+                 begin * 4);
+      }
+    };
+  };
+  std::future<void> r[3], w[3];  // reads and writes in flight, by buffer slot
+  // On an error the buffers must outlive the I/O already queued: wait for all of it first.
+  struct Drain {
+    std::future<void>* r;
+    std::future<void>* w;
+    ~Drain() {
+      for (int i = 0; i < 3; ++i) {
+        if (r[i].valid()) r[i].wait();
+        if (w[i].valid()) w[i].wait();
+      }
+    }
+  } drain{r, w};
+  r[0] = io.reader.submit(io_job(false, 0, 0));
+  for (int64_t i = 0; i < chunks; ++i) {
+    const int slot = static_cast<int>(i % 3);
+    if (i + 1 < chunks) {
+      const int next = static_cast<int>((i + 1) % 3);
+      // That slot last held chunk i-2: its write must finish before it is refilled.
+      if (w[next].valid()) w[next].get();
+      r[next] = io.reader.submit(io_job(false, i + 1, next));
+    }
+    r[slot].get();
+    const int64_t begin = i * io.chunk;
+    const int64_t len = std::min(io.chunk, numel_ - begin);
+    detail::adamw_parallel(s, p + begin, g + begin, io.buf[slot][0].get(), io.buf[slot][1].get(),
+                           bf16 ? bf16 + begin : nullptr, len);
+    w[slot] = io.writer.submit(io_job(true, i, slot));
+  }
+  for (auto& f : w) {
+    if (f.valid()) f.get();
+  }
+}
+
+// Whole-file copies go through the first buffer (O_DIRECT needs aligned memory); not while a
+// step runs.
+void NvmeAdamW::copy_state(int k, at::Tensor* out, const at::Tensor* in) const {
+  float* buffer = io_->buf[0][k].get();
+  for (int64_t begin = 0; begin < numel_; begin += io_->chunk) {
+    const int64_t len = std::min(io_->chunk, numel_ - begin);
+    const int64_t bytes = options_.direct_io_ ? round_up(len * 4, kDirectAlign) : len * 4;
+    char* raw = reinterpret_cast<char*>(buffer);
+    if (in) {
+      std::memcpy(buffer, in->data_ptr<float>() + begin, len * 4);
+      std::memset(raw + len * 4, 0, bytes - len * 4);
+      transfer(true, io_->fds[k], paths_[k], raw, bytes, begin * 4);
+    } else {
+      transfer(false, io_->fds[k], paths_[k], raw, bytes, begin * 4);
+      std::memcpy(out->data_ptr<float>() + begin, buffer, len * 4);
+    }
+  }
+}
+
+at::Tensor NvmeAdamW::exp_avg() const {
+  auto out = at::empty({numel_}, at::kFloat);
+  copy_state(0, &out, nullptr);
+  return out;
+}
+
+at::Tensor NvmeAdamW::exp_avg_sq() const {
+  auto out = at::empty({numel_}, at::kFloat);
+  copy_state(1, &out, nullptr);
+  return out;
+}
+
+void NvmeAdamW::load(const at::Tensor& exp_avg, const at::Tensor& exp_avg_sq) {
+  const at::Tensor* state[2] = {&exp_avg, &exp_avg_sq};
+  const char* names[2] = {"exp_avg", "exp_avg_sq"};
+  for (int k = 0; k < 2; ++k) {
+    const at::Tensor& t = *state[k];
+    if (!t.defined() || t.scalar_type() != at::kFloat || t.numel() != numel_) {
+      throw std::invalid_argument(std::string("NVMe offload: load: ") + names[k] +
+                                  " must be a Float tensor of " + std::to_string(numel_) +
+                                  " elements");
+    }
+  }
+  for (int k = 0; k < 2; ++k) {
+    const auto flat = state[k]->to(at::kCPU).contiguous();
+    copy_state(k, nullptr, &flat);
+  }
+}
+
+}  // namespace shardtrain
