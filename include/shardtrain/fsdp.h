@@ -215,6 +215,9 @@ class FullyShardedDataParallel {
   // parameters: `state_of(segment_index)` returns the segment's piece (fp32, segment numel).
   std::vector<std::pair<std::string, at::Tensor>> full_state(
       const std::function<at::Tensor(size_t)>& state_of);
+  // This rank's fp32 master shard and gradient shard of each unit (forward order, root last):
+  // views, for optimizers that step whole shards.
+  std::vector<std::pair<at::Tensor, at::Tensor>> flat_shards() const;
   // Names and unit of every parameter: the units in forward order, the root last.
   std::vector<std::vector<std::string>> unit_layout() const;
   FSDPMemory memory() const;

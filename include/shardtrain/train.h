@@ -13,6 +13,7 @@
 #include "shardtrain/ddp.h"
 #include "shardtrain/dist.h"
 #include "shardtrain/fsdp.h"
+#include "shardtrain/fused_adamw.h"
 #include "shardtrain/mesh.h"
 #include "shardtrain/zero.h"
 #include "shardtrain/model.h"
@@ -72,6 +73,10 @@ class Trainer {
  private:
   void write_metrics(const StepResult& result, double eval_loss);
   void setup_fsdp();
+  // The optimizer step with ZeRO's NVMe-offloaded state.
+  void nvme_step(double lr);
+  void nvme_state_to_optimizer();
+  void nvme_state_from_optimizer();
   std::vector<at::Tensor> parameters() const;
   // Waits for every rank (no-op on one process).
   void barrier() const;
@@ -81,6 +86,8 @@ class Trainer {
   std::unique_ptr<DistributedDataParallel> ddp_;
   std::unique_ptr<DeviceMesh> mesh_;
   std::unique_ptr<FullyShardedDataParallel> fsdp_;
+  std::vector<std::unique_ptr<NvmeAdamW>> nvme_;  // one per unit shard, with offload to nvme
+  int64_t nvme_steps_ = 0;
   std::unique_ptr<Tokenizer> tokenizer_;
   std::shared_ptr<TokenShard> shard_;
   std::unique_ptr<DataLoader> loader_;

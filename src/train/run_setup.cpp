@@ -72,4 +72,10 @@ std::shared_ptr<TokenShard> open_corpus(const TrainConfig& config, const Tokeniz
 int64_t resident_bytes() { return status_field_kib("VmRSS") * 1024; }
 int64_t peak_resident_bytes() { return status_field_kib("VmHWM") * 1024; }
 
+std::string optimizer_state_key(const at::Tensor& parameter) {
+  std::ostringstream key;
+  key << parameter.unsafeGetTensorImpl();
+  return key.str();
+}
+
 }  // namespace shardtrain::detail

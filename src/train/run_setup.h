@@ -21,4 +21,7 @@ std::shared_ptr<TokenShard> open_corpus(const TrainConfig& config, const Tokeniz
 int64_t resident_bytes();
 int64_t peak_resident_bytes();
 
+// LibTorch's optimizers key per-parameter state by the TensorImpl address, printed.
+std::string optimizer_state_key(const at::Tensor& parameter);
+
 }  // namespace shardtrain::detail

@@ -116,7 +116,15 @@ Trainer::Trainer(TrainConfig config, std::shared_ptr<ProcessGroup> world)
   groups.emplace_back(decay, std::make_unique<torch::optim::AdamWOptions>(options));
   groups.emplace_back(no_decay, std::make_unique<torch::optim::AdamWOptions>(
                                     torch::optim::AdamWOptions(options).weight_decay(0.0)));
-  optimizer_ = std::make_unique<torch::optim::AdamW>(std::move(groups), options);
+  // The fused kernel gives LibTorch's AdamW results bit for bit, in one pass over memory.
+  optimizer_ = std::make_unique<FusedAdamW>(std::move(groups), options);
+  if (config_.strategy == "zero" && config_.zero_offload_optimizer == "nvme") {
+    // The moments of each unit's shard live in files; optimizer_ then holds no state.
+    for (const auto& [master, grad] : fsdp_->flat_shards()) {
+      nvme_.push_back(std::make_unique<NvmeAdamW>(
+          master.numel(), NvmeAdamWOptions().dir(config_.zero_nvme_path)));
+    }
+  }
   schedule_ =
       LrSchedule{config_.lr, config_.min_lr, config_.warmup, config_.steps, config_.schedule};
   scaler_ = LossScaler::from_config(config_.loss_scale, config_.initial_scale, config_.scale_window,
@@ -181,6 +189,61 @@ void Trainer::setup_fsdp() {
                           .limit_all_gathers(static_cast<int>(config_.fsdp_limit_all_gathers))
                           .cpu_offload(config_.fsdp_cpu_offload)
                           .mixed_precision(precision));
+}
+
+void Trainer::nvme_step(double lr) {
+  torch::NoGradGuard no_grad;
+  // AdamW's decoupled decay comes first and is elementwise, so applying it per piece and then
+  // stepping whole shards with no decay is the same update.
+  if (config_.weight_decay != 0.0) {
+    for (const auto& s : fsdp_->segments()) {
+      if (s.shape.size() >= 2) s.param.mul_(1.0 - lr * config_.weight_decay);
+    }
+  }
+  ++nvme_steps_;
+  const AdamWStep hyper = AdamWStep()
+                              .lr(lr)
+                              .betas(config_.beta1, config_.beta2)
+                              .eps(config_.eps)
+                              .weight_decay(0.0)
+                              .step(nvme_steps_);
+  auto shards = fsdp_->flat_shards();
+  for (size_t u = 0; u < shards.size(); ++u) nvme_[u]->step(shards[u].first, shards[u].second, hyper);
+}
+
+void Trainer::nvme_state_to_optimizer() {
+  // Checkpoints read AdamW state per piece: materialize it from the files for the save.
+  for (size_t u = 0; u < nvme_.size(); ++u) {
+    const at::Tensor avg = nvme_[u]->exp_avg();
+    const at::Tensor avg_sq = nvme_[u]->exp_avg_sq();
+    for (const auto& s : fsdp_->segments()) {
+      if (s.unit != static_cast<int>(u) || nvme_steps_ == 0) continue;
+      auto state = std::make_unique<torch::optim::AdamWParamState>();
+      state->step(nvme_steps_);
+      state->exp_avg(avg.narrow(0, s.shard_offset, s.param.numel()).clone());
+      state->exp_avg_sq(avg_sq.narrow(0, s.shard_offset, s.param.numel()).clone());
+      optimizer_->state()[detail::optimizer_state_key(s.param)] = std::move(state);
+    }
+  }
+}
+
+void Trainer::nvme_state_from_optimizer() {
+  // After a save or a load: the files hold the state again, the optimizer none.
+  auto& states = optimizer_->state();
+  for (size_t u = 0; u < nvme_.size(); ++u) {
+    at::Tensor avg = at::zeros_like(fsdp_->flat_shards()[u].first);
+    at::Tensor avg_sq = at::zeros_like(avg);
+    for (const auto& s : fsdp_->segments()) {
+      auto it = states.find(detail::optimizer_state_key(s.param));
+      if (s.unit != static_cast<int>(u) || it == states.end()) continue;
+      const auto& state = static_cast<const torch::optim::AdamWParamState&>(*it->second);
+      avg.narrow(0, s.shard_offset, s.param.numel()).copy_(state.exp_avg());
+      avg_sq.narrow(0, s.shard_offset, s.param.numel()).copy_(state.exp_avg_sq());
+      nvme_steps_ = state.step();
+      states.erase(it);
+    }
+    nvme_[u]->load(avg, avg_sq);
+  }
 }
 
 std::vector<at::Tensor> Trainer::parameters() const {
@@ -257,7 +320,11 @@ StepResult Trainer::train_step() {
     for (auto& group : optimizer_->param_groups()) {
       static_cast<torch::optim::AdamWOptions&>(group.options()).lr(result.lr);
     }
-    optimizer_->step();
+    if (nvme_.empty()) {
+      optimizer_->step();
+    } else {
+      nvme_step(result.lr);
+    }
     if (fsdp_) fsdp_->after_optimizer_step();
   }
   // A skipped step still consumes its data and advances the schedule, as AMP and DeepSpeed do.

@@ -15,11 +15,8 @@ namespace fs = std::filesystem;
 namespace shardtrain {
 namespace {
 
-// LibTorch keys optimizer state by the parameter's TensorImpl address, printed.
 std::string state_key(const at::Tensor& parameter) {
-  std::ostringstream key;
-  key << parameter.unsafeGetTensorImpl();
-  return key.str();
+  return detail::optimizer_state_key(parameter);
 }
 
 // AdamW's state of one parameter, or null before its first step.
@@ -73,6 +70,7 @@ std::string Trainer::save_checkpoint() {
   std::snprintf(name, sizeof(name), "step_%06lld", static_cast<long long>(step_));
   NamedTensors params, optim;
   int64_t optimizer_step = 0;
+  if (!nvme_.empty()) nvme_state_to_optimizer();
   if (fsdp_) {
     // Collective: every rank gathers the full tensors of the shards.
     const auto& segments = fsdp_->segments();
@@ -98,6 +96,7 @@ std::string Trainer::save_checkpoint() {
         optim.emplace_back(avg_sq[i].first + ".exp_avg_sq", avg_sq[i].second);
       }
     }
+    if (!nvme_.empty()) nvme_state_from_optimizer();
   }
   // Replicated strategies hold the same state on every rank: rank 0 writes it alone.
   if (rank() != 0) {
@@ -193,6 +192,7 @@ void Trainer::load_checkpoint(const std::string& dir) {
       optimizer_->state()[state_key(segment.param)] = std::move(param_state);
     }
     fsdp_->after_optimizer_step();
+    if (!nvme_.empty()) nvme_state_from_optimizer();
   }
   for (const auto& item : fsdp_ ? torch::OrderedDict<std::string, at::Tensor>()
                                 : model_->named_parameters()) {

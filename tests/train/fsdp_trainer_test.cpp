@@ -93,33 +93,66 @@ TEST_F(FsdpTrainerTest, EveryShardingOnFourRanksMatchesOneProcess) {
   }
 }
 
-TEST_F(FsdpTrainerTest, ResumeOnTheSameRanksContinuesExactly) {
-  const std::vector<std::string> fsdp = {"parallel.strategy=\"fsdp\"", "train.micro_batch=4",
-                                         "train.steps=6"};
-  auto run = [&](std::vector<std::string> extra, int steps) {
-    extra.insert(extra.end(), fsdp.begin(), fsdp.end());
-    return fsdp_losses(2, extra, steps);
-  };
-  const auto straight = run({"run.dir=\"" + (dir_ / "straight").string() + "\""}, 6);
-  std::vector<double> resumed;
-  run_local_ranks(2, [&](ProcessGroup& group) {
-    auto shared = std::shared_ptr<ProcessGroup>(&group, [](ProcessGroup*) {});
-    std::vector<std::string> overrides = fsdp;
-    overrides.push_back("run.dir=\"" + (dir_ / "resumed").string() + "\"");
-    {
-      Trainer first(config(overrides), shared);
-      for (int i = 0; i < 3; ++i) first.train_step();
-      first.save_checkpoint();
+TEST_F(FsdpTrainerTest, ZeroStagesWithEachOffloadMatchOneProcessOverTenSteps) {
+  Trainer single(config({"train.steps=10"}));
+  std::vector<double> want;
+  for (int i = 0; i < 10; ++i) want.push_back(single.train_step().loss);
+  const fs::path nvme = dir_ / "nvme";
+  fs::create_directories(nvme);
+  for (const std::string stage : {"1", "2", "3"}) {
+    for (const std::string offload : {"none", "cpu", "nvme"}) {
+      SCOPED_TRACE("zero stage " + stage + " offload " + offload);
+      std::vector<std::string> overrides = {
+          "parallel.strategy=\"zero\"", "train.micro_batch=2", "train.steps=10",
+          "parallel.zero.stage=" + stage, "parallel.zero.offload_optimizer=\"" + offload + "\"",
+          "parallel.zero.nvme_path=\"" + nvme.string() + "\"",
+          "run.dir=\"" + (dir_ / ("zero" + stage + offload)).string() + "\""};
+      if (stage == "3" && offload != "none") {
+        overrides.push_back("parallel.zero.offload_param=\"cpu\"");
+      }
+      expect_same_losses(fsdp_losses(4, overrides, 10), want, 1e-5);
     }
-    overrides.push_back("run.resume=\"latest\"");
-    Trainer second(config(overrides), shared);
-    EXPECT_EQ(second.step(), 3);
-    std::vector<double> mine;
-    for (int i = 0; i < 3; ++i) mine.push_back(second.train_step().loss);
-    if (group.rank() == 0) resumed = mine;
-  });
-  ASSERT_EQ(resumed.size(), 3u);
-  for (size_t i = 0; i < 3; ++i) EXPECT_EQ(resumed[i], straight[i + 3]) << "step " << i + 4;
+  }
+  // The state files are gone with the trainers.
+  EXPECT_TRUE(fs::is_empty(nvme));
+}
+
+TEST_F(FsdpTrainerTest, ResumeOnTheSameRanksContinuesExactly) {
+  const fs::path nvme = dir_ / "nvme";
+  fs::create_directories(nvme);
+  for (const std::vector<std::string>& sharded :
+       {std::vector<std::string>{"parallel.strategy=\"fsdp\""},
+        std::vector<std::string>{"parallel.strategy=\"zero\"", "parallel.zero.stage=2",
+                                 "parallel.zero.offload_optimizer=\"nvme\"",
+                                 "parallel.zero.nvme_path=\"" + nvme.string() + "\""}}) {
+    SCOPED_TRACE(sharded.front());
+    std::vector<std::string> common = sharded;
+    common.insert(common.end(), {"train.micro_batch=4", "train.steps=6"});
+    auto with = [&](const std::string& dir) {
+      auto all = common;
+      all.push_back("run.dir=\"" + (dir_ / dir).string() + "\"");
+      return all;
+    };
+    const auto straight = fsdp_losses(2, with("straight" + sharded.front().substr(18, 4)), 6);
+    std::vector<double> resumed;
+    run_local_ranks(2, [&](ProcessGroup& group) {
+      auto shared = std::shared_ptr<ProcessGroup>(&group, [](ProcessGroup*) {});
+      auto overrides = with("resumed" + sharded.front().substr(18, 4));
+      {
+        Trainer first(config(overrides), shared);
+        for (int i = 0; i < 3; ++i) first.train_step();
+        first.save_checkpoint();
+      }
+      overrides.push_back("run.resume=\"latest\"");
+      Trainer second(config(overrides), shared);
+      EXPECT_EQ(second.step(), 3);
+      std::vector<double> mine;
+      for (int i = 0; i < 3; ++i) mine.push_back(second.train_step().loss);
+      if (group.rank() == 0) resumed = mine;
+    });
+    ASSERT_EQ(resumed.size(), 3u);
+    for (size_t i = 0; i < 3; ++i) EXPECT_EQ(resumed[i], straight[i + 3]) << "step " << i + 4;
+  }
 }
 
 std::vector<double> metric_losses(const fs::path& file) {

@@ -92,6 +92,12 @@ std::vector<std::pair<std::string, at::Tensor>> FullyShardedDataParallel::full_s
   return out;
 }
 
+std::vector<std::pair<at::Tensor, at::Tensor>> FullyShardedDataParallel::flat_shards() const {
+  std::vector<std::pair<at::Tensor, at::Tensor>> shards;
+  for (const auto& unit : units_) shards.emplace_back(unit->master, unit->grad_shard);
+  return shards;
+}
+
 std::vector<std::vector<std::string>> FullyShardedDataParallel::unit_layout() const {
   std::vector<std::vector<std::string>> layout;
   for (const auto& unit : units_) layout.push_back(unit->names);
