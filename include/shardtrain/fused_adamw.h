@@ -59,11 +59,13 @@ struct AdamWStep {
 // are walked as flat arrays, so 1-D views of a flat shard work). When `param_bf16_out` is given
 // it must be a contiguous CPU bf16 tensor of the same numel; it receives the updated param
 // rounded to nearest even (the value of param.to(at::kBFloat16)) in the same pass.
+// param, exp_avg, exp_avg_sq and *param_bf16_out are written in place through their handles
+// (so `flat.narrow(0, offset, length)` can be passed directly).
 // Runs on at::get_num_threads() threads in large contiguous ranges; synchronous. Throws
 // std::invalid_argument naming the tensor and the mismatch, or a bad hyper-parameter.
-void fused_adamw_step(at::Tensor& param, const at::Tensor& grad, at::Tensor& exp_avg,
-                      at::Tensor& exp_avg_sq, const AdamWStep& hyper,
-                      at::Tensor* param_bf16_out = nullptr);
+void fused_adamw_step(const at::Tensor& param, const at::Tensor& grad, const at::Tensor& exp_avg,
+                      const at::Tensor& exp_avg_sq, const AdamWStep& hyper,
+                      const at::Tensor* param_bf16_out = nullptr);
 
 // The instruction set fused_adamw_step uses on this CPU: "avx512", "avx2" or "generic".
 // SHARDTRAIN_ADAM_ISA=avx2|generic in the environment caps it (for comparisons).
@@ -125,8 +127,8 @@ class NvmeAdamW {
   // One update of `param` (fp32, contiguous, CPU, numel elements) with `grad`; same results as
   // fused_adamw_step on in-memory state. Synchronous: the state is on file when it returns.
   // `param_bf16_out` as in fused_adamw_step.
-  void step(at::Tensor& param, const at::Tensor& grad, const AdamWStep& hyper,
-            at::Tensor* param_bf16_out = nullptr);
+  void step(const at::Tensor& param, const at::Tensor& grad, const AdamWStep& hyper,
+            const at::Tensor* param_bf16_out = nullptr);
 
   // Copies of the full state read from the files (new fp32 tensors of numel elements, owned by
   // the caller), e.g. for a checkpoint.

@@ -24,7 +24,9 @@ namespace {
 // O_DIRECT transfers must be aligned to the logical block size; 4 KiB covers current devices.
 constexpr int64_t kDirectAlign = 4096;
 
-int64_t round_up(int64_t value, int64_t multiple) { return (value + multiple - 1) / multiple * multiple; }
+int64_t round_up(int64_t value, int64_t multiple) {
+  return (value + multiple - 1) / multiple * multiple;
+}
 
 std::string system_error(const std::string& what, const std::string& path) {
   return "NVMe offload: " + what + " '" + path + "': " + std::strerror(errno);
@@ -33,9 +35,11 @@ std::string system_error(const std::string& what, const std::string& path) {
 void transfer(bool write, int fd, const std::string& path, char* buffer, int64_t bytes,
               int64_t offset) {
   while (bytes > 0) {
-    const ssize_t done = write ? ::pwrite(fd, buffer, bytes, offset) : ::pread(fd, buffer, bytes, offset);
+    const ssize_t done =
+        write ? ::pwrite(fd, buffer, bytes, offset) : ::pread(fd, buffer, bytes, offset);
     if (done < 0 && errno == EINTR) continue;
-    if (done < 0) throw std::runtime_error(system_error(write ? "cannot write" : "cannot read", path));
+    if (done < 0)
+      throw std::runtime_error(system_error(write ? "cannot write" : "cannot read", path));
     if (done == 0) {
       throw std::runtime_error("NVMe offload: '" + path + "' ended early (at byte " +
                                std::to_string(offset) + "); was it truncated?");
@@ -54,14 +58,15 @@ struct FreeDeleter {
 
 struct NvmeAdamW::Io {
   int fds[2] = {-1, -1};
-  int64_t chunk = 0;                            // elements per chunk
+  int64_t chunk = 0;                              // elements per chunk
   std::unique_ptr<float, FreeDeleter> buf[3][2];  // [slot][exp_avg, exp_avg_sq]
   detail::IoThread reader, writer;
 };
 
 NvmeAdamW::NvmeAdamW(int64_t numel, NvmeAdamWOptions options)
     : numel_(numel), options_(std::move(options)), io_(std::make_unique<Io>()) {
-  if (numel_ <= 0) throw std::invalid_argument("NVMe offload: numel must be > 0, got " + std::to_string(numel_));
+  if (numel_ <= 0)
+    throw std::invalid_argument("NVMe offload: numel must be > 0, got " + std::to_string(numel_));
   if (options_.chunk_elements_ <= 0) {
     throw std::invalid_argument("NVMe offload: chunk_elements must be > 0, got " +
                                 std::to_string(options_.chunk_elements_));
@@ -81,8 +86,10 @@ NvmeAdamW::NvmeAdamW(int64_t numel, NvmeAdamWOptions options)
     }
   }
   static std::atomic<int64_t> counter{0};
-  const std::string stem = (fs::path(options_.dir_) / ("shardtrain_adamw_" + std::to_string(getpid()) + "_" +
-                                                      std::to_string(counter++))).string();
+  const std::string stem =
+      (fs::path(options_.dir_) /
+       ("shardtrain_adamw_" + std::to_string(getpid()) + "_" + std::to_string(counter++)))
+          .string();
   paths_[0] = stem + ".exp_avg";
   paths_[1] = stem + ".exp_avg_sq";
   // Padded to the alignment so that the last O_DIRECT transfer may be a whole block.
@@ -121,8 +128,8 @@ NvmeAdamW::~NvmeAdamW() {
   }
 }
 
-void NvmeAdamW::step(at::Tensor& param, const at::Tensor& grad, const AdamWStep& hyper,
-                     at::Tensor* param_bf16_out) {
+void NvmeAdamW::step(const at::Tensor& param, const at::Tensor& grad, const AdamWStep& hyper,
+                     const at::Tensor* param_bf16_out) {
   uint16_t* bf16 = detail::check_adamw_args(param, grad, nullptr, nullptr, hyper, param_bf16_out);
   if (param.numel() != numel_) {
     throw std::invalid_argument("NVMe offload: param has " + std::to_string(param.numel()) +

@@ -1,7 +1,7 @@
 #include <gtest/gtest.h>
 #include <sys/stat.h>
-#include <unistd.h>
 #include <torch/torch.h>
+#include <unistd.h>
 
 #include <filesystem>
 
@@ -53,7 +53,8 @@ TEST(NvmeAdamWTest, DirectIoStepsEqualInMemorySteps) {
     GTEST_SKIP() << "no O_DIRECT in " << dir << ": " << e.what();
   }
   // 3000 elements rounds up to 3072 (4 KiB blocks), still not a divisor of numel.
-  expect_same_as_in_memory(NvmeAdamWOptions().dir(dir.string()).chunk_elements(3000).direct_io(true));
+  expect_same_as_in_memory(
+      NvmeAdamWOptions().dir(dir.string()).chunk_elements(3000).direct_io(true));
   fs::remove_all(dir);
 }
 
