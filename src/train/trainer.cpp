@@ -6,6 +6,7 @@
 
 #include "model/autocast.h"
 #include "shardtrain/checkpoint.h"
+#include "shardtrain/fused_adamw.h"
 #include "shardtrain/memory.h"
 #include "shardtrain/train.h"
 #include "train/run_setup.h"
@@ -100,7 +101,8 @@ Trainer::Trainer(TrainConfig config, std::shared_ptr<ProcessGroup> world)
   groups.emplace_back(decay, std::make_unique<torch::optim::AdamWOptions>(options));
   groups.emplace_back(no_decay, std::make_unique<torch::optim::AdamWOptions>(
                                     torch::optim::AdamWOptions(options).weight_decay(0.0)));
-  optimizer_ = std::make_unique<torch::optim::AdamW>(std::move(groups), options);
+  // The fused kernel: LibTorch's AdamW bit-for-bit, in one pass over memory.
+  optimizer_ = std::make_unique<FusedAdamW>(std::move(groups), options);
   schedule_ =
       LrSchedule{config_.lr, config_.min_lr, config_.warmup, config_.steps, config_.schedule};
   scaler_ = LossScaler::from_config(config_.loss_scale, config_.initial_scale, config_.scale_window,
