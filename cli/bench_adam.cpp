@@ -18,8 +18,9 @@ void add_bench_adam_command(CLI::App& bench) {
   adam->add_option("--params", options->params_,
                    "Parameters updated per step (K, M, G suffixes are powers of 1000)")
       ->capture_default_str()
-      ->transform(CLI::AsNumberWithUnit(std::map<std::string, int64_t>{{"k", 1000}, {"m", 1000000}, {"g", 1000000000}},
-                                        CLI::AsNumberWithUnit::CASE_INSENSITIVE));
+      ->transform(CLI::AsNumberWithUnit(
+          std::map<std::string, int64_t>{{"k", 1000}, {"m", 1000000}, {"g", 1000000000}},
+          CLI::AsNumberWithUnit::CASE_INSENSITIVE));
   adam->add_option("--threads", options->threads_, "Intra-op threads (0: LibTorch's default)")
       ->capture_default_str()
       ->check(CLI::Range(0, 1024));
@@ -35,8 +36,8 @@ void add_bench_adam_command(CLI::App& bench) {
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
   adam->callback([options] {
     const auto rows = bench_adam(*options);
-    std::cout << "params " << options->params_ << ", threads " << at::get_num_threads()
-              << ", isa " << fused_adamw_isa() << ", repeats " << options->repeats_ << "\n"
+    std::cout << "params " << options->params_ << ", threads " << at::get_num_threads() << ", isa "
+              << fused_adamw_isa() << ", repeats " << options->repeats_ << "\n"
               << format_adam_bench_table(rows) << std::flush;
   });
 }

@@ -59,11 +59,13 @@ struct AdamWStep {
 // are walked as flat arrays, so 1-D views of a flat shard work). When `param_bf16_out` is given
 // it must be a contiguous CPU bf16 tensor of the same numel; it receives the updated param
 // rounded to nearest even (the value of param.to(at::kBFloat16)) in the same pass.
+// param, exp_avg, exp_avg_sq and *param_bf16_out are written in place through their handles
+// (so `flat.narrow(0, offset, length)` can be passed directly).
 // Runs on at::get_num_threads() threads in large contiguous ranges; synchronous. Throws
 // std::invalid_argument naming the tensor and the mismatch, or a bad hyper-parameter.
-void fused_adamw_step(at::Tensor& param, const at::Tensor& grad, at::Tensor& exp_avg,
-                      at::Tensor& exp_avg_sq, const AdamWStep& hyper,
-                      at::Tensor* param_bf16_out = nullptr);
+void fused_adamw_step(const at::Tensor& param, const at::Tensor& grad, const at::Tensor& exp_avg,
+                      const at::Tensor& exp_avg_sq, const AdamWStep& hyper,
+                      const at::Tensor* param_bf16_out = nullptr);
 
 // The instruction set fused_adamw_step uses on this CPU: "avx512", "avx2" or "generic".
 // SHARDTRAIN_ADAM_ISA=avx2|generic in the environment caps it (for comparisons).
@@ -90,8 +92,8 @@ struct NvmeAdamWOptions {
     dir_ = std::move(value);
     return *this;
   }
-  // Elements per chunk: the unit of I/O and of the update. Three chunks of exp_avg and
-  // exp_avg_sq are held in memory (24 bytes per chunk element).
+  // Elements per chunk: the unit of I/O and of the update. Three chunks of each file are held
+  // in memory (24 bytes per chunk element, 36 with swap_params).
   NvmeAdamWOptions& chunk_elements(int64_t value) {
     chunk_elements_ = value;
     return *this;
@@ -103,13 +105,22 @@ struct NvmeAdamWOptions {
     return *this;
   }
 
+  // Keep the fp32 master parameters in a third file too (step(grad, ...)); the caller then
+  // holds only the gradient and, usually, the bf16 copy the step writes.
+  NvmeAdamWOptions& swap_params(bool value) {
+    swap_params_ = value;
+    return *this;
+  }
+
   std::string dir_;
   int64_t chunk_elements_ = int64_t{1} << 22;
   bool direct_io_ = false;
+  bool swap_params_ = false;
 };
 
 // The AdamW state (exp_avg, exp_avg_sq) of one flat partition of `numel` fp32 elements, kept
 // in two files under options.dir_ instead of memory; starts at zero, as AdamW's state does.
+// With swap_params the fp32 parameters are a third file (zero until load_param()).
 // step() walks the partition in chunks: while chunk i is updated in memory by the fused kernel,
 // chunk i+1 is read and chunk i-1 written on two I/O threads (pread/pwrite), three rotating
 // buffers, so the update overlaps the I/O. The files are removed by the destructor.
@@ -125,8 +136,12 @@ class NvmeAdamW {
   // One update of `param` (fp32, contiguous, CPU, numel elements) with `grad`; same results as
   // fused_adamw_step on in-memory state. Synchronous: the state is on file when it returns.
   // `param_bf16_out` as in fused_adamw_step.
-  void step(at::Tensor& param, const at::Tensor& grad, const AdamWStep& hyper,
-            at::Tensor* param_bf16_out = nullptr);
+  // Without swap_params only.
+  void step(const at::Tensor& param, const at::Tensor& grad, const AdamWStep& hyper,
+            const at::Tensor* param_bf16_out = nullptr);
+  // With swap_params only: the parameters are read from and written back to their file.
+  void step(const at::Tensor& grad, const AdamWStep& hyper,
+            const at::Tensor* param_bf16_out = nullptr);
 
   // Copies of the full state read from the files (new fp32 tensors of numel elements, owned by
   // the caller), e.g. for a checkpoint.
@@ -134,19 +149,25 @@ class NvmeAdamW {
   at::Tensor exp_avg_sq() const;
   // Replaces the state on file with these tensors (fp32, numel elements), e.g. on resume.
   void load(const at::Tensor& exp_avg, const at::Tensor& exp_avg_sq);
+  // With swap_params only: a copy of the parameters on file, and replacing them.
+  at::Tensor param() const;
+  void load_param(const at::Tensor& param);
 
   int64_t numel() const { return numel_; }
   const std::string& exp_avg_path() const { return paths_[0]; }
   const std::string& exp_avg_sq_path() const { return paths_[1]; }
+  const std::string& param_path() const { return paths_[2]; }  // empty without swap_params
 
  private:
   struct Io;
-  // Reads state k (0: exp_avg, 1: exp_avg_sq) into *out, or writes *in to it.
+  // Reads file k (0: exp_avg, 1: exp_avg_sq, 2: param) into *out, or writes *in to it.
   void copy_state(int k, at::Tensor* out, const at::Tensor* in) const;
+  // The chunked pipeline; param null means the parameters are on file.
+  void run_step(float* param, const float* grad, const AdamWStep& hyper, uint16_t* bf16);
 
   int64_t numel_;
   NvmeAdamWOptions options_;
-  std::string paths_[2];
+  std::string paths_[3];
   std::unique_ptr<Io> io_;
 };
 

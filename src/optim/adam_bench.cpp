@@ -28,7 +28,8 @@ double median_seconds(int repeats, const std::function<void()>& run) {
   for (int i = 0; i < repeats; ++i) {
     const auto start = std::chrono::steady_clock::now();
     run();
-    times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    times.push_back(
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   }
   std::sort(times.begin(), times.end());
   const size_t mid = times.size() / 2;
@@ -39,13 +40,16 @@ double median_seconds(int repeats, const std::function<void()>& run) {
 
 std::vector<AdamBenchRow> bench_adam(const AdamBenchOptions& options) {
   if (options.params_ <= 0) {
-    throw std::invalid_argument("bench adam: --params must be > 0, got " + std::to_string(options.params_));
+    throw std::invalid_argument("bench adam: --params must be > 0, got " +
+                                std::to_string(options.params_));
   }
   if (options.repeats_ < 1) {
-    throw std::invalid_argument("bench adam: --repeats must be >= 1, got " + std::to_string(options.repeats_));
+    throw std::invalid_argument("bench adam: --repeats must be >= 1, got " +
+                                std::to_string(options.repeats_));
   }
   if (options.threads_ < 0) {
-    throw std::invalid_argument("bench adam: --threads must be >= 0, got " + std::to_string(options.threads_));
+    throw std::invalid_argument("bench adam: --threads must be >= 0, got " +
+                                std::to_string(options.threads_));
   }
   if (options.threads_ > 0) at::set_num_threads(options.threads_);
   const int64_t n = options.params_;
@@ -104,8 +108,8 @@ std::vector<AdamBenchRow> bench_adam(const AdamBenchOptions& options) {
   const at::Tensor g = param.grad();
   int64_t step = options.repeats_ + 1;
   auto hyper = [&] { return AdamWStep::from(defaults, ++step); };
-  const double fused_s =
-      median_seconds(options.repeats_, [&] { fused_adamw_step(p, g, exp_avg, exp_avg_sq, hyper()); });
+  const double fused_s = median_seconds(
+      options.repeats_, [&] { fused_adamw_step(p, g, exp_avg, exp_avg_sq, hyper()); });
   add("fused AdamW", fused_s);
   {
     auto bf16 = at::empty({n}, at::kBFloat16);
@@ -132,9 +136,8 @@ std::vector<AdamBenchRow> bench_adam(const AdamBenchOptions& options) {
       }
       int64_t nvme_step = 0;
       add(direct ? "NVMe-swapped (O_DIRECT)" : "NVMe-swapped (page cache)",
-          median_seconds(options.repeats_, [&] {
-            swapped->step(p, g, AdamWStep::from(defaults, ++nvme_step));
-          }));
+          median_seconds(options.repeats_,
+                         [&] { swapped->step(p, g, AdamWStep::from(defaults, ++nvme_step)); }));
     }
   }
   const double bound_elements = copy_gbps * 1e9 / kBytesPerElement;

@@ -8,6 +8,8 @@
 // kernels for CPUs without AVX2 do. Multiplying by a reciprocal instead of dividing, or an
 // rsqrt, would be faster on paper but changes results; the update is memory-bound anyway.
 
+#include "optim/adamw_kernel.h"
+
 #include <immintrin.h>
 
 #include <algorithm>
@@ -15,8 +17,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
-
-#include "optim/adamw_kernel.h"
 
 namespace shardtrain::detail {
 namespace {
@@ -116,8 +116,8 @@ inline void avx2_block(const Avx2Constants& c, float* p, const float* g, float* 
   const __m256 grad = _mm256_loadu_ps(g);
   if (c.has_decay) param = rounded(_mm256_mul_ps(param, c.decay));
   const __m256 avg = _mm256_fmadd_ps(grad, c.omb1, _mm256_mul_ps(_mm256_loadu_ps(m), c.beta1));
-  const __m256 avg_sq =
-      _mm256_fmadd_ps(_mm256_mul_ps(c.omb2, grad), grad, _mm256_mul_ps(_mm256_loadu_ps(v), c.beta2));
+  const __m256 avg_sq = _mm256_fmadd_ps(_mm256_mul_ps(c.omb2, grad), grad,
+                                        _mm256_mul_ps(_mm256_loadu_ps(v), c.beta2));
   const __m256 denom = _mm256_add_ps(_mm256_div_ps(_mm256_sqrt_ps(avg_sq), c.sqrt_bc2), c.eps);
   param = _mm256_add_ps(param, _mm256_div_ps(_mm256_mul_ps(c.neg_step, avg), denom));
   _mm256_storeu_ps(p, param);
@@ -126,13 +126,14 @@ inline void avx2_block(const Avx2Constants& c, float* p, const float* g, float* 
   if (bf16) avx2_store_bf16<stream>(param, bf16);
 }
 
-void avx2_range(const AdamWScalars& s, float* p, const float* g, float* m, float* v,
-                uint16_t* bf16, int64_t n) {
+void avx2_range(const AdamWScalars& s, float* p, const float* g, float* m, float* v, uint16_t* bf16,
+                int64_t n) {
   const Avx2Constants c(s);
   int64_t i = 0;
   if (bf16) {
     // Streaming stores for the bf16 copy, as in the AVX-512 path; 16-byte aligned.
-    i = std::min<int64_t>(n, static_cast<int64_t>((16 - reinterpret_cast<uintptr_t>(bf16) % 16) % 16) / 2);
+    i = std::min<int64_t>(
+        n, static_cast<int64_t>((16 - reinterpret_cast<uintptr_t>(bf16) % 16) % 16) / 2);
     if (i > 0) {
       Tail<8> t(p, g, m, v, i);
       avx2_block(c, t.tp, t.tg, t.tm, t.tv, t.tb);
@@ -200,8 +201,8 @@ inline void avx512_block(const Avx512Constants& c, float* p, const float* g, flo
   const __m512 grad = _mm512_loadu_ps(g);
   if (c.has_decay) param = rounded(_mm512_mul_ps(param, c.decay));
   const __m512 avg = _mm512_fmadd_ps(grad, c.omb1, _mm512_mul_ps(_mm512_loadu_ps(m), c.beta1));
-  const __m512 avg_sq =
-      _mm512_fmadd_ps(_mm512_mul_ps(c.omb2, grad), grad, _mm512_mul_ps(_mm512_loadu_ps(v), c.beta2));
+  const __m512 avg_sq = _mm512_fmadd_ps(_mm512_mul_ps(c.omb2, grad), grad,
+                                        _mm512_mul_ps(_mm512_loadu_ps(v), c.beta2));
   const __m512 denom = _mm512_add_ps(_mm512_div_ps(_mm512_sqrt_ps(avg_sq), c.sqrt_bc2), c.eps);
   param = _mm512_add_ps(param, _mm512_div_ps(_mm512_mul_ps(c.neg_step, avg), denom));
   _mm512_storeu_ps(p, param);
@@ -217,7 +218,8 @@ void avx512_range(const AdamWScalars& s, float* p, const float* g, float* m, flo
   if (bf16) {
     // Nothing reads the bf16 copy again during the step: streaming stores spare reading each of
     // its cache lines before writing it. They need 32-byte alignment, which a lead-in reaches.
-    i = std::min<int64_t>(n, static_cast<int64_t>((32 - reinterpret_cast<uintptr_t>(bf16) % 32) % 32) / 2);
+    i = std::min<int64_t>(
+        n, static_cast<int64_t>((32 - reinterpret_cast<uintptr_t>(bf16) % 32) % 32) / 2);
     if (i > 0) {
       Tail<16> t(p, g, m, v, i);
       avx512_block(c, t.tp, t.tg, t.tm, t.tv, t.tb);
@@ -279,18 +281,24 @@ AdamIsa adam_isa() {
 
 const char* adam_isa_name(AdamIsa isa) {
   switch (isa) {
-    case AdamIsa::kAvx512: return "avx512";
-    case AdamIsa::kAvx2: return "avx2";
-    default: return "generic";
+    case AdamIsa::kAvx512:
+      return "avx512";
+    case AdamIsa::kAvx2:
+      return "avx2";
+    default:
+      return "generic";
   }
 }
 
 void adamw_range(AdamIsa isa, const AdamWScalars& s, float* param, const float* grad,
                  float* exp_avg, float* exp_avg_sq, uint16_t* bf16, int64_t n) {
   switch (isa) {
-    case AdamIsa::kAvx512: return avx512_range(s, param, grad, exp_avg, exp_avg_sq, bf16, n);
-    case AdamIsa::kAvx2: return avx2_range(s, param, grad, exp_avg, exp_avg_sq, bf16, n);
-    default: return generic_range(s, param, grad, exp_avg, exp_avg_sq, bf16, n);
+    case AdamIsa::kAvx512:
+      return avx512_range(s, param, grad, exp_avg, exp_avg_sq, bf16, n);
+    case AdamIsa::kAvx2:
+      return avx2_range(s, param, grad, exp_avg, exp_avg_sq, bf16, n);
+    default:
+      return generic_range(s, param, grad, exp_avg, exp_avg_sq, bf16, n);
   }
 }
 

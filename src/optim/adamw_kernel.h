@@ -37,6 +37,6 @@ void adamw_parallel(const AdamWScalars& s, float* param, const float* grad, floa
 // std::invalid_argument; returns param_bf16_out's data, or null without one.
 uint16_t* check_adamw_args(const at::Tensor& param, const at::Tensor& grad,
                            const at::Tensor* exp_avg, const at::Tensor* exp_avg_sq,
-                           const AdamWStep& hyper, at::Tensor* param_bf16_out);
+                           const AdamWStep& hyper, const at::Tensor* param_bf16_out);
 
 }  // namespace shardtrain::detail

@@ -1,3 +1,5 @@
+#include "shardtrain/fused_adamw.h"
+
 #include <ATen/Parallel.h>
 #include <ATen/core/grad_mode.h>
 #include <c10/util/string_utils.h>
@@ -6,7 +8,6 @@
 #include <stdexcept>
 
 #include "optim/adamw_kernel.h"
-#include "shardtrain/fused_adamw.h"
 
 namespace shardtrain {
 namespace {
@@ -16,10 +17,11 @@ namespace {
 constexpr int64_t kGrain = int64_t{1} << 15;
 
 void check_fp32(const at::Tensor& t, const char* name, int64_t numel) {
-  if (!t.defined()) throw std::invalid_argument(std::string("fused AdamW: ") + name + " is undefined");
+  if (!t.defined())
+    throw std::invalid_argument(std::string("fused AdamW: ") + name + " is undefined");
   if (!t.device().is_cpu()) {
-    throw std::invalid_argument(std::string("fused AdamW: ") + name + " is on " +
-                                t.device().str() + ", expected the CPU");
+    throw std::invalid_argument(std::string("fused AdamW: ") + name + " is on " + t.device().str() +
+                                ", expected the CPU");
   }
   if (t.scalar_type() != at::kFloat) {
     throw std::invalid_argument(std::string("fused AdamW: ") + name + " is " +
@@ -36,15 +38,16 @@ void check_fp32(const at::Tensor& t, const char* name, int64_t numel) {
 }
 
 void check_hyper(const AdamWStep& h) {
-  auto bad = [](const std::string& what) {
-    throw std::invalid_argument("fused AdamW: " + what);
-  };
+  auto bad = [](const std::string& what) { throw std::invalid_argument("fused AdamW: " + what); };
   if (h.step_ < 1) bad("step is " + std::to_string(h.step_) + ", expected >= 1 (1-based)");
-  if (!(h.beta1_ >= 0 && h.beta1_ < 1)) bad("beta1 is " + std::to_string(h.beta1_) + ", expected [0, 1)");
-  if (!(h.beta2_ >= 0 && h.beta2_ < 1)) bad("beta2 is " + std::to_string(h.beta2_) + ", expected [0, 1)");
+  if (!(h.beta1_ >= 0 && h.beta1_ < 1))
+    bad("beta1 is " + std::to_string(h.beta1_) + ", expected [0, 1)");
+  if (!(h.beta2_ >= 0 && h.beta2_ < 1))
+    bad("beta2 is " + std::to_string(h.beta2_) + ", expected [0, 1)");
   if (!(h.lr_ >= 0)) bad("lr is " + std::to_string(h.lr_) + ", expected >= 0");
   if (!(h.eps_ >= 0)) bad("eps is " + std::to_string(h.eps_) + ", expected >= 0");
-  if (!(h.weight_decay_ >= 0)) bad("weight_decay is " + std::to_string(h.weight_decay_) + ", expected >= 0");
+  if (!(h.weight_decay_ >= 0))
+    bad("weight_decay is " + std::to_string(h.weight_decay_) + ", expected >= 0");
 }
 
 void reject_amsgrad(const torch::optim::AdamWOptions& options) {
@@ -55,8 +58,8 @@ void reject_amsgrad(const torch::optim::AdamWOptions& options) {
 
 bool fusable(const at::Tensor& p, const at::Tensor& grad) {
   return p.device().is_cpu() && p.scalar_type() == at::kFloat && p.is_contiguous() &&
-         grad.device().is_cpu() && grad.scalar_type() == at::kFloat && grad.layout() == at::kStrided &&
-         grad.is_contiguous() && grad.numel() == p.numel();
+         grad.device().is_cpu() && grad.scalar_type() == at::kFloat &&
+         grad.layout() == at::kStrided && grad.is_contiguous() && grad.numel() == p.numel();
 }
 
 // LibTorch 1.13's AdamW::step body for one parameter, for tensors the kernel does not take.
@@ -86,7 +89,7 @@ void adamw_parallel(const AdamWScalars& s, float* param, const float* grad, floa
 
 uint16_t* check_adamw_args(const at::Tensor& param, const at::Tensor& grad,
                            const at::Tensor* exp_avg, const at::Tensor* exp_avg_sq,
-                           const AdamWStep& hyper, at::Tensor* param_bf16_out) {
+                           const AdamWStep& hyper, const at::Tensor* param_bf16_out) {
   check_fp32(param, "param", param.defined() ? param.numel() : 0);
   check_fp32(grad, "grad", param.numel());
   if (exp_avg) check_fp32(*exp_avg, "exp_avg", param.numel());
@@ -115,9 +118,11 @@ AdamWStep AdamWStep::from(const torch::optim::AdamWOptions& options, int64_t ste
       .step(step);
 }
 
-void fused_adamw_step(at::Tensor& param, const at::Tensor& grad, at::Tensor& exp_avg,
-                      at::Tensor& exp_avg_sq, const AdamWStep& hyper, at::Tensor* param_bf16_out) {
-  uint16_t* bf16 = detail::check_adamw_args(param, grad, &exp_avg, &exp_avg_sq, hyper, param_bf16_out);
+void fused_adamw_step(const at::Tensor& param, const at::Tensor& grad, const at::Tensor& exp_avg,
+                      const at::Tensor& exp_avg_sq, const AdamWStep& hyper,
+                      const at::Tensor* param_bf16_out) {
+  uint16_t* bf16 =
+      detail::check_adamw_args(param, grad, &exp_avg, &exp_avg_sq, hyper, param_bf16_out);
   detail::adamw_parallel(detail::AdamWScalars::from(hyper), param.data_ptr<float>(),
                          grad.data_ptr<float>(), exp_avg.data_ptr<float>(),
                          exp_avg_sq.data_ptr<float>(), bf16, param.numel());
@@ -149,7 +154,8 @@ at::Tensor FusedAdamW::step(LossClosure closure) {
     for (auto& p : group.params()) {
       if (!p.grad().defined()) continue;
       const auto& grad = p.grad();
-      if (grad.is_sparse()) throw std::invalid_argument("FusedAdamW: sparse gradients are not supported");
+      if (grad.is_sparse())
+        throw std::invalid_argument("FusedAdamW: sparse gradients are not supported");
       // The same key and lazily created state as torch::optim::AdamW, so both read each other's.
       const std::string key = c10::guts::to_string(p.unsafeGetTensorImpl());
       auto it = state_.find(key);
@@ -164,7 +170,8 @@ at::Tensor FusedAdamW::step(LossClosure closure) {
       state.step(state.step() + 1);
       const AdamWStep hyper = AdamWStep::from(options, state.step());
       at::Tensor param = p;
-      if (fusable(p, grad) && state.exp_avg().is_contiguous() && state.exp_avg_sq().is_contiguous()) {
+      if (fusable(p, grad) && state.exp_avg().is_contiguous() &&
+          state.exp_avg_sq().is_contiguous()) {
         fused_adamw_step(param, grad, state.exp_avg(), state.exp_avg_sq(), hyper);
         // What an in-place tensor op would do: autograd sees that the parameter changed.
         p.unsafeGetTensorImpl()->bump_version();

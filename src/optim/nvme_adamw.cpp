@@ -24,7 +24,9 @@ namespace {
 // O_DIRECT transfers must be aligned to the logical block size; 4 KiB covers current devices.
 constexpr int64_t kDirectAlign = 4096;
 
-int64_t round_up(int64_t value, int64_t multiple) { return (value + multiple - 1) / multiple * multiple; }
+int64_t round_up(int64_t value, int64_t multiple) {
+  return (value + multiple - 1) / multiple * multiple;
+}
 
 std::string system_error(const std::string& what, const std::string& path) {
   return "NVMe offload: " + what + " '" + path + "': " + std::strerror(errno);
@@ -33,9 +35,11 @@ std::string system_error(const std::string& what, const std::string& path) {
 void transfer(bool write, int fd, const std::string& path, char* buffer, int64_t bytes,
               int64_t offset) {
   while (bytes > 0) {
-    const ssize_t done = write ? ::pwrite(fd, buffer, bytes, offset) : ::pread(fd, buffer, bytes, offset);
+    const ssize_t done =
+        write ? ::pwrite(fd, buffer, bytes, offset) : ::pread(fd, buffer, bytes, offset);
     if (done < 0 && errno == EINTR) continue;
-    if (done < 0) throw std::runtime_error(system_error(write ? "cannot write" : "cannot read", path));
+    if (done < 0)
+      throw std::runtime_error(system_error(write ? "cannot write" : "cannot read", path));
     if (done == 0) {
       throw std::runtime_error("NVMe offload: '" + path + "' ended early (at byte " +
                                std::to_string(offset) + "); was it truncated?");
@@ -53,15 +57,17 @@ struct FreeDeleter {
 }  // namespace
 
 struct NvmeAdamW::Io {
-  int fds[2] = {-1, -1};
-  int64_t chunk = 0;                            // elements per chunk
-  std::unique_ptr<float, FreeDeleter> buf[3][2];  // [slot][exp_avg, exp_avg_sq]
+  int files = 2;  // exp_avg, exp_avg_sq, and param with swap_params
+  int fds[3] = {-1, -1, -1};
+  int64_t chunk = 0;                              // elements per chunk
+  std::unique_ptr<float, FreeDeleter> buf[3][3];  // [slot][file]
   detail::IoThread reader, writer;
 };
 
 NvmeAdamW::NvmeAdamW(int64_t numel, NvmeAdamWOptions options)
     : numel_(numel), options_(std::move(options)), io_(std::make_unique<Io>()) {
-  if (numel_ <= 0) throw std::invalid_argument("NVMe offload: numel must be > 0, got " + std::to_string(numel_));
+  if (numel_ <= 0)
+    throw std::invalid_argument("NVMe offload: numel must be > 0, got " + std::to_string(numel_));
   if (options_.chunk_elements_ <= 0) {
     throw std::invalid_argument("NVMe offload: chunk_elements must be > 0, got " +
                                 std::to_string(options_.chunk_elements_));
@@ -74,38 +80,43 @@ NvmeAdamW::NvmeAdamW(int64_t numel, NvmeAdamWOptions options)
   io_->chunk = std::min(options_.chunk_elements_, numel_);
   if (options_.direct_io_) io_->chunk = round_up(io_->chunk, kDirectAlign / 4);
   const int64_t buffer_bytes = round_up(io_->chunk * 4, kDirectAlign);
+  const int files = io_->files = options_.swap_params_ ? 3 : 2;
   for (auto& slot : io_->buf) {
-    for (auto& b : slot) {
+    for (int k = 0; k < files; ++k) {
+      auto& b = slot[k];
       b.reset(static_cast<float*>(std::aligned_alloc(kDirectAlign, buffer_bytes)));
       if (!b) throw std::bad_alloc();
     }
   }
   static std::atomic<int64_t> counter{0};
-  const std::string stem = (fs::path(options_.dir_) / ("shardtrain_adamw_" + std::to_string(getpid()) + "_" +
-                                                      std::to_string(counter++))).string();
+  const std::string stem =
+      (fs::path(options_.dir_) /
+       ("shardtrain_adamw_" + std::to_string(getpid()) + "_" + std::to_string(counter++)))
+          .string();
   paths_[0] = stem + ".exp_avg";
   paths_[1] = stem + ".exp_avg_sq";
+  if (files == 3) paths_[2] = stem + ".param";
   // Padded to the alignment so that the last O_DIRECT transfer may be a whole block.
   const int64_t file_bytes = round_up(numel_ * 4, kDirectAlign);
-  for (int k = 0; k < 2; ++k) {
+  for (int k = 0; k < files; ++k) {
     int flags = O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC;
     if (options_.direct_io_) flags |= O_DIRECT;
     io_->fds[k] = ::open(paths_[k].c_str(), flags, 0600);
     if (io_->fds[k] < 0) {
       const std::string reason = system_error("cannot create", paths_[k]);
-      if (k == 1) {
-        ::close(io_->fds[0]);
-        ::unlink(paths_[0].c_str());
+      for (int j = 0; j < k; ++j) {
+        ::close(io_->fds[j]);
+        ::unlink(paths_[j].c_str());
       }
       throw std::invalid_argument(
           reason + (options_.direct_io_ && errno == EINVAL ? " (O_DIRECT unsupported there)" : ""));
     }
   }
   // A file that is all holes reads as zeros: AdamW's initial state, without writing it.
-  for (int k = 0; k < 2; ++k) {
+  for (int k = 0; k < files; ++k) {
     if (::ftruncate(io_->fds[k], file_bytes) != 0) {
       const std::string reason = system_error("cannot size", paths_[k]);
-      for (int j = 0; j < 2; ++j) {
+      for (int j = 0; j < files; ++j) {
         ::close(io_->fds[j]);
         ::unlink(paths_[j].c_str());
       }
@@ -115,22 +126,46 @@ NvmeAdamW::NvmeAdamW(int64_t numel, NvmeAdamWOptions options)
 }
 
 NvmeAdamW::~NvmeAdamW() {
-  for (int k = 0; k < 2; ++k) {
+  for (int k = 0; k < io_->files; ++k) {
     if (io_->fds[k] >= 0) ::close(io_->fds[k]);
     ::unlink(paths_[k].c_str());
   }
 }
 
-void NvmeAdamW::step(at::Tensor& param, const at::Tensor& grad, const AdamWStep& hyper,
-                     at::Tensor* param_bf16_out) {
+void NvmeAdamW::step(const at::Tensor& param, const at::Tensor& grad, const AdamWStep& hyper,
+                     const at::Tensor* param_bf16_out) {
+  if (options_.swap_params_) {
+    throw std::invalid_argument(
+        "NVMe offload: the parameters are kept on file (swap_params): "
+        "call step(grad, hyper)");
+  }
   uint16_t* bf16 = detail::check_adamw_args(param, grad, nullptr, nullptr, hyper, param_bf16_out);
   if (param.numel() != numel_) {
     throw std::invalid_argument("NVMe offload: param has " + std::to_string(param.numel()) +
                                 " elements, the state holds " + std::to_string(numel_));
   }
+  run_step(param.data_ptr<float>(), grad.data_ptr<float>(), hyper, bf16);
+}
+
+void NvmeAdamW::step(const at::Tensor& grad, const AdamWStep& hyper,
+                     const at::Tensor* param_bf16_out) {
+  if (!options_.swap_params_) {
+    throw std::invalid_argument(
+        "NVMe offload: the parameters are not on file (swap_params is off): call "
+        "step(param, grad, hyper)");
+  }
+  if (!grad.defined() || grad.numel() != numel_) {
+    throw std::invalid_argument("NVMe offload: grad must have " + std::to_string(numel_) +
+                                " elements, got " +
+                                std::to_string(grad.defined() ? grad.numel() : 0));
+  }
+  // The gradient stands in for the parameter in the checks: same dtype, device and size.
+  uint16_t* bf16 = detail::check_adamw_args(grad, grad, nullptr, nullptr, hyper, param_bf16_out);
+  run_step(nullptr, grad.data_ptr<float>(), hyper, bf16);
+}
+
+void NvmeAdamW::run_step(float* p, const float* g, const AdamWStep& hyper, uint16_t* bf16) {
   const auto s = detail::AdamWScalars::from(hyper);
-  float* p = param.data_ptr<float>();
-  const float* g = grad.data_ptr<float>();
   Io& io = *io_;
   const int64_t chunks = (numel_ + io.chunk - 1) / io.chunk;
   auto io_job = [this, &io](bool write, int64_t chunk, int slot) {
@@ -138,7 +173,7 @@ void NvmeAdamW::step(at::Tensor& param, const at::Tensor& grad, const AdamWStep&
     int64_t bytes = std::min(io.chunk, numel_ - begin) * 4;
     if (options_.direct_io_) bytes = round_up(bytes, kDirectAlign);
     return [this, &io, write, begin, bytes, slot] {
-      for (int k = 0; k < 2; ++k) {
+      for (int k = 0; k < io.files; ++k) {
         transfer(write, io.fds[k], paths_[k], reinterpret_cast<char*>(io.buf[slot][k].get()), bytes,
                  begin * 4);
       }
@@ -168,7 +203,8 @@ void NvmeAdamW::step(at::Tensor& param, const at::Tensor& grad, const AdamWStep&
     r[slot].get();
     const int64_t begin = i * io.chunk;
     const int64_t len = std::min(io.chunk, numel_ - begin);
-    detail::adamw_parallel(s, p + begin, g + begin, io.buf[slot][0].get(), io.buf[slot][1].get(),
+    float* param = p ? p + begin : io.buf[slot][2].get();
+    detail::adamw_parallel(s, param, g + begin, io.buf[slot][0].get(), io.buf[slot][1].get(),
                            bf16 ? bf16 + begin : nullptr, len);
     w[slot] = io.writer.submit(io_job(true, i, slot));
   }
@@ -223,6 +259,27 @@ void NvmeAdamW::load(const at::Tensor& exp_avg, const at::Tensor& exp_avg_sq) {
     const auto flat = state[k]->to(at::kCPU).contiguous();
     copy_state(k, nullptr, &flat);
   }
+}
+
+at::Tensor NvmeAdamW::param() const {
+  if (!options_.swap_params_) {
+    throw std::invalid_argument("NVMe offload: param(): the parameters are not on file");
+  }
+  auto out = at::empty({numel_}, at::kFloat);
+  copy_state(2, &out, nullptr);
+  return out;
+}
+
+void NvmeAdamW::load_param(const at::Tensor& param) {
+  if (!options_.swap_params_) {
+    throw std::invalid_argument("NVMe offload: load_param(): the parameters are not on file");
+  }
+  if (!param.defined() || param.scalar_type() != at::kFloat || param.numel() != numel_) {
+    throw std::invalid_argument("NVMe offload: load_param: param must be a Float tensor of " +
+                                std::to_string(numel_) + " elements");
+  }
+  const auto flat = param.to(at::kCPU).contiguous();
+  copy_state(2, nullptr, &flat);
 }
 
 }  // namespace shardtrain

@@ -10,6 +10,7 @@
 
 #include "model/autocast.h"
 #include "shardtrain/checkpoint.h"
+#include "shardtrain/fused_adamw.h"
 #include "shardtrain/memory.h"
 #include "shardtrain/train.h"
 #include "train/run_setup.h"

@@ -1,7 +1,7 @@
 #include <gtest/gtest.h>
 #include <sys/stat.h>
-#include <unistd.h>
 #include <torch/torch.h>
+#include <unistd.h>
 
 #include <filesystem>
 
@@ -53,7 +53,8 @@ TEST(NvmeAdamWTest, DirectIoStepsEqualInMemorySteps) {
     GTEST_SKIP() << "no O_DIRECT in " << dir << ": " << e.what();
   }
   // 3000 elements rounds up to 3072 (4 KiB blocks), still not a divisor of numel.
-  expect_same_as_in_memory(NvmeAdamWOptions().dir(dir.string()).chunk_elements(3000).direct_io(true));
+  expect_same_as_in_memory(
+      NvmeAdamWOptions().dir(dir.string()).chunk_elements(3000).direct_io(true));
   fs::remove_all(dir);
 }
 
@@ -72,6 +73,32 @@ TEST(NvmeAdamWTest, LoadedStateContinuesLikeInMemoryState) {
   swapped.step(p_file, g, hyper);
   EXPECT_TRUE(torch::equal(p_file, p_mem));
   EXPECT_TRUE(torch::equal(swapped.exp_avg_sq(), v));
+  fs::remove_all(dir);
+}
+
+TEST(NvmeAdamWTest, SwappedParametersEqualInMemorySteps) {
+  const auto dir = testing::fresh_test_dir("nvme_adamw");
+  torch::manual_seed(17);
+  const int64_t n = 4'099;
+  auto p_mem = torch::randn({n}), m = torch::zeros({n}), v = torch::zeros({n});
+  NvmeAdamW swapped(n, NvmeAdamWOptions().dir(dir.string()).chunk_elements(1000).swap_params(true));
+  swapped.load_param(p_mem);
+  auto bf16 = at::empty({n}, at::kBFloat16);
+  for (int step = 1; step <= 3; ++step) {
+    const auto g = torch::randn({n});
+    const auto hyper = AdamWStep().lr(1e-2).weight_decay(0.1).step(step);
+    fused_adamw_step(p_mem, g, m, v, hyper);
+    swapped.step(g, hyper, &bf16);
+  }
+  EXPECT_TRUE(torch::equal(swapped.param(), p_mem));
+  EXPECT_TRUE(torch::equal(bf16, p_mem.to(at::kBFloat16)));
+  EXPECT_TRUE(torch::equal(swapped.exp_avg_sq(), v));
+  // The two step() forms belong to the two modes; using the other one is an error.
+  auto p = torch::zeros({n});
+  EXPECT_THROW(swapped.step(p, torch::zeros({n}), AdamWStep()), std::invalid_argument);
+  NvmeAdamW in_memory_params(n, NvmeAdamWOptions().dir(dir.string()));
+  EXPECT_THROW(in_memory_params.step(torch::zeros({n}), AdamWStep()), std::invalid_argument);
+  EXPECT_THROW(in_memory_params.param(), std::invalid_argument);
   fs::remove_all(dir);
 }
 
