@@ -60,16 +60,18 @@ void run_plan(const PlanArgs& a) {
     }
     return;
   }
+  if (!a.validate.empty()) {
+    // With --measure-host the estimate uses this host as measured now, not the table's entry.
+    const HardwareSpec host = a.measure_host ? measure_cpu_host(1) : hardware_spec("cpu");
+    std::cout << format_validation(validate_run(a.validate, host));
+    return;
+  }
   if (a.measure_host) {
     const HardwareSpec h = measure_cpu_host(a.threads);
     std::printf("cpu host, %d thread(s): fp32 GEMM %.1f GFLOP/s, bf16 GEMM %.1f GFLOP/s, copy "
                 "bandwidth %.1f GB/s, memory per device %.1f GB\n",
                 a.threads, h.peak_fp32_flops / 1e9, h.peak_bf16_flops / 1e9, h.memory_bw / 1e9,
                 h.memory_bytes / 1e9);
-    return;
-  }
-  if (!a.validate.empty()) {
-    std::cout << format_validation(validate_run(a.validate, hardware_spec("cpu")));
     return;
   }
   ClusterOptions cluster;
@@ -140,7 +142,9 @@ void add_plan_command(CLI::App& app) {
   cmd->add_option("--out", a->out_dir, "write shardtrain.toml, ds_config.json and accelerate.yaml "
                                        "of the recommendation to this directory");
   cmd->add_option("--validate", a->validate, "compare the estimate with a finished shardtrain run");
-  cmd->add_flag("--measure-host", a->measure_host, "measure this host's GEMM rate and bandwidth");
+  cmd->add_flag("--measure-host", a->measure_host,
+                "measure this host's GEMM rate and bandwidth (with --validate: estimate with "
+                "the figures measured now, one thread per rank)");
   cmd->add_option("--threads", a->threads, "threads for --measure-host")->capture_default_str();
   cmd->add_flag("--list-gpus", a->list_gpus, "print the hardware table");
   cmd->callback([a] { run_plan(*a); });

@@ -189,7 +189,17 @@ Candidate evaluate_candidate(Candidate c, const PlanModel& model, const Hardware
   const double shard_params = stage == 0 ? replica : zi.sharded_parameters;
   const double g_opt = b.master > 0 ? 4.0 : b.grad;
   const double opt_bytes = (b.param + g_opt + b.optimizer_total()) + (b.param + b.optimizer_total());
-  c.time.compute = ga * t_mb + (c.offload ? 0.0 : shard_params * opt_bytes / hw.memory_bw);
+  // Elementwise work (norms, activations, softmax, the loss) is bandwidth-bound: every stored
+  // activation byte is written once in forward and read about twice in backward; a recomputed
+  // forward writes them once more.
+  const double full_act =
+      (blocks * block_activation_bytes(model, w.seq_len_, w.micro_batch_, false,
+                                       w.fused_attention_, c.tp, sp) +
+       4 * sb * d + (w.precision_ == "fp32" ? 4.0 : 6.0) * sb * model.vocab_size / c.tp) *
+      act_scale;
+  const double t_elementwise = full_act * (w.checkpointing_ ? 4.0 : 3.0) / hw.memory_bw;
+  c.time.compute = ga * (t_mb + t_elementwise) +
+                   (c.offload ? 0.0 : shard_params * opt_bytes / hw.memory_bw);
 
   // Mesh order, innermost first: tp, dp, pp. A data-parallel group has k / tp ranks per node.
   const auto dp_link =
