@@ -132,8 +132,11 @@ std::string memory_chart_svg(const Plan& plan) {
     if (c.valid) shown.push_back(&c);
   }
   const double limit = plan.hardware.memory_bytes;
+  // The axis reaches 3x the device memory at most: bars beyond it are cut (their totals printed),
+  // so that one huge DDP bar does not flatten all the others.
   double top = limit;
   for (const auto* c : shown) top = std::max(top, c->memory.total());
+  top = std::min(top, 3 * limit);
   const int label_w = 260, bar_h = 18, gap = 6, chart_w = 520, head = 50;
   const int height = head + static_cast<int>(shown.size()) * (bar_h + gap) + 40;
   const double scale = chart_w / top;
@@ -159,7 +162,7 @@ std::string memory_chart_svg(const Plan& plan) {
         << xml_escape(c->label()) << "</text>\n";
     double x = label_w;
     for (int i = 0; i < 5; ++i) {
-      const double wpx = parts[i] * scale;
+      const double wpx = std::min(parts[i] * scale, label_w + chart_w - x);
       if (wpx <= 0) continue;
       out << detail::format("<rect x=\"%.1f\" y=\"%d\" width=\"%.1f\" height=\"%d\" fill=\"%s\"/>\n",
                             x, y, wpx, bar_h, colors[i]);
