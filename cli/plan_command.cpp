@@ -33,8 +33,9 @@ PlanModel plan_model(const PlanArgs& a) {
                                   a.kv_heads, a.ffn, a.vocab, a.gated);
   }
   if (a.model.empty()) {
-    throw std::invalid_argument("plan needs --model PRESET|config.json, --params with layer "
-                                "shapes, or --validate RUN_DIR");
+    throw std::invalid_argument(
+        "plan needs --model PRESET|config.json, --params with layer "
+        "shapes, or --validate RUN_DIR");
   }
   if (std::filesystem::path(a.model).extension() == ".json") {
     PlanModel m = PlanModel::from_config(model_config_from_hf_json(a.model));
@@ -68,19 +69,31 @@ void run_plan(const PlanArgs& a) {
   }
   if (a.measure_host) {
     const HardwareSpec h = measure_cpu_host(a.threads);
-    std::printf("cpu host, %d thread(s): fp32 GEMM %.1f GFLOP/s, bf16 GEMM %.1f GFLOP/s, copy "
-                "bandwidth %.1f GB/s, memory per device %.1f GB\n",
-                a.threads, h.peak_fp32_flops / 1e9, h.peak_bf16_flops / 1e9, h.memory_bw / 1e9,
-                h.memory_bytes / 1e9);
+    std::printf(
+        "cpu host, %d thread(s): fp32 GEMM %.1f GFLOP/s, bf16 GEMM %.1f GFLOP/s, copy "
+        "bandwidth %.1f GB/s, memory per device %.1f GB\n",
+        a.threads, h.peak_fp32_flops / 1e9, h.peak_bf16_flops / 1e9, h.memory_bw / 1e9,
+        h.memory_bytes / 1e9);
     return;
   }
   ClusterOptions cluster;
-  cluster.gpu(a.gpu).gpus_per_node(a.gpus).nodes(a.nodes).intra(a.intra).inter(a.inter)
-      .inter_bandwidth(a.inter_gbps * 1e9 / 8).host_memory(a.host_mem_gb * 1e9);
+  cluster.gpu(a.gpu)
+      .gpus_per_node(a.gpus)
+      .nodes(a.nodes)
+      .intra(a.intra)
+      .inter(a.inter)
+      .inter_bandwidth(a.inter_gbps * 1e9 / 8)
+      .host_memory(a.host_mem_gb * 1e9);
   WorkloadOptions workload;
-  workload.seq_len(a.seq_len).micro_batch(a.micro_batch).global_batch(a.global_batch)
-      .precision(a.precision).optimizer(a.optimizer).activation_checkpointing(a.checkpointing)
-      .fused_attention(!a.unfused_attention).efficiency(a.efficiency).safety_margin(a.margin);
+  workload.seq_len(a.seq_len)
+      .micro_batch(a.micro_batch)
+      .global_batch(a.global_batch)
+      .precision(a.precision)
+      .optimizer(a.optimizer)
+      .activation_checkpointing(a.checkpointing)
+      .fused_attention(!a.unfused_attention)
+      .efficiency(a.efficiency)
+      .safety_margin(a.margin);
   const Plan plan = make_plan(plan_model(a), cluster, workload);
   std::cout << (a.json ? plan_to_json(plan) : format_plan(plan));
   if (!a.chart.empty()) write_file(a.chart, memory_chart_svg(plan));
@@ -104,7 +117,8 @@ void add_plan_command(CLI::App& app) {
       "cluster, recommend one, and write its configs (docs/planner.md)");
   auto a = std::make_shared<PlanArgs>();
   cmd->add_option("--model", a->model, "a preset name, or a Hugging Face config.json");
-  cmd->add_option("--params", a->params, "a bare parameter count (e.g. 7e9), with the shapes below");
+  cmd->add_option("--params", a->params,
+                  "a bare parameter count (e.g. 7e9), with the shapes below");
   cmd->add_option("--layers", a->layers, "transformer blocks (with --params)");
   cmd->add_option("--d-model", a->d_model, "hidden size (with --params)");
   cmd->add_option("--heads", a->heads, "attention heads (with --params)");
@@ -115,14 +129,16 @@ void add_plan_command(CLI::App& app) {
   cmd->add_option("--gpu", a->gpu, "device kind (--list-gpus)")->capture_default_str();
   cmd->add_option("--gpus", a->gpus, "devices per node")->capture_default_str();
   cmd->add_option("--nodes", a->nodes, "nodes")->capture_default_str();
-  cmd->add_option("--intra", a->intra, "intra-node link: nvlink, pcie3, pcie4, pcie5 (default: "
-                                       "the device's usual one)");
+  cmd->add_option("--intra", a->intra,
+                  "intra-node link: nvlink, pcie3, pcie4, pcie5 (default: "
+                  "the device's usual one)");
   cmd->add_option("--inter", a->inter, "inter-node network: ib or ethernet")->capture_default_str();
   cmd->add_option("--inter-gbps", a->inter_gbps,
                   "inter-node bandwidth per node, Gbit/s (default: 400 per GPU for ib, 100 for "
                   "ethernet)");
-  cmd->add_option("--host-mem-gb", a->host_mem_gb, "host memory per node, GB (default: the "
-                                                   "device's reference server)");
+  cmd->add_option("--host-mem-gb", a->host_mem_gb,
+                  "host memory per node, GB (default: the "
+                  "device's reference server)");
   cmd->add_option("--seq-len", a->seq_len, "tokens per sequence")->capture_default_str();
   cmd->add_option("--micro-batch", a->micro_batch, "sequences per device per micro-batch")
       ->capture_default_str();
@@ -134,13 +150,15 @@ void add_plan_command(CLI::App& app) {
   cmd->add_flag("--checkpointing", a->checkpointing, "full activation checkpointing per block");
   cmd->add_flag("--unfused-attention", a->unfused_attention,
                 "attention keeps its [seq x seq] scores (no FlashAttention-style kernel)");
-  cmd->add_option("--efficiency", a->efficiency, "achieved fraction of peak FLOP/s (default: "
-                                                 "0.4 on GPUs)");
+  cmd->add_option("--efficiency", a->efficiency,
+                  "achieved fraction of peak FLOP/s (default: "
+                  "0.4 on GPUs)");
   cmd->add_option("--margin", a->margin, "device memory kept free")->capture_default_str();
   cmd->add_flag("--json", a->json, "print everything as JSON");
   cmd->add_option("--chart", a->chart, "write an SVG chart of memory per device by candidate");
-  cmd->add_option("--out", a->out_dir, "write shardtrain.toml, ds_config.json and accelerate.yaml "
-                                       "of the recommendation to this directory");
+  cmd->add_option("--out", a->out_dir,
+                  "write shardtrain.toml, ds_config.json and accelerate.yaml "
+                  "of the recommendation to this directory");
   cmd->add_option("--validate", a->validate, "compare the estimate with a finished shardtrain run");
   cmd->add_flag("--measure-host", a->measure_host,
                 "measure this host's GEMM rate and bandwidth (with --validate: estimate with "

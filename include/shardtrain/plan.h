@@ -17,15 +17,15 @@ namespace shardtrain {
 // One accelerator kind (or one CPU core for the "cpu" entry). Figures are vendors' published
 // dense (no sparsity) peaks, or, for "cpu", what bench/results/planner.md measured.
 struct HardwareSpec {
-  std::string name;           // "h100-80gb", ...
-  double memory_bytes = 0;    // device memory (GB as vendors state it, 1e9 bytes)
-  double peak_bf16_flops = 0; // per second
-  double peak_fp32_flops = 0; // per second
-  double memory_bw = 0;       // device memory bandwidth, bytes/s
-  double host_memory_bytes = 0;  // CPU memory per node assumed when the user gives none
-  std::string default_intra;     // the intra-node link such machines usually have
+  std::string name;                 // "h100-80gb", ...
+  double memory_bytes = 0;          // device memory (GB as vendors state it, 1e9 bytes)
+  double peak_bf16_flops = 0;       // per second
+  double peak_fp32_flops = 0;       // per second
+  double memory_bw = 0;             // device memory bandwidth, bytes/s
+  double host_memory_bytes = 0;     // CPU memory per node assumed when the user gives none
+  std::string default_intra;        // the intra-node link such machines usually have
   double default_efficiency = 0.4;  // achieved fraction of peak FLOP/s on transformer steps
-  std::string source;            // where the figures come from
+  std::string source;               // where the figures come from
 };
 // Throws std::invalid_argument listing the known kinds.
 const HardwareSpec& hardware_spec(const std::string& kind);
@@ -43,7 +43,9 @@ struct LinkSpec {
 LinkSpec link_spec(const std::string& name, const std::string& gpu = "");
 
 // Measures this host: one rank of `threads` threads as a device (fp32 and bf16 GEMM FLOP/s,
-// copy bandwidth; memory = physical memory / cores x threads). Takes a few seconds.
+// copy bandwidth; memory = physical memory / cores x threads). Takes a few seconds; sets
+// LibTorch's intra-op thread count meanwhile (restored after), so call it with no other LibTorch
+// work running in the process.
 HardwareSpec measure_cpu_host(int threads = 1);
 
 // ---- Inputs ---------------------------------------------------------------------------------
@@ -72,22 +74,51 @@ struct PlanModel {
 };
 
 struct ClusterOptions {
-  ClusterOptions& gpu(std::string v) { gpu_ = std::move(v); return *this; }
-  ClusterOptions& gpus_per_node(int v) { gpus_per_node_ = v; return *this; }
-  ClusterOptions& nodes(int v) { nodes_ = v; return *this; }
-  ClusterOptions& intra(std::string v) { intra_ = std::move(v); return *this; }  // "" = default
-  ClusterOptions& inter(std::string v) { inter_ = std::move(v); return *this; }  // ib|ethernet
-  ClusterOptions& inter_bandwidth(double bytes_per_s) { inter_bw_ = bytes_per_s; return *this; }
-  ClusterOptions& host_memory(double bytes) { host_memory_ = bytes; return *this; }
+  ClusterOptions& gpu(std::string v) {
+    gpu_ = std::move(v);
+    return *this;
+  }
+  ClusterOptions& gpus_per_node(int v) {
+    gpus_per_node_ = v;
+    return *this;
+  }
+  ClusterOptions& nodes(int v) {
+    nodes_ = v;
+    return *this;
+  }
+  // Intra-node link: "nvlink", "pcie3", "pcie4", "pcie5", "loopback"; "": the device's usual one.
+  ClusterOptions& intra(std::string v) {
+    intra_ = std::move(v);
+    return *this;
+  }
+  // Inter-node network: "ib" or "ethernet".
+  ClusterOptions& inter(std::string v) {
+    inter_ = std::move(v);
+    return *this;
+  }
+  // Per node, bytes/s; 0: 50 GB/s (400 Gb/s) per device for ib, 12.5 GB/s per node for ethernet.
+  ClusterOptions& inter_bandwidth(double bytes_per_s) {
+    inter_bw_ = bytes_per_s;
+    return *this;
+  }
+  // Per node, bytes; 0: the hardware entry's.
+  ClusterOptions& host_memory(double bytes) {
+    host_memory_ = bytes;
+    return *this;
+  }
   // Replaces the table entry (the "cpu" entry measured here, or a custom device).
-  ClusterOptions& hardware(HardwareSpec v) { custom_ = std::move(v); has_custom_ = true; return *this; }
+  ClusterOptions& hardware(HardwareSpec v) {
+    custom_ = std::move(v);
+    has_custom_ = true;
+    return *this;
+  }
 
   std::string gpu_ = "h100-80gb";
   int gpus_per_node_ = 8;
   int nodes_ = 1;
   std::string intra_;
   std::string inter_ = "ib";
-  double inter_bw_ = 0;     // per node, bytes/s; 0: 50 GB/s (400 Gb/s) per GPU for ib, 12.5 GB/s for ethernet
+  double inter_bw_ = 0;
   double host_memory_ = 0;  // per node, bytes; 0: the hardware entry's
   HardwareSpec custom_;
   bool has_custom_ = false;
@@ -95,19 +126,49 @@ struct ClusterOptions {
 };
 
 struct WorkloadOptions {
-  WorkloadOptions& seq_len(int64_t v) { seq_len_ = v; return *this; }
-  WorkloadOptions& micro_batch(int64_t v) { micro_batch_ = v; return *this; }
-  // Sequences per optimizer step; 0: micro_batch x data-parallel size (no accumulation).
-  WorkloadOptions& global_batch(int64_t v) { global_batch_ = v; return *this; }
+  WorkloadOptions& seq_len(int64_t v) {
+    seq_len_ = v;
+    return *this;
+  }
+  WorkloadOptions& micro_batch(int64_t v) {
+    micro_batch_ = v;
+    return *this;
+  }
+  // Sequences per optimizer step; 0: micro_batch x all devices (no accumulation with pure data
+  // parallelism).
+  WorkloadOptions& global_batch(int64_t v) {
+    global_batch_ = v;
+    return *this;
+  }
   // "bf16": bf16 params and grads, fp32 master weights (mixed precision); "fp32"; "bf16-autocast":
   // fp32 params and grads, bf16 compute (what the shardtrain trainer does on CPU).
-  WorkloadOptions& precision(std::string v) { precision_ = std::move(v); return *this; }
-  WorkloadOptions& optimizer(std::string v) { optimizer_ = std::move(v); return *this; }  // adamw|sgd
-  WorkloadOptions& activation_checkpointing(bool v) { checkpointing_ = v; return *this; }
+  WorkloadOptions& precision(std::string v) {
+    precision_ = std::move(v);
+    return *this;
+  }
+  // "adamw" (or "adam") or "sgd" (with momentum).
+  WorkloadOptions& optimizer(std::string v) {
+    optimizer_ = std::move(v);
+    return *this;
+  }
+  WorkloadOptions& activation_checkpointing(bool v) {
+    checkpointing_ = v;
+    return *this;
+  }
   // Attention through a fused kernel that keeps no [seq x seq] score matrix (FlashAttention).
-  WorkloadOptions& fused_attention(bool v) { fused_attention_ = v; return *this; }
-  WorkloadOptions& efficiency(double v) { efficiency_ = v; return *this; }  // 0: hardware default
-  WorkloadOptions& safety_margin(double v) { safety_margin_ = v; return *this; }
+  WorkloadOptions& fused_attention(bool v) {
+    fused_attention_ = v;
+    return *this;
+  }
+  // Achieved fraction of peak FLOP/s; 0: the hardware entry's default.
+  WorkloadOptions& efficiency(double v) {
+    efficiency_ = v;
+    return *this;
+  }
+  WorkloadOptions& safety_margin(double v) {
+    safety_margin_ = v;
+    return *this;
+  }
 
   int64_t seq_len_ = 2048, micro_batch_ = 1, global_batch_ = 0;
   std::string precision_ = "bf16";
@@ -185,9 +246,9 @@ struct Candidate {
   int tp = 1, pp = 1, dp = 1;  // dp = dp_replicate x dp_shard
   int shard = 1;               // devices model states are partitioned over
   int64_t grad_accum = 1;
-  MemoryBreakdown memory;      // per device, bytes
+  MemoryBreakdown memory;  // per device, bytes
   double host_bytes_per_node = 0;
-  bool valid = true;           // false: the shape does not divide (see note)
+  bool valid = true;  // false: the shape does not divide (see note)
   bool fits = false;
   StepTime time;
   double tokens_per_s = 0;
@@ -202,8 +263,8 @@ struct Plan {
   WorkloadOptions workload;
   HardwareSpec hardware;
   std::vector<Candidate> candidates;
-  int recommended = -1;      // index into candidates, -1: nothing fits
-  std::string explanation;   // why this one, why not the others
+  int recommended = -1;     // index into candidates, -1: nothing fits
+  std::string explanation;  // why this one, why not the others
   const Candidate* recommendation() const {
     return recommended < 0 ? nullptr : &candidates[static_cast<size_t>(recommended)];
   }
@@ -219,8 +280,8 @@ Candidate evaluate_candidate(Candidate shape, const PlanModel& model, const Hard
 
 // ---- Output ---------------------------------------------------------------------------------
 
-std::string format_plan(const Plan& plan);  // the table and the recommendation, for people
-std::string plan_to_json(const Plan& plan);  // everything, for tools
+std::string format_plan(const Plan& plan);       // the table and the recommendation, for people
+std::string plan_to_json(const Plan& plan);      // everything, for tools
 std::string memory_chart_svg(const Plan& plan);  // stacked bars of per-device memory
 // Configs that run `candidate`: shardtrain TOML, DeepSpeed ds_config.json, accelerate YAML.
 std::string shardtrain_toml(const Plan& plan, const Candidate& candidate);

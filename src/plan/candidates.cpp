@@ -78,7 +78,8 @@ std::string Candidate::label() const {
       s = "ZeRO-3 / FSDP full_shard";
       break;
     case PlanStrategy::kHybridShard:
-      s = "FSDP hybrid_shard " + std::to_string(shard) + "x" + std::to_string(dp / std::max(1, shard));
+      s = "FSDP hybrid_shard " + std::to_string(shard) + "x" +
+          std::to_string(dp / std::max(1, shard));
       break;
     case PlanStrategy::kTpPp:
       s = "TP" + std::to_string(tp) + " x PP" + std::to_string(pp) + " x DP" + std::to_string(dp);
@@ -93,8 +94,8 @@ Candidate evaluate_candidate(Candidate c, const PlanModel& model, const Hardware
   const int k = cluster.gpus_per_node_;
   const PrecisionBytes b = PrecisionBytes::of(w.precision_, w.optimizer_);
   if (world % (c.tp * c.pp) != 0) {
-    return invalid(c, "world size " + std::to_string(world) + " is not divisible by tp x pp = " +
-                          std::to_string(c.tp * c.pp));
+    return invalid(c, "world size " + std::to_string(world) +
+                          " is not divisible by tp x pp = " + std::to_string(c.tp * c.pp));
   }
   if (c.tp > k || k % c.tp != 0 || model.n_heads % c.tp != 0 || model.n_kv_heads % c.tp != 0) {
     return invalid(c, "tp=" + std::to_string(c.tp) + " must divide the devices per node (" +
@@ -108,9 +109,9 @@ Candidate evaluate_candidate(Candidate c, const PlanModel& model, const Hardware
   c.dp = world / (c.tp * c.pp);
   const int64_t global = w.global_batch_ > 0 ? w.global_batch_ : w.micro_batch_ * world;
   if (global % (w.micro_batch_ * c.dp) != 0) {
-    return invalid(c, "global batch " + std::to_string(global) +
-                          " is not a multiple of micro_batch x dp = " +
-                          std::to_string(w.micro_batch_ * c.dp));
+    return invalid(
+        c, "global batch " + std::to_string(global) +
+               " is not a multiple of micro_batch x dp = " + std::to_string(w.micro_batch_ * c.dp));
   }
   c.grad_accum = global / (w.micro_batch_ * c.dp);
   if (c.strategy == PlanStrategy::kHybridShard && cluster.nodes_ < 2) {
@@ -188,18 +189,19 @@ Candidate evaluate_candidate(Candidate c, const PlanModel& model, const Hardware
   const double ga = static_cast<double>(c.grad_accum);
   const double shard_params = stage == 0 ? replica : zi.sharded_parameters;
   const double g_opt = b.master > 0 ? 4.0 : b.grad;
-  const double opt_bytes = (b.param + g_opt + b.optimizer_total()) + (b.param + b.optimizer_total());
+  const double opt_bytes =
+      (b.param + g_opt + b.optimizer_total()) + (b.param + b.optimizer_total());
   // Elementwise work (norms, activations, softmax, the loss) is bandwidth-bound: every stored
   // activation byte is written once in forward and read about twice in backward; a recomputed
   // forward writes them once more.
   const double full_act =
-      (blocks * block_activation_bytes(model, w.seq_len_, w.micro_batch_, false,
-                                       w.fused_attention_, c.tp, sp) +
+      (blocks * block_activation_bytes(model, w.seq_len_, w.micro_batch_, false, w.fused_attention_,
+                                       c.tp, sp) +
        4 * sb * d + (w.precision_ == "fp32" ? 4.0 : 6.0) * sb * model.vocab_size / c.tp) *
       act_scale;
   const double t_elementwise = full_act * (w.checkpointing_ ? 4.0 : 3.0) / hw.memory_bw;
-  c.time.compute = ga * (t_mb + t_elementwise) +
-                   (c.offload ? 0.0 : shard_params * opt_bytes / hw.memory_bw);
+  c.time.compute =
+      ga * (t_mb + t_elementwise) + (c.offload ? 0.0 : shard_params * opt_bytes / hw.memory_bw);
 
   // Mesh order, innermost first: tp, dp, pp. A data-parallel group has k / tp ranks per node.
   const auto dp_link =
@@ -252,8 +254,8 @@ Candidate evaluate_candidate(Candidate c, const PlanModel& model, const Hardware
   double tp_pp_mb = 0;  // per micro-batch, on the critical path
   if (c.tp > 1) {
     const auto tp_link = detail::group_link(c.tp, c.tp, cluster, intra, inter);
-    const double per_layer = (w.checkpointing_ ? 6 : 4) *
-                             detail::all_reduce_time(2 * sb * d, c.tp, tp_link);
+    const double per_layer =
+        (w.checkpointing_ ? 6 : 4) * detail::all_reduce_time(2 * sb * d, c.tp, tp_link);
     tp_pp_mb += blocks * per_layer;
   }
   if (c.pp > 1) {
@@ -275,8 +277,8 @@ Candidate evaluate_candidate(Candidate c, const PlanModel& model, const Hardware
     double moved = ga * b.grad * shard_params + b.param * shard_params;
     if (stage == 3) moved += ga * 2 * b.param * shard_params;  // params fetched fwd and bwd
     const double host_opt_bytes = (g_opt + b.optimizer_total()) + b.optimizer_total();
-    c.time.offload = moved / host_link.bandwidth +
-                     shard_params * host_opt_bytes / (kHostMemoryBandwidth / k);
+    c.time.offload =
+        moved / host_link.bandwidth + shard_params * host_opt_bytes / (kHostMemoryBandwidth / k);
   }
   c.time.total = c.time.compute + c.time.exposed_comm + c.time.offload + c.time.bubble;
   c.tokens_per_s = static_cast<double>(global * w.seq_len_) / c.time.total;

@@ -16,9 +16,8 @@ bool bf16(const Plan& plan) { return plan.workload.precision_ != "fp32"; }
 std::string header(const Plan& plan, const Candidate& c, const char* comment) {
   std::ostringstream out;
   out << comment << " " << c.label() << " for " << plan.model.name << " on "
-      << plan.cluster.world_size() << " x " << plan.hardware.name << " ("
-      << plan.cluster.nodes_ << " node" << (plan.cluster.nodes_ > 1 ? "s" : "")
-      << "), from shardtrain plan\n";
+      << plan.cluster.world_size() << " x " << plan.hardware.name << " (" << plan.cluster.nodes_
+      << " node" << (plan.cluster.nodes_ > 1 ? "s" : "") << "), from shardtrain plan\n";
   return out.str();
 }
 
@@ -166,8 +165,9 @@ std::string accelerate_yaml(const Plan& plan, const Candidate& c) {
       break;
   }
   out << "mixed_precision: " << (bf16(plan) ? "bf16" : "'no'") << "\n"
-      << "machine_rank: 0\nnum_machines: " << plan.cluster.nodes_ << "\nnum_processes: "
-      << plan.cluster.world_size() << "\nrdzv_backend: static\nsame_network: true\n"
+      << "machine_rank: 0\nnum_machines: " << plan.cluster.nodes_
+      << "\nnum_processes: " << plan.cluster.world_size()
+      << "\nrdzv_backend: static\nsame_network: true\n"
       << "use_cpu: " << (plan.hardware.name == "cpu" ? "true" : "false") << "\n";
   return out.str();
 }

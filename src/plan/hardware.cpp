@@ -38,9 +38,9 @@ HardwareSpec cpu_core() {
   HardwareSpec s;
   s.name = "cpu";
   s.memory_bytes = 12.0 * kGB;  // 24 GiB / 2 cores, rounded down
-  s.peak_fp32_flops = 49e9;   // 1024^3 GEMM, one thread (AVX-512)
-  s.peak_bf16_flops = 115e9;  // the same in bf16 (AVX-512 BF16)
-  s.memory_bw = 9e9;          // copy of 256 MiB, read + written bytes
+  s.peak_fp32_flops = 49e9;     // 1024^3 GEMM, one thread (AVX-512)
+  s.peak_bf16_flops = 115e9;    // the same in bf16 (AVX-512 BF16)
+  s.memory_bw = 9e9;            // copy of 256 MiB, read + written bytes
   s.host_memory_bytes = 24.0 * kGB;
   s.default_intra = "loopback";
   s.default_efficiency = 1.0;  // the figures are already achieved GEMM rates
@@ -97,7 +97,7 @@ LinkSpec link_spec(const std::string& name, const std::string& gpu) {
   // Gloo over local TCP between two processes on this 2-core host: a fit of `shardtrain bench
   // collectives` all_reduce times from 1 to 16 MiB (bench/results/planner.md).
   if (name == "loopback") return {"loopback", 1.2 * kGB, 2e-3};
-  if (name == "ib") return {"ib", 50.0 * kGB, 5e-6};  // 400 Gb/s NDR, per NIC
+  if (name == "ib") return {"ib", 50.0 * kGB, 5e-6};               // 400 Gb/s NDR, per NIC
   if (name == "ethernet") return {"ethernet", 12.5 * kGB, 30e-6};  // 100 GbE, per node
   throw std::invalid_argument("unknown link '" + name +
                               "' (known: nvlink, pcie3, pcie4, pcie5, loopback, ib, ethernet)");
@@ -112,8 +112,8 @@ double best_time(int repeats, F body) {
   for (int i = 0; i < repeats; ++i) {
     const auto start = std::chrono::steady_clock::now();
     body();
-    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
-                              .count());
+    best = std::min(
+        best, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   }
   return best;
 }

@@ -63,15 +63,15 @@ PlanModel PlanModel::from_shapes(int64_t num_parameters, int64_t n_layers, int64
   m.gated_mlp = gated_mlp;
   const int64_t kv = n_kv_heads * (d_model / n_heads);
   // q, k, v, o; two or three MLP matrices; two norms (biases are left out: under 0.1%).
-  m.block_parameters = d_model * (2 * d_model + 2 * kv) + (gated_mlp ? 3 : 2) * d_model * ffn_hidden +
-                       2 * d_model;
+  m.block_parameters =
+      d_model * (2 * d_model + 2 * kv) + (gated_mlp ? 3 : 2) * d_model * ffn_hidden + 2 * d_model;
   m.root_parameters = num_parameters - n_layers * m.block_parameters;
   if (m.root_parameters < 0) {
-    throw std::invalid_argument(
-        "model shape: " + std::to_string(n_layers) + " layers of d_model " +
-        std::to_string(d_model) + " and ffn " + std::to_string(ffn_hidden) + " already hold " +
-        std::to_string(n_layers * m.block_parameters) + " parameters, more than the " +
-        std::to_string(num_parameters) + " given");
+    throw std::invalid_argument("model shape: " + std::to_string(n_layers) + " layers of d_model " +
+                                std::to_string(d_model) + " and ffn " + std::to_string(ffn_hidden) +
+                                " already hold " + std::to_string(n_layers * m.block_parameters) +
+                                " parameters, more than the " + std::to_string(num_parameters) +
+                                " given");
   }
   m.largest_layer = std::max({vocab_size * d_model, ffn_hidden * d_model, d_model * d_model});
   return m;
@@ -174,7 +174,8 @@ double block_activation_bytes(const PlanModel& model, int64_t seq_len, int64_t m
   // Split by tensor parallelism: q and k (for the scores), v, the output projection's input,
   // the MLP's inner activations (GELU: fc output and GELU output; SwiGLU: gate, up, act(gate),
   // and the product).
-  double split = 2 * sbh + 2 * s * b * kv + 2 * s * b * kv + 2 * sbh + (model.gated_mlp ? 8 : 4) * s * b * f;
+  double split =
+      2 * sbh + 2 * s * b * kv + 2 * s * b * kv + 2 * sbh + (model.gated_mlp ? 8 : 4) * s * b * f;
   if (fused_attention) {
     split += 4.0 * a * s * b;  // fp32 log-sum-exp per row; no score matrix is kept
   } else {

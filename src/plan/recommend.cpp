@@ -12,14 +12,15 @@ void check_inputs(const ClusterOptions& c, const WorkloadOptions& w) {
   auto require = [](bool ok, const std::string& what) {
     if (!ok) throw std::invalid_argument(what);
   };
-  require(c.gpus_per_node_ >= 1, "devices per node must be >= 1, got " +
-                                     std::to_string(c.gpus_per_node_));
+  require(c.gpus_per_node_ >= 1,
+          "devices per node must be >= 1, got " + std::to_string(c.gpus_per_node_));
   require(c.nodes_ >= 1, "nodes must be >= 1, got " + std::to_string(c.nodes_));
   require(c.inter_ == "ib" || c.inter_ == "ethernet",
           "inter-node link '" + c.inter_ + "' is not one of ib, ethernet");
   require(w.seq_len_ >= 1, "seq_len must be >= 1, got " + std::to_string(w.seq_len_));
   require(w.micro_batch_ >= 1, "micro_batch must be >= 1, got " + std::to_string(w.micro_batch_));
-  require(w.global_batch_ >= 0, "global_batch must be >= 0, got " + std::to_string(w.global_batch_));
+  require(w.global_batch_ >= 0,
+          "global_batch must be >= 0, got " + std::to_string(w.global_batch_));
   require(w.safety_margin_ >= 0 && w.safety_margin_ < 1,
           "safety margin must be in [0, 1), got " + std::to_string(w.safety_margin_));
   require(w.efficiency_ >= 0 && w.efficiency_ <= 1,
@@ -88,11 +89,11 @@ std::string explain(const Plan& plan, double usable) {
            detail::gb(ddp.memory.total()) + " in all, over the usable " + detail::gb(usable) + ".";
   } else {
     out += " Not DDP: it fits, but is " + percent_slower(ddp, *rec) + " slower: " +
-           detail::format("%.3f s per step (compute and optimizer %.3f s, unhidden gradient "
-                          "all-reduce %.3f s) against %.3f s (%.3f s and %.3f s).",
-                          ddp.time.total, ddp.time.compute, ddp.time.exposed_comm,
-                          rec->time.total, rec->time.compute,
-                          rec->time.exposed_comm + rec->time.bubble + rec->time.offload);
+           detail::format(
+               "%.3f s per step (compute and optimizer %.3f s, unhidden gradient "
+               "all-reduce %.3f s) against %.3f s (%.3f s and %.3f s).",
+               ddp.time.total, ddp.time.compute, ddp.time.exposed_comm, rec->time.total,
+               rec->time.compute, rec->time.exposed_comm + rec->time.bubble + rec->time.offload);
   }
   if (rec->offload) {
     const Candidate* best_on_device = nullptr;
@@ -113,21 +114,24 @@ std::string explain(const Plan& plan, double usable) {
   } else {
     const Candidate* best_offload = nullptr;
     for (const auto& c : cs) {
-      if (c.valid && c.offload && c.fits && (!best_offload || c.time.total < best_offload->time.total)) {
+      if (c.valid && c.offload && c.fits &&
+          (!best_offload || c.time.total < best_offload->time.total)) {
         best_offload = &c;
       }
     }
     if (best_offload) {
-      out += " Not offload: the states fit on the devices, and moving them over PCIe to step on "
-             "the host makes the fastest offload candidate (" + best_offload->label() + ") " +
-             percent_slower(*best_offload, *rec) + " slower.";
+      out +=
+          " Not offload: the states fit on the devices, and moving them over PCIe to step on "
+          "the host makes the fastest offload candidate (" +
+          best_offload->label() + ") " + percent_slower(*best_offload, *rec) + " slower.";
     }
   }
   if (rec->strategy == PlanStrategy::kTpPp) {
-    out += " The shardtrain trainer does not run tensor or pipeline parallelism yet: the TOML "
-           "records tp and pp, and this layout runs today under Megatron-LM or "
-           "Megatron-DeepSpeed (the ds_config.json covers its data-parallel part; the accelerate "
-           "YAML uses the Megatron-LM plugin).";
+    out +=
+        " The shardtrain trainer does not run tensor or pipeline parallelism yet: the TOML "
+        "records tp and pp, and this layout runs today under Megatron-LM or "
+        "Megatron-DeepSpeed (the ds_config.json covers its data-parallel part; the accelerate "
+        "YAML uses the Megatron-LM plugin).";
   }
   return out;
 }
@@ -146,8 +150,8 @@ Plan make_plan(const PlanModel& model, const ClusterOptions& cluster,
     plan.candidates.push_back(evaluate_candidate(shape, model, plan.hardware, cluster, workload));
   }
   // The fastest that fits; within 10% of it, the simpler (earlier in the list) wins: the estimates
-  // do not separate candidates closer than that (bench/results/planner.md), and simpler strategies have fewer overheads that
-  // the model leaves out (launches, synchronization, bookkeeping).
+  // do not separate candidates closer than that (bench/results/planner.md), and simpler strategies
+  // have fewer overheads that the model leaves out (launches, synchronization, bookkeeping).
   double best = 0;
   for (const auto& c : plan.candidates) {
     if (c.fits) best = std::max(best, c.tokens_per_s);

@@ -15,11 +15,20 @@ std::string xml_escape(const std::string& s) {
   std::string out;
   for (char ch : s) {
     switch (ch) {
-      case '&': out += "&amp;"; break;
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '"': out += "&quot;"; break;
-      default: out += ch;
+      case '&':
+        out += "&amp;";
+        break;
+      case '<':
+        out += "&lt;";
+        break;
+      case '>':
+        out += "&gt;";
+        break;
+      case '"':
+        out += "&quot;";
+        break;
+      default:
+        out += ch;
     }
   }
   return out;
@@ -35,12 +44,13 @@ std::string format_plan(const Plan& plan) {
                         plan.model.name.c_str(), plan.model.num_parameters / 1e9,
                         static_cast<long long>(plan.model.n_layers),
                         static_cast<long long>(plan.model.d_model));
-  out << detail::format("cluster: %d node(s) x %d %s (%s per device), seq %lld, micro-batch %lld, "
-                        "%s, %s%s\n",
-                        plan.cluster.nodes_, plan.cluster.gpus_per_node_, hw.name.c_str(),
-                        detail::gb(hw.memory_bytes).c_str(), static_cast<long long>(w.seq_len_),
-                        static_cast<long long>(w.micro_batch_), w.precision_.c_str(),
-                        w.optimizer_.c_str(), w.checkpointing_ ? ", activation checkpointing" : "");
+  out << detail::format(
+      "cluster: %d node(s) x %d %s (%s per device), seq %lld, micro-batch %lld, "
+      "%s, %s%s\n",
+      plan.cluster.nodes_, plan.cluster.gpus_per_node_, hw.name.c_str(),
+      detail::gb(hw.memory_bytes).c_str(), static_cast<long long>(w.seq_len_),
+      static_cast<long long>(w.micro_batch_), w.precision_.c_str(), w.optimizer_.c_str(),
+      w.checkpointing_ ? ", activation checkpointing" : "");
   out << "\nper device, GB:\n";
   out << detail::format("%-36s %7s %7s %7s %7s %7s %8s %4s %9s %11s %6s\n", "candidate", "params",
                         "grads", "optim", "activ", "temp", "total", "fits", "step s", "tokens/s",
@@ -164,8 +174,9 @@ std::string memory_chart_svg(const Plan& plan) {
     for (int i = 0; i < 5; ++i) {
       const double wpx = std::min(parts[i] * scale, label_w + chart_w - x);
       if (wpx <= 0) continue;
-      out << detail::format("<rect x=\"%.1f\" y=\"%d\" width=\"%.1f\" height=\"%d\" fill=\"%s\"/>\n",
-                            x, y, wpx, bar_h, colors[i]);
+      out << detail::format(
+          "<rect x=\"%.1f\" y=\"%d\" width=\"%.1f\" height=\"%d\" fill=\"%s\"/>\n", x, y, wpx,
+          bar_h, colors[i]);
       x += wpx;
     }
     out << detail::format("<text x=\"%.1f\" y=\"%d\">%s</text>\n", x + 4, y + 13,
@@ -173,9 +184,10 @@ std::string memory_chart_svg(const Plan& plan) {
     y += bar_h + gap;
   }
   const double lx = label_w + limit * scale;
-  out << detail::format("<line x1=\"%.1f\" y1=\"%d\" x2=\"%.1f\" y2=\"%d\" stroke=\"#000\" "
-                        "stroke-dasharray=\"4 3\"/>\n",
-                        lx, head - 4, lx, y);
+  out << detail::format(
+      "<line x1=\"%.1f\" y1=\"%d\" x2=\"%.1f\" y2=\"%d\" stroke=\"#000\" "
+      "stroke-dasharray=\"4 3\"/>\n",
+      lx, head - 4, lx, y);
   out << detail::format("<text x=\"%.1f\" y=\"%d\">device memory %s</text>\n", lx - 60, y + 16,
                         detail::gb(limit).c_str());
   out << "</svg>\n";

@@ -62,7 +62,8 @@ Candidate candidate_of(const json& parallel, int world, const std::string& file)
       c.strategy = PlanStrategy::kHybridShard;
       c.shard = world / std::max(1, f.value("replicate", 1));
     } else {
-      throw std::invalid_argument("'" + file + "': unknown parallel.fsdp.sharding '" + sharding + "'");
+      throw std::invalid_argument("'" + file + "': unknown parallel.fsdp.sharding '" + sharding +
+                                  "'");
     }
   } else if (strategy == "zero") {
     const json z = parallel.value("zero", json::object());
@@ -71,7 +72,7 @@ Candidate candidate_of(const json& parallel, int world, const std::string& file)
       throw std::invalid_argument("'" + file + "': parallel.zero.stage must be 1, 2 or 3, got " +
                                   std::to_string(stage));
     }
-    c.strategy = stage == 1 ? PlanStrategy::kZero1
+    c.strategy = stage == 1   ? PlanStrategy::kZero1
                  : stage == 2 ? PlanStrategy::kZero2
                               : PlanStrategy::kFullShard;
     c.offload = z.value("offload_optimizer", std::string("none")) != "none";
@@ -136,8 +137,10 @@ ValidationResult validate_run(const std::string& run_dir, const HardwareSpec& ho
   if (shape.strategy == PlanStrategy::kHybridShard) {
     // Shard groups play the nodes; replicas reach each other over the same local link.
     const int replicas = world / shape.shard;
-    cluster.gpus_per_node(shape.shard).nodes(replicas).inter("ethernet").inter_bandwidth(
-        link_spec(hw.default_intra).bandwidth * shape.shard);
+    cluster.gpus_per_node(shape.shard)
+        .nodes(replicas)
+        .inter("ethernet")
+        .inter_bandwidth(link_spec(hw.default_intra).bandwidth * shape.shard);
   }
   const Candidate est = evaluate_candidate(shape, PlanModel::from_config(mc), hw, cluster, w);
   if (!est.valid) throw std::invalid_argument("run '" + run_dir + "': " + est.note);
@@ -167,7 +170,8 @@ ValidationResult validate_run(const std::string& run_dir, const HardwareSpec& ho
   }
   std::vector<double> times, bytes;
   for (const auto& [step, t] : step_time) times.push_back(t);
-  for (const auto& [step, per_rank] : states) bytes.insert(bytes.end(), per_rank.begin(), per_rank.end());
+  for (const auto& [step, per_rank] : states)
+    bytes.insert(bytes.end(), per_rank.begin(), per_rank.end());
 
   ValidationResult r;
   r.strategy = est.label();
@@ -181,12 +185,12 @@ ValidationResult validate_run(const std::string& run_dir, const HardwareSpec& ho
 }
 
 std::string format_validation(const ValidationResult& r) {
-  std::string out = detail::format("run: %s on %d rank(s), %lld steps measured\n",
-                                   r.strategy.c_str(), r.world_size,
-                                   static_cast<long long>(r.steps));
-  out += detail::format("model states per rank: estimate %.0f bytes, measured %.0f bytes, error %+.1f%%\n",
-                        r.estimated_model_states, r.measured_model_states,
-                        100 * r.model_state_error());
+  std::string out =
+      detail::format("run: %s on %d rank(s), %lld steps measured\n", r.strategy.c_str(),
+                     r.world_size, static_cast<long long>(r.steps));
+  out += detail::format(
+      "model states per rank: estimate %.0f bytes, measured %.0f bytes, error %+.1f%%\n",
+      r.estimated_model_states, r.measured_model_states, 100 * r.model_state_error());
   out += detail::format("step time: estimate %.4f s, measured %.4f s (median), error %+.1f%%\n",
                         r.estimated_step_time, r.measured_step_time, 100 * r.step_time_error());
   return out;

@@ -10,10 +10,10 @@ namespace shardtrain {
 namespace {
 
 Plan plan_for(const std::string& preset, int gpus, int nodes = 1, bool checkpointing = true) {
-  return make_plan(PlanModel::from_config(model_preset(preset)),
-                   ClusterOptions().gpu("h100-80gb").gpus_per_node(gpus).nodes(nodes),
-                   WorkloadOptions().seq_len(2048).micro_batch(1).activation_checkpointing(
-                       checkpointing));
+  return make_plan(
+      PlanModel::from_config(model_preset(preset)),
+      ClusterOptions().gpu("h100-80gb").gpus_per_node(gpus).nodes(nodes),
+      WorkloadOptions().seq_len(2048).micro_batch(1).activation_checkpointing(checkpointing));
 }
 
 const Candidate& find(const Plan& plan, PlanStrategy s, bool offload) {
@@ -59,10 +59,10 @@ TEST(PlanDecision, Llama70bOnTwoH100NeedsOffloadOrDoesNotFit) {
     EXPECT_NE(plan.explanation.find("Does not fit"), std::string::npos);
   }
   // With only 256 GB of host memory there is nowhere to put 1.27 TB of offloaded state.
-  const Plan small_host = make_plan(
-      PlanModel::from_config(model_preset("llama3-70b")),
-      ClusterOptions().gpu("h100-80gb").gpus_per_node(2).host_memory(256e9),
-      WorkloadOptions().seq_len(2048).micro_batch(1).activation_checkpointing(true));
+  const Plan small_host =
+      make_plan(PlanModel::from_config(model_preset("llama3-70b")),
+                ClusterOptions().gpu("h100-80gb").gpus_per_node(2).host_memory(256e9),
+                WorkloadOptions().seq_len(2048).micro_batch(1).activation_checkpointing(true));
   EXPECT_EQ(small_host.recommendation(), nullptr);
   EXPECT_NE(small_host.explanation.find("Does not fit"), std::string::npos);
 }
@@ -132,16 +132,16 @@ TEST(PlanTimeModel, CrossingNodesUsesTheSlowerLink) {
   // Eight such groups side by side (one rank per node each) share it.
   EXPECT_DOUBLE_EQ(detail::group_link(4, 1, cluster, nvlink, ib).bandwidth, 50e9);
   cluster.inter("ethernet");
-  EXPECT_DOUBLE_EQ(
-      detail::group_link(32, 8, cluster, nvlink, link_spec("ethernet")).bandwidth, 12.5e9);
+  EXPECT_DOUBLE_EQ(detail::group_link(32, 8, cluster, nvlink, link_spec("ethernet")).bandwidth,
+                   12.5e9);
 }
 
 TEST(PlanTimeModel, MoreDevicesMoreTokensForTheSameBatch) {
   auto tokens = [](int gpus) {
-    const Plan plan = make_plan(PlanModel::from_config(model_preset("llama3-8b")),
-                                ClusterOptions().gpus_per_node(gpus),
-                                WorkloadOptions().seq_len(4096).micro_batch(1).global_batch(64)
-                                    .activation_checkpointing(true));
+    const Plan plan = make_plan(
+        PlanModel::from_config(model_preset("llama3-8b")), ClusterOptions().gpus_per_node(gpus),
+        WorkloadOptions().seq_len(4096).micro_batch(1).global_batch(64).activation_checkpointing(
+            true));
     return find(plan, PlanStrategy::kFullShard, false);
   };
   const Candidate two = tokens(2), eight = tokens(8);

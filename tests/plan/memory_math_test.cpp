@@ -96,14 +96,14 @@ TEST(PlanMemoryMath, Fp32ParametersNeedNoMasterCopy) {
 
 TEST(PlanMemoryMath, KorthikantiActivationFormulas) {
   // Korthikanti et al. 2022, per layer: sbh(34 + 5as/h); with tensor parallelism t alone
-  // sbh(10 + 24/t + 5as/(ht)); with sequence parallelism sbh/t (34 + 5as/h); full recomputation 2sbh.
+  // sbh(10 + 24/t + 5as/(ht)); with sequence parallelism sbh/t (34 + 5as/h); full recomputation
+  // 2sbh.
   PlanModel m;
   m.d_model = 2048, m.n_heads = 16, m.n_kv_heads = 16, m.ffn_hidden = 4 * 2048;
   m.dropout = 0.1;  // the paper's layers have dropout
   const double s = 1024, b = 2, h = 2048, a = 16;
   const double sbh = s * b * h;
-  EXPECT_DOUBLE_EQ(block_activation_bytes(m, 1024, 2, false, false),
-                   sbh * (34 + 5 * a * s / h));
+  EXPECT_DOUBLE_EQ(block_activation_bytes(m, 1024, 2, false, false), sbh * (34 + 5 * a * s / h));
   for (int t : {2, 4, 8}) {
     EXPECT_DOUBLE_EQ(block_activation_bytes(m, 1024, 2, false, false, t, false),
                      sbh * (10 + 24.0 / t + 5 * a * s / (h * t)));
@@ -119,7 +119,8 @@ TEST(PlanMemoryMath, ModelInventoryFromPresets) {
   EXPECT_EQ(m.num_parameters, 8030261248);
   // One block: q, o (4096^2 each), k, v (1024 x 4096 each), three 14336 x 4096 MLP matrices,
   // two norms.
-  EXPECT_EQ(m.block_parameters, 2 * 4096LL * 4096 + 2 * 1024LL * 4096 + 3 * 14336LL * 4096 + 2 * 4096);
+  EXPECT_EQ(m.block_parameters,
+            2 * 4096LL * 4096 + 2 * 1024LL * 4096 + 3 * 14336LL * 4096 + 2 * 4096);
   EXPECT_EQ(m.root_parameters, 2 * 128256LL * 4096 + 4096);  // embedding, head, final norm
   EXPECT_EQ(m.largest_layer, 128256LL * 4096);
   EXPECT_TRUE(m.gated_mlp);

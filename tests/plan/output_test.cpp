@@ -25,19 +25,19 @@ bool has(const std::string& text, const std::string& needle) {
 
 class PlanOutput : public ::testing::Test {
  protected:
-  Plan plan_ = make_plan(PlanModel::from_config(model_preset("llama3-8b")),
-                         ClusterOptions().gpus_per_node(8).nodes(2),
-                         WorkloadOptions().seq_len(4096).micro_batch(2).global_batch(128)
-                             .activation_checkpointing(true));
+  Plan plan_ = make_plan(
+      PlanModel::from_config(model_preset("llama3-8b")), ClusterOptions().gpus_per_node(8).nodes(2),
+      WorkloadOptions().seq_len(4096).micro_batch(2).global_batch(128).activation_checkpointing(
+          true));
 };
 
 TEST_F(PlanOutput, ShardtrainTomlNamesEveryKey) {
   const std::string full = shardtrain_toml(plan_, pick(plan_, PlanStrategy::kFullShard, true));
-  for (const char* line : {"preset = \"llama3-8b\"", "seq_len = 4096", "micro_batch = 2",
-                           "grad_accum = 4", "activation_checkpointing = true",
-                           "strategy = \"fsdp\"", "[parallel.fsdp]", "sharding = \"full_shard\"",
-                           "cpu_offload = true", "wrap = \"block\"", "param_dtype = \"bf16\"",
-                           "reduce_dtype = \"bf16\"", "autocast = \"bf16\""}) {
+  for (const char* line :
+       {"preset = \"llama3-8b\"", "seq_len = 4096", "micro_batch = 2", "grad_accum = 4",
+        "activation_checkpointing = true", "strategy = \"fsdp\"", "[parallel.fsdp]",
+        "sharding = \"full_shard\"", "cpu_offload = true", "wrap = \"block\"",
+        "param_dtype = \"bf16\"", "reduce_dtype = \"bf16\"", "autocast = \"bf16\""}) {
     EXPECT_TRUE(has(full, line)) << line << "\n" << full;
   }
   const std::string hybrid = shardtrain_toml(plan_, pick(plan_, PlanStrategy::kHybridShard, false));
@@ -61,13 +61,16 @@ TEST_F(PlanOutput, DeepSpeedConfigIsConsistent) {
               128);
     EXPECT_TRUE(ds["bf16"]["enabled"].get<bool>());
   }
-  const auto z3 = nlohmann::json::parse(deepspeed_json(plan_, pick(plan_, PlanStrategy::kFullShard, true)));
+  const auto z3 =
+      nlohmann::json::parse(deepspeed_json(plan_, pick(plan_, PlanStrategy::kFullShard, true)));
   EXPECT_EQ(z3["zero_optimization"]["stage"], 3);
   EXPECT_EQ(z3["zero_optimization"]["offload_optimizer"]["device"], "cpu");
   EXPECT_EQ(z3["zero_optimization"]["offload_param"]["device"], "cpu");
-  const auto hy = nlohmann::json::parse(deepspeed_json(plan_, pick(plan_, PlanStrategy::kHybridShard, false)));
+  const auto hy =
+      nlohmann::json::parse(deepspeed_json(plan_, pick(plan_, PlanStrategy::kHybridShard, false)));
   EXPECT_EQ(hy["zero_optimization"]["mics_shard_size"], 8);
-  const auto z1 = nlohmann::json::parse(deepspeed_json(plan_, pick(plan_, PlanStrategy::kZero1, false)));
+  const auto z1 =
+      nlohmann::json::parse(deepspeed_json(plan_, pick(plan_, PlanStrategy::kZero1, false)));
   EXPECT_EQ(z1["zero_optimization"]["stage"], 1);
   EXPECT_FALSE(z1["zero_optimization"].contains("offload_optimizer"));
 }

@@ -67,7 +67,8 @@ TEST(PlanValidate, ReadsTheRunAndComparesMedians) {
   EXPECT_NEAR(r.model_state_error(), 0.0, 1e-12);
   EXPECT_DOUBLE_EQ(r.measured_step_time, 0.035);  // median of 0.02, 0.03, 0.04, 0.05
   EXPECT_GT(r.estimated_step_time, 0.0);
-  EXPECT_TRUE(format_validation(r).find("error +0.0%") != std::string::npos) << format_validation(r);
+  EXPECT_TRUE(format_validation(r).find("error +0.0%") != std::string::npos)
+      << format_validation(r);
   fs::remove_all(dir);
 }
 
@@ -88,11 +89,13 @@ TEST(PlanValidate, ShardedStrategiesMapToTheirCandidates) {
     double states;  // per rank, bytes
   };
   const Case cases[] = {
-      {{{"strategy", "fsdp"}, {"fsdp", {{"sharding", "full_shard"}}}}, "ZeRO-3 / FSDP full_shard",
+      {{{"strategy", "fsdp"}, {"fsdp", {{"sharding", "full_shard"}}}},
+       "ZeRO-3 / FSDP full_shard",
        16 * shard},
       {{{"strategy", "zero"}, {"zero", {{"stage", 1}}}}, "ZeRO-1", 8 * P + 8 * shard},
       {{{"strategy", "zero"}, {"zero", {{"stage", 2}}}}, "ZeRO-2", 4 * P + 12 * shard},
-      {{{"strategy", "fsdp"}, {"fsdp", {{"sharding", "shard_grad_op"}}}}, "ZeRO-2",
+      {{{"strategy", "fsdp"}, {"fsdp", {{"sharding", "shard_grad_op"}}}},
+       "ZeRO-2",
        4 * P + 12 * shard},
   };
   for (const auto& c : cases) {
