@@ -145,9 +145,9 @@ Candidate evaluate_candidate(Candidate c, const PlanModel& model, const Hardware
   if (stage == 3) {
     c.memory.temporary += b.param * block;  // the next unit, prefetched
   } else if (stage == 0) {
-    c.memory.temporary += 2 * kDdpBucketBytes;
+    c.memory.temporary += std::min(2 * kDdpBucketBytes, b.grad * replica);
   } else {
-    c.memory.temporary += 2 * kZeroBucketElements * b.grad;
+    c.memory.temporary += std::min(2 * kZeroBucketElements, replica) * b.grad;
   }
   const double act_scale = w.precision_ == "fp32" ? 2.0 : 1.0;  // 4-byte activations
   const int in_flight = c.pp > 1 ? static_cast<int>(std::min<int64_t>(c.pp, c.grad_accum)) : 1;

@@ -11,6 +11,19 @@ namespace {
 
 std::string gb_number(double bytes) { return detail::format("%.1f", bytes / 1e9); }
 
+// The table's unit: GB, or MB when every candidate needs less than a gigabyte.
+struct Unit {
+  const char* name;
+  double bytes;
+};
+Unit table_unit(const Plan& plan) {
+  double top = 0;
+  for (const auto& c : plan.candidates) {
+    if (c.valid) top = std::max(top, c.memory.total());
+  }
+  return top < 1e9 ? Unit{"MB", 1e6} : Unit{"GB", 1e9};
+}
+
 std::string xml_escape(const std::string& s) {
   std::string out;
   for (char ch : s) {
@@ -40,8 +53,9 @@ std::string format_plan(const Plan& plan) {
   std::ostringstream out;
   const auto& hw = plan.hardware;
   const auto& w = plan.workload;
-  out << detail::format("model %s: %.2fB parameters, %lld layers, d_model %lld\n",
-                        plan.model.name.c_str(), plan.model.num_parameters / 1e9,
+  const double n = static_cast<double>(plan.model.num_parameters);
+  out << detail::format("model %s: %.2f%s parameters, %lld layers, d_model %lld\n",
+                        plan.model.name.c_str(), n >= 1e9 ? n / 1e9 : n / 1e6, n >= 1e9 ? "B" : "M",
                         static_cast<long long>(plan.model.n_layers),
                         static_cast<long long>(plan.model.d_model));
   out << detail::format(
@@ -51,7 +65,9 @@ std::string format_plan(const Plan& plan) {
       detail::gb(hw.memory_bytes).c_str(), static_cast<long long>(w.seq_len_),
       static_cast<long long>(w.micro_batch_), w.precision_.c_str(), w.optimizer_.c_str(),
       w.checkpointing_ ? ", activation checkpointing" : "");
-  out << "\nper device, GB:\n";
+  const Unit unit = table_unit(plan);
+  auto num = [&](double bytes) { return detail::format("%.1f", bytes / unit.bytes); };
+  out << "\nper device, " << unit.name << ":\n";
   out << detail::format("%-36s %7s %7s %7s %7s %7s %8s %4s %9s %11s %6s\n", "candidate", "params",
                         "grads", "optim", "activ", "temp", "total", "fits", "step s", "tokens/s",
                         "scale");
@@ -59,11 +75,10 @@ std::string format_plan(const Plan& plan) {
     if (!c.valid) continue;
     const auto& m = c.memory;
     out << detail::format("%-36s %7s %7s %7s %7s %7s %8s %4s %9.3f %11.0f %5.0f%%\n",
-                          c.label().c_str(), gb_number(m.params).c_str(),
-                          gb_number(m.grads).c_str(), gb_number(m.optimizer).c_str(),
-                          gb_number(m.activations).c_str(), gb_number(m.temporary).c_str(),
-                          gb_number(m.total()).c_str(), c.fits ? "yes" : "no", c.time.total,
-                          c.tokens_per_s, 100 * c.scaling_efficiency);
+                          c.label().c_str(), num(m.params).c_str(), num(m.grads).c_str(),
+                          num(m.optimizer).c_str(), num(m.activations).c_str(),
+                          num(m.temporary).c_str(), num(m.total()).c_str(), c.fits ? "yes" : "no",
+                          c.time.total, c.tokens_per_s, 100 * c.scaling_efficiency);
   }
   out << "\n" << plan.explanation << "\n";
   if (const Candidate* rec = plan.recommendation()) {
