@@ -14,6 +14,7 @@
 #include "shardtrain/mesh.h"
 #include "shardtrain/model.h"
 #include "shardtrain/optim.h"
+#include "shardtrain/plan.h"
 #include "shardtrain/rendezvous.h"
 #include "shardtrain/tokenizer.h"
 #include "shardtrain/train.h"

@@ -13,6 +13,7 @@
 #include "shardtrain/fused_adamw.h"
 #include "shardtrain/memory.h"
 #include "shardtrain/train.h"
+#include "train/run_manifest.h"
 #include "train/run_setup.h"
 
 namespace shardtrain {
@@ -58,6 +59,7 @@ Trainer::Trainer(TrainConfig config, std::shared_ptr<ProcessGroup> world)
                                 " tokenizer's vocabulary of " +
                                 std::to_string(tokenizer_->vocab_size()));
   }
+  if (rank() == 0) detail::write_run_manifest(config_, world_size());
   // Rank 0 tokenizes the corpus (if it is text) before the others open the shard.
   if (rank() == 0) shard_ = detail::open_corpus(config_, *tokenizer_);
   barrier();

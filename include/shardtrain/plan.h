@@ -1,0 +1,307 @@
+// The planner: per-device memory and step-time estimates for every parallel strategy on a given
+// cluster, a recommended strategy with the reasons for it, and the configs that run it. All of it
+// is arithmetic on shapes and published hardware figures; nothing here allocates a model or
+// touches a device. docs/planner.md derives every formula.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "shardtrain/model.h"
+
+namespace shardtrain {
+
+// ---- Hardware -------------------------------------------------------------------------------
+
+// One accelerator kind (or one CPU core for the "cpu" entry). Figures are vendors' published
+// dense (no sparsity) peaks, or, for "cpu", what bench/results/planner.md measured.
+struct HardwareSpec {
+  std::string name;                 // "h100-80gb", ...
+  double memory_bytes = 0;          // device memory (GB as vendors state it, 1e9 bytes)
+  double peak_bf16_flops = 0;       // per second
+  double peak_fp32_flops = 0;       // per second
+  double memory_bw = 0;             // device memory bandwidth, bytes/s
+  double host_memory_bytes = 0;     // CPU memory per node assumed when the user gives none
+  std::string default_intra;        // the intra-node link such machines usually have
+  double default_efficiency = 0.4;  // achieved fraction of peak FLOP/s on transformer steps
+  std::string source;               // where the figures come from
+};
+// Throws std::invalid_argument listing the known kinds.
+const HardwareSpec& hardware_spec(const std::string& kind);
+const std::vector<HardwareSpec>& hardware_table();
+
+// A link: bandwidth per direction available to one device (intra-node) or one node
+// (inter-node), bytes/s, and the latency of one ring step, seconds.
+struct LinkSpec {
+  std::string name;
+  double bandwidth = 0;
+  double latency = 0;
+};
+// "nvlink" (per GPU kind), "pcie3", "pcie4", "pcie5", "loopback" (Gloo over local TCP), "ib",
+// "ethernet". `gpu` picks the NVLink generation. Throws std::invalid_argument for other names.
+LinkSpec link_spec(const std::string& name, const std::string& gpu = "");
+
+// Measures this host: one rank of `threads` threads as a device (fp32 and bf16 GEMM FLOP/s,
+// copy bandwidth; memory = physical memory / cores x threads). Takes a few seconds; sets
+// LibTorch's intra-op thread count meanwhile (restored after), so call it with no other LibTorch
+// work running in the process.
+HardwareSpec measure_cpu_host(int threads = 1);
+
+// ---- Inputs ---------------------------------------------------------------------------------
+
+// What the planner needs of a model: sizes, and the parameter count per sharding unit (one
+// transformer block; everything else is the root unit).
+struct PlanModel {
+  std::string name;
+  int64_t num_parameters = 0;
+  int64_t block_parameters = 0;  // one transformer block
+  int64_t root_parameters = 0;   // embeddings, final norm, untied head
+  int64_t largest_layer = 0;     // largest single weight matrix or embedding, parameters
+  int64_t n_layers = 0, d_model = 0, n_heads = 0, n_kv_heads = 0, ffn_hidden = 0;
+  int64_t vocab_size = 0;
+  bool gated_mlp = false;  // SwiGLU (Llama) rather than GELU (GPT-2)
+  double dropout = 0.0;
+  std::string preset;     // how an emitted config names the model: a preset name,
+  std::string hf_config;  // or a Hugging Face config.json (both empty for bare shapes)
+
+  static PlanModel from_config(const ModelConfig& config);
+  // A bare parameter count with layer shapes (ffn_hidden 0: 4 d_model; n_kv_heads 0: n_heads).
+  // Throws std::invalid_argument when the shapes need more parameters than `num_parameters`.
+  static PlanModel from_shapes(int64_t num_parameters, int64_t n_layers, int64_t d_model,
+                               int64_t n_heads, int64_t n_kv_heads, int64_t ffn_hidden,
+                               int64_t vocab_size, bool gated_mlp);
+};
+
+struct ClusterOptions {
+  ClusterOptions& gpu(std::string v) {
+    gpu_ = std::move(v);
+    return *this;
+  }
+  ClusterOptions& gpus_per_node(int v) {
+    gpus_per_node_ = v;
+    return *this;
+  }
+  ClusterOptions& nodes(int v) {
+    nodes_ = v;
+    return *this;
+  }
+  // Intra-node link: "nvlink", "pcie3", "pcie4", "pcie5", "loopback"; "": the device's usual one.
+  ClusterOptions& intra(std::string v) {
+    intra_ = std::move(v);
+    return *this;
+  }
+  // Inter-node network: "ib" or "ethernet".
+  ClusterOptions& inter(std::string v) {
+    inter_ = std::move(v);
+    return *this;
+  }
+  // Per node, bytes/s; 0: 50 GB/s (400 Gb/s) per device for ib, 12.5 GB/s per node for ethernet.
+  ClusterOptions& inter_bandwidth(double bytes_per_s) {
+    inter_bw_ = bytes_per_s;
+    return *this;
+  }
+  // Per node, bytes; 0: the hardware entry's.
+  ClusterOptions& host_memory(double bytes) {
+    host_memory_ = bytes;
+    return *this;
+  }
+  // Replaces the table entry (the "cpu" entry measured here, or a custom device).
+  ClusterOptions& hardware(HardwareSpec v) {
+    custom_ = std::move(v);
+    has_custom_ = true;
+    return *this;
+  }
+
+  std::string gpu_ = "h100-80gb";
+  int gpus_per_node_ = 8;
+  int nodes_ = 1;
+  std::string intra_;
+  std::string inter_ = "ib";
+  double inter_bw_ = 0;
+  double host_memory_ = 0;  // per node, bytes; 0: the hardware entry's
+  HardwareSpec custom_;
+  bool has_custom_ = false;
+  int world_size() const { return gpus_per_node_ * nodes_; }
+};
+
+struct WorkloadOptions {
+  WorkloadOptions& seq_len(int64_t v) {
+    seq_len_ = v;
+    return *this;
+  }
+  WorkloadOptions& micro_batch(int64_t v) {
+    micro_batch_ = v;
+    return *this;
+  }
+  // Sequences per optimizer step; 0: micro_batch x all devices (no accumulation with pure data
+  // parallelism).
+  WorkloadOptions& global_batch(int64_t v) {
+    global_batch_ = v;
+    return *this;
+  }
+  // "bf16": bf16 params and grads, fp32 master weights (mixed precision); "fp32"; "bf16-autocast":
+  // fp32 params and grads, bf16 compute (what the shardtrain trainer does on CPU).
+  WorkloadOptions& precision(std::string v) {
+    precision_ = std::move(v);
+    return *this;
+  }
+  // "adamw" (or "adam") or "sgd" (with momentum).
+  WorkloadOptions& optimizer(std::string v) {
+    optimizer_ = std::move(v);
+    return *this;
+  }
+  WorkloadOptions& activation_checkpointing(bool v) {
+    checkpointing_ = v;
+    return *this;
+  }
+  // Attention through a fused kernel that keeps no [seq x seq] score matrix (FlashAttention).
+  WorkloadOptions& fused_attention(bool v) {
+    fused_attention_ = v;
+    return *this;
+  }
+  // Achieved fraction of peak FLOP/s; 0: the hardware entry's default.
+  WorkloadOptions& efficiency(double v) {
+    efficiency_ = v;
+    return *this;
+  }
+  WorkloadOptions& safety_margin(double v) {
+    safety_margin_ = v;
+    return *this;
+  }
+
+  int64_t seq_len_ = 2048, micro_batch_ = 1, global_batch_ = 0;
+  std::string precision_ = "bf16";
+  std::string optimizer_ = "adamw";
+  bool checkpointing_ = false;
+  bool fused_attention_ = true;
+  double efficiency_ = 0;
+  double safety_margin_ = 0.1;  // of device memory, for the CUDA context, fragmentation, ...
+};
+
+// ---- Memory math ----------------------------------------------------------------------------
+
+// Bytes per parameter of each model state.
+struct PrecisionBytes {
+  double param = 2, grad = 2;
+  double master = 4;           // fp32 copy of the weights kept by the optimizer (0: none)
+  double optimizer_state = 8;  // Adam's two moments in fp32
+  double optimizer_total() const { return master + optimizer_state; }  // the ZeRO paper's K
+  // From a precision and optimizer name; throws std::invalid_argument for unknown ones.
+  static PrecisionBytes of(const std::string& precision, const std::string& optimizer);
+};
+
+struct MemoryBreakdown {
+  double params = 0, grads = 0, optimizer = 0, activations = 0, temporary = 0;  // bytes
+  double host = 0;  // moved to host memory by offload (not part of total())
+  double model_states() const { return params + grads + optimizer; }
+  double total() const { return model_states() + activations + temporary; }
+};
+
+// Conventions for model-state memory under ZeRO stage 0 (DDP) to 3 on `n` devices:
+// kZeroPaper: Rajbhandari et al. 2020, Sec. 5 - (p + g + K) bytes, each partitioned by its stage.
+// kEngine: what DeepSpeed's engine allocates and its estimator counts - the gradient the
+// optimizer reads is an fp32 partition when there are master weights, stages 1-2 hold the full
+// low-precision gradient before it is reduced, stage 3 gathers the largest layer's params and
+// grads. Offload moves optimizer state (and with offload_params the parameters) to the host.
+enum class ZeroAccounting { kZeroPaper, kEngine };
+struct ZeroMemoryInputs {
+  double parameters = 0;     // Psi
+  double largest_layer = 0;  // L (kEngine stage 3)
+  int n = 1;                 // devices the states are partitioned over
+  int stage = 0;             // 0 (DDP) .. 3
+  // Parameters of one device's partition when shards are padded (flat parameters padded to a
+  // multiple of n per unit); 0: parameters / n.
+  double sharded_parameters = 0;
+  bool offload_optimizer = false, offload_params = false;
+};
+MemoryBreakdown zero_model_states(const ZeroMemoryInputs& in, const PrecisionBytes& bytes,
+                                  ZeroAccounting accounting);
+
+// Activation bytes kept for backward by one transformer block and one micro-batch, after
+// Korthikanti et al. 2022 (16-bit activations, 1-byte dropout masks), generalized to SwiGLU and
+// grouped-query attention. tp > 1 with sequence_parallel splits everything by tp; without it
+// the norm and dropout terms are replicated. With full recomputation only the block input is kept.
+double block_activation_bytes(const PlanModel& model, int64_t seq_len, int64_t micro_batch,
+                              bool recompute, bool fused_attention, int tp = 1,
+                              bool sequence_parallel = false);
+
+// ---- Candidates and the plan ----------------------------------------------------------------
+
+enum class PlanStrategy { kDdp, kZero1, kZero2, kFullShard, kHybridShard, kTpPp };
+std::string to_string(PlanStrategy strategy);
+
+struct StepTime {
+  double compute = 0;        // FLOPs at the stated efficiency, plus memory-bound optimizer step
+  double communication = 0;  // every collective of the step, serialized
+  double exposed_comm = 0;   // what overlap does not hide
+  double offload = 0;        // host<->device copies and the host optimizer step, not hidden
+  double bubble = 0;         // pipeline fill and drain
+  double total = 0;
+};
+
+struct Candidate {
+  PlanStrategy strategy = PlanStrategy::kDdp;
+  bool offload = false;  // optimizer state (ZeRO-1/2) or optimizer state and params (ZeRO-3/FSDP)
+  int tp = 1, pp = 1, dp = 1;  // dp = dp_replicate x dp_shard
+  int shard = 1;               // devices model states are partitioned over
+  int64_t grad_accum = 1;
+  MemoryBreakdown memory;  // per device, bytes
+  double host_bytes_per_node = 0;
+  bool valid = true;  // false: the shape does not divide (see note)
+  bool fits = false;
+  StepTime time;
+  double tokens_per_s = 0;
+  double scaling_efficiency = 0;  // ideal compute time / step time
+  std::string note;               // why invalid or why it does not fit
+  std::string label() const;      // "ZeRO-3 / FSDP full_shard + offload", "TP4 x PP2 x DP8"
+};
+
+struct Plan {
+  PlanModel model;
+  ClusterOptions cluster;
+  WorkloadOptions workload;
+  HardwareSpec hardware;
+  std::vector<Candidate> candidates;
+  int recommended = -1;     // index into candidates, -1: nothing fits
+  std::string explanation;  // why this one, why not the others
+  const Candidate* recommendation() const {
+    return recommended < 0 ? nullptr : &candidates[static_cast<size_t>(recommended)];
+  }
+};
+
+// Evaluates every candidate and picks the fastest that fits with the safety margin.
+// Throws std::invalid_argument for inconsistent inputs (zero devices, unknown precision, ...).
+Plan make_plan(const PlanModel& model, const ClusterOptions& cluster,
+               const WorkloadOptions& workload);
+// One candidate alone (what make_plan does for each).
+Candidate evaluate_candidate(Candidate shape, const PlanModel& model, const HardwareSpec& hw,
+                             const ClusterOptions& cluster, const WorkloadOptions& workload);
+
+// ---- Output ---------------------------------------------------------------------------------
+
+std::string format_plan(const Plan& plan);       // the table and the recommendation, for people
+std::string plan_to_json(const Plan& plan);      // everything, for tools
+std::string memory_chart_svg(const Plan& plan);  // stacked bars of per-device memory
+// Configs that run `candidate`: shardtrain TOML, DeepSpeed ds_config.json, accelerate YAML.
+std::string shardtrain_toml(const Plan& plan, const Candidate& candidate);
+std::string deepspeed_json(const Plan& plan, const Candidate& candidate);
+std::string accelerate_yaml(const Plan& plan, const Candidate& candidate);
+
+// ---- Validation against a finished run ------------------------------------------------------
+
+struct ValidationResult {
+  std::string strategy;  // the candidate the run maps to
+  int world_size = 1;
+  double estimated_model_states = 0, measured_model_states = 0;  // bytes per rank, medians
+  double estimated_step_time = 0, measured_step_time = 0;        // seconds, medians
+  int64_t steps = 0;  // steps measured (the first is left out as warm-up when there are more)
+  double model_state_error() const;  // (estimate - measured) / measured
+  double step_time_error() const;
+};
+// Reads RUN_DIR/run.json and RUN_DIR/metrics.jsonl and estimates that exact configuration on
+// `host` (one device per rank). Throws std::invalid_argument naming the missing file or key.
+ValidationResult validate_run(const std::string& run_dir, const HardwareSpec& host);
+std::string format_validation(const ValidationResult& result);
+
+}  // namespace shardtrain

@@ -1,0 +1,290 @@
+// One candidate's per-device memory and step time (docs/planner.md, "Candidates" and "Time").
+#include <algorithm>
+#include <cmath>
+#include <stdexcept>
+
+#include "plan/text.h"
+#include "plan/time_model.h"
+#include "shardtrain/plan.h"
+
+namespace shardtrain {
+namespace {
+
+// Host memory bandwidth per node that a CPU optimizer step streams through (8-channel DDR5).
+constexpr double kHostMemoryBandwidth = 200e9;
+// Communication buckets in flight (DDP's 25 MiB default; ZeRO's reduce/all-gather buckets of 5e7
+// elements as the emitted ds_config.json sets them): two at a time.
+constexpr double kDdpBucketBytes = 25.0 * (1 << 20);
+constexpr double kZeroBucketElements = 5e7;
+
+int zero_stage(PlanStrategy s) {
+  switch (s) {
+    case PlanStrategy::kDdp:
+      return 0;
+    case PlanStrategy::kZero1:
+    case PlanStrategy::kTpPp:  // the data-parallel axis shards optimizer state (Megatron's)
+      return 1;
+    case PlanStrategy::kZero2:
+      return 2;
+    case PlanStrategy::kFullShard:
+    case PlanStrategy::kHybridShard:
+      return 3;
+  }
+  return 0;
+}
+
+double ceil_div(double a, double b) { return std::ceil(a / b); }
+
+Candidate invalid(Candidate c, std::string why) {
+  c.valid = false;
+  c.fits = false;
+  c.note = std::move(why);
+  return c;
+}
+
+}  // namespace
+
+std::string to_string(PlanStrategy strategy) {
+  switch (strategy) {
+    case PlanStrategy::kDdp:
+      return "ddp";
+    case PlanStrategy::kZero1:
+      return "zero1";
+    case PlanStrategy::kZero2:
+      return "zero2";
+    case PlanStrategy::kFullShard:
+      return "full_shard";
+    case PlanStrategy::kHybridShard:
+      return "hybrid_shard";
+    case PlanStrategy::kTpPp:
+      return "tp_pp";
+  }
+  return "unknown";
+}
+
+std::string Candidate::label() const {
+  std::string s;
+  switch (strategy) {
+    case PlanStrategy::kDdp:
+      s = "DDP";
+      break;
+    case PlanStrategy::kZero1:
+      s = "ZeRO-1";
+      break;
+    case PlanStrategy::kZero2:
+      s = "ZeRO-2";
+      break;
+    case PlanStrategy::kFullShard:
+      s = "ZeRO-3 / FSDP full_shard";
+      break;
+    case PlanStrategy::kHybridShard:
+      s = "FSDP hybrid_shard " + std::to_string(shard) + "x" +
+          std::to_string(dp / std::max(1, shard));
+      break;
+    case PlanStrategy::kTpPp:
+      s = "TP" + std::to_string(tp) + " x PP" + std::to_string(pp) + " x DP" + std::to_string(dp);
+      break;
+  }
+  return offload ? s + " + offload" : s;
+}
+
+Candidate evaluate_candidate(Candidate c, const PlanModel& model, const HardwareSpec& hw,
+                             const ClusterOptions& cluster, const WorkloadOptions& w) {
+  const int world = cluster.world_size();
+  const int k = cluster.gpus_per_node_;
+  const PrecisionBytes b = PrecisionBytes::of(w.precision_, w.optimizer_);
+  if (world % (c.tp * c.pp) != 0) {
+    return invalid(c, "world size " + std::to_string(world) +
+                          " is not divisible by tp x pp = " + std::to_string(c.tp * c.pp));
+  }
+  if (c.tp > k || k % c.tp != 0 || model.n_heads % c.tp != 0 || model.n_kv_heads % c.tp != 0) {
+    return invalid(c, "tp=" + std::to_string(c.tp) + " must divide the devices per node (" +
+                          std::to_string(k) + ") and the heads (" + std::to_string(model.n_heads) +
+                          ", kv " + std::to_string(model.n_kv_heads) + ")");
+  }
+  if (model.n_layers % c.pp != 0) {
+    return invalid(c, "pp=" + std::to_string(c.pp) + " does not divide " +
+                          std::to_string(model.n_layers) + " layers");
+  }
+  c.dp = world / (c.tp * c.pp);
+  const int64_t global = w.global_batch_ > 0 ? w.global_batch_ : w.micro_batch_ * world;
+  if (global % (w.micro_batch_ * c.dp) != 0) {
+    return invalid(
+        c, "global batch " + std::to_string(global) +
+               " is not a multiple of micro_batch x dp = " + std::to_string(w.micro_batch_ * c.dp));
+  }
+  c.grad_accum = global / (w.micro_batch_ * c.dp);
+  if (c.strategy == PlanStrategy::kHybridShard && cluster.nodes_ < 2) {
+    return invalid(c, "hybrid_shard needs several nodes (on one it is full_shard)");
+  }
+  if (c.offload && hw.name == "cpu") return invalid(c, "a CPU host has nothing to offload to");
+
+  // ---- memory ----
+  const int stage = zero_stage(c.strategy);
+  const bool sp = c.tp > 1;  // tensor parallel runs with sequence parallelism
+  const double d = static_cast<double>(model.d_model);
+  const double blocks = static_cast<double>(model.n_layers / c.pp);
+  const double block = static_cast<double>(model.block_parameters) / c.tp;
+  // With pp > 1 the first stage holds the embedding and the last the head: each one matrix.
+  double root = static_cast<double>(model.root_parameters);
+  if (c.pp > 1) root = std::min(root, static_cast<double>(model.vocab_size) * d);
+  root /= c.tp;
+  const double replica = blocks * block + root;  // parameters one device's model copy has
+  c.shard = c.strategy == PlanStrategy::kHybridShard ? k / (c.tp * c.pp) : (stage == 0 ? 1 : c.dp);
+  if (c.strategy == PlanStrategy::kHybridShard && c.shard * c.tp * c.pp != k) c.shard = c.dp;
+  ZeroMemoryInputs zi;
+  zi.parameters = replica;
+  zi.n = c.shard;
+  zi.stage = stage;
+  // Flat parameters: one per block and one for the rest, each padded to a multiple of n.
+  zi.sharded_parameters = blocks * ceil_div(block, c.shard) + ceil_div(root, c.shard);
+  zi.largest_layer = std::max(block, root);  // FSDP gathers a whole unit
+  zi.offload_optimizer = c.offload;
+  zi.offload_params = c.offload && stage == 3;
+  c.memory = zero_model_states(zi, b, ZeroAccounting::kEngine);
+  if (stage == 3) {
+    c.memory.temporary += b.param * block;  // the next unit, prefetched
+  } else if (stage == 0) {
+    c.memory.temporary += std::min(2 * kDdpBucketBytes, b.grad * replica);
+  } else {
+    c.memory.temporary += std::min(2 * kZeroBucketElements, replica) * b.grad;
+  }
+  const double act_scale = w.precision_ == "fp32" ? 2.0 : 1.0;  // 4-byte activations
+  const int in_flight = c.pp > 1 ? static_cast<int>(std::min<int64_t>(c.pp, c.grad_accum)) : 1;
+  const double per_block = block_activation_bytes(model, w.seq_len_, w.micro_batch_,
+                                                  w.checkpointing_, w.fused_attention_, c.tp, sp);
+  const double sb = static_cast<double>(w.seq_len_ * w.micro_batch_);
+  double act = blocks * per_block * in_flight;
+  if (w.checkpointing_) {  // one block's activations rebuilt at a time during backward
+    act += block_activation_bytes(model, w.seq_len_, w.micro_batch_, false, w.fused_attention_,
+                                  c.tp, sp);
+  }
+  // Final norm input, and the logits with the fp32 copy the loss reads.
+  act += 4 * sb * d + (w.precision_ == "fp32" ? 4.0 : 6.0) * sb * model.vocab_size / c.tp;
+  c.memory.activations = act * act_scale;
+  c.host_bytes_per_node = c.memory.host * k;
+  const double usable = hw.memory_bytes * (1.0 - w.safety_margin_);
+  const double host_mem = cluster.host_memory_ > 0 ? cluster.host_memory_ : hw.host_memory_bytes;
+  if (c.memory.total() > usable) {
+    c.note = "needs " + detail::gb(c.memory.total()) + " per device, more than the usable " +
+             detail::gb(usable);
+  } else if (c.host_bytes_per_node > host_mem * (1.0 - w.safety_margin_)) {
+    c.note = "offloaded state needs " + detail::gb(c.host_bytes_per_node) +
+             " of host memory per node, more than the usable " +
+             detail::gb(host_mem * (1.0 - w.safety_margin_));
+  } else {
+    c.fits = true;
+  }
+
+  // ---- time ----
+  const LinkSpec intra =
+      link_spec(cluster.intra_.empty() ? hw.default_intra : cluster.intra_, hw.name);
+  const LinkSpec inter = link_spec(cluster.inter_);
+  const double eff = w.efficiency_ > 0 ? w.efficiency_ : hw.default_efficiency;
+  const double peak = (w.precision_ == "fp32" ? hw.peak_fp32_flops : hw.peak_bf16_flops) * eff;
+  const double flops_token = detail::training_flops_per_token(model, w.seq_len_, w.checkpointing_);
+  const double t_mb = sb * flops_token / (c.tp * c.pp) / peak;
+  const double t_bwd = t_mb * (w.checkpointing_ ? 0.75 : 2.0 / 3.0);
+  const double t_fwd = t_mb - t_bwd;
+  const double ga = static_cast<double>(c.grad_accum);
+  const double shard_params = stage == 0 ? replica : zi.sharded_parameters;
+  const double g_opt = b.master > 0 ? 4.0 : b.grad;
+  const double opt_bytes =
+      (b.param + g_opt + b.optimizer_total()) + (b.param + b.optimizer_total());
+  // Elementwise work (norms, activations, softmax, the loss) is bandwidth-bound: every stored
+  // activation byte is written once in forward and read about twice in backward; a recomputed
+  // forward writes them once more.
+  const double full_act =
+      (blocks * block_activation_bytes(model, w.seq_len_, w.micro_batch_, false, w.fused_attention_,
+                                       c.tp, sp) +
+       4 * sb * d + (w.precision_ == "fp32" ? 4.0 : 6.0) * sb * model.vocab_size / c.tp) *
+      act_scale;
+  const double t_elementwise = full_act * (w.checkpointing_ ? 4.0 : 3.0) / hw.memory_bw;
+  c.time.compute =
+      ga * (t_mb + t_elementwise) + (c.offload ? 0.0 : shard_params * opt_bytes / hw.memory_bw);
+
+  // Mesh order, innermost first: tp, dp, pp. A data-parallel group has k / tp ranks per node.
+  const auto dp_link =
+      detail::group_link(c.dp, std::min(c.dp, std::max(1, k / c.tp)), cluster, intra, inter);
+  const double P = b.param * replica, G = b.grad * replica;
+  double comm = 0, exposed = 0;
+  switch (c.strategy) {
+    case PlanStrategy::kDdp: {
+      const double ar = detail::all_reduce_time(G, c.dp, dp_link);
+      const double last = detail::all_reduce_time(std::min(G, kDdpBucketBytes), c.dp, dp_link);
+      comm = ar;
+      exposed = std::min(ar, std::max(0.0, ar - t_bwd) + last);
+      break;
+    }
+    case PlanStrategy::kZero1:
+    case PlanStrategy::kTpPp: {
+      const double rs = detail::all_gather_time(G, c.dp, dp_link);
+      const double ag = detail::all_gather_time(P, c.dp, dp_link);
+      comm = rs + ag;
+      exposed = std::max(0.0, rs - t_bwd) + ag;
+      break;
+    }
+    case PlanStrategy::kZero2: {
+      const double rs = detail::all_gather_time(G, c.dp, dp_link);
+      const double ag = detail::all_gather_time(P, c.dp, dp_link);
+      comm = ga * rs + ag;
+      exposed = ga * std::max(0.0, rs - t_bwd) + ag;
+      break;
+    }
+    case PlanStrategy::kFullShard:
+    case PlanStrategy::kHybridShard: {
+      const auto link = c.strategy == PlanStrategy::kHybridShard
+                            ? detail::group_link(c.shard, c.shard, cluster, intra, inter)
+                            : dp_link;
+      const double ag = detail::all_gather_time(P, c.shard, link);
+      const double rs = detail::all_gather_time(G, c.shard, link);
+      const double first = ag * zi.largest_layer / replica;  // the first unit is not hidden
+      comm = ga * (2 * ag + rs);
+      exposed = ga * (std::max(0.0, ag - t_fwd) + std::max(0.0, ag + rs - t_bwd) + first);
+      if (c.strategy == PlanStrategy::kHybridShard) {
+        const int replicas = c.dp / c.shard;
+        const auto rep_link = detail::group_link(replicas, 1, cluster, intra, inter);
+        const double ar = detail::all_reduce_time(G / c.shard, replicas, rep_link);
+        comm += ar;
+        exposed += std::max(0.0, ag + rs + ar - t_bwd) - std::max(0.0, ag + rs - t_bwd);
+      }
+      break;
+    }
+  }
+  double tp_pp_mb = 0;  // per micro-batch, on the critical path
+  if (c.tp > 1) {
+    const auto tp_link = detail::group_link(c.tp, c.tp, cluster, intra, inter);
+    const double per_layer =
+        (w.checkpointing_ ? 6 : 4) * detail::all_reduce_time(2 * sb * d, c.tp, tp_link);
+    tp_pp_mb += blocks * per_layer;
+  }
+  if (c.pp > 1) {
+    const bool across_nodes = c.tp * c.dp >= k && cluster.nodes_ > 1;
+    const auto pp_link = across_nodes ? detail::group_link(2, 1, cluster, intra, inter)
+                                      : detail::group_link(2, 2, cluster, intra, inter);
+    tp_pp_mb += 2 * detail::p2p_time(2 * sb * d, pp_link);
+  }
+  comm += ga * tp_pp_mb;
+  exposed += ga * tp_pp_mb;
+  c.time.bubble = (c.pp - 1) * (t_mb + tp_pp_mb);
+  c.time.communication = comm;
+  c.time.exposed_comm = exposed;
+
+  if (c.offload) {
+    // H100 and H200 servers attach GPUs over PCIe 5, A100 and RTX 4090 ones over PCIe 4.
+    const bool gen5 = hw.name.rfind("h1", 0) == 0 || hw.name.rfind("h2", 0) == 0;
+    const LinkSpec host_link = link_spec(gen5 ? "pcie5" : "pcie4");
+    double moved = ga * b.grad * shard_params + b.param * shard_params;
+    if (stage == 3) moved += ga * 2 * b.param * shard_params;  // params fetched fwd and bwd
+    const double host_opt_bytes = (g_opt + b.optimizer_total()) + b.optimizer_total();
+    c.time.offload =
+        moved / host_link.bandwidth + shard_params * host_opt_bytes / (kHostMemoryBandwidth / k);
+  }
+  c.time.total = c.time.compute + c.time.exposed_comm + c.time.offload + c.time.bubble;
+  c.tokens_per_s = static_cast<double>(global * w.seq_len_) / c.time.total;
+  const double ideal = static_cast<double>(global * w.seq_len_) * flops_token / (world * peak);
+  c.scaling_efficiency = ideal / c.time.total;
+  return c;
+}
+
+}  // namespace shardtrain

@@ -1,0 +1,169 @@
+// The plan: every candidate evaluated, the fastest that fits recommended, and the reasons.
+#include <algorithm>
+#include <stdexcept>
+
+#include "plan/text.h"
+#include "shardtrain/plan.h"
+
+namespace shardtrain {
+namespace {
+
+void check_inputs(const ClusterOptions& c, const WorkloadOptions& w) {
+  auto require = [](bool ok, const std::string& what) {
+    if (!ok) throw std::invalid_argument(what);
+  };
+  require(c.gpus_per_node_ >= 1,
+          "devices per node must be >= 1, got " + std::to_string(c.gpus_per_node_));
+  require(c.nodes_ >= 1, "nodes must be >= 1, got " + std::to_string(c.nodes_));
+  require(c.inter_ == "ib" || c.inter_ == "ethernet",
+          "inter-node link '" + c.inter_ + "' is not one of ib, ethernet");
+  require(w.seq_len_ >= 1, "seq_len must be >= 1, got " + std::to_string(w.seq_len_));
+  require(w.micro_batch_ >= 1, "micro_batch must be >= 1, got " + std::to_string(w.micro_batch_));
+  require(w.global_batch_ >= 0,
+          "global_batch must be >= 0, got " + std::to_string(w.global_batch_));
+  require(w.safety_margin_ >= 0 && w.safety_margin_ < 1,
+          "safety margin must be in [0, 1), got " + std::to_string(w.safety_margin_));
+  require(w.efficiency_ >= 0 && w.efficiency_ <= 1,
+          "efficiency must be in (0, 1] (0: the hardware's default), got " +
+              std::to_string(w.efficiency_));
+  PrecisionBytes::of(w.precision_, w.optimizer_);  // throws for unknown names
+}
+
+std::vector<Candidate> shapes(const ClusterOptions& cluster) {
+  std::vector<Candidate> out;
+  auto add = [&](PlanStrategy s, bool offload, int tp = 1, int pp = 1) {
+    Candidate c;
+    c.strategy = s;
+    c.offload = offload;
+    c.tp = tp;
+    c.pp = pp;
+    out.push_back(c);
+  };
+  add(PlanStrategy::kDdp, false);
+  for (PlanStrategy s : {PlanStrategy::kZero1, PlanStrategy::kZero2, PlanStrategy::kFullShard,
+                         PlanStrategy::kHybridShard}) {
+    if (s == PlanStrategy::kHybridShard && cluster.nodes_ < 2) continue;
+    add(s, false);
+    add(s, true);
+  }
+  const int world = cluster.world_size();
+  for (int tp = 1; tp <= std::min(8, cluster.gpus_per_node_); tp *= 2) {
+    for (int pp = 1; tp * pp <= world && pp <= 64; pp *= 2) {
+      if (tp * pp > 1) add(PlanStrategy::kTpPp, false, tp, pp);
+    }
+  }
+  return out;
+}
+
+std::string percent_slower(const Candidate& slow, const Candidate& fast) {
+  return detail::format("%.0f%%", 100.0 * (slow.time.total / fast.time.total - 1.0));
+}
+
+std::string explain(const Plan& plan, double usable) {
+  const auto& cs = plan.candidates;
+  const Candidate* rec = plan.recommendation();
+  std::string out;
+  if (!rec) {
+    const Candidate* smallest = nullptr;
+    for (const auto& c : cs) {
+      if (c.valid && (!smallest || c.memory.total() < smallest->memory.total())) smallest = &c;
+    }
+    out = "Does not fit: no candidate fits in " + detail::gb(usable) + " per device";
+    if (smallest) {
+      out += "; the smallest, " + smallest->label() + ", needs " +
+             detail::gb(smallest->memory.total()) + " per device (" + smallest->note + ")";
+    }
+    return out + ". More devices, activation checkpointing, or a shorter micro-batch would help.";
+  }
+  out = "Recommended: " + rec->label() + detail::format(": %.0f tokens/s", rec->tokens_per_s) +
+        ", " + detail::gb(rec->memory.total()) + " of " + detail::gb(usable) +
+        " usable per device" +
+        detail::format(", scaling efficiency %.0f%%.", 100 * rec->scaling_efficiency);
+  const Candidate& ddp = cs.front();
+  if (rec->strategy == PlanStrategy::kDdp) {
+    out += " The replicated model states (" + detail::gb(ddp.memory.model_states()) +
+           ") fit on every device, so sharding them would only add communication.";
+  } else if (!ddp.fits) {
+    out += " Not DDP: every device would hold all parameters, gradients and optimizer states, " +
+           detail::gb(ddp.memory.model_states()) + " of model states and " +
+           detail::gb(ddp.memory.total()) + " in all, over the usable " + detail::gb(usable) + ".";
+  } else {
+    out += " Not DDP: it fits, but is " + percent_slower(ddp, *rec) + " slower: " +
+           detail::format(
+               "%.3f s per step (compute and optimizer %.3f s, unhidden gradient "
+               "all-reduce %.3f s) against %.3f s (%.3f s and %.3f s).",
+               ddp.time.total, ddp.time.compute, ddp.time.exposed_comm, rec->time.total,
+               rec->time.compute, rec->time.exposed_comm + rec->time.bubble + rec->time.offload);
+  }
+  if (rec->offload) {
+    const Candidate* best_on_device = nullptr;
+    for (const auto& c : cs) {
+      if (c.valid && !c.offload &&
+          (!best_on_device || c.memory.total() < best_on_device->memory.total())) {
+        best_on_device = &c;
+      }
+    }
+    out += " Offload because nothing fits on the devices alone";
+    if (best_on_device) {
+      out += " (the smallest, " + best_on_device->label() + ", needs " +
+             detail::gb(best_on_device->memory.total()) + ")";
+    }
+    out += "; it keeps " + detail::gb(rec->host_bytes_per_node) +
+           " per node in host memory and costs " + detail::format("%.2f s", rec->time.offload) +
+           " per step in PCIe copies and the host optimizer step.";
+  } else {
+    const Candidate* best_offload = nullptr;
+    for (const auto& c : cs) {
+      if (c.valid && c.offload && c.fits &&
+          (!best_offload || c.time.total < best_offload->time.total)) {
+        best_offload = &c;
+      }
+    }
+    if (best_offload) {
+      out +=
+          " Not offload: the states fit on the devices, and moving them over PCIe to step on "
+          "the host makes the fastest offload candidate (" +
+          best_offload->label() + ") " + percent_slower(*best_offload, *rec) + " slower.";
+    }
+  }
+  if (rec->strategy == PlanStrategy::kTpPp) {
+    out +=
+        " The shardtrain trainer does not run tensor or pipeline parallelism yet: the TOML "
+        "records tp and pp, and this layout runs today under Megatron-LM or "
+        "Megatron-DeepSpeed (the ds_config.json covers its data-parallel part; the accelerate "
+        "YAML uses the Megatron-LM plugin).";
+  }
+  return out;
+}
+
+}  // namespace
+
+Plan make_plan(const PlanModel& model, const ClusterOptions& cluster,
+               const WorkloadOptions& workload) {
+  check_inputs(cluster, workload);
+  Plan plan;
+  plan.model = model;
+  plan.cluster = cluster;
+  plan.workload = workload;
+  plan.hardware = cluster.has_custom_ ? cluster.custom_ : hardware_spec(cluster.gpu_);
+  for (const Candidate& shape : shapes(cluster)) {
+    plan.candidates.push_back(evaluate_candidate(shape, model, plan.hardware, cluster, workload));
+  }
+  // The fastest that fits; within 10% of it, the simpler (earlier in the list) wins: the estimates
+  // do not separate candidates closer than that (bench/results/planner.md), and simpler strategies
+  // have fewer overheads that the model leaves out (launches, synchronization, bookkeeping).
+  double best = 0;
+  for (const auto& c : plan.candidates) {
+    if (c.fits) best = std::max(best, c.tokens_per_s);
+  }
+  for (size_t i = 0; i < plan.candidates.size(); ++i) {
+    if (plan.candidates[i].fits && plan.candidates[i].tokens_per_s >= 0.90 * best) {
+      plan.recommended = static_cast<int>(i);
+      break;
+    }
+  }
+  plan.explanation = explain(plan, plan.hardware.memory_bytes * (1.0 - workload.safety_margin_));
+  return plan;
+}
+
+}  // namespace shardtrain

@@ -1,0 +1,199 @@
+// `plan --validate`: the estimate for a finished run's exact configuration beside what it measured.
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <stdexcept>
+#include <thread>
+
+#include "plan/text.h"
+#include "shardtrain/plan.h"
+
+namespace shardtrain {
+namespace {
+
+using nlohmann::json;
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+json read_json(const std::filesystem::path& path) {
+  std::ifstream in(path);
+  if (!in) throw std::invalid_argument("cannot read '" + path.string() + "'");
+  try {
+    return json::parse(in);
+  } catch (const json::exception& e) {
+    throw std::invalid_argument("'" + path.string() + "' is not valid JSON: " + e.what());
+  }
+}
+
+template <typename T>
+T field(const json& j, const char* key, T fallback) {
+  return j.contains(key) ? j.at(key).get<T>() : fallback;
+}
+
+template <typename T>
+T required(const json& j, const char* key, const std::string& file) {
+  if (!j.contains(key)) throw std::invalid_argument("'" + file + "' has no key '" + key + "'");
+  return j.at(key).get<T>();
+}
+
+// The candidate a run's [parallel] section is: fsdp and zero map onto the ZeRO stages.
+Candidate candidate_of(const json& parallel, int world, const std::string& file) {
+  Candidate c;
+  const std::string strategy = required<std::string>(parallel, "strategy", file);
+  if (strategy == "none" || strategy == "ddp") {
+    c.strategy = PlanStrategy::kDdp;
+  } else if (strategy == "fsdp") {
+    const json f = parallel.value("fsdp", json::object());
+    const std::string sharding = f.value("sharding", std::string("full_shard"));
+    c.offload = f.value("cpu_offload", false);
+    if (sharding == "full_shard") {
+      c.strategy = PlanStrategy::kFullShard;
+    } else if (sharding == "shard_grad_op") {
+      c.strategy = PlanStrategy::kZero2;
+    } else if (sharding == "no_shard") {
+      c.strategy = PlanStrategy::kDdp;
+    } else if (sharding == "hybrid_shard") {
+      c.strategy = PlanStrategy::kHybridShard;
+      c.shard = world / std::max(1, f.value("replicate", 1));
+    } else {
+      throw std::invalid_argument("'" + file + "': unknown parallel.fsdp.sharding '" + sharding +
+                                  "'");
+    }
+  } else if (strategy == "zero") {
+    const json z = parallel.value("zero", json::object());
+    const int stage = z.value("stage", 1);
+    if (stage < 1 || stage > 3) {
+      throw std::invalid_argument("'" + file + "': parallel.zero.stage must be 1, 2 or 3, got " +
+                                  std::to_string(stage));
+    }
+    c.strategy = stage == 1   ? PlanStrategy::kZero1
+                 : stage == 2 ? PlanStrategy::kZero2
+                              : PlanStrategy::kFullShard;
+    c.offload = z.value("offload_optimizer", std::string("none")) != "none";
+  } else {
+    throw std::invalid_argument("'" + file + "': unknown parallel.strategy '" + strategy + "'");
+  }
+  return c;
+}
+
+}  // namespace
+
+double ValidationResult::model_state_error() const {
+  return (estimated_model_states - measured_model_states) / measured_model_states;
+}
+double ValidationResult::step_time_error() const {
+  return (estimated_step_time - measured_step_time) / measured_step_time;
+}
+
+ValidationResult validate_run(const std::string& run_dir, const HardwareSpec& host) {
+  const auto dir = std::filesystem::path(run_dir);
+  const std::string run_file = (dir / "run.json").string();
+  const json run = read_json(run_file);
+  const int world = required<int>(run, "world_size", run_file);
+  const json jm = required<json>(run, "model", run_file);
+  ModelConfig mc;
+  const std::string family = required<std::string>(jm, "family", run_file);
+  mc.family = family == "llama" ? ModelFamily::kLlama : ModelFamily::kGpt2;
+  mc.name = field<std::string>(jm, "name", "custom");
+  mc.vocab_size = required<int64_t>(jm, "vocab_size", run_file);
+  mc.context_length = required<int64_t>(jm, "context_length", run_file);
+  mc.d_model = required<int64_t>(jm, "d_model", run_file);
+  mc.n_layers = required<int64_t>(jm, "n_layers", run_file);
+  mc.n_heads = required<int64_t>(jm, "n_heads", run_file);
+  mc.n_kv_heads = required<int64_t>(jm, "n_kv_heads", run_file);
+  mc.ffn_hidden = required<int64_t>(jm, "ffn_hidden", run_file);
+  mc.tie_embeddings = required<bool>(jm, "tie_embeddings", run_file);
+  mc.dropout = field<double>(jm, "dropout", 0.0);
+  const json train = required<json>(run, "train", run_file);
+  const json precision = field<json>(run, "precision", json::object());
+
+  Candidate shape = candidate_of(required<json>(run, "parallel", run_file), world, run_file);
+  const bool autocast = precision.value("autocast", std::string("none")) == "bf16";
+  const bool bf16_params = precision.value("param_dtype", std::string("fp32")) == "bf16";
+  WorkloadOptions w;
+  w.seq_len(required<int64_t>(train, "seq_len", run_file))
+      .micro_batch(required<int64_t>(train, "micro_batch", run_file))
+      .activation_checkpointing(field<bool>(train, "activation_checkpointing", false))
+      // shardtrain keeps fp32 parameters (the master weights) and computes in the autocast dtype.
+      .precision(bf16_params || autocast ? "bf16-autocast" : "fp32")
+      .safety_margin(0.0);
+  w.global_batch(w.micro_batch_ * required<int64_t>(train, "grad_accum", run_file) * world);
+
+  // One device per rank, with the rank's threads (0: an equal share of the cores).
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  int threads = static_cast<int>(field<int64_t>(train, "threads", 0));
+  if (threads <= 0) threads = std::max(1, cores / world);
+  HardwareSpec hw = host;
+  hw.peak_fp32_flops *= threads;
+  hw.peak_bf16_flops *= threads;
+  ClusterOptions cluster;
+  cluster.gpu(hw.name).gpus_per_node(world).nodes(1).intra(hw.default_intra).hardware(hw);
+  if (shape.strategy == PlanStrategy::kHybridShard) {
+    // Shard groups play the nodes; replicas reach each other over the same local link.
+    const int replicas = world / shape.shard;
+    cluster.gpus_per_node(shape.shard)
+        .nodes(replicas)
+        .inter("ethernet")
+        .inter_bandwidth(link_spec(hw.default_intra).bandwidth * shape.shard);
+  }
+  const Candidate est = evaluate_candidate(shape, PlanModel::from_config(mc), hw, cluster, w);
+  if (!est.valid) throw std::invalid_argument("run '" + run_dir + "': " + est.note);
+
+  const std::string metrics_file = (dir / "metrics.jsonl").string();
+  std::ifstream in(metrics_file);
+  if (!in) throw std::invalid_argument("cannot read '" + metrics_file + "'");
+  std::map<int64_t, double> step_time;  // slowest rank per step
+  std::map<int64_t, std::vector<double>> states;
+  for (std::string line; std::getline(in, line);) {
+    if (line.empty()) continue;
+    const json j = json::parse(line, nullptr, false);
+    if (j.is_discarded()) throw std::invalid_argument("'" + metrics_file + "': a line is not JSON");
+    const int64_t step = required<int64_t>(j, "step", metrics_file);
+    const json mem = required<json>(j, "mem", metrics_file);
+    step_time[step] = std::max(step_time[step], required<double>(j, "step_time_s", metrics_file));
+    states[step].push_back(required<double>(mem, "params", metrics_file) +
+                           required<double>(mem, "grads", metrics_file) +
+                           required<double>(mem, "optim", metrics_file));
+  }
+  if (step_time.empty()) throw std::invalid_argument("'" + metrics_file + "' has no steps");
+  // The first step allocates gradients and optimizer state and warms caches: left out when
+  // there are others.
+  if (step_time.size() > 1) {
+    step_time.erase(step_time.begin());
+    states.erase(states.begin());
+  }
+  std::vector<double> times, bytes;
+  for (const auto& [step, t] : step_time) times.push_back(t);
+  for (const auto& [step, per_rank] : states)
+    bytes.insert(bytes.end(), per_rank.begin(), per_rank.end());
+
+  ValidationResult r;
+  r.strategy = est.label();
+  r.world_size = world;
+  r.steps = static_cast<int64_t>(times.size());
+  r.estimated_model_states = est.memory.model_states();
+  r.measured_model_states = median(bytes);
+  r.estimated_step_time = est.time.total;
+  r.measured_step_time = median(times);
+  return r;
+}
+
+std::string format_validation(const ValidationResult& r) {
+  std::string out =
+      detail::format("run: %s on %d rank(s), %lld steps measured\n", r.strategy.c_str(),
+                     r.world_size, static_cast<long long>(r.steps));
+  out += detail::format(
+      "model states per rank: estimate %.0f bytes, measured %.0f bytes, error %+.1f%%\n",
+      r.estimated_model_states, r.measured_model_states, 100 * r.model_state_error());
+  out += detail::format("step time: estimate %.4f s, measured %.4f s (median), error %+.1f%%\n",
+                        r.estimated_step_time, r.measured_step_time, 100 * r.step_time_error());
+  return out;
+}
+
+}  // namespace shardtrain

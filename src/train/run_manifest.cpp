@@ -1,0 +1,52 @@
+#include "train/run_manifest.h"
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <stdexcept>
+
+namespace shardtrain::detail {
+
+void write_run_manifest(const TrainConfig& config, int world_size) {
+  const ModelConfig& m = config.model;
+  nlohmann::ordered_json run;
+  run["format"] = 1;
+  run["world_size"] = world_size;
+  run["model"] = {{"name", m.name},
+                  {"family", to_string(m.family)},
+                  {"vocab_size", m.vocab_size},
+                  {"context_length", m.context_length},
+                  {"d_model", m.d_model},
+                  {"n_layers", m.n_layers},
+                  {"n_heads", m.n_heads},
+                  {"n_kv_heads", m.n_kv_heads},
+                  {"ffn_hidden", m.ffn_hidden},
+                  {"dropout", m.dropout},
+                  {"tie_embeddings", m.tie_embeddings},
+                  {"num_parameters", m.num_parameters()}};
+  run["train"] = {{"micro_batch", config.micro_batch},
+                  {"grad_accum", config.grad_accum},
+                  {"seq_len", config.seq_len},
+                  {"activation_checkpointing", config.activation_checkpointing},
+                  {"threads", config.threads}};
+  run["parallel"] = {{"strategy", config.strategy},
+                     {"ddp",
+                      {{"bucket_cap_mb", config.ddp_bucket_cap_mb},
+                       {"find_unused_parameters", config.ddp_find_unused_parameters},
+                       {"comm_hook", config.ddp_comm_hook}}}};
+  // The trainer keeps its parameters in fp32; autocast picks the compute dtype.
+  run["precision"] = {{"param_dtype", "fp32"},
+                      {"reduce_dtype", "fp32"},
+                      {"autocast", config.autocast},
+                      {"loss_scale", config.loss_scale}};
+  const std::filesystem::path path = std::filesystem::path(config.dir) / "run.json";
+  const std::filesystem::path tmp = path.string() + ".tmp";
+  {
+    std::ofstream out(tmp);
+    out << run.dump(2) << "\n";
+    if (!out) throw std::runtime_error("cannot write '" + tmp.string() + "'");
+  }
+  std::filesystem::rename(tmp, path);
+}
+
+}  // namespace shardtrain::detail

@@ -1,0 +1,155 @@
+// Candidates, the time model's pieces and the recommendation.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+
+#include "plan/time_model.h"
+#include "shardtrain/plan.h"
+
+namespace shardtrain {
+namespace {
+
+Plan plan_for(const std::string& preset, int gpus, int nodes = 1, bool checkpointing = true) {
+  return make_plan(
+      PlanModel::from_config(model_preset(preset)),
+      ClusterOptions().gpu("h100-80gb").gpus_per_node(gpus).nodes(nodes),
+      WorkloadOptions().seq_len(2048).micro_batch(1).activation_checkpointing(checkpointing));
+}
+
+const Candidate& find(const Plan& plan, PlanStrategy s, bool offload) {
+  for (const auto& c : plan.candidates) {
+    if (c.strategy == s && c.offload == offload) return c;
+  }
+  throw std::runtime_error("no such candidate");
+}
+
+TEST(PlanDecision, ModelThatFitsOnOneDeviceGetsDdp) {
+  const Plan plan = make_plan(PlanModel::from_config(model_preset("gpt2-124m")),
+                              ClusterOptions().gpu("h100-80gb").gpus_per_node(8),
+                              WorkloadOptions().seq_len(1024).micro_batch(8));
+  ASSERT_NE(plan.recommendation(), nullptr);
+  EXPECT_EQ(plan.recommendation()->strategy, PlanStrategy::kDdp) << plan.explanation;
+  EXPECT_NE(plan.explanation.find("fit on every device"), std::string::npos) << plan.explanation;
+}
+
+TEST(PlanDecision, Llama70bOnEightH100IsSharded) {
+  const Plan plan = plan_for("llama3-70b", 8);
+  const Candidate& ddp = find(plan, PlanStrategy::kDdp, false);
+  EXPECT_FALSE(ddp.fits);
+  ASSERT_NE(plan.recommendation(), nullptr) << plan.explanation;
+  const PlanStrategy s = plan.recommendation()->strategy;
+  EXPECT_TRUE(s == PlanStrategy::kZero2 || s == PlanStrategy::kFullShard ||
+              s == PlanStrategy::kHybridShard)
+      << plan.recommendation()->label();
+  EXPECT_NE(plan.explanation.find("Not DDP"), std::string::npos) << plan.explanation;
+}
+
+TEST(PlanDecision, Llama70bOnTwoH100NeedsOffloadOrDoesNotFit) {
+  const Plan plan = plan_for("llama3-70b", 2);
+  for (const auto& c : plan.candidates) {
+    if (!c.offload) {
+      EXPECT_FALSE(c.fits) << c.label();
+    }
+  }
+  const Candidate* rec = plan.recommendation();
+  if (rec) {
+    EXPECT_TRUE(rec->offload) << rec->label();
+    EXPECT_NE(plan.explanation.find("Offload because nothing fits"), std::string::npos);
+  } else {
+    EXPECT_NE(plan.explanation.find("Does not fit"), std::string::npos);
+  }
+  // With only 256 GB of host memory there is nowhere to put 1.27 TB of offloaded state.
+  const Plan small_host =
+      make_plan(PlanModel::from_config(model_preset("llama3-70b")),
+                ClusterOptions().gpu("h100-80gb").gpus_per_node(2).host_memory(256e9),
+                WorkloadOptions().seq_len(2048).micro_batch(1).activation_checkpointing(true));
+  EXPECT_EQ(small_host.recommendation(), nullptr);
+  EXPECT_NE(small_host.explanation.find("Does not fit"), std::string::npos);
+}
+
+TEST(PlanDecision, HybridShardOnlyAcrossNodes) {
+  const Plan one = plan_for("llama3-8b", 8, 1);
+  for (const auto& c : one.candidates) EXPECT_NE(c.strategy, PlanStrategy::kHybridShard);
+  const Plan four = plan_for("llama3-8b", 8, 4);
+  const Candidate& h = find(four, PlanStrategy::kHybridShard, false);
+  EXPECT_EQ(h.shard, 8);
+  EXPECT_EQ(h.dp, 32);
+  // Shards of 8 instead of 32: four times the model states of full_shard (before temporaries).
+  const Candidate& f = find(four, PlanStrategy::kFullShard, false);
+  EXPECT_NEAR(h.memory.model_states() / f.memory.model_states(), 4.0, 0.01);
+}
+
+TEST(PlanDecision, InvalidShapesAreMarkedNotDropped) {
+  const Plan plan = make_plan(PlanModel::from_config(model_preset("gpt2-124m")),
+                              ClusterOptions().gpu("a100-80gb").gpus_per_node(8),
+                              WorkloadOptions().seq_len(1024).micro_batch(4).global_batch(36));
+  const Candidate& ddp = find(plan, PlanStrategy::kDdp, false);
+  EXPECT_FALSE(ddp.valid);
+  EXPECT_NE(ddp.note.find("global batch 36 is not a multiple of micro_batch x dp = 32"),
+            std::string::npos)
+      << ddp.note;
+}
+
+TEST(PlanDecision, BadInputsNameTheCause) {
+  const PlanModel m = PlanModel::from_config(model_preset("tiny"));
+  EXPECT_THROW(make_plan(m, ClusterOptions().gpu("tpu-v5"), WorkloadOptions()),
+               std::invalid_argument);
+  EXPECT_THROW(make_plan(m, ClusterOptions().gpus_per_node(0), WorkloadOptions()),
+               std::invalid_argument);
+  EXPECT_THROW(make_plan(m, ClusterOptions().inter("carrier-pigeon"), WorkloadOptions()),
+               std::invalid_argument);
+  try {
+    make_plan(m, ClusterOptions(), WorkloadOptions().precision("fp8"));
+    FAIL();
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("fp8"), std::string::npos);
+  }
+}
+
+TEST(PlanTimeModel, RingCollectivesAndFlops) {
+  const detail::GroupLink link{100e9, 5e-6};
+  // all-reduce: 2(n-1) steps of alpha plus 2(n-1)/n S / beta.
+  EXPECT_DOUBLE_EQ(detail::all_reduce_time(1e9, 8, link), 14 * 5e-6 + 2.0 * 7 / 8 * 1e9 / 100e9);
+  EXPECT_DOUBLE_EQ(detail::all_gather_time(1e9, 4, link), 3 * 5e-6 + 3.0 / 4 * 1e9 / 100e9);
+  EXPECT_EQ(detail::all_reduce_time(1e9, 1, link), 0.0);
+  // 6 FLOPs per matmul parameter and 12 L h s for attention (PaLM's accounting).
+  const PlanModel m = PlanModel::from_config(model_preset("gpt2-124m"));
+  const double matmul = 12.0 * m.block_parameters + 50257.0 * 768;
+  EXPECT_DOUBLE_EQ(detail::training_flops_per_token(m, 1024, false),
+                   6 * matmul + 12.0 * 12 * 768 * 1024);
+  EXPECT_DOUBLE_EQ(detail::training_flops_per_token(m, 1024, true),
+                   8 * matmul + 16.0 * 12 * 768 * 1024);
+}
+
+TEST(PlanTimeModel, CrossingNodesUsesTheSlowerLink) {
+  const LinkSpec nvlink = link_spec("nvlink", "h100-80gb");
+  const LinkSpec ib = link_spec("ib");
+  ClusterOptions cluster = ClusterOptions().gpus_per_node(8).nodes(4);
+  // Inside a node: NVLink's 450 GB/s per direction.
+  EXPECT_DOUBLE_EQ(detail::group_link(8, 8, cluster, nvlink, ib).bandwidth, 450e9);
+  // A group with all 8 ranks of each node: the node's 8 x 50 GB/s.
+  EXPECT_DOUBLE_EQ(detail::group_link(32, 8, cluster, nvlink, ib).bandwidth, 400e9);
+  // Eight such groups side by side (one rank per node each) share it.
+  EXPECT_DOUBLE_EQ(detail::group_link(4, 1, cluster, nvlink, ib).bandwidth, 50e9);
+  cluster.inter("ethernet");
+  EXPECT_DOUBLE_EQ(detail::group_link(32, 8, cluster, nvlink, link_spec("ethernet")).bandwidth,
+                   12.5e9);
+}
+
+TEST(PlanTimeModel, MoreDevicesMoreTokensForTheSameBatch) {
+  auto tokens = [](int gpus) {
+    const Plan plan = make_plan(
+        PlanModel::from_config(model_preset("llama3-8b")), ClusterOptions().gpus_per_node(gpus),
+        WorkloadOptions().seq_len(4096).micro_batch(1).global_batch(64).activation_checkpointing(
+            true));
+    return find(plan, PlanStrategy::kFullShard, false);
+  };
+  const Candidate two = tokens(2), eight = tokens(8);
+  EXPECT_EQ(two.grad_accum, 32);
+  EXPECT_EQ(eight.grad_accum, 8);
+  EXPECT_GT(eight.tokens_per_s, 3.0 * two.tokens_per_s);
+  EXPECT_LE(eight.scaling_efficiency, 1.0);
+}
+
+}  // namespace
+}  // namespace shardtrain
