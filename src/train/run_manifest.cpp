@@ -33,10 +33,22 @@ void write_run_manifest(const TrainConfig& config, int world_size) {
                      {"ddp",
                       {{"bucket_cap_mb", config.ddp_bucket_cap_mb},
                        {"find_unused_parameters", config.ddp_find_unused_parameters},
-                       {"comm_hook", config.ddp_comm_hook}}}};
-  // The trainer keeps its parameters in fp32; autocast picks the compute dtype.
-  run["precision"] = {{"param_dtype", "fp32"},
-                      {"reduce_dtype", "fp32"},
+                       {"comm_hook", config.ddp_comm_hook}}},
+                     {"fsdp",
+                      {{"sharding", config.fsdp_sharding},
+                       {"replicate", config.fsdp_replicate},
+                       {"wrap", config.fsdp_wrap},
+                       {"prefetch", config.fsdp_prefetch},
+                       {"limit_all_gathers", config.fsdp_limit_all_gathers},
+                       {"cpu_offload", config.fsdp_cpu_offload}}},
+                     {"zero",
+                      {{"stage", config.zero_stage},
+                       {"offload_optimizer", config.zero_offload_optimizer},
+                       {"offload_param", config.zero_offload_param}}}};
+  // Masters stay fp32; param_dtype is the dtype FSDP/ZeRO gather and compute in, autocast the
+  // compute dtype otherwise.
+  run["precision"] = {{"param_dtype", config.param_dtype},
+                      {"reduce_dtype", config.reduce_dtype},
                       {"autocast", config.autocast},
                       {"loss_scale", config.loss_scale}};
   const std::filesystem::path path = std::filesystem::path(config.dir) / "run.json";
