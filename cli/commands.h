@@ -14,5 +14,6 @@ void add_launch_command(CLI::App& app, const std::vector<std::string>& command, 
 void add_bench_command(CLI::App& app, int& exit_code);
 void add_train_command(CLI::App& app);
 void add_data_command(CLI::App& app);
+void add_ckpt_command(CLI::App& app);
 
 }  // namespace shardtrain::cli
