@@ -36,7 +36,8 @@ class Trainer {
   // checkpoint. Throws std::invalid_argument for bad input (files, sizes), naming it.
   // With a `world` group of several ranks (parallel.strategy = "ddp"), it is collective: every
   // rank constructs its Trainer and calls train_step/fit in step; each takes its slice of every
-  // global batch, and rank 0 alone prints, samples and writes checkpoints.
+  // global batch; rank 0 alone prints and samples, and every rank writes its share of each
+  // checkpoint. model.init_from (Hugging Face weights) is applied before training starts.
   explicit Trainer(TrainConfig config, std::shared_ptr<ProcessGroup> world = nullptr);
 
   // Trains until train.steps, printing one progress line per run.log_every steps, appending
@@ -50,8 +51,12 @@ class Trainer {
   // Continues `prompt` by `tokens` sampled tokens (temperature, top-k; its own generator
   // seeded from train.seed, so training randomness is untouched).
   std::string generate(const std::string& prompt, int64_t tokens);
-  // Writes RUN_DIR/checkpoints/step_NNNNNN atomically and returns its directory.
+  // Writes RUN_DIR/checkpoints/step_NNNNNN atomically as a sharded checkpoint
+  // (docs/checkpoints.md) and returns its directory. Collective: every rank calls it.
   std::string save_checkpoint();
+  // Restores a sharded checkpoint written at any world size. Collective. Throws
+  // std::invalid_argument naming the file for a damaged checkpoint, or the first tensor whose
+  // name, shape or dtype differs from the model's.
   void load_checkpoint(const std::string& dir);
 
   int64_t step() const { return step_; }
