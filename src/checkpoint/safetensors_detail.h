@@ -52,7 +52,8 @@ class SafetensorsStreamWriter {
   uint32_t file_crc32() const { return file_crc_; }
 
  private:
-  void write_bytes(const void* data, int64_t size);
+  // Writes `size` bytes whose crc32 is `crc`.
+  void write_bytes(const void* data, int64_t size, uint32_t crc);
 
   std::string path_;
   std::vector<Entry> entries_;

@@ -87,16 +87,18 @@ SafetensorsStreamWriter::SafetensorsStreamWriter(std::string path, std::vector<E
     throw std::runtime_error("cannot create '" + path_ + "': " + std::strerror(errno));
   }
   const uint64_t length = text.size();  // little-endian on every platform LibTorch supports
-  write_bytes(&length, 8);
-  write_bytes(text.data(), static_cast<int64_t>(text.size()));
+  write_bytes(&length, 8, crc_update(0, &length, 8));
+  write_bytes(text.data(), static_cast<int64_t>(text.size()),
+              crc_update(0, text.data(), static_cast<int64_t>(text.size())));
 }
 
 SafetensorsStreamWriter::~SafetensorsStreamWriter() {
   if (fd_ >= 0) close(fd_);
 }
 
-void SafetensorsStreamWriter::write_bytes(const void* data, int64_t size) {
-  file_crc_ = crc_update(file_crc_, data, size);
+void SafetensorsStreamWriter::write_bytes(const void* data, int64_t size, uint32_t crc) {
+  // The file's checksum extends by the chunk's own (crc32_combine), so each byte is summed once.
+  file_crc_ = static_cast<uint32_t>(crc32_combine(file_crc_, crc, static_cast<z_off_t>(size)));
   const char* p = static_cast<const char*>(data);
   while (size > 0) {
     const ssize_t n = ::write(fd_, p, static_cast<size_t>(std::min<int64_t>(size, 1 << 30)));
@@ -123,8 +125,9 @@ void SafetensorsStreamWriter::write(const at::Tensor& chunk) {
   const Written& target = written_[current_];
   TORCH_CHECK(entry_done_ + size <= target.end - target.begin, "writing '", path_, "': entry '",
               entry.key, "' got more than its ", target.end - target.begin, " bytes");
-  entry_crc_ = crc_update(entry_crc_, cpu.data_ptr(), size);
-  write_bytes(cpu.data_ptr(), size);
+  const uint32_t crc = crc_update(0, cpu.data_ptr(), size);
+  entry_crc_ = static_cast<uint32_t>(crc32_combine(entry_crc_, crc, static_cast<z_off_t>(size)));
+  write_bytes(cpu.data_ptr(), size, crc);
   entry_done_ += size;
   // Move on past this entry and any empty ones after it.
   while (current_ < entries_.size() &&
