@@ -2,6 +2,8 @@
 // importing a safetensors model as initial weights and exporting a checkpoint as one.
 #pragma once
 
+#include <c10/core/ScalarType.h>
+
 #include <string>
 #include <vector>
 
@@ -23,9 +25,9 @@ struct HfParameterName {
 // head has no entry of its own (HF ties "lm_head.weight" to the token embedding too).
 std::vector<HfParameterName> hf_parameter_names(const ModelConfig& config);
 
-// The config.json Hugging Face writes for `config` ("model_type" gpt2 or llama);
-// model_config_from_hf_json() reads it back to the same sizes.
-std::string hf_config_json(const ModelConfig& config);
+// The config.json Hugging Face writes for `config` ("model_type" gpt2 or llama) with weights of
+// `dtype` ("torch_dtype"); model_config_from_hf_json() reads it back to the same sizes.
+std::string hf_config_json(const ModelConfig& config, at::ScalarType dtype = at::kFloat);
 
 // Copies the weights of a Hugging Face safetensors model of the model's family into `model`
 // (converting dtypes). `path` is a .safetensors file or a folder with model.safetensors or

@@ -75,7 +75,7 @@ void export_hf_checkpoint(const std::string& checkpoint_dir, const std::string& 
   const fs::path config_partial = fs::path(out_dir) / ".config.json.partial";
   {
     std::ofstream out(config_partial, std::ios::trunc);
-    out << hf_config_json(config);
+    out << hf_config_json(config, reader.find(names.front().name)->dtype);
     out.close();
     if (!out) throw std::runtime_error("writing '" + config_partial.string() + "' failed");
   }

@@ -77,7 +77,7 @@ std::vector<HfParameterName> hf_parameter_names(const ModelConfig& config) {
   return out;
 }
 
-std::string hf_config_json(const ModelConfig& c) {
+std::string hf_config_json(const ModelConfig& c, at::ScalarType dtype) {
   nlohmann::json j;
   if (c.family == ModelFamily::kGpt2) {
     j = {{"architectures", {"GPT2LMHeadModel"}},
@@ -113,7 +113,10 @@ std::string hf_config_json(const ModelConfig& c) {
          {"attention_dropout", c.dropout},
          {"tie_word_embeddings", c.tie_embeddings}};
   }
-  j["torch_dtype"] = "float32";
+  j["torch_dtype"] = dtype == at::kBFloat16 ? "bfloat16"
+                     : dtype == at::kHalf   ? "float16"
+                     : dtype == at::kDouble ? "float64"
+                                            : "float32";
   return j.dump(2) + "\n";
 }
 

@@ -1,13 +1,14 @@
-// `shardtrain ckpt export` streams: its peak resident memory on a model of a few hundred MB stays
-// under twice the largest tensor above the fixed cost of the process (measured as the peak of
-// `ckpt inspect` on the same checkpoint, which loads only the index).
+// `shardtrain ckpt export` streams: its peak resident memory (VmHWM) on a model of a few hundred
+// MB stays under twice the largest tensor above the fixed cost of the process (measured as the
+// peak of `ckpt inspect` on the same checkpoint, which loads only the index).
 #include <fcntl.h>
 #include <gtest/gtest.h>
-#include <sys/resource.h>
+#include <sys/ptrace.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <filesystem>
+#include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "shardtrain/hf.h"
@@ -19,7 +20,19 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// Peak resident bytes of the CLI run with `args` (wait4's ru_maxrss), and its exit status.
+// VmHWM (peak resident set) of a process, from /proc; -1 when absent.
+int64_t peak_resident_of(pid_t pid) {
+  std::ifstream status("/proc/" + std::to_string(pid) + "/status");
+  for (std::string line; std::getline(status, line);) {
+    if (line.rfind("VmHWM:", 0) == 0) return std::stoll(line.substr(6)) * 1024;
+  }
+  return -1;
+}
+
+// Peak resident bytes of the CLI run with `args`, and its exit status. The child is traced so
+// that it stops just before it exits, while its memory map still exists: its VmHWM then covers
+// the program's whole run and nothing before exec (wait4's ru_maxrss would also count the
+// pages the child shared with this process between fork and exec).
 std::pair<int64_t, int> peak_rss_of_cli(const std::vector<std::string>& args) {
   std::vector<std::string> argv_text = {testing::cli()};
   argv_text.insert(argv_text.end(), args.begin(), args.end());
@@ -30,14 +43,25 @@ std::pair<int64_t, int> peak_rss_of_cli(const std::vector<std::string>& args) {
   if (pid == 0) {
     const int null = open("/dev/null", O_WRONLY);
     dup2(null, STDOUT_FILENO);
+    ptrace(PTRACE_TRACEME, 0, nullptr, nullptr);
     execv(argv[0], argv.data());
     _exit(127);
   }
   int status = 0;
-  rusage usage{};
-  wait4(pid, &status, 0, &usage);
-  return {static_cast<int64_t>(usage.ru_maxrss) * 1024,
-          WIFEXITED(status) ? WEXITSTATUS(status) : -1};
+  waitpid(pid, &status, 0);  // stopped at exec
+  ptrace(PTRACE_SETOPTIONS, pid, nullptr, reinterpret_cast<void*>(PTRACE_O_TRACEEXIT));
+  ptrace(PTRACE_CONT, pid, nullptr, nullptr);
+  int64_t peak = -1;
+  while (waitpid(pid, &status, 0) == pid && WIFSTOPPED(status)) {
+    int forward = 0;
+    if (status >> 8 == (SIGTRAP | (PTRACE_EVENT_EXIT << 8))) {
+      peak = peak_resident_of(pid);
+    } else if (WSTOPSIG(status) != SIGTRAP) {
+      forward = WSTOPSIG(status);  // a signal for the program itself
+    }
+    ptrace(PTRACE_CONT, pid, nullptr, reinterpret_cast<void*>(static_cast<intptr_t>(forward)));
+  }
+  return {peak, WIFEXITED(status) ? WEXITSTATUS(status) : -1};
 }
 
 TEST(ExportMemoryTest, PeakMemoryStaysNearTheLargestTensor) {
@@ -89,7 +113,10 @@ TEST(ExportMemoryTest, PeakMemoryStaysNearTheLargestTensor) {
       peak_rss_of_cli({"ckpt", "export", ckpt, "--format", "hf", (dir / "hf").string()});
   ASSERT_EQ(export_status, 0);
   EXPECT_GT(fs::file_size(dir / "hf" / "model.safetensors"), static_cast<uintmax_t>(total));
-  EXPECT_LT(peak, baseline + 2 * largest)
+  // The fixed cost is the inspect run's peak plus room for malloc's per-thread arenas, which
+  // LibTorch's intra-op threads touch differently from run to run.
+  const int64_t fixed = baseline + (16 << 20);
+  EXPECT_LT(peak, fixed + 2 * largest)
       << "export peak " << (peak >> 20) << " MiB, inspect peak " << (baseline >> 20)
       << " MiB, largest tensor " << (largest >> 20) << " MiB, model " << (total >> 20) << " MiB";
   std::printf(

@@ -70,6 +70,8 @@ TEST_P(HfTest, ExportedCheckpointStartsARunWithTheSameOutputs) {
     EXPECT_TRUE(at::equal(hf.at("lm_head.weight"), params["lm_head.weight"]));
   }
   const ModelConfig read_back = model_config_from_hf_json(out + "/config.json");
+  EXPECT_NE(hf_config_json(c, at::kBFloat16).find("\"torch_dtype\": \"bfloat16\""),
+            std::string::npos);
   EXPECT_EQ(read_back.parameter_shapes().size(), c.parameter_shapes().size());
   EXPECT_EQ(read_back.n_kv_heads, c.n_kv_heads);
   EXPECT_EQ(read_back.tie_embeddings, c.tie_embeddings);
