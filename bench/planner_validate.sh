@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Trains the tiny and the small model for a few steps on 1 process and with DDP on 2, then
-# compares each run with the planner's estimate (`shardtrain plan --validate`).
+# Trains the tiny and the small model for a few steps on 1 process, and on 2 ranks with DDP,
+# FSDP full_shard and shard_grad_op and ZeRO stages 1, 2 and 3, then compares each run with the
+# planner's estimate (`shardtrain plan --validate`).
 # Usage: bash bench/planner_validate.sh [steps]   (from the repository root, after a build)
 set -euo pipefail
 steps="${1:-30}"
@@ -18,9 +19,18 @@ model_lines() {
   esac
 }
 
+# label -> [parallel] lines
+parallel_lines() {
+  case "$1" in
+    none|ddp) printf 'strategy = "%s"\n' "$1" ;;
+    full_shard|shard_grad_op) printf 'strategy = "fsdp"\nfsdp.sharding = "%s"\n' "$1" ;;
+    zero*) printf 'strategy = "zero"\nzero.stage = %s\n' "${1#zero}" ;;
+  esac
+}
+
 for model in tiny small; do
-  for ranks in 1 2; do
-    strategy=$([ "$ranks" = 1 ] && echo none || echo ddp)
+  for strategy in none ddp full_shard shard_grad_op zero1 zero2 zero3; do
+    ranks=$([ "$strategy" = none ] && echo 1 || echo 2)
     dir="$work/$model-$strategy"
     cat >"$work/c.toml" <<TOML
 [model]
@@ -36,7 +46,7 @@ micro_batch = 8
 warmup = 2
 sample_tokens = 0
 [parallel]
-strategy = "$strategy"
+$(parallel_lines "$strategy")
 [run]
 dir = "$dir"
 log_every = 1000
@@ -47,7 +57,7 @@ TOML
     else
       "$bin" launch --nproc 2 -- "$bin" train --config "$work/c.toml" >/dev/null
     fi
-    echo "== $model, parallel.strategy = $strategy, $ranks rank(s), $steps steps"
+    echo "== $model, $strategy, $ranks rank(s), $steps steps"
     "$bin" plan --validate "$dir"
     echo "-- with this host measured now:"
     "$bin" plan --validate "$dir" --measure-host | tail -1

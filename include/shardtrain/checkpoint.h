@@ -31,6 +31,9 @@ std::map<std::string, at::Tensor> load_safetensors(const std::string& path);
 class CheckpointWriter {
  public:
   CheckpointWriter(std::string root, std::string name, int keep);
+  // The staging directory a writer for `root`/`name` uses, so that other ranks can write into it
+  // once the writer exists.
+  static std::string staging_path(const std::string& root, const std::string& name);
   // Where to write the files of this checkpoint.
   const std::string& staging_dir() const { return staging_; }
   // Returns the final directory.

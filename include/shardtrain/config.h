@@ -16,6 +16,9 @@ struct TrainConfig {
   // [model]: a preset (or a Hugging Face config.json), then any size overridden by key.
   ModelConfig model = model_preset("tiny");
   bool vocab_size_set = false;  // else the tokenizer's vocabulary size is used
+  // Hugging Face safetensors weights (a file or a model folder) to start from instead of the
+  // random initialization; empty: none.
+  std::string init_from;
 
   // [data]
   std::vector<std::string> corpus;  // token shard, or text files / directories to tokenize

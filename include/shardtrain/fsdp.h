@@ -220,6 +220,9 @@ class FullyShardedDataParallel {
   std::vector<std::pair<at::Tensor, at::Tensor>> flat_shards() const;
   // Names and unit of every parameter: the units in forward order, the root last.
   std::vector<std::vector<std::string>> unit_layout() const;
+  // False on ranks whose shards are copies of another replica's (hybrid_shard, no_shard): one
+  // replica writes checkpoints.
+  bool holds_unique_shards() const { return !replicate_group_ || replicate_group_->rank() == 0; }
   FSDPMemory memory() const;
   void reset_peak();
   const FSDPOptions& options() const { return options_; }

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "shardtrain/config.h"
+#include "shardtrain/sharded_checkpoint.h"
 #include "shardtrain/data.h"
 #include "shardtrain/ddp.h"
 #include "shardtrain/dist.h"
@@ -38,10 +39,11 @@ class Trainer {
  public:
   // Builds everything from the config, creating run.dir; with run.resume, restores the
   // checkpoint. Throws std::invalid_argument for bad input (files, sizes), naming it.
-  // With a `world` group of several ranks (parallel.strategy = "ddp" or "fsdp"), it is
+  // With a `world` group of several ranks (parallel.strategy = "ddp", "fsdp" or "zero"), it is
   // collective: every rank constructs its Trainer and calls train_step/fit/evaluate/generate/
-  // save_checkpoint in step; each takes its slice of every global batch, and rank 0 alone
-  // prints and writes the replicated files. FSDP without a world runs on a group of one rank.
+  // save_checkpoint in step; each takes its slice of every global batch; rank 0 alone prints,
+  // and every rank writes its share of each checkpoint. FSDP and ZeRO without a world run on a
+  // group of one rank. model.init_from (Hugging Face weights) is applied before training starts.
   explicit Trainer(TrainConfig config, std::shared_ptr<ProcessGroup> world = nullptr);
 
   // Trains until train.steps, printing one progress line per run.log_every steps, appending
@@ -55,8 +57,12 @@ class Trainer {
   // Continues `prompt` by `tokens` sampled tokens (temperature, top-k; its own generator
   // seeded from train.seed, so training randomness is untouched).
   std::string generate(const std::string& prompt, int64_t tokens);
-  // Writes RUN_DIR/checkpoints/step_NNNNNN atomically and returns its directory.
+  // Writes RUN_DIR/checkpoints/step_NNNNNN atomically as a sharded checkpoint
+  // (docs/checkpoints.md) and returns its directory. Collective: every rank calls it.
   std::string save_checkpoint();
+  // Restores a sharded checkpoint written at any world size. Collective. Throws
+  // std::invalid_argument naming the file for a damaged checkpoint, or the first tensor whose
+  // name, shape or dtype differs from the model's.
   void load_checkpoint(const std::string& dir);
 
   int64_t step() const { return step_; }
@@ -77,6 +83,11 @@ class Trainer {
   void nvme_step(double lr);
   void nvme_state_to_optimizer();
   void nvme_state_from_optimizer();
+  // Checkpoint pieces under FSDP/ZeRO, and the restore paths by strategy.
+  void sharded_slices(std::vector<TensorSpec>& specs, std::vector<FlatSlice>& slices);
+  void restore_sharded(const ShardedCheckpointReader& reader);
+  void restore_replicated(const ShardedCheckpointReader& reader, const NamedTensors& model_tensors);
+  void restore_training_state(const ShardedCheckpointReader& reader, const std::string& dir);
   std::vector<at::Tensor> parameters() const;
   // Waits for every rank (no-op on one process).
   void barrier() const;

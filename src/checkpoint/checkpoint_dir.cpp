@@ -26,9 +26,13 @@ void fsync_path(const fs::path& path) {
 CheckpointWriter::CheckpointWriter(std::string root, std::string name, int keep)
     : root_(std::move(root)), name_(std::move(name)), keep_(keep) {
   fs::create_directories(root_);
-  staging_ = (fs::path(root_) / ("." + name_ + ".partial")).string();
+  staging_ = staging_path(root_, name_);
   fs::remove_all(staging_);  // leftovers of a save that was killed
   fs::create_directories(staging_);
+}
+
+std::string CheckpointWriter::staging_path(const std::string& root, const std::string& name) {
+  return (fs::path(root) / ("." + name + ".partial")).string();
 }
 
 std::string CheckpointWriter::commit() {

@@ -99,6 +99,7 @@ const std::map<std::string, Setter>& known_keys() {
          c.model.vocab_size = as_int(n, name);
          c.vocab_size_set = true;
        }},
+      {"model.init_from", field(&TrainConfig::init_from)},
       {"model.context_length", model_field(&ModelConfig::context_length)},
       {"model.d_model", model_field(&ModelConfig::d_model)},
       {"model.n_layers", model_field(&ModelConfig::n_layers)},

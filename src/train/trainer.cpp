@@ -11,6 +11,7 @@
 #include "model/autocast.h"
 #include "shardtrain/checkpoint.h"
 #include "shardtrain/fused_adamw.h"
+#include "shardtrain/hf.h"
 #include "shardtrain/memory.h"
 #include "shardtrain/train.h"
 #include "train/run_manifest.h"
@@ -86,6 +87,8 @@ Trainer::Trainer(TrainConfig config, std::shared_ptr<ProcessGroup> world)
     torch::manual_seed(static_cast<uint64_t>(config_.seed));
     model_ = Transformer(config_.model);
   }
+  // Every rank reads the same weights, so replicas agree before DDP starts.
+  if (!config_.init_from.empty()) load_hf_weights(model_, config_.init_from);
   model_->set_activation_checkpointing(config_.activation_checkpointing);
   if (world_ && config_.strategy == "ddp") {
     const DDPCommHook hook = config_.ddp_comm_hook == "bf16"   ? DDPCommHook::kBf16Compress

@@ -1,12 +1,17 @@
 // The trainer's checkpoints (model, optimizer, data position, RNG, loss scale) and metrics.
 #include <cmath>
+#include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <sstream>
 
+#include "checkpoint/model_description.h"
 #include "shardtrain/checkpoint.h"
+#include "shardtrain/sharded_checkpoint.h"
 #include "shardtrain/train.h"
 #include "train/run_setup.h"
 
@@ -15,6 +20,7 @@ namespace fs = std::filesystem;
 namespace shardtrain {
 namespace {
 
+// LibTorch keys optimizer state by the parameter's TensorImpl address, printed.
 std::string state_key(const at::Tensor& parameter) {
   return detail::optimizer_state_key(parameter);
 }
@@ -43,18 +49,6 @@ void drop_metrics_after(const fs::path& metrics, int64_t step) {
   for (const auto& line : kept) rewrite << line << "\n";
 }
 
-nlohmann::json describe_model(const ModelConfig& m) {
-  return {{"family", to_string(m.family)},
-          {"vocab_size", m.vocab_size},
-          {"context_length", m.context_length},
-          {"d_model", m.d_model},
-          {"n_layers", m.n_layers},
-          {"n_heads", m.n_heads},
-          {"n_kv_heads", m.n_kv_heads},
-          {"ffn_hidden", m.ffn_hidden},
-          {"tie_embeddings", m.tie_embeddings}};
-}
-
 int64_t bytes_of(const std::vector<at::Tensor>& tensors) {
   int64_t total = 0;
   for (const auto& t : tensors) {
@@ -63,166 +57,276 @@ int64_t bytes_of(const std::vector<at::Tensor>& tensors) {
   return total;
 }
 
+// The logical tensors of a trainer checkpoint, in order: every parameter under its module name,
+// then AdamW's state of each parameter that has one ("optim.NAME.exp_avg", ".exp_avg_sq", and
+// ".step" as a 0-dim int64), each as the full tensor whatever the strategy, so that it reshards
+// like the parameters.
+NamedTensors logical_tensors(Transformer& model, const torch::optim::AdamW& optimizer) {
+  NamedTensors tensors;
+  for (const auto& item : model->named_parameters()) tensors.emplace_back(item.key(), item.value());
+  for (const auto& item : model->named_buffers()) tensors.emplace_back(item.key(), item.value());
+  for (const auto& item : model->named_parameters()) {
+    const auto* state = adam_state(optimizer, item.value());
+    if (!state) continue;
+    tensors.emplace_back("optim." + item.key() + ".exp_avg", state->exp_avg());
+    tensors.emplace_back("optim." + item.key() + ".exp_avg_sq", state->exp_avg_sq());
+    tensors.emplace_back("optim." + item.key() + ".step",
+                         at::scalar_tensor(state->step(), at::kLong));
+  }
+  return tensors;
+}
+
+// Strategy-specific: the flat slices of `tensors` this rank writes. Replicated strategies
+// ("none", "ddp") hold every tensor whole on every rank; each rank writes shard_range(numel,
+// world, rank) of each, so that all ranks write in parallel. Sharded strategies return the
+// slices of their flat parameters (and flat optimizer state) here.
+std::vector<FlatSlice> owned_slices(const std::string& strategy, int rank, int world,
+                                    const NamedTensors& tensors) {
+  TORCH_CHECK(strategy == "none" || strategy == "ddp", "checkpoints of parallel.strategy = \"",
+              strategy, "\" are not implemented");
+  std::vector<FlatSlice> slices;
+  for (const auto& [name, tensor] : tensors) {
+    const ShardRange range = shard_range(tensor.numel(), world, rank);
+    if (range.numel == 0) continue;
+    slices.push_back(
+        {name, range.offset, tensor.detach().reshape({-1}).narrow(0, range.offset, range.numel)});
+  }
+  return slices;
+}
+
+// Strategy-specific: fills `targets` (this rank's tensors, by checkpoint name) from the reader.
+// Replicated strategies read every tensor whole; a sharded strategy reads only the flat range
+// it owns with reader.read_flat_into().
+void restore_tensors(const std::string& strategy, const ShardedCheckpointReader& reader,
+                     const NamedTensors& targets) {
+  TORCH_CHECK(strategy == "none" || strategy == "ddp", "checkpoints of parallel.strategy = \"",
+              strategy, "\" are not implemented");
+  torch::NoGradGuard no_grad;
+  for (const auto& [name, target] : targets) target.copy_(reader.read(name));
+}
+
+// The model's tensors must be the checkpoint's, in name, shape and dtype: names the first that
+// is not (in parameter order), then any tensor of the checkpoint the model lacks.
+void check_model_tensors(const ShardedCheckpointReader& reader, const NamedTensors& model) {
+  std::set<std::string> names;
+  for (const auto& [name, tensor] : model) {
+    names.insert(name);
+    const TensorSpec* spec = reader.find(name);
+    if (!spec) {
+      throw std::invalid_argument("checkpoint '" + reader.dir() + "' has no tensor '" + name +
+                                  "' (it was written for another model)");
+    }
+    if (!tensor.sizes().equals(spec->shape) || tensor.scalar_type() != spec->dtype) {
+      throw std::invalid_argument("checkpoint '" + reader.dir() + "': tensor '" + name + "' is " +
+                                  c10::str(c10::IntArrayRef(spec->shape)) + " " +
+                                  c10::toString(spec->dtype) + ", the model expects " +
+                                  c10::str(tensor.sizes()) + " " +
+                                  c10::toString(tensor.scalar_type()));
+    }
+  }
+  for (const auto& spec : reader.tensors()) {
+    if (spec.name.rfind("optim.", 0) != 0 && !names.count(spec.name)) {
+      throw std::invalid_argument("checkpoint '" + reader.dir() + "' has tensor '" + spec.name +
+                                  "', which the model does not have (it was written for another "
+                                  "model)");
+    }
+  }
+}
+
 }  // namespace
 
 std::string Trainer::save_checkpoint() {
   char name[32];
   std::snprintf(name, sizeof(name), "step_%06lld", static_cast<long long>(step_));
-  NamedTensors params, optim;
-  int64_t optimizer_step = 0;
   if (!nvme_.empty()) nvme_state_to_optimizer();
+  std::vector<TensorSpec> specs;
+  std::vector<FlatSlice> slices;
   if (fsdp_) {
-    // Collective: every rank gathers the full tensors of the shards.
-    const auto& segments = fsdp_->segments();
-    auto moment = [&](bool second) {
-      return [&, second](size_t i) {
-        const auto* state = adam_state(*optimizer_, segments[i].param);
-        if (!state) return at::Tensor();
-        optimizer_step = state->step();
-        return second ? state->exp_avg_sq() : state->exp_avg();
-      };
-    };
-    params = fsdp_->full_parameters();
-    const auto avg = fsdp_->full_state(moment(false));
-    const auto avg_sq = fsdp_->full_state(moment(true));
-    // A rank whose shards hold no element of a tensor has no state for it: the step is the
-    // same everywhere, so take the largest.
-    at::Tensor steps = at::tensor(static_cast<double>(optimizer_step), at::kDouble);
-    world_->all_reduce(steps, ReduceOp::kMax)->wait();
-    optimizer_step = static_cast<int64_t>(steps.item<double>());
-    if (optimizer_step > 0) {
-      for (size_t i = 0; i < avg.size(); ++i) {
-        optim.emplace_back(avg[i].first + ".exp_avg", avg[i].second);
-        optim.emplace_back(avg_sq[i].first + ".exp_avg_sq", avg_sq[i].second);
-      }
+    sharded_slices(specs, slices);
+  } else {
+    const NamedTensors tensors = logical_tensors(model_, *optimizer_);
+    for (const auto& [tensor_name, tensor] : tensors) {
+      specs.push_back({tensor_name, tensor.sizes().vec(), tensor.scalar_type()});
     }
-    if (!nvme_.empty()) nvme_state_from_optimizer();
+    slices = owned_slices(config_.strategy, rank(), world_size(), tensors);
   }
-  // Replicated strategies hold the same state on every rank: rank 0 writes it alone.
-  if (rank() != 0) {
-    barrier();
-    return config_.dir + "/checkpoints/" + name;
-  }
-  CheckpointWriter writer(config_.dir + "/checkpoints", name,
-                          static_cast<int>(config_.keep_checkpoints));
-  const fs::path dir = writer.staging_dir();
+  const nlohmann::json training = {{"step", step_},
+                                   {"samples", samples_},
+                                   {"global_batch", loader_->global_batch_size()},
+                                   {"loss_scale", scaler_.scale()},
+                                   {"loss_scale_good_steps", scaler_.good_steps()},
+                                   {"loss_scale_skipped", scaler_.skipped_steps()},
+                                   {"schedule",
+                                    {{"lr", schedule_.lr},
+                                     {"min_lr", schedule_.min_lr},
+                                     {"warmup", schedule_.warmup},
+                                     {"steps", schedule_.total_steps},
+                                     {"kind", schedule_.kind}}},
+                                   {"tokenizer", tokenizer_->name()}};
+  const nlohmann::json metadata = {{"model", detail::describe_model(config_.model)},
+                                   {"training", training}};
+  auto options = ShardedSaveOptions()
+                     .strategy(config_.strategy)
+                     .keep(static_cast<int>(config_.keep_checkpoints))
+                     .metadata(metadata.dump())
+                     .rank_state({{"rng.cpu", at::detail::getDefaultCPUGenerator().get_state()}});
+  // Fault injection for tests: the process dies with every rank file written but nothing
+  // committed, as a machine failing mid-save would.
+  const char* kill_at = std::getenv("SHARDTRAIN_FAULT_KILL_BEFORE_COMMIT");
+  if (kill_at && std::string(kill_at) == name) options.before_commit([] { std::raise(SIGKILL); });
+  const std::string dir = save_sharded_checkpoint(config_.dir + "/checkpoints", name, specs,
+                                                   slices, world_.get(), options);
+  if (!nvme_.empty()) nvme_state_from_optimizer();
+  return dir;
+}
 
-  for (const auto& item : fsdp_ ? torch::OrderedDict<std::string, at::Tensor>()
-                                : model_->named_parameters()) {
-    params.emplace_back(item.key(), item.value());
-    const auto* state = adam_state(*optimizer_, item.value());
-    if (!state) continue;
-    optim.emplace_back(item.key() + ".exp_avg", state->exp_avg());
-    optim.emplace_back(item.key() + ".exp_avg_sq", state->exp_avg_sq());
-    optimizer_step = state->step();
+void Trainer::sharded_slices(std::vector<TensorSpec>& specs, std::vector<FlatSlice>& slices) {
+  // The same logical tensors as the replicated strategies write (fp32 parameters, AdamW state
+  // whole), as the pieces of them this rank's shards hold. Ranks of other replicas hold the
+  // same pieces and write nothing.
+  const auto& segments = fsdp_->segments();
+  bool has_state = false;
+  for (const auto& s : segments) has_state = has_state || adam_state(*optimizer_, s.param);
+  at::Tensor any = at::tensor(has_state ? 1.0 : 0.0, at::kDouble);
+  world_->all_reduce(any, ReduceOp::kMax)->wait();
+  has_state = any.item<double>() > 0;
+  for (const auto& item : model_->named_parameters()) {
+    specs.push_back({item.key(), item.value().sizes().vec(), at::kFloat});
   }
-  for (const auto& item : model_->named_buffers()) params.emplace_back(item.key(), item.value());
-  save_safetensors((dir / "model.safetensors").string(), params);
-  save_safetensors((dir / "optimizer.safetensors").string(), optim);
-  save_safetensors((dir / "rng.safetensors").string(),
-                   {{"cpu", at::detail::getDefaultCPUGenerator().get_state()}});
-  const nlohmann::json state = {{"format", 1},
-                                {"step", step_},
-                                {"samples", samples_},
-                                {"optimizer_step", optimizer_step},
-                                {"loss_scale", scaler_.scale()},
-                                {"loss_scale_good_steps", scaler_.good_steps()},
-                                {"loss_scale_skipped", scaler_.skipped_steps()},
-                                {"tokenizer", tokenizer_->name()},
-                                {"model", describe_model(config_.model)}};
-  std::ofstream(dir / "state.json") << state.dump(2) << "\n";
-  const std::string final_dir = writer.commit();
-  barrier();
-  return final_dir;
+  for (const auto& item : model_->named_buffers()) {
+    specs.push_back({item.key(), item.value().sizes().vec(), item.value().scalar_type()});
+    if (rank() == 0) slices.push_back({item.key(), 0, item.value().detach().reshape({-1})});
+  }
+  if (has_state) {
+    for (const auto& item : model_->named_parameters()) {
+      const std::string prefix = "optim." + item.key();
+      specs.push_back({prefix + ".exp_avg", item.value().sizes().vec(), at::kFloat});
+      specs.push_back({prefix + ".exp_avg_sq", item.value().sizes().vec(), at::kFloat});
+      specs.push_back({prefix + ".step", {}, at::kLong});
+    }
+  }
+  if (!fsdp_->holds_unique_shards()) return;
+  for (const auto& s : segments) {
+    slices.push_back({s.name, s.offset, s.param.detach()});
+    if (!has_state) continue;
+    const auto* state = adam_state(*optimizer_, s.param);
+    TORCH_CHECK(state, "checkpoint: no AdamW state for a piece of ", s.name);
+    slices.push_back({"optim." + s.name + ".exp_avg", s.offset, state->exp_avg()});
+    slices.push_back({"optim." + s.name + ".exp_avg_sq", s.offset, state->exp_avg_sq()});
+    // The scalar step belongs to whichever rank holds the parameter's first element.
+    if (s.offset == 0) {
+      slices.push_back({"optim." + s.name + ".step", 0,
+                        at::scalar_tensor(state->step(), at::kLong).reshape({1})});
+    }
+  }
+}
+
+void Trainer::restore_sharded(const ShardedCheckpointReader& reader) {
+  // Each rank reads only the ranges its shards hold.
+  torch::NoGradGuard no_grad;
+  for (const auto& s : fsdp_->segments()) {
+    reader.read_flat_into(s.name, s.offset, s.param.detach());
+    const std::string prefix = "optim." + s.name;
+    if (!reader.find(prefix + ".exp_avg")) continue;
+    auto state = std::make_unique<torch::optim::AdamWParamState>();
+    state->exp_avg(at::zeros({s.param.numel()}, at::kFloat));
+    state->exp_avg_sq(at::zeros({s.param.numel()}, at::kFloat));
+    reader.read_flat_into(prefix + ".exp_avg", s.offset, state->exp_avg());
+    reader.read_flat_into(prefix + ".exp_avg_sq", s.offset, state->exp_avg_sq());
+    state->step(reader.read(prefix + ".step").item<int64_t>());
+    optimizer_->state()[state_key(s.param)] = std::move(state);
+  }
+  for (const auto& item : model_->named_buffers()) item.value().copy_(reader.read(item.key()));
+  fsdp_->after_optimizer_step();
+  if (!nvme_.empty()) nvme_state_from_optimizer();
 }
 
 void Trainer::load_checkpoint(const std::string& dir) {
-  nlohmann::json state;
-  const fs::path state_path = fs::path(dir) / "state.json";
-  std::ifstream in(state_path);
+  const ShardedCheckpointReader reader(dir);
+  nlohmann::json training;
   try {
-    if (!in) throw std::runtime_error("missing");
-    in >> state;
-  } catch (const std::exception&) {
-    throw std::invalid_argument("checkpoint '" + dir + "': state.json is missing or corrupt");
+    training = nlohmann::json::parse(reader.metadata()).at("training");
+  } catch (const nlohmann::json::exception&) {
+    throw std::invalid_argument("checkpoint '" + dir +
+                                "' has no training state in index.json (not written by the "
+                                "trainer)");
   }
-  if (state.value("model", nlohmann::json()) != describe_model(config_.model)) {
-    throw std::invalid_argument("checkpoint '" + dir + "' was written for model " +
-                                state.value("model", nlohmann::json()).dump() +
-                                ", not the configured " + describe_model(config_.model).dump());
+  NamedTensors model_tensors;
+  for (const auto& item : model_->named_parameters()) {
+    // Under FSDP/ZeRO the module's tensors are views of gathered buffers (perhaps freed, perhaps
+    // bf16); the checkpoint holds their fp32 values: compare shapes on meta tensors.
+    model_tensors.emplace_back(
+        item.key(), fsdp_ ? at::empty(item.value().sizes(), at::TensorOptions(at::kFloat).device(at::kMeta))
+                          : item.value());
   }
-  const auto tensors = load_safetensors((fs::path(dir) / "model.safetensors").string());
-  const auto optim = load_safetensors((fs::path(dir) / "optimizer.safetensors").string());
-  const auto rng = load_safetensors((fs::path(dir) / "rng.safetensors").string());
-  torch::NoGradGuard no_grad;
-  auto copy_into = [&](const std::string& name, at::Tensor target) {
-    auto it = tensors.find(name);
-    if (it == tensors.end()) {
-      throw std::invalid_argument("checkpoint '" + dir + "' has no tensor '" + name + "'");
-    }
-    if (!it->second.sizes().equals(target.sizes())) {
-      throw std::invalid_argument("checkpoint '" + dir + "': tensor '" + name + "' has shape " +
-                                  c10::str(it->second.sizes()) + ", the model expects " +
-                                  c10::str(target.sizes()));
-    }
-    target.copy_(it->second);
-  };
-  const int64_t optimizer_step = state.at("optimizer_step").get<int64_t>();
+  for (const auto& item : model_->named_buffers()) {
+    model_tensors.emplace_back(item.key(), item.value());
+  }
+  check_model_tensors(reader, model_tensors);
   if (fsdp_) {
-    // Each rank takes its pieces of the full tensors.
-    for (const auto& segment : fsdp_->segments()) {
-      auto piece = [&](const std::map<std::string, at::Tensor>& from, const std::string& name) {
-        auto it = from.find(name);
-        if (it == from.end()) {
-          throw std::invalid_argument("checkpoint '" + dir + "' has no tensor '" + name + "'");
-        }
-        if (it->second.sizes().vec() != segment.shape) {
-          throw std::invalid_argument("checkpoint '" + dir + "': tensor '" + name +
-                                      "' has shape " + c10::str(it->second.sizes()) +
-                                      ", the model expects " + c10::str(segment.shape));
-        }
-        return it->second.reshape({-1}).narrow(0, segment.offset, segment.param.numel());
-      };
-      segment.param.detach().copy_(piece(tensors, segment.name));
-      if (optim.count(segment.name + ".exp_avg") == 0) continue;
-      auto param_state = std::make_unique<torch::optim::AdamWParamState>();
-      param_state->step(optimizer_step);
-      param_state->exp_avg(piece(optim, segment.name + ".exp_avg").clone());
-      param_state->exp_avg_sq(piece(optim, segment.name + ".exp_avg_sq").clone());
-      optimizer_->state()[state_key(segment.param)] = std::move(param_state);
-    }
-    fsdp_->after_optimizer_step();
-    if (!nvme_.empty()) nvme_state_from_optimizer();
+    restore_sharded(reader);
+  } else {
+    restore_replicated(reader, model_tensors);
   }
-  for (const auto& item : fsdp_ ? torch::OrderedDict<std::string, at::Tensor>()
-                                : model_->named_parameters()) {
-    copy_into(item.key(), item.value());
-    auto avg = optim.find(item.key() + ".exp_avg");
-    auto avg_sq = optim.find(item.key() + ".exp_avg_sq");
-    if (avg == optim.end() || avg_sq == optim.end()) continue;
-    auto param_state = std::make_unique<torch::optim::AdamWParamState>();
-    param_state->step(optimizer_step);
-    param_state->exp_avg(avg->second.clone());
-    param_state->exp_avg_sq(avg_sq->second.clone());
-    optimizer_->state()[state_key(item.value())] = std::move(param_state);
+  restore_training_state(reader, dir);
+}
+
+void Trainer::restore_replicated(const ShardedCheckpointReader& reader,
+                                 const NamedTensors& model_tensors) {
+
+  // AdamW state is created for the parameters the checkpoint has state for, then filled.
+  NamedTensors targets = model_tensors;
+  std::vector<std::pair<at::Tensor, at::Tensor>> steps;  // parameter, its step read back
+  for (const auto& item : model_->named_parameters()) {
+    const std::string prefix = "optim." + item.key();
+    if (!reader.find(prefix + ".exp_avg")) continue;
+    auto state = std::make_unique<torch::optim::AdamWParamState>();
+    state->exp_avg(at::zeros_like(item.value()));
+    state->exp_avg_sq(at::zeros_like(item.value()));
+    at::Tensor step = at::zeros({}, at::kLong);
+    targets.emplace_back(prefix + ".exp_avg", state->exp_avg());
+    targets.emplace_back(prefix + ".exp_avg_sq", state->exp_avg_sq());
+    targets.emplace_back(prefix + ".step", step);
+    steps.emplace_back(item.value(), step);
+    optimizer_->state()[state_key(item.value())] = std::move(state);
   }
-  for (const auto& item : model_->named_buffers()) copy_into(item.key(), item.value());
-  // A copy of the handle shares the generator; the default one is only reachable as const.
-  at::Generator generator = at::detail::getDefaultCPUGenerator();
-  {
+  restore_tensors(config_.strategy, reader, targets);
+  for (const auto& [param, step] : steps) {
+    auto* state =
+        static_cast<torch::optim::AdamWParamState*>(optimizer_->state().at(state_key(param)).get());
+    state->step(step.item<int64_t>());
+  }
+}
+
+void Trainer::restore_training_state(const ShardedCheckpointReader& reader,
+                                     const std::string& dir) {
+  const nlohmann::json training = nlohmann::json::parse(reader.metadata()).at("training");
+  // Each rank restores its own RNG; a rank the saving run did not have takes rank 0's.
+  auto rank_state = reader.rank_state(rank());
+  if (!rank_state.count("rng.cpu")) rank_state = reader.rank_state(0);
+  if (rank_state.count("rng.cpu")) {
+    // A copy of the handle shares the generator; the default one is only reachable as const.
+    at::Generator generator = at::detail::getDefaultCPUGenerator();
     std::lock_guard<std::mutex> lock(generator.mutex());
-    generator.set_state(rng.at("cpu"));
+    generator.set_state(rank_state.at("rng.cpu"));
   }
-  step_ = state.at("step").get<int64_t>();
-  samples_ = state.at("samples").get<int64_t>();
-  scaler_.restore(state.at("loss_scale").get<double>(),
-                  state.at("loss_scale_good_steps").get<int64_t>(),
-                  state.at("loss_scale_skipped").get<int64_t>());
+  try {
+    step_ = training.at("step").get<int64_t>();
+    samples_ = training.at("samples").get<int64_t>();
+    scaler_.restore(training.at("loss_scale").get<double>(),
+                    training.at("loss_scale_good_steps").get<int64_t>(),
+                    training.at("loss_scale_skipped").get<int64_t>());
+  } catch (const nlohmann::json::exception& e) {
+    throw std::invalid_argument("checkpoint '" + dir + "': training state is incomplete (" +
+                                e.what() + ")");
+  }
 
   if (rank() == 0) drop_metrics_after(fs::path(config_.dir) / "metrics.jsonl", step_);
   barrier();  // nobody appends before rank 0 has rewritten the file
   if (rank() == 0) {
-    std::printf("resumed from %s at step %lld\n", dir.c_str(), static_cast<long long>(step_));
+    std::printf("resumed from %s at step %lld (saved by %s on %d rank%s)\n", dir.c_str(),
+                static_cast<long long>(step_), reader.strategy().c_str(), reader.world_size(),
+                reader.world_size() == 1 ? "" : "s");
   }
 }
 

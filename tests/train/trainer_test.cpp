@@ -161,7 +161,8 @@ TEST_F(TrainerTest, FitWritesMetricsCheckpointsAndASample) {
     EXPECT_EQ(j.contains("eval_loss"), j.at("step").get<int>() >= 2);
   }
   EXPECT_EQ(lines, 3);
-  EXPECT_TRUE(fs::exists(dir_ / "run" / "checkpoints" / "step_000003" / "model.safetensors"));
+  EXPECT_TRUE(fs::exists(dir_ / "run" / "checkpoints" / "step_000003" / "index.json"));
+  EXPECT_TRUE(fs::exists(dir_ / "run" / "checkpoints" / "step_000003" / "rank_00000.safetensors"));
   EXPECT_EQ(trainer.generate("the ", 5).rfind("the ", 0), 0u);
 }
 

@@ -1,0 +1,48 @@
+// Hugging Face interoperability for the GPT-2 and Llama families: parameter names, config.json,
+// importing a safetensors model as initial weights and exporting a checkpoint as one.
+#pragma once
+
+#include <c10/core/ScalarType.h>
+
+#include <string>
+#include <vector>
+
+#include "shardtrain/model.h"
+
+namespace shardtrain {
+
+// Where one of our parameters lives in a Hugging Face model of the same family.
+struct HfParameterName {
+  std::string name;     // ours, e.g. "blocks.0.attn.qkv.weight"
+  std::string hf_name;  // e.g. "transformer.h.0.attn.c_attn.weight"
+  // GPT-2's Conv1D stores weights as [in, out], the transpose of our nn.Linear [out, in].
+  bool transposed = false;
+};
+
+// Every parameter of `config`, in parameter order, with its Hugging Face name: GPT2LMHeadModel
+// ("transformer.wte.weight", "transformer.h.N.attn.c_attn.weight", ...) or LlamaForCausalLM
+// ("model.embed_tokens.weight", "model.layers.N.self_attn.q_proj.weight", ...). A tied output
+// head has no entry of its own (HF ties "lm_head.weight" to the token embedding too).
+std::vector<HfParameterName> hf_parameter_names(const ModelConfig& config);
+
+// The config.json Hugging Face writes for `config` ("model_type" gpt2 or llama) with weights of
+// `dtype` ("torch_dtype"); model_config_from_hf_json() reads it back to the same sizes.
+std::string hf_config_json(const ModelConfig& config, at::ScalarType dtype = at::kFloat);
+
+// Copies the weights of a Hugging Face safetensors model of the model's family into `model`
+// (converting dtypes). `path` is a .safetensors file or a folder with model.safetensors or
+// model.safetensors.index.json (weights split over several files). GPT-2 names are accepted
+// with or without the "transformer." prefix; attention-mask and rotary buffers are ignored.
+// Throws std::invalid_argument naming the first of our parameters (in parameter order) whose
+// tensor is missing or has another shape, or a tensor the model has no place for. On error the
+// model may be partly overwritten. Not collective: call it on every rank (or broadcast after).
+void load_hf_weights(Transformer& model, const std::string& path);
+
+// Writes OUT/model.safetensors (the model's parameters under Hugging Face names, in the dtype
+// they were saved in) and OUT/config.json from the sharded checkpoint `checkpoint_dir` written
+// by the trainer. Streams tensor by tensor: host memory stays near the largest tensor. Each file
+// appears in OUT only when complete. Throws std::invalid_argument for a checkpoint without a
+// model description or with missing tensors.
+void export_hf_checkpoint(const std::string& checkpoint_dir, const std::string& out_dir);
+
+}  // namespace shardtrain

@@ -1,0 +1,167 @@
+// The sharded checkpoint: one format for every strategy and world size. Each rank writes the
+// flat slices it owns into its own safetensors file, in parallel; rank 0 writes index.json, which
+// names every tensor (global shape, dtype) and which byte range of which file holds each slice.
+// A reader reassembles any range of any tensor from whichever files hold it, so a checkpoint
+// saved by one layout loads into any other. The format is described in docs/checkpoints.md.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "shardtrain/checkpoint.h"
+#include "shardtrain/dist.h"
+
+namespace shardtrain {
+
+// A logical tensor of the checkpoint: what it is, independently of how it was sharded.
+struct TensorSpec {
+  std::string name;
+  std::vector<int64_t> shape;
+  at::ScalarType dtype = at::kFloat;
+  int64_t numel() const;
+};
+
+// A contiguous range [offset, offset + data.numel()) of the row-major flattening of tensor
+// `name`. `data` is 1-D with the tensor's dtype (any device; it is copied to CPU when written).
+// An FSDP or ZeRO shard of a flat parameter is one such slice per tensor it touches.
+struct FlatSlice {
+  std::string name;
+  int64_t offset = 0;
+  at::Tensor data;
+};
+
+struct ShardedSaveOptions {
+  // How the slices were cut ("none", "ddp", "fsdp", ...): recorded for inspection only; loading
+  // never depends on it.
+  ShardedSaveOptions& strategy(std::string value) {
+    strategy_ = std::move(value);
+    return *this;
+  }
+  // Complete checkpoints kept under the root (the newest ones), as CheckpointWriter.
+  ShardedSaveOptions& keep(int value) {
+    keep_ = value;
+    return *this;
+  }
+  // A JSON object stored as "metadata" in index.json (training state, model description). Only
+  // rank 0's is written.
+  ShardedSaveOptions& metadata(std::string json_object) {
+    metadata_ = std::move(json_object);
+    return *this;
+  }
+  // This rank's own state (RNG states, ...), stored in its file and read back per rank.
+  ShardedSaveOptions& rank_state(NamedTensors value) {
+    rank_state_ = std::move(value);
+    return *this;
+  }
+  // Runs on rank 0 once every rank's file is on disk, before index.json is written and the
+  // directory is committed (fault-injection tests kill the process here).
+  ShardedSaveOptions& before_commit(std::function<void()> hook) {
+    before_commit_ = std::move(hook);
+    return *this;
+  }
+
+  std::string strategy_ = "none";
+  int keep_ = 2;
+  std::string metadata_ = "{}";
+  NamedTensors rank_state_;
+  std::function<void()> before_commit_;
+};
+
+// Writes ROOT/NAME atomically (see CheckpointWriter) and returns its path. Collective over
+// `group` (null: a single process): every rank calls it with the same `tensors` (identical
+// lists, same order) and the slices it owns; together the slices of all ranks must cover every
+// tensor exactly once, else std::invalid_argument names the tensor and the gap or overlap. Each
+// rank writes ROOT/.NAME.partial/rank_RRRRR.safetensors and fsyncs it; once every rank's file is
+// durable, rank 0 writes index.json and commits. Blocks until the checkpoint is complete (or has
+// failed) on every rank; an error on any rank is rethrown on all of them and nothing is
+// committed, so ROOT/latest and older checkpoints are untouched.
+std::string save_sharded_checkpoint(const std::string& root, const std::string& name,
+                                    const std::vector<TensorSpec>& tensors,
+                                    const std::vector<FlatSlice>& slices, ProcessGroup* group,
+                                    const ShardedSaveOptions& options = {});
+
+// Reads a sharded checkpoint directory. The constructor validates index.json and the presence
+// and size of every file it lists; reads fetch only the byte ranges they need (pread) and check
+// the crc32 of every slice they touch. Errors about the checkpoint's contents are
+// std::invalid_argument naming the file (and the tensor). Reads are const and thread-safe.
+class ShardedCheckpointReader {
+ public:
+  struct FileInfo {
+    std::string name;  // relative to the checkpoint directory
+    int rank = 0;
+    int64_t bytes = 0;
+    int64_t slices = 0;
+  };
+
+  explicit ShardedCheckpointReader(std::string dir);
+
+  const std::string& dir() const { return dir_; }
+  const std::vector<TensorSpec>& tensors() const { return tensors_; }
+  // The tensor called `name`, or null when the checkpoint has none.
+  const TensorSpec* find(const std::string& name) const;
+  const std::vector<FileInfo>& files() const { return files_; }
+  // The layout the checkpoint was written with (informational).
+  const std::string& strategy() const { return strategy_; }
+  int world_size() const { return world_size_; }
+  int version() const { return version_; }
+  // The "metadata" object of index.json, as JSON text.
+  const std::string& metadata() const { return metadata_; }
+  // index.json as written.
+  const std::string& index_json() const { return index_text_; }
+
+  // The whole tensor, shaped; a new CPU tensor owned by the caller.
+  at::Tensor read(const std::string& name) const;
+  // Elements [offset, offset + numel) of the tensor's flattening, as a new 1-D CPU tensor.
+  at::Tensor read_flat(const std::string& name, int64_t offset, int64_t numel) const;
+  // The same into `out` (1-D, contiguous, CPU, the tensor's dtype; its numel is the length).
+  void read_flat_into(const std::string& name, int64_t offset, at::Tensor out) const;
+  // The rank_state tensors written by rank `rank`; empty when that rank wrote none (or the
+  // checkpoint had fewer ranks).
+  std::map<std::string, at::Tensor> rank_state(int rank) const;
+  // Recomputes the crc32 of every file in full; throws naming the first file that differs.
+  void verify() const;
+
+ private:
+  struct Piece {
+    int file = 0;
+    int64_t offset = 0;  // in the tensor's flattening
+    int64_t numel = 0;
+    int64_t begin = 0;  // byte range in the file
+    uint32_t crc32 = 0;
+  };
+  struct StateEntry {
+    std::string name;
+    TensorSpec spec;
+    int64_t begin = 0;
+    uint32_t crc32 = 0;
+  };
+  const std::vector<Piece>& pieces_of(const std::string& name) const;
+  std::string file_path(int file) const;
+
+  std::string dir_;
+  std::string strategy_;
+  int world_size_ = 1;
+  int version_ = 0;
+  std::string metadata_;
+  std::string index_text_;
+  std::vector<TensorSpec> tensors_;
+  std::map<std::string, size_t> tensor_index_;
+  std::vector<FileInfo> files_;
+  std::vector<uint32_t> file_crc_;
+  std::map<std::string, std::vector<Piece>> pieces_;    // by tensor, sorted by offset
+  std::map<int, std::vector<StateEntry>> rank_states_;  // by rank
+};
+
+// Rewrites checkpoint `dir` as a checkpoint of `world_size` rank files (rank r holding
+// shard_range(numel, world_size, r) of every tensor) in the new directory `out`, which must not
+// exist; it appears only when complete. Streams one slice at a time, so memory stays near the
+// largest slice. Rank r keeps the rank state of old rank r (ranks beyond the old world size have
+// none). Metadata is kept. Throws std::invalid_argument for a bad source or an existing `out`.
+void reshard_checkpoint(const std::string& dir, const std::string& out, int world_size);
+
+}  // namespace shardtrain

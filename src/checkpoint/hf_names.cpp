@@ -1,0 +1,170 @@
+// Our parameter names against Hugging Face's, the model description kept in checkpoints, and
+// the config.json of both families.
+#include <nlohmann/json.hpp>
+#include <stdexcept>
+
+#include "checkpoint/model_description.h"
+#include "shardtrain/hf.h"
+
+namespace shardtrain {
+namespace {
+
+// Name inside a block ("attn.qkv.weight") -> HF name inside a layer, and whether it is a Conv1D.
+std::pair<std::string, bool> gpt2_block_name(const std::string& rest) {
+  static const std::map<std::string, std::pair<std::string, bool>> names = {
+      {"ln1.weight", {"ln_1.weight", false}},
+      {"ln1.bias", {"ln_1.bias", false}},
+      {"attn.qkv.weight", {"attn.c_attn.weight", true}},
+      {"attn.qkv.bias", {"attn.c_attn.bias", false}},
+      {"attn.proj.weight", {"attn.c_proj.weight", true}},
+      {"attn.proj.bias", {"attn.c_proj.bias", false}},
+      {"ln2.weight", {"ln_2.weight", false}},
+      {"ln2.bias", {"ln_2.bias", false}},
+      {"mlp.fc.weight", {"mlp.c_fc.weight", true}},
+      {"mlp.fc.bias", {"mlp.c_fc.bias", false}},
+      {"mlp.proj.weight", {"mlp.c_proj.weight", true}},
+      {"mlp.proj.bias", {"mlp.c_proj.bias", false}}};
+  return names.at(rest);
+}
+
+std::string llama_block_name(const std::string& rest) {
+  static const std::map<std::string, std::string> names = {
+      {"attn_norm.weight", "input_layernorm.weight"},
+      {"attn.q.weight", "self_attn.q_proj.weight"},
+      {"attn.k.weight", "self_attn.k_proj.weight"},
+      {"attn.v.weight", "self_attn.v_proj.weight"},
+      {"attn.o.weight", "self_attn.o_proj.weight"},
+      {"ffn_norm.weight", "post_attention_layernorm.weight"},
+      {"mlp.gate.weight", "mlp.gate_proj.weight"},
+      {"mlp.up.weight", "mlp.up_proj.weight"},
+      {"mlp.down.weight", "mlp.down_proj.weight"}};
+  return names.at(rest);
+}
+
+}  // namespace
+
+std::vector<HfParameterName> hf_parameter_names(const ModelConfig& config) {
+  const bool gpt2 = config.family == ModelFamily::kGpt2;
+  static const std::map<std::string, std::string> gpt2_top = {
+      {"tok_emb.weight", "transformer.wte.weight"},
+      {"pos_emb.weight", "transformer.wpe.weight"},
+      {"ln_f.weight", "transformer.ln_f.weight"},
+      {"ln_f.bias", "transformer.ln_f.bias"},
+      {"lm_head.weight", "lm_head.weight"}};
+  static const std::map<std::string, std::string> llama_top = {
+      {"tok_emb.weight", "model.embed_tokens.weight"},
+      {"norm.weight", "model.norm.weight"},
+      {"lm_head.weight", "lm_head.weight"}};
+  std::vector<HfParameterName> out;
+  for (const auto& p : config.parameter_shapes()) {
+    HfParameterName entry{p.name, "", false};
+    if (p.name.rfind("blocks.", 0) == 0) {
+      const size_t dot = p.name.find('.', 7);
+      const std::string layer = p.name.substr(7, dot - 7);
+      const std::string rest = p.name.substr(dot + 1);
+      if (gpt2) {
+        const auto [name, conv] = gpt2_block_name(rest);
+        entry.hf_name = "transformer.h." + layer + "." + name;
+        entry.transposed = conv;
+      } else {
+        entry.hf_name = "model.layers." + layer + "." + llama_block_name(rest);
+      }
+    } else {
+      entry.hf_name = (gpt2 ? gpt2_top : llama_top).at(p.name);
+    }
+    out.push_back(entry);
+  }
+  return out;
+}
+
+std::string hf_config_json(const ModelConfig& c, at::ScalarType dtype) {
+  nlohmann::json j;
+  if (c.family == ModelFamily::kGpt2) {
+    j = {{"architectures", {"GPT2LMHeadModel"}},
+         {"model_type", "gpt2"},
+         {"vocab_size", c.vocab_size},
+         {"n_positions", c.context_length},
+         {"n_ctx", c.context_length},
+         {"n_embd", c.d_model},
+         {"n_layer", c.n_layers},
+         {"n_head", c.n_heads},
+         {"n_inner", c.ffn_hidden},
+         {"activation_function", "gelu_new"},
+         {"layer_norm_epsilon", c.norm_eps},
+         {"resid_pdrop", c.dropout},
+         {"embd_pdrop", c.dropout},
+         {"attn_pdrop", c.dropout},
+         {"tie_word_embeddings", c.tie_embeddings}};
+  } else {
+    j = {{"architectures", {"LlamaForCausalLM"}},
+         {"model_type", "llama"},
+         {"vocab_size", c.vocab_size},
+         {"max_position_embeddings", c.context_length},
+         {"hidden_size", c.d_model},
+         {"num_hidden_layers", c.n_layers},
+         {"num_attention_heads", c.n_heads},
+         {"num_key_value_heads", c.n_kv_heads},
+         {"intermediate_size", c.ffn_hidden},
+         {"hidden_act", "silu"},
+         {"rms_norm_eps", c.norm_eps},
+         {"rope_theta", c.rope_theta},
+         {"attention_bias", false},
+         {"mlp_bias", false},
+         {"attention_dropout", c.dropout},
+         {"tie_word_embeddings", c.tie_embeddings}};
+  }
+  j["torch_dtype"] = dtype == at::kBFloat16 ? "bfloat16"
+                     : dtype == at::kHalf   ? "float16"
+                     : dtype == at::kDouble ? "float64"
+                                            : "float32";
+  return j.dump(2) + "\n";
+}
+
+namespace detail {
+
+nlohmann::json describe_model(const ModelConfig& m) {
+  return {{"family", to_string(m.family)},
+          {"name", m.name},
+          {"vocab_size", m.vocab_size},
+          {"context_length", m.context_length},
+          {"d_model", m.d_model},
+          {"n_layers", m.n_layers},
+          {"n_heads", m.n_heads},
+          {"n_kv_heads", m.n_kv_heads},
+          {"ffn_hidden", m.ffn_hidden},
+          {"norm_eps", m.norm_eps},
+          {"rope_theta", m.rope_theta},
+          {"dropout", m.dropout},
+          {"tie_embeddings", m.tie_embeddings}};
+}
+
+ModelConfig model_from_description(const nlohmann::json& j, const std::string& source) {
+  ModelConfig m;
+  try {
+    const std::string family = j.at("family").get<std::string>();
+    if (family != "gpt2" && family != "llama") {
+      throw std::invalid_argument(source + ": unknown model family '" + family + "'");
+    }
+    m.family = family == "gpt2" ? ModelFamily::kGpt2 : ModelFamily::kLlama;
+    m.name = j.value("name", "custom");
+    m.vocab_size = j.at("vocab_size").get<int64_t>();
+    m.context_length = j.at("context_length").get<int64_t>();
+    m.d_model = j.at("d_model").get<int64_t>();
+    m.n_layers = j.at("n_layers").get<int64_t>();
+    m.n_heads = j.at("n_heads").get<int64_t>();
+    m.n_kv_heads = j.at("n_kv_heads").get<int64_t>();
+    m.ffn_hidden = j.at("ffn_hidden").get<int64_t>();
+    m.norm_eps = j.at("norm_eps").get<double>();
+    m.rope_theta = j.at("rope_theta").get<double>();
+    m.dropout = j.at("dropout").get<double>();
+    m.tie_embeddings = j.at("tie_embeddings").get<bool>();
+  } catch (const nlohmann::json::exception& e) {
+    throw std::invalid_argument(source + ": the model description is incomplete (" + e.what() +
+                                ")");
+  }
+  m.validate();
+  return m;
+}
+
+}  // namespace detail
+}  // namespace shardtrain

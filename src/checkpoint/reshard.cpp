@@ -1,0 +1,50 @@
+// Offline resharding: rewrites a checkpoint for another number of ranks, one slice at a time.
+#include <filesystem>
+#include <stdexcept>
+
+#include "checkpoint/safetensors_detail.h"
+#include "checkpoint/sharded_index.h"
+
+namespace fs = std::filesystem;
+
+namespace shardtrain {
+
+void reshard_checkpoint(const std::string& dir, const std::string& out, int world_size) {
+  if (world_size < 1) {
+    throw std::invalid_argument("reshard: the world size must be at least 1, got " +
+                                std::to_string(world_size));
+  }
+  const ShardedCheckpointReader reader(dir);
+  const fs::path target = fs::absolute(out).lexically_normal();
+  if (fs::exists(target)) {
+    throw std::invalid_argument("reshard: '" + out + "' already exists (it is never overwritten)");
+  }
+  fs::create_directories(target.parent_path());
+  // Written beside the target and renamed into place, so `out` appears only when complete.
+  const fs::path staging = target.parent_path() / ("." + target.filename().string() + ".partial");
+  fs::remove_all(staging);
+  fs::create_directories(staging);
+
+  std::vector<nlohmann::json> files;
+  for (int rank = 0; rank < world_size; ++rank) {
+    std::vector<detail::SliceRef> refs;
+    for (const auto& spec : reader.tensors()) {
+      const ShardRange range = shard_range(spec.numel(), world_size, rank);
+      if (range.numel > 0) refs.push_back({spec.name, range.offset, range.numel, spec.dtype});
+    }
+    NamedTensors state;
+    for (auto& [name, tensor] : reader.rank_state(rank)) state.emplace_back(name, tensor);
+    files.push_back(detail::write_rank_file(
+        staging.string(), rank, refs,
+        [&](size_t i) { return reader.read_flat(refs[i].tensor, refs[i].offset, refs[i].numel); },
+        state));
+  }
+  detail::write_index(staging.string(), reader.tensors(),
+                      {{"strategy", "reshard"}, {"world_size", world_size}},
+                      nlohmann::json::parse(reader.metadata()), files);
+  detail::fsync_path(staging.string());
+  fs::rename(staging, target);
+  detail::fsync_path(target.parent_path().string());
+}
+
+}  // namespace shardtrain

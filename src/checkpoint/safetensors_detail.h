@@ -1,0 +1,72 @@
+// Private pieces of the safetensors format shared by the plain file I/O, the sharded checkpoint
+// and the Hugging Face export: dtype names and a writer that streams tensor data after a header
+// computed up front, so a file can be written without holding all of its tensors at once.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace shardtrain::detail {
+
+// "F32", "BF16", ... for a dtype safetensors can hold; throws std::invalid_argument otherwise.
+std::string safetensors_dtype(at::ScalarType dtype);
+// The dtype of a safetensors name; throws std::invalid_argument naming `context` otherwise.
+at::ScalarType dtype_from_safetensors(const std::string& name, const std::string& context);
+int64_t dtype_bytes(at::ScalarType dtype);
+
+// Opens `path` and writes the safetensors header describing `entries`; their data follows
+// through write() calls, entry after entry, in the order given. finish() checks that every byte
+// arrived, fsyncs and closes. The destructor of an unfinished writer closes the file and leaves
+// it incomplete (callers write into staging directories).
+class SafetensorsStreamWriter {
+ public:
+  struct Entry {
+    std::string key;
+    at::ScalarType dtype;
+    std::vector<int64_t> shape;
+  };
+  struct Written {
+    std::string key;
+    int64_t begin = 0;  // absolute byte offsets in the file, [begin, end)
+    int64_t end = 0;
+    uint32_t crc32 = 0;  // zlib's crc32 of those bytes
+  };
+
+  SafetensorsStreamWriter(std::string path, std::vector<Entry> entries,
+                          const std::map<std::string, std::string>& metadata = {});
+  ~SafetensorsStreamWriter();
+  SafetensorsStreamWriter(const SafetensorsStreamWriter&) = delete;
+  SafetensorsStreamWriter& operator=(const SafetensorsStreamWriter&) = delete;
+
+  // Appends `chunk` (CPU or not, any layout; its dtype must be the current entry's) to the data
+  // of the current entry; an entry may arrive in several chunks but never spans two.
+  void write(const at::Tensor& chunk);
+  // Every entry's byte range and checksum. Throws std::runtime_error naming the file when data
+  // is missing or a write failed.
+  std::vector<Written> finish();
+  int64_t bytes() const { return file_bytes_; }
+  uint32_t file_crc32() const { return file_crc_; }
+
+ private:
+  // Writes `size` bytes whose crc32 is `crc`.
+  void write_bytes(const void* data, int64_t size, uint32_t crc);
+
+  std::string path_;
+  std::vector<Entry> entries_;
+  std::vector<Written> written_;
+  int fd_ = -1;
+  size_t current_ = 0;      // entry being written
+  int64_t entry_done_ = 0;  // bytes of it written so far
+  int64_t file_bytes_ = 0;
+  uint32_t entry_crc_ = 0;
+  uint32_t file_crc_ = 0;
+};
+
+// fsyncs a file or directory; errors are ignored where the file system cannot sync directories.
+void fsync_path(const std::string& path);
+
+}  // namespace shardtrain::detail

@@ -1,0 +1,264 @@
+// Reading a sharded checkpoint: index.json is validated once; every read then fetches only the
+// byte ranges of the slices it overlaps and checks their checksums.
+#include <fcntl.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <stdexcept>
+
+#include "checkpoint/safetensors_detail.h"
+#include "checkpoint/sharded_index.h"
+
+namespace fs = std::filesystem;
+
+namespace shardtrain {
+namespace {
+
+uint32_t crc_of(const void* data, int64_t size, uint32_t crc = 0) {
+  const auto* bytes = static_cast<const Bytef*>(data);
+  while (size > 0) {
+    const uInt piece = static_cast<uInt>(std::min<int64_t>(size, 1 << 30));
+    crc = static_cast<uint32_t>(::crc32(crc, bytes, piece));
+    bytes += piece;
+    size -= piece;
+  }
+  return crc;
+}
+
+// Reads exactly `size` bytes at `offset` of `path` into `out`.
+void read_range(const std::string& path, int64_t offset, int64_t size, void* out) {
+  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    throw std::invalid_argument("checkpoint file '" + path +
+                                "' cannot be opened: " + std::strerror(errno));
+  }
+  char* p = static_cast<char*>(out);
+  while (size > 0) {
+    const ssize_t n = pread(fd, p, static_cast<size_t>(std::min<int64_t>(size, 1 << 30)), offset);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      close(fd);
+      throw std::invalid_argument("checkpoint file '" + path + "' is truncated or unreadable");
+    }
+    p += n;
+    offset += n;
+    size -= n;
+  }
+  close(fd);
+}
+
+}  // namespace
+
+ShardedCheckpointReader::ShardedCheckpointReader(std::string dir) : dir_(std::move(dir)) {
+  const std::string index_path = (fs::path(dir_) / "index.json").string();
+  std::ifstream in(index_path);
+  if (!in) {
+    throw std::invalid_argument("checkpoint '" + dir_ +
+                                "' has no index.json (not a sharded checkpoint)");
+  }
+  std::ostringstream text;
+  text << in.rdbuf();
+  index_text_ = text.str();
+  auto bad = [&](const std::string& what) {
+    return std::invalid_argument("checkpoint file '" + index_path + "' " + what);
+  };
+  try {
+    const auto index = nlohmann::json::parse(index_text_);
+    if (index.value("format", "") != detail::kShardedFormatName) {
+      throw bad("is not a shardtrain sharded checkpoint index");
+    }
+    version_ = index.at("version").get<int>();
+    if (version_ > detail::kShardedFormatVersion) {
+      throw bad("has format version " + std::to_string(version_) + "; this build reads up to " +
+                std::to_string(detail::kShardedFormatVersion));
+    }
+    strategy_ = index.at("layout").at("strategy").get<std::string>();
+    world_size_ = index.at("layout").at("world_size").get<int>();
+    metadata_ = index.at("metadata").dump();
+    for (const auto& t : index.at("tensors")) {
+      tensors_.push_back(detail::spec_from_json(t));
+      tensor_index_[tensors_.back().name] = tensors_.size() - 1;
+      pieces_[tensors_.back().name];
+    }
+    for (const auto& f : index.at("files")) {
+      FileInfo info;
+      info.name = f.at("name").get<std::string>();
+      if (info.name.find('/') != std::string::npos) throw bad("names a file outside its folder");
+      info.rank = f.at("rank").get<int>();
+      info.bytes = f.at("bytes").get<int64_t>();
+      const int file = static_cast<int>(files_.size());
+      const std::string path = (fs::path(dir_) / info.name).string();
+      std::error_code ec;
+      const auto size = fs::file_size(path, ec);
+      if (ec) throw std::invalid_argument("checkpoint file '" + path + "' is missing");
+      if (static_cast<int64_t>(size) != info.bytes) {
+        throw std::invalid_argument("checkpoint file '" + path + "' has " + std::to_string(size) +
+                                    " bytes, index.json records " + std::to_string(info.bytes) +
+                                    " (truncated or overwritten)");
+      }
+      for (const auto& s : f.at("slices")) {
+        const std::string name = s.at("tensor").get<std::string>();
+        auto it = tensor_index_.find(name);
+        if (it == tensor_index_.end()) throw bad("has a slice of unlisted tensor '" + name + "'");
+        Piece piece;
+        piece.file = file;
+        piece.offset = s.at("offset").get<int64_t>();
+        piece.numel = s.at("numel").get<int64_t>();
+        const auto range = s.at("byte_range").get<std::vector<int64_t>>();
+        piece.begin = range.at(0);
+        piece.crc32 = s.at("crc32").get<uint32_t>();
+        const int64_t bytes = piece.numel * detail::dtype_bytes(tensors_[it->second].dtype);
+        if (range.at(1) - range.at(0) != bytes || range.at(0) < 0 || range.at(1) > info.bytes) {
+          throw bad("gives slice of '" + name + "' in '" + info.name + "' an invalid byte range");
+        }
+        pieces_[name].push_back(piece);
+        ++info.slices;
+      }
+      for (const auto& s : f.value("rank_state", nlohmann::json::array())) {
+        StateEntry entry;
+        entry.name = s.at("name").get<std::string>();
+        entry.spec = detail::spec_from_json(s);
+        entry.begin = s.at("byte_range").at(0).get<int64_t>();
+        entry.crc32 = s.at("crc32").get<uint32_t>();
+        rank_states_[info.rank].push_back(entry);
+      }
+      file_crc_.push_back(f.at("crc32").get<uint32_t>());
+      files_.push_back(info);
+    }
+  } catch (const nlohmann::json::exception& e) {
+    throw bad(std::string("is corrupt: ") + e.what());
+  }
+  for (auto& [name, pieces] : pieces_) {
+    std::sort(pieces.begin(), pieces.end(),
+              [](const Piece& a, const Piece& b) { return a.offset < b.offset; });
+    int64_t next = 0;
+    for (const auto& p : pieces) {
+      if (p.numel == 0) continue;
+      if (p.offset != next) break;
+      next += p.numel;
+    }
+    if (next != tensors_[tensor_index_.at(name)].numel()) {
+      throw bad("does not cover tensor '" + name + "' exactly once with its slices");
+    }
+  }
+}
+
+const TensorSpec* ShardedCheckpointReader::find(const std::string& name) const {
+  auto it = tensor_index_.find(name);
+  return it == tensor_index_.end() ? nullptr : &tensors_[it->second];
+}
+
+const std::vector<ShardedCheckpointReader::Piece>& ShardedCheckpointReader::pieces_of(
+    const std::string& name) const {
+  auto it = pieces_.find(name);
+  if (it == pieces_.end()) {
+    throw std::invalid_argument("checkpoint '" + dir_ + "' has no tensor '" + name + "'");
+  }
+  return it->second;
+}
+
+std::string ShardedCheckpointReader::file_path(int file) const {
+  return (fs::path(dir_) / files_[file].name).string();
+}
+
+at::Tensor ShardedCheckpointReader::read(const std::string& name) const {
+  pieces_of(name);  // throws naming a missing tensor
+  const TensorSpec& spec = *find(name);
+  at::Tensor out = at::empty(spec.shape, spec.dtype);
+  read_flat_into(name, 0, out.view({-1}));
+  return out;
+}
+
+at::Tensor ShardedCheckpointReader::read_flat(const std::string& name, int64_t offset,
+                                              int64_t numel) const {
+  pieces_of(name);
+  at::Tensor out = at::empty({numel}, find(name)->dtype);
+  read_flat_into(name, offset, out);
+  return out;
+}
+
+void ShardedCheckpointReader::read_flat_into(const std::string& name, int64_t offset,
+                                             at::Tensor out) const {
+  const auto& pieces = pieces_of(name);
+  const TensorSpec& spec = *find(name);
+  const int64_t numel = out.numel();
+  TORCH_CHECK(out.is_contiguous() && out.device().is_cpu() && out.scalar_type() == spec.dtype,
+              "read_flat_into('", name, "'): the output must be a contiguous CPU tensor of ",
+              spec.dtype);
+  if (offset < 0 || offset + numel > spec.numel()) {
+    throw std::invalid_argument("checkpoint '" + dir_ + "': elements [" + std::to_string(offset) +
+                                ", " + std::to_string(offset + numel) + ") are outside tensor '" +
+                                name + "' of " + std::to_string(spec.numel()) + " elements");
+  }
+  const int64_t element = detail::dtype_bytes(spec.dtype);
+  char* target = static_cast<char*>(out.data_ptr());
+  for (const auto& p : pieces) {
+    const int64_t lo = std::max(offset, p.offset);
+    const int64_t hi = std::min(offset + numel, p.offset + p.numel);
+    if (lo >= hi) continue;
+    // A slice's checksum covers all of it: a slice only partly needed is read whole, then cut.
+    const bool whole = lo == p.offset && hi == p.offset + p.numel;
+    std::vector<char> buffer;
+    char* dest = target + (lo - offset) * element;
+    if (!whole) {
+      buffer.resize(static_cast<size_t>(p.numel * element));
+      dest = buffer.data();
+    }
+    read_range(file_path(p.file), p.begin, p.numel * element, dest);
+    if (crc_of(dest, p.numel * element) != p.crc32) {
+      throw std::invalid_argument("checkpoint file '" + file_path(p.file) + "': the slice of '" +
+                                  name + "' at element " + std::to_string(p.offset) +
+                                  " fails its crc32 check (the file is corrupt)");
+    }
+    if (!whole) {
+      std::memcpy(target + (lo - offset) * element, buffer.data() + (lo - p.offset) * element,
+                  static_cast<size_t>((hi - lo) * element));
+    }
+  }
+}
+
+std::map<std::string, at::Tensor> ShardedCheckpointReader::rank_state(int rank) const {
+  std::map<std::string, at::Tensor> out;
+  auto it = rank_states_.find(rank);
+  if (it == rank_states_.end()) return out;
+  int file = 0;
+  while (files_[file].rank != rank) ++file;
+  for (const auto& entry : it->second) {
+    at::Tensor tensor = at::empty(entry.spec.shape, entry.spec.dtype);
+    const int64_t bytes = static_cast<int64_t>(tensor.nbytes());
+    read_range(file_path(file), entry.begin, bytes, tensor.data_ptr());
+    if (crc_of(tensor.data_ptr(), bytes) != entry.crc32) {
+      throw std::invalid_argument("checkpoint file '" + file_path(file) + "': rank state '" +
+                                  entry.name + "' fails its crc32 check (the file is corrupt)");
+    }
+    out.emplace(entry.name, tensor);
+  }
+  return out;
+}
+
+void ShardedCheckpointReader::verify() const {
+  std::vector<char> buffer(8 << 20);
+  for (size_t f = 0; f < files_.size(); ++f) {
+    uint32_t crc = 0;
+    for (int64_t at = 0; at < files_[f].bytes;) {
+      const int64_t n =
+          std::min<int64_t>(static_cast<int64_t>(buffer.size()), files_[f].bytes - at);
+      read_range(file_path(static_cast<int>(f)), at, n, buffer.data());
+      crc = crc_of(buffer.data(), n, crc);
+      at += n;
+    }
+    if (crc != file_crc_[f]) {
+      throw std::invalid_argument("checkpoint file '" + file_path(static_cast<int>(f)) +
+                                  "' fails its crc32 check (the file is corrupt)");
+    }
+  }
+}
+
+}  // namespace shardtrain

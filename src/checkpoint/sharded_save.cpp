@@ -1,0 +1,149 @@
+// The collective save of a sharded checkpoint. Ranks agree after each phase (staging directory
+// created, rank files durable, index committed), exchanging a short JSON text each, so that an
+// error on one rank is raised on all of them instead of leaving the others waiting.
+#include <zlib.h>
+
+#include <cstring>
+#include <memory>
+#include <stdexcept>
+
+#include "checkpoint/sharded_index.h"
+
+namespace shardtrain {
+namespace {
+
+// Every rank's `text`, in rank order, through an all-gather of padded bytes.
+std::vector<std::string> all_gather_text(ProcessGroup* group, const std::string& text) {
+  if (!group || group->size() == 1) return {text};
+  const int world = group->size();
+  at::Tensor length = at::tensor({static_cast<int64_t>(text.size())}, at::kLong);
+  at::Tensor lengths = at::empty({world}, at::kLong);
+  group->all_gather(length, lengths)->wait();
+  const int64_t longest = std::max<int64_t>(1, lengths.max().item<int64_t>());
+  at::Tensor mine = at::zeros({longest}, at::kByte);
+  std::memcpy(mine.data_ptr(), text.data(), text.size());
+  at::Tensor all = at::empty({longest * world}, at::kByte);
+  group->all_gather(mine, all)->wait();
+  std::vector<std::string> out;
+  for (int r = 0; r < world; ++r) {
+    const char* begin = static_cast<const char*>(all.data_ptr()) + r * longest;
+    out.emplace_back(begin, static_cast<size_t>(lengths[r].item<int64_t>()));
+  }
+  return out;
+}
+
+// Outcome of one phase on this rank: the phase's result, or the error it threw.
+nlohmann::json attempt(const std::function<nlohmann::json()>& phase) {
+  try {
+    return {{"ok", phase()}};
+  } catch (const std::invalid_argument& e) {
+    return {{"error", e.what()}, {"bad_input", true}};
+  } catch (const std::exception& e) {
+    return {{"error", e.what()}, {"bad_input", false}};
+  }
+}
+
+// Exchanges the phase outcomes; throws the first rank's error on every rank.
+std::vector<nlohmann::json> agree(ProcessGroup* group, const nlohmann::json& outcome) {
+  std::vector<nlohmann::json> results;
+  const auto texts = all_gather_text(group, outcome.dump());
+  for (size_t r = 0; r < texts.size(); ++r) {
+    const auto result = nlohmann::json::parse(texts[r]);
+    if (result.contains("error")) {
+      const std::string message = (texts.size() > 1 ? "rank " + std::to_string(r) + ": " : "") +
+                                  result.at("error").get<std::string>();
+      if (result.at("bad_input").get<bool>()) throw std::invalid_argument(message);
+      throw std::runtime_error(message);
+    }
+    results.push_back(result.at("ok"));
+  }
+  return results;
+}
+
+uint32_t specs_checksum(const std::vector<TensorSpec>& tensors) {
+  nlohmann::json all = nlohmann::json::array();
+  for (const auto& spec : tensors) all.push_back(detail::spec_to_json(spec));
+  const std::string text = all.dump();
+  return static_cast<uint32_t>(
+      ::crc32(0, reinterpret_cast<const Bytef*>(text.data()), static_cast<uInt>(text.size())));
+}
+
+}  // namespace
+
+int64_t TensorSpec::numel() const {
+  int64_t n = 1;
+  for (int64_t s : shape) n *= s;
+  return n;
+}
+
+std::string save_sharded_checkpoint(const std::string& root, const std::string& name,
+                                    const std::vector<TensorSpec>& tensors,
+                                    const std::vector<FlatSlice>& slices, ProcessGroup* group,
+                                    const ShardedSaveOptions& options) {
+  const int rank = group ? group->rank() : 0;
+  const int world = group ? group->size() : 1;
+  const std::string staging = CheckpointWriter::staging_path(root, name);
+
+  std::unique_ptr<CheckpointWriter> writer;
+  agree(group, attempt([&] {
+          if (rank == 0) writer = std::make_unique<CheckpointWriter>(root, name, options.keep_);
+          return nlohmann::json();
+        }));
+
+  const auto records = agree(
+      group, attempt([&] {
+        std::map<std::string, const TensorSpec*> by_name;
+        for (const auto& spec : tensors) by_name[spec.name] = &spec;
+        std::vector<detail::SliceRef> refs;
+        for (const auto& slice : slices) {
+          auto it = by_name.find(slice.name);
+          if (it == by_name.end()) {
+            throw std::invalid_argument("slice of unknown tensor '" + slice.name + "'");
+          }
+          const TensorSpec& spec = *it->second;
+          if (slice.data.scalar_type() != spec.dtype || slice.data.dim() != 1 || slice.offset < 0 ||
+              slice.offset + slice.data.numel() > spec.numel()) {
+            throw std::invalid_argument(
+                "slice of tensor '" + slice.name + "' at offset " + std::to_string(slice.offset) +
+                " with " + std::to_string(slice.data.numel()) + " elements of " +
+                c10::toString(slice.data.scalar_type()) + " does not fit the tensor (" +
+                std::to_string(spec.numel()) + " elements of " + c10::toString(spec.dtype) +
+                "; slices are 1-D)");
+          }
+          refs.push_back({slice.name, slice.offset, slice.data.numel(), spec.dtype});
+        }
+        nlohmann::json record = detail::write_rank_file(
+            staging, rank, refs, [&](size_t i) { return slices[i].data; }, options.rank_state_);
+        record["specs_crc32"] = specs_checksum(tensors);
+        return record;
+      }));
+
+  const auto committed = agree(
+      group, attempt([&]() -> nlohmann::json {
+        if (rank != 0) return nullptr;
+        std::vector<nlohmann::json> files;
+        for (int r = 0; r < world; ++r) {
+          nlohmann::json record = records[r];
+          if (record.at("specs_crc32") != records[0].at("specs_crc32")) {
+            throw std::invalid_argument("rank " + std::to_string(r) +
+                                        " passed a different tensor list than rank 0");
+          }
+          record.erase("specs_crc32");
+          files.push_back(record);
+        }
+        if (options.before_commit_) options.before_commit_();
+        nlohmann::json metadata;
+        try {
+          metadata = nlohmann::json::parse(options.metadata_);
+        } catch (const std::exception& e) {
+          throw std::invalid_argument(std::string("checkpoint metadata is not JSON: ") + e.what());
+        }
+        detail::write_index(staging, tensors,
+                            {{"strategy", options.strategy_}, {"world_size", world}}, metadata,
+                            files);
+        return writer->commit();
+      }));
+  return committed[0].get<std::string>();
+}
+
+}  // namespace shardtrain

@@ -1,0 +1,144 @@
+// Hugging Face export and import: names and layouts checked against the HF conventions, and an
+// exported checkpoint starting a new run with the same outputs.
+#include "shardtrain/hf.h"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "shardtrain/checkpoint.h"
+#include "shardtrain/train.h"
+#include "support.h"
+
+namespace shardtrain {
+namespace {
+
+namespace fs = std::filesystem;
+
+class HfTest : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    dir_ = testing::fresh_test_dir("shardtrain_hf");
+    std::ofstream corpus(dir_ / "corpus.txt");
+    for (int i = 0; i < 100; ++i) corpus << "to be or not to be " << i % 9 << ", that is it.\n";
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  std::vector<std::string> base(const std::string& run) const {
+    return {"data.corpus=\"" + (dir_ / "corpus.txt").string() + "\"",
+            "run.dir=\"" + (dir_ / run).string() + "\"",
+            "data.seq_len=16",
+            "train.micro_batch=2",
+            "train.sample_tokens=0",
+            "data.eval_sequences=2"};
+  }
+
+  fs::path dir_;
+};
+
+TEST_P(HfTest, ExportedCheckpointStartsARunWithTheSameOutputs) {
+  const std::string preset = GetParam();
+  Trainer trained(
+      parse_train_config("[model]\npreset = \"" + preset + "\"\n", "a.toml", base("trained")));
+  for (int i = 0; i < 2; ++i) trained.train_step();
+  const std::string checkpoint = trained.save_checkpoint();
+  const std::string out = (dir_ / "hf").string();
+  export_hf_checkpoint(checkpoint, out);
+
+  // The names and layouts are Hugging Face's: GPT-2's Conv1D holds the transpose of our
+  // Linear weights, with q, k, v fused in that order; Llama's projections are ours unchanged.
+  const auto hf = load_safetensors(out + "/model.safetensors");
+  auto params = trained.model()->named_parameters();
+  const ModelConfig& c = trained.model()->config();
+  if (c.family == ModelFamily::kGpt2) {
+    EXPECT_EQ(hf.size(), 4 + 12 * static_cast<size_t>(c.n_layers));  // tied head: no lm_head
+    const at::Tensor c_attn = hf.at("transformer.h.1.attn.c_attn.weight");
+    EXPECT_TRUE(c_attn.sizes().equals({c.d_model, 3 * c.d_model}));
+    const at::Tensor qkv = params["blocks.1.attn.qkv.weight"];
+    EXPECT_TRUE(at::equal(c_attn.narrow(1, c.d_model, c.d_model),
+                          qkv.narrow(0, c.d_model, c.d_model).t()));  // the key block
+    EXPECT_TRUE(
+        at::equal(hf.at("transformer.h.0.mlp.c_fc.weight"), params["blocks.0.mlp.fc.weight"].t()));
+    EXPECT_TRUE(at::equal(hf.at("transformer.wte.weight"), params["tok_emb.weight"]));
+  } else {
+    EXPECT_EQ(hf.size(), 3 + 9 * static_cast<size_t>(c.n_layers));  // untied: lm_head too
+    EXPECT_TRUE(at::equal(hf.at("model.layers.1.self_attn.k_proj.weight"),
+                          params["blocks.1.attn.k.weight"]));
+    EXPECT_TRUE(at::equal(hf.at("model.layers.0.post_attention_layernorm.weight"),
+                          params["blocks.0.ffn_norm.weight"]));
+    EXPECT_TRUE(at::equal(hf.at("lm_head.weight"), params["lm_head.weight"]));
+  }
+  const ModelConfig read_back = model_config_from_hf_json(out + "/config.json");
+  EXPECT_NE(hf_config_json(c, at::kBFloat16).find("\"torch_dtype\": \"bfloat16\""),
+            std::string::npos);
+  EXPECT_EQ(read_back.parameter_shapes().size(), c.parameter_shapes().size());
+  EXPECT_EQ(read_back.n_kv_heads, c.n_kv_heads);
+  EXPECT_EQ(read_back.tie_embeddings, c.tie_embeddings);
+  EXPECT_EQ(read_back.num_parameters(), c.num_parameters());
+
+  auto overrides = base("imported");
+  overrides.push_back("model.hf_config=\"" + out + "/config.json\"");
+  overrides.push_back("model.init_from=\"" + out + "\"");
+  Trainer imported(parse_train_config("", "b.toml", overrides));
+  const at::Tensor tokens = at::arange(12, at::kLong).view({2, 6}) * 7 % 257;
+  torch::NoGradGuard no_grad;
+  trained.model()->eval();
+  imported.model()->eval();
+  EXPECT_TRUE(at::equal(trained.model()->forward(tokens), imported.model()->forward(tokens)));
+  // A fresh model of the same seed differs: the outputs came from the imported weights.
+  Trainer fresh(
+      parse_train_config("[model]\npreset = \"" + preset + "\"\n", "c.toml", base("fresh")));
+  fresh.model()->eval();
+  EXPECT_FALSE(at::equal(fresh.model()->forward(tokens), imported.model()->forward(tokens)));
+}
+
+INSTANTIATE_TEST_SUITE_P(Families, HfTest, ::testing::Values("tiny", "tiny-llama"));
+
+TEST(HfImportTest, MissingAndMisshapenTensorsAreNamed) {
+  const fs::path dir = testing::fresh_test_dir("shardtrain_hf_import");
+  ModelConfig config = model_preset("tiny");
+  Transformer model(config);
+  NamedTensors tensors;
+  for (const auto& n : hf_parameter_names(config)) {
+    at::Tensor t = model->named_parameters()[n.name].detach();
+    tensors.emplace_back(n.hf_name, n.transposed ? t.t().contiguous() : t);
+  }
+  // The original GPT-2 files carry no "transformer." prefix and a causal-mask buffer per layer.
+  NamedTensors unprefixed;
+  for (const auto& [name, t] : tensors) unprefixed.emplace_back(name.substr(12), t);
+  unprefixed.emplace_back("h.0.attn.bias", at::ones({1, 1, 4, 4}));
+  save_safetensors((dir / "plain.safetensors").string(), unprefixed);
+  Transformer other(config);
+  load_hf_weights(other, (dir / "plain.safetensors").string());
+  EXPECT_TRUE(at::equal(other->named_parameters()["blocks.1.mlp.proj.weight"],
+                        model->named_parameters()["blocks.1.mlp.proj.weight"]));
+
+  auto message = [&](NamedTensors edited) {
+    save_safetensors((dir / "bad.safetensors").string(), edited);
+    try {
+      load_hf_weights(other, (dir / "bad.safetensors").string());
+    } catch (const std::invalid_argument& e) {
+      return std::string(e.what());
+    }
+    return std::string("(accepted)");
+  };
+  NamedTensors missing = tensors;
+  missing.erase(missing.begin() + 5);  // transformer.h.0.attn.c_attn.bias
+  EXPECT_NE(message(missing).find("no tensor 'transformer.h.0.attn.c_attn.bias'"),
+            std::string::npos)
+      << message(missing);
+  NamedTensors unshaped = tensors;
+  unshaped[4].second = unshaped[4].second.t().contiguous();  // c_attn.weight as a Linear
+  EXPECT_NE(message(unshaped).find("'transformer.h.0.attn.c_attn.weight'"), std::string::npos)
+      << message(unshaped);
+  NamedTensors extra = tensors;
+  extra.emplace_back("transformer.h.2.ln_1.weight", at::ones({64}));
+  EXPECT_NE(message(extra).find("'transformer.h.2.ln_1.weight'"), std::string::npos)
+      << message(extra);
+  EXPECT_THROW(load_hf_weights(other, (dir / "none").string()), std::invalid_argument);
+  fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace shardtrain
