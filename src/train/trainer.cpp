@@ -34,6 +34,13 @@ Trainer::Trainer(TrainConfig config, std::shared_ptr<ProcessGroup> world)
         "world has " +
         std::to_string(world_size()) + " ranks; set parallel.strategy = \"ddp\" or \"fsdp\"");
   }
+  if (config_.strategy == "zero") {
+    // The keys are read and checked, but this trainer has no ZeRO runtime: refuse rather than
+    // train something else under the name.
+    throw std::invalid_argument(
+        "parallel.strategy = \"zero\" is not available in this trainer; use \"ddp\" or "
+        "\"fsdp\" (FSDP full_shard is ZeRO-3's layout, shard_grad_op ZeRO-2's)");
+  }
   if (!world_ && config_.strategy == "fsdp") {
     // FSDP's sharding, policy and accounting on one rank, so a single process can run it too.
     world_ = init_process_group(c10::make_intrusive<c10d::HashStore>(), 0, 1);
