@@ -33,10 +33,14 @@ inline std::string toml_string(const std::string& text) {
 // A TOML float that reads back to the same double (always with a '.' or an exponent, so a
 // float key never sees an integer that could be mistaken for one).
 inline std::string toml_float(double value) {
-  std::ostringstream out;
-  out.precision(17);
-  out << value;
-  std::string text = out.str();
+  std::string text;
+  for (int digits = 15; digits <= 17; ++digits) {  // the shortest that reads back exactly
+    std::ostringstream out;
+    out.precision(digits);
+    out << value;
+    text = out.str();
+    if (std::stod(text) == value) break;
+  }
   if (text.find_first_of(".eEn") == std::string::npos) text += ".0";
   return text;
 }
