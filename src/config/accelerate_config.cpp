@@ -54,11 +54,26 @@ int64_t integer(const YAML::Node& node, const std::string& key) {
 
 // Launch-side keys: where and how accelerate starts processes, not what they train.
 const std::set<std::string>& launch_keys() {
-  static const std::set<std::string> keys = {
-      "compute_environment", "machine_rank", "main_training_function", "num_machines",
-      "rdzv_backend", "same_network", "tpu_env", "tpu_use_cluster", "tpu_use_sudo", "use_cpu",
-      "downcast_bf16", "debug", "gpu_ids", "main_process_ip", "main_process_port",
-      "enable_cpu_affinity", "tpu_name", "tpu_zone", "command_file", "commands"};
+  static const std::set<std::string> keys = {"compute_environment",
+                                             "machine_rank",
+                                             "main_training_function",
+                                             "num_machines",
+                                             "rdzv_backend",
+                                             "same_network",
+                                             "tpu_env",
+                                             "tpu_use_cluster",
+                                             "tpu_use_sudo",
+                                             "use_cpu",
+                                             "downcast_bf16",
+                                             "debug",
+                                             "gpu_ids",
+                                             "main_process_ip",
+                                             "main_process_port",
+                                             "enable_cpu_affinity",
+                                             "tpu_name",
+                                             "tpu_zone",
+                                             "command_file",
+                                             "commands"};
   return keys;
 }
 
@@ -74,7 +89,8 @@ std::string sharding_name(const std::string& value, const std::string& key) {
     if (value == upper) return ours;
   }
   if (value == "5" || value == "HYBRID_SHARD_ZERO2" || value == "_HYBRID_SHARD_ZERO2") {
-    bad_value(key, value, "HYBRID_SHARD_ZERO2 is not supported (use HYBRID_SHARD or SHARD_GRAD_OP)");
+    bad_value(key, value,
+              "HYBRID_SHARD_ZERO2 is not supported (use HYBRID_SHARD or SHARD_GRAD_OP)");
   }
   bad_value(key, value, "expected FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD or 1-4");
 }
@@ -96,7 +112,8 @@ std::string class_list(const std::string& text) {
 }
 
 void import_fsdp(const YAML::Node& section, Overrides& out) {
-  if (!section.IsMap()) throw std::invalid_argument("accelerate config key 'fsdp_config': expected a mapping");
+  if (!section.IsMap())
+    throw std::invalid_argument("accelerate config key 'fsdp_config': expected a mapping");
   std::string wrap_policy;
   std::string classes;
   std::optional<int64_t> min_params;
@@ -141,7 +158,8 @@ void import_fsdp(const YAML::Node& section, Overrides& out) {
                   "any)");
       }
     } else if (name == "fsdp_version") {
-      if (integer(node, key) != 1) bad_value(key, scalar(node, key), "only FSDP version 1 is supported");
+      if (integer(node, key) != 1)
+        bad_value(key, scalar(node, key), "only FSDP version 1 is supported");
     } else if (name == "fsdp_use_orig_params" || name == "fsdp_sync_module_states" ||
                name == "fsdp_cpu_ram_efficient_loading") {
       // The optimizer steps on flat shards either way, and every rank builds the same initial
@@ -194,8 +212,7 @@ void import_mixed_precision(const std::string& value, Overrides& out) {
 }  // namespace
 
 std::vector<std::string> accelerate_overrides_from_yaml(const std::string& yaml_text,
-                                                        const std::string& source,
-                                                        int world_size) {
+                                                        const std::string& source, int world_size) {
   detail::require_world_size(world_size);
   YAML::Node doc;
   try {
@@ -207,8 +224,9 @@ std::vector<std::string> accelerate_overrides_from_yaml(const std::string& yaml_
   try {
     Overrides out;
     if (!doc["distributed_type"]) {
-      throw std::invalid_argument("accelerate config key 'distributed_type' is missing (FSDP "
-                                  "expected)");
+      throw std::invalid_argument(
+          "accelerate config key 'distributed_type' is missing (FSDP "
+          "expected)");
     }
     const std::string type = scalar(doc["distributed_type"], "distributed_type");
     if (type != "FSDP") {
@@ -233,7 +251,8 @@ std::vector<std::string> accelerate_overrides_from_yaml(const std::string& yaml_
       } else if (key == "dynamo_config") {
         const bool off = node.IsMap() && node["dynamo_backend"] &&
                          scalar(node["dynamo_backend"], "dynamo_config.dynamo_backend") == "NO";
-        if (!off) bad_value(key, "...", "torch.compile backends are not supported (dynamo_backend: NO)");
+        if (!off)
+          bad_value(key, "...", "torch.compile backends are not supported (dynamo_backend: NO)");
       } else {
         unknown_key(key);
       }

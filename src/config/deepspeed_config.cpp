@@ -32,20 +32,20 @@ void import_batch(const Json& ds, int world_size, Overrides& out) {
   const int64_t world = world_size;
   auto divide = [&](int64_t whole, int64_t part, const char* derived) {
     if (whole % (part * world) != 0) {
-      throw std::invalid_argument(
-          "ds_config: train_batch_size " + std::to_string(whole) + " is not divisible by " +
-          std::to_string(part) + " x " + std::to_string(world) +
-          " ranks, so " + derived + " cannot be derived");
+      throw std::invalid_argument("ds_config: train_batch_size " + std::to_string(whole) +
+                                  " is not divisible by " + std::to_string(part) + " x " +
+                                  std::to_string(world) + " ranks, so " + derived +
+                                  " cannot be derived");
     }
     return whole / (part * world);
   };
   if (total && micro && accum) {
     if (*total != *micro * *accum * world) {
-      throw std::invalid_argument(
-          "ds_config: train_batch_size " + std::to_string(*total) +
-          " != train_micro_batch_size_per_gpu " + std::to_string(*micro) +
-          " x gradient_accumulation_steps " + std::to_string(*accum) + " x " +
-          std::to_string(world) + " ranks (= " + std::to_string(*micro * *accum * world) + ")");
+      throw std::invalid_argument("ds_config: train_batch_size " + std::to_string(*total) +
+                                  " != train_micro_batch_size_per_gpu " + std::to_string(*micro) +
+                                  " x gradient_accumulation_steps " + std::to_string(*accum) +
+                                  " x " + std::to_string(world) +
+                                  " ranks (= " + std::to_string(*micro * *accum * world) + ")");
     }
   } else if (total && micro) {
     accum = divide(*total, *micro, "gradient_accumulation_steps");
@@ -238,8 +238,7 @@ void import_zero(const Json& section, Overrides& out) {
 }  // namespace
 
 std::vector<std::string> deepspeed_overrides_from_json(const std::string& json_text,
-                                                       const std::string& source,
-                                                       int world_size) {
+                                                       const std::string& source, int world_size) {
   detail::require_world_size(world_size);
   Json ds;
   try {
@@ -274,7 +273,8 @@ std::vector<std::string> deepspeed_overrides_from_json(const std::string& json_t
         detail::unknown_key(key);
       }
     }
-    if (ds.contains("scheduler")) detail::import_ds_scheduler(ds.at("scheduler"), optimizer_lr, out);
+    if (ds.contains("scheduler"))
+      detail::import_ds_scheduler(ds.at("scheduler"), optimizer_lr, out);
     auto enabled = [&](const char* key) {
       return ds.contains(key) && ds.at(key).contains("enabled") && ds.at(key).at("enabled") == true;
     };

@@ -15,8 +15,8 @@ std::string lower(std::string text) {
   return text;
 }
 
-void import_adam_params(const Json& params, const std::string& type,
-                        std::optional<double>& lr, Overrides& out) {
+void import_adam_params(const Json& params, const std::string& type, std::optional<double>& lr,
+                        Overrides& out) {
   object_at(params, "optimizer.params");
   for (const auto& [key, value] : params.items()) {
     const std::string path = "optimizer.params." + key;
@@ -39,7 +39,8 @@ void import_adam_params(const Json& params, const std::string& type,
       // DeepSpeed's "Adam" decouples weight decay (AdamW) unless adam_w_mode is false.
       require_value(value, path, true,
                     "only true is supported: shardtrain's optimizer is AdamW (decoupled weight "
-                    "decay); " + type + " with L2 regularisation is not available");
+                    "decay); " +
+                        type + " with L2 regularisation is not available");
     } else if (key == "bias_correction") {
       require_value(value, path, true, "only true is supported (AdamW with bias correction)");
     } else if (key == "amsgrad") {
@@ -84,8 +85,7 @@ std::optional<double> import_ds_optimizer(const Json& section, Overrides& out) {
   return lr;
 }
 
-void import_ds_scheduler(const Json& section, std::optional<double> optimizer_lr,
-                         Overrides& out) {
+void import_ds_scheduler(const Json& section, std::optional<double> optimizer_lr, Overrides& out) {
   object_at(section, "scheduler");
   if (!section.contains("type")) {
     throw std::invalid_argument("ds_config key 'scheduler.type' is missing");
@@ -121,17 +121,20 @@ void import_ds_scheduler(const Json& section, std::optional<double> optimizer_lr
     }
   }
   if (params.contains("warmup_num_steps")) {
-    if (const auto n = int_or_auto(params.at("warmup_num_steps"), "scheduler.params.warmup_num_steps")) {
+    if (const auto n =
+            int_or_auto(params.at("warmup_num_steps"), "scheduler.params.warmup_num_steps")) {
       out.set_int("train.warmup", *n);
     }
   }
   if (params.contains("total_num_steps")) {
-    if (const auto n = int_or_auto(params.at("total_num_steps"), "scheduler.params.total_num_steps")) {
+    if (const auto n =
+            int_or_auto(params.at("total_num_steps"), "scheduler.params.total_num_steps")) {
       out.set_int("train.steps", *n);
     }
   }
   if (params.contains("warmup_max_lr")) {
-    const auto max_lr = number_or_auto(params.at("warmup_max_lr"), "scheduler.params.warmup_max_lr");
+    const auto max_lr =
+        number_or_auto(params.at("warmup_max_lr"), "scheduler.params.warmup_max_lr");
     if (max_lr && optimizer_lr && *max_lr != *optimizer_lr) {
       bad_value("scheduler.params.warmup_max_lr", params.at("warmup_max_lr"),
                 "differs from optimizer.params.lr " + std::to_string(*optimizer_lr) +
@@ -147,14 +150,15 @@ void import_ds_scheduler(const Json& section, std::optional<double> optimizer_lr
   } else {
     out.set_string("train.schedule", "cosine");
     // DeepSpeed's default floor is 1e-4 of the peak.
-    const auto ratio = params.contains("cos_min_ratio")
-                           ? number_or_auto(params.at("cos_min_ratio"), "scheduler.params.cos_min_ratio")
-                           : std::optional<double>(1e-4);
+    const auto ratio =
+        params.contains("cos_min_ratio")
+            ? number_or_auto(params.at("cos_min_ratio"), "scheduler.params.cos_min_ratio")
+            : std::optional<double>(1e-4);
     if (ratio && *ratio != 0.0) {
       if (!optimizer_lr) {
-        throw std::invalid_argument(
-            "ds_config: scheduler WarmupCosineLR with cos_min_ratio " + std::to_string(*ratio) +
-            " needs a numeric optimizer.params.lr to set train.min_lr");
+        throw std::invalid_argument("ds_config: scheduler WarmupCosineLR with cos_min_ratio " +
+                                    std::to_string(*ratio) +
+                                    " needs a numeric optimizer.params.lr to set train.min_lr");
       }
       out.set_float("train.min_lr", *ratio * *optimizer_lr);
     } else if (ratio) {

@@ -68,8 +68,7 @@ class Overrides {
 
 inline void require_world_size(int world_size) {
   if (world_size < 1) {
-    throw std::invalid_argument("world size must be at least 1, got " +
-                                std::to_string(world_size));
+    throw std::invalid_argument("world size must be at least 1, got " + std::to_string(world_size));
   }
 }
 

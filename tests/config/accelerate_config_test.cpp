@@ -29,9 +29,8 @@ TEST(AccelerateConfigTest, FsdpExampleGivesItsOverrides) {
                      "parallel.fsdp.prefetch=\"backward_pre\"",
                      "parallel.fsdp.forward_prefetch=false", "parallel.fsdp.cpu_offload=false",
                      "parallel.fsdp.sharding=\"full_shard\"", "parallel.fsdp.wrap=\"class\"",
-                     "parallel.fsdp.wrap_classes=[\"GPT2Block\"]",
-                     "precision.param_dtype=\"bf16\"", "precision.reduce_dtype=\"bf16\"",
-                     "precision.buffer_dtype=\"bf16\""}));
+                     "parallel.fsdp.wrap_classes=[\"GPT2Block\"]", "precision.param_dtype=\"bf16\"",
+                     "precision.reduce_dtype=\"bf16\"", "precision.buffer_dtype=\"bf16\""}));
   const TrainConfig config = load_train_config(kConfigs + "zero_tiny.toml", got);
   EXPECT_EQ(config.strategy, "fsdp");
   EXPECT_EQ(config.fsdp_wrap_classes, (std::vector<std::string>{"GPT2Block"}));
@@ -41,14 +40,17 @@ TEST(AccelerateConfigTest, FsdpExampleGivesItsOverrides) {
 const char* kBase = "distributed_type: FSDP\nnum_processes: 2\n";
 
 TEST(AccelerateConfigTest, ShardingByNameOrNumberAndWrapPolicies) {
-  const std::pair<const char*, const char*> cases[] = {
-      {"1", "full_shard"}, {"2", "shard_grad_op"}, {"3", "no_shard"}, {"4", "hybrid_shard"},
-      {"SHARD_GRAD_OP", "shard_grad_op"}, {"HYBRID_SHARD", "hybrid_shard"}};
+  const std::pair<const char*, const char*> cases[] = {{"1", "full_shard"},
+                                                       {"2", "shard_grad_op"},
+                                                       {"3", "no_shard"},
+                                                       {"4", "hybrid_shard"},
+                                                       {"SHARD_GRAD_OP", "shard_grad_op"},
+                                                       {"HYBRID_SHARD", "hybrid_shard"}};
   for (const auto& [given, want] : cases) {
-    EXPECT_EQ(resolve(std::string(kBase) + "fsdp_config:\n  fsdp_sharding_strategy: " + given +
-                      "\n")
-                  .fsdp_sharding,
-              want)
+    EXPECT_EQ(
+        resolve(std::string(kBase) + "fsdp_config:\n  fsdp_sharding_strategy: " + given + "\n")
+            .fsdp_sharding,
+        want)
         << given;
   }
   auto c = resolve(std::string(kBase) +

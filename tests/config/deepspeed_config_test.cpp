@@ -31,14 +31,13 @@ TrainConfig with_tiny(const std::vector<std::string>& overrides) {
 TEST(DeepSpeedConfigTest, ZeroTwoExampleGivesItsOverrides) {
   // train_batch_size 16 = micro 4 x accumulation x 2 ranks: accumulation 2.
   const auto got = deepspeed_overrides(kConfigs + "ds_zero2.json", 2);
-  EXPECT_EQ(sorted(got), sorted({"train.micro_batch=4", "train.grad_accum=2", "run.log_every=5",
-                                 "train.schedule=\"linear\"", "train.min_lr=0.0",
-                                 "parallel.strategy=\"zero\"", "parallel.zero.stage=2",
-                                 "parallel.zero.offload_optimizer=\"none\"",
-                                 "parallel.zero.allgather_bucket_size=200000000",
-                                 "parallel.zero.overlap_comm=true",
-                                 "parallel.zero.reduce_bucket_size=200000000",
-                                 "parallel.zero.contiguous_gradients=true"}));
+  EXPECT_EQ(sorted(got),
+            sorted({"train.micro_batch=4", "train.grad_accum=2", "run.log_every=5",
+                    "train.schedule=\"linear\"", "train.min_lr=0.0", "parallel.strategy=\"zero\"",
+                    "parallel.zero.stage=2", "parallel.zero.offload_optimizer=\"none\"",
+                    "parallel.zero.allgather_bucket_size=200000000",
+                    "parallel.zero.overlap_comm=true", "parallel.zero.reduce_bucket_size=200000000",
+                    "parallel.zero.contiguous_gradients=true"}));
   const TrainConfig config = with_tiny(got);
   EXPECT_EQ(config.strategy, "zero");
   EXPECT_EQ(config.zero_stage, 2);
@@ -72,7 +71,7 @@ TEST(DeepSpeedConfigTest, ZeroThreeOffloadExampleResolves) {
   EXPECT_EQ(config.warmup, 10);
   EXPECT_EQ(config.schedule, "cosine");
   EXPECT_NEAR(config.min_lr, 0.1 * 3e-3, 1e-15);  // cos_min_ratio x lr
-  EXPECT_EQ(config.steps, 40);                     // total_num_steps "auto": the TOML's
+  EXPECT_EQ(config.steps, 40);                    // total_num_steps "auto": the TOML's
   EXPECT_EQ(config.log_every, 10);
 }
 
@@ -87,7 +86,8 @@ TEST(DeepSpeedConfigTest, BatchSizesResolveFromTheOtherTwo) {
   EXPECT_EQ(c.micro_batch, 4);
   EXPECT_EQ(c.grad_accum, 1);
   c = config(R"({"train_batch_size": "auto", "train_micro_batch_size_per_gpu": 5,
-                 "gradient_accumulation_steps": "auto"})", 2);
+                 "gradient_accumulation_steps": "auto"})",
+             2);
   EXPECT_EQ(c.micro_batch, 5);
   EXPECT_EQ(c.grad_accum, 1);  // the TOML's
 }
@@ -116,8 +116,10 @@ TEST(DeepSpeedConfigTest, UnknownKeysAreNamedWithTheirPath) {
 }
 
 TEST(DeepSpeedConfigTest, UnsupportedValuesNameKeyAndValue) {
-  auto e = error_of(R"({"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "gpu"}}})");
-  EXPECT_NE(e.find("'zero_optimization.offload_optimizer.device' = \"gpu\""), std::string::npos) << e;
+  auto e =
+      error_of(R"({"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "gpu"}}})");
+  EXPECT_NE(e.find("'zero_optimization.offload_optimizer.device' = \"gpu\""), std::string::npos)
+      << e;
   e = error_of(R"({"zero_optimization": {"stage": 4}})");
   EXPECT_NE(e.find("'zero_optimization.stage' = 4"), std::string::npos) << e;
   e = error_of(R"({"zero_optimization": {"stage": 2, "reduce_scatter": false}})");
@@ -145,8 +147,8 @@ TEST(DeepSpeedConfigTest, UnsupportedValuesNameKeyAndValue) {
 }
 
 TEST(DeepSpeedConfigTest, StageZeroIsDdpAndFp16MapsLossScaling) {
-  auto c = with_tiny(deepspeed_overrides_from_json(R"({"zero_optimization": {"stage": 0}})",
-                                                   "ds.json", 2));
+  auto c = with_tiny(
+      deepspeed_overrides_from_json(R"({"zero_optimization": {"stage": 0}})", "ds.json", 2));
   EXPECT_EQ(c.strategy, "ddp");
   c = with_tiny(deepspeed_overrides_from_json(
       R"({"fp16": {"enabled": true, "loss_scale": 0, "initial_scale_power": 12,

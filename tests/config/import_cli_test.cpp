@@ -42,11 +42,10 @@ class ImportCliTest : public ::testing::Test {
         out << "the quick brown fox " << i % 7 << " jumps over the lazy dog " << i % 11 << ".\n";
       }
     }
-    return testing::run_command(testing::cli() + " launch --nproc " + std::to_string(nproc) +
-                                " -- " + testing::cli() + " train --config " + kConfigs +
-                                "zero_tiny.toml --set train.steps=3 --set data.corpus=" +
-                                corpus.string() + " --set run.dir=" + (dir_ / name).string() +
-                                " " + flags);
+    return testing::run_command(
+        testing::cli() + " launch --nproc " + std::to_string(nproc) + " -- " + testing::cli() +
+        " train --config " + kConfigs + "zero_tiny.toml --set train.steps=3 --set data.corpus=" +
+        corpus.string() + " --set run.dir=" + (dir_ / name).string() + " " + flags);
   }
 
   fs::path dir_;
