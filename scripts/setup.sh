@@ -12,6 +12,7 @@ packages=(
   nlohmann-json3-dev      # JSON
   libcli11-dev            # command-line parsing
   libtomlplusplus-dev     # TOML configs
+  libyaml-cpp-dev         # accelerate's YAML configs
   libpcre2-dev            # Unicode regular expressions (GPT-2 pre-tokenizer)
   zlib1g-dev              # crc32 checksums of checkpoint files
   fortunes                # the demo corpus

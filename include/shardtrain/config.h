@@ -109,4 +109,27 @@ TrainConfig parse_train_config(const std::string& toml_text, const std::string& 
 TrainConfig load_train_config(const std::string& path,
                               const std::vector<std::string>& overrides = {});
 
+// Importers of other tools' config files. Each translates a file into overrides
+// "section.key=value" (what parse_train_config and `--set` take), to be applied on top of a TOML
+// config, so every relation between keys is still checked in one place, by TrainConfig::validate.
+// `world_size` is the number of launched ranks (all data parallel): it resolves batch sizes and
+// is checked against the file's own process count. A key the importer does not know, or a value
+// shardtrain cannot honour exactly, throws std::invalid_argument naming the key (by its path in
+// the file, e.g. "zero_optimization.stage3_foo") and the value; nothing is silently downgraded.
+// docs/deepspeed.md lists every key and what it becomes.
+
+// DeepSpeed's ds_config.json: zero_optimization, bf16, fp16, gradient_clipping, the three batch
+// sizes ("auto" resolved from the others and world_size), optimizer (Adam/AdamW) and scheduler
+// (WarmupLR, WarmupDecayLR, WarmupCosineLR). `source` names the text in errors.
+std::vector<std::string> deepspeed_overrides_from_json(const std::string& json_text,
+                                                       const std::string& source, int world_size);
+std::vector<std::string> deepspeed_overrides(const std::string& path, int world_size);
+
+// accelerate's config YAML with distributed_type FSDP: its fsdp_config section, mixed_precision
+// and num_processes (which must equal world_size).
+std::vector<std::string> accelerate_overrides_from_yaml(const std::string& yaml_text,
+                                                        const std::string& source,
+                                                        int world_size);
+std::vector<std::string> accelerate_overrides(const std::string& path, int world_size);
+
 }  // namespace shardtrain

@@ -1,0 +1,295 @@
+// DeepSpeed's ds_config.json as TrainConfig overrides: batch sizes, precision, gradient clipping
+// and zero_optimization here; the optimizer and scheduler sections in deepspeed_optimizer.cpp.
+#include <set>
+
+#include "config/deepspeed_json.h"
+#include "shardtrain/config.h"
+
+namespace shardtrain {
+namespace {
+
+using detail::bad_value;
+using detail::bool_or_auto;
+using detail::int_or_auto;
+using detail::is_auto;
+using detail::Json;
+using detail::number_or_auto;
+using detail::Overrides;
+
+// train_batch_size = micro × accumulation × data-parallel ranks. A missing or "auto" size is
+// derived from the other two; with only the global batch given, DeepSpeed's rule applies
+// (accumulation 1). Sizes that stay unknown are left to the TOML config.
+void import_batch(const Json& ds, int world_size, Overrides& out) {
+  auto read = [&](const char* key) -> std::optional<int64_t> {
+    if (!ds.contains(key)) return std::nullopt;
+    const auto value = int_or_auto(ds.at(key), key);
+    if (value && *value < 1) bad_value(key, ds.at(key), "must be at least 1");
+    return value;
+  };
+  auto total = read("train_batch_size");
+  auto micro = read("train_micro_batch_size_per_gpu");
+  auto accum = read("gradient_accumulation_steps");
+  const int64_t world = world_size;
+  auto divide = [&](int64_t whole, int64_t part, const char* derived) {
+    if (whole % (part * world) != 0) {
+      throw std::invalid_argument("ds_config: train_batch_size " + std::to_string(whole) +
+                                  " is not divisible by " + std::to_string(part) + " x " +
+                                  std::to_string(world) + " ranks, so " + derived +
+                                  " cannot be derived");
+    }
+    return whole / (part * world);
+  };
+  if (total && micro && accum) {
+    if (*total != *micro * *accum * world) {
+      throw std::invalid_argument("ds_config: train_batch_size " + std::to_string(*total) +
+                                  " != train_micro_batch_size_per_gpu " + std::to_string(*micro) +
+                                  " x gradient_accumulation_steps " + std::to_string(*accum) +
+                                  " x " + std::to_string(world) +
+                                  " ranks (= " + std::to_string(*micro * *accum * world) + ")");
+    }
+  } else if (total && micro) {
+    accum = divide(*total, *micro, "gradient_accumulation_steps");
+  } else if (total && accum) {
+    micro = divide(*total, *accum, "train_micro_batch_size_per_gpu");
+  } else if (total) {
+    accum = 1;
+    micro = divide(*total, 1, "train_micro_batch_size_per_gpu");
+  }
+  if (micro) out.set_int("train.micro_batch", *micro);
+  if (accum) out.set_int("train.grad_accum", *accum);
+}
+
+void import_bf16(const Json& section, Overrides& out) {
+  detail::object_at(section, "bf16");
+  std::optional<bool> enabled;
+  for (const auto& [key, value] : section.items()) {
+    const std::string path = "bf16." + key;
+    if (key == "enabled") {
+      enabled = bool_or_auto(value, path);
+    } else if (key == "immediate_grad_update") {
+      // Whether bf16 gradients are added into fp32 ones at once or at the step: the same sums.
+      bool_or_auto(value, path);
+    } else {
+      detail::unknown_key(path);
+    }
+  }
+  if (enabled.value_or(false)) {
+    // DeepSpeed's bf16 computes with bf16 weights, keeps fp32 master weights in the optimizer
+    // and communicates gradients in the model's dtype: bf16.
+    out.set_string("precision.param_dtype", "bf16");
+    out.set_string("precision.reduce_dtype", "bf16");
+    out.set_string("precision.buffer_dtype", "bf16");
+  }
+}
+
+void import_fp16(const Json& section, Overrides& out) {
+  detail::object_at(section, "fp16");
+  const bool enabled = section.contains("enabled") &&
+                       bool_or_auto(section.at("enabled"), "fp16.enabled").value_or(false);
+  Overrides scaling;
+  bool dynamic = true;
+  for (const auto& [key, value] : section.items()) {
+    const std::string path = "fp16." + key;
+    if (key == "enabled" || key == "auto_cast") {
+      bool_or_auto(value, path);
+    } else if (key == "loss_scale") {
+      const auto scale = number_or_auto(value, path);
+      if (scale && *scale < 0) bad_value(path, value, "must be 0 (dynamic) or positive");
+      if (scale && *scale > 0) {
+        dynamic = false;
+        scaling.set_float("precision.loss_scale", *scale);
+      }
+    } else if (key == "initial_scale_power") {
+      if (const auto power = int_or_auto(value, path)) {
+        scaling.set_float("precision.initial_scale", std::ldexp(1.0, static_cast<int>(*power)));
+      }
+    } else if (key == "loss_scale_window") {
+      if (const auto window = int_or_auto(value, path)) {
+        scaling.set_int("precision.scale_window", *window);
+      }
+    } else if (key == "min_loss_scale") {
+      if (const auto min = number_or_auto(value, path)) {
+        scaling.set_float("precision.min_scale", *min);
+      }
+    } else if (key == "hysteresis") {
+      // shardtrain lowers the scale at the first overflow; DeepSpeed's hysteresis H waits for H.
+      if (enabled) {
+        detail::require_value(value, path, 1,
+                              "only hysteresis 1 is supported (the scale is lowered at every "
+                              "overflow)");
+      }
+    } else if (key == "consecutive_hysteresis") {
+      if (enabled) {
+        detail::require_value(value, path, false, "only false is supported (no hysteresis)");
+      }
+    } else {
+      detail::unknown_key(path);
+    }
+  }
+  if (!enabled) return;
+  out.set_string("precision.autocast", "fp16");
+  if (dynamic) out.set_string("precision.loss_scale", "dynamic");
+  out.append(scaling);
+}
+
+void import_offload(const Json& section, const std::string& name, Overrides& out,
+                    std::optional<bool>& pin, std::optional<std::string>& nvme_path) {
+  const std::string prefix = "zero_optimization." + name + ".";
+  detail::object_at(section, "zero_optimization." + name);
+  for (const auto& [key, value] : section.items()) {
+    const std::string path = prefix + key;
+    if (key == "device") {
+      const std::string device = detail::string_at(value, path);
+      if (device != "none" && device != "cpu" && device != "nvme") {
+        bad_value(path, value, "expected \"none\", \"cpu\" or \"nvme\"");
+      }
+      out.set_string("parallel.zero." + name, device);
+    } else if (key == "pin_memory") {
+      const auto this_pin = bool_or_auto(value, path);
+      if (this_pin && pin && *pin != *this_pin) {
+        bad_value(path, value,
+                  "differs from the other offload section's pin_memory; shardtrain has one "
+                  "parallel.zero.pin_memory");
+      }
+      if (this_pin) pin = this_pin;
+    } else if (key == "nvme_path") {
+      if (value.is_null()) continue;
+      const std::string this_path = detail::string_at(value, path);
+      if (nvme_path && *nvme_path != this_path) {
+        bad_value(path, value,
+                  "differs from the other offload section's nvme_path; shardtrain has one "
+                  "parallel.zero.nvme_path");
+      }
+      nvme_path = this_path;
+    } else if (key == "buffer_count" || key == "buffer_size" || key == "max_in_cpu" ||
+               key == "fast_init") {
+      // Sizing of DeepSpeed's asynchronous I/O buffers: how fast offload runs, not what it
+      // computes.
+      if (!value.is_number() && !value.is_boolean() && !is_auto(value)) {
+        bad_value(path, value, "expected a number");
+      }
+    } else if (key == "ratio" && name == "offload_optimizer") {
+      detail::require_value(value, path, 1.0,
+                            "only ratio 1.0 is supported (the whole optimizer state is offloaded)");
+    } else {
+      detail::unknown_key(path);
+    }
+  }
+}
+
+void import_zero(const Json& section, Overrides& out) {
+  detail::object_at(section, "zero_optimization");
+  std::optional<bool> pin;
+  std::optional<std::string> nvme_path;
+  int64_t stage = 0;
+  if (section.contains("stage")) {
+    const auto value = int_or_auto(section.at("stage"), "zero_optimization.stage");
+    if (!value || *value < 0 || *value > 3) {
+      bad_value("zero_optimization.stage", section.at("stage"), "expected 0, 1, 2 or 3");
+    }
+    stage = *value;
+  }
+  if (stage == 0) {
+    out.set_string("parallel.strategy", "ddp");  // stage 0: plain data parallelism
+  } else {
+    out.set_string("parallel.strategy", "zero");
+    out.set_int("parallel.zero.stage", stage);
+  }
+  // Keys mapped one to one; "auto" keeps shardtrain's default.
+  static const std::map<std::string, std::string> bool_keys = {
+      {"overlap_comm", "parallel.zero.overlap_comm"},
+      {"contiguous_gradients", "parallel.zero.contiguous_gradients"}};
+  static const std::map<std::string, std::string> int_keys = {
+      {"reduce_bucket_size", "parallel.zero.reduce_bucket_size"},
+      {"allgather_bucket_size", "parallel.zero.allgather_bucket_size"},
+      {"stage3_prefetch_bucket_size", "parallel.zero.prefetch_bucket_size"},
+      {"stage3_param_persistence_threshold", "parallel.zero.param_persistence_threshold"},
+      {"stage3_max_live_parameters", "parallel.zero.max_live_parameters"}};
+  for (const auto& [key, value] : section.items()) {
+    const std::string path = "zero_optimization." + key;
+    if (key == "stage") continue;
+    if (bool_keys.count(key)) {
+      if (const auto b = bool_or_auto(value, path)) out.set_bool(bool_keys.at(key), *b);
+    } else if (int_keys.count(key)) {
+      if (const auto n = int_or_auto(value, path)) out.set_int(int_keys.at(key), *n);
+    } else if (key == "offload_optimizer" || key == "offload_param") {
+      import_offload(value, key, out, pin, nvme_path);
+    } else if (key == "reduce_scatter" || key == "allgather_partitions" ||
+               key == "load_from_fp32_weights") {
+      detail::require_value(value, path, true,
+                            "only true is supported (the behaviour shardtrain always has)");
+    } else if (key == "round_robin_gradients") {
+      detail::require_value(value, path, false, "only false is supported");
+    } else if (key == "stage3_gather_16bit_weights_on_model_save" ||
+               key == "stage3_gather_fp16_weights_on_model_save") {
+      // Checkpoints always record every tensor whole (by slices), so either value is honoured.
+      bool_or_auto(value, path);
+    } else if (key == "stage3_max_reuse_distance" || key == "sub_group_size") {
+      // Caching and step granularity hints: they change memory and speed, not results.
+      int_or_auto(value, path);
+    } else {
+      detail::unknown_key(path);
+    }
+  }
+  if (pin) out.set_bool("parallel.zero.pin_memory", *pin);
+  if (nvme_path) out.set_string("parallel.zero.nvme_path", *nvme_path);
+}
+
+}  // namespace
+
+std::vector<std::string> deepspeed_overrides_from_json(const std::string& json_text,
+                                                       const std::string& source, int world_size) {
+  detail::require_world_size(world_size);
+  Json ds;
+  try {
+    ds = Json::parse(json_text);
+  } catch (const Json::parse_error& e) {
+    throw std::invalid_argument(source + ": not valid JSON: " + e.what());
+  }
+  if (!ds.is_object()) throw std::invalid_argument(source + ": expected a JSON object");
+  try {
+    Overrides out;
+    import_batch(ds, world_size, out);
+    std::optional<double> optimizer_lr;
+    for (const auto& [key, value] : ds.items()) {
+      if (key == "train_batch_size" || key == "train_micro_batch_size_per_gpu" ||
+          key == "gradient_accumulation_steps") {
+        continue;  // import_batch
+      } else if (key == "zero_optimization") {
+        import_zero(value, out);
+      } else if (key == "bf16" || key == "bfloat16") {
+        import_bf16(value, out);
+      } else if (key == "fp16") {
+        import_fp16(value, out);
+      } else if (key == "gradient_clipping") {
+        if (const auto clip = number_or_auto(value, key)) out.set_float("train.clip", *clip);
+      } else if (key == "steps_per_print") {
+        if (const auto every = int_or_auto(value, key)) out.set_int("run.log_every", *every);
+      } else if (key == "wall_clock_breakdown" || key == "zero_allow_untested_optimizer") {
+        bool_or_auto(value, key);  // logging, and a DeepSpeed-side safety check
+      } else if (key == "optimizer") {
+        optimizer_lr = detail::import_ds_optimizer(value, out);
+      } else if (key != "scheduler") {
+        detail::unknown_key(key);
+      }
+    }
+    if (ds.contains("scheduler"))
+      detail::import_ds_scheduler(ds.at("scheduler"), optimizer_lr, out);
+    auto enabled = [&](const char* key) {
+      return ds.contains(key) && ds.at(key).contains("enabled") && ds.at(key).at("enabled") == true;
+    };
+    if (enabled("bf16") && enabled("fp16")) {
+      throw std::invalid_argument("ds_config: bf16.enabled and fp16.enabled cannot both be true");
+    }
+    return out.list();
+  } catch (const std::invalid_argument& e) {
+    throw std::invalid_argument(source + ": " + e.what());
+  }
+}
+
+std::vector<std::string> deepspeed_overrides(const std::string& path, int world_size) {
+  return deepspeed_overrides_from_json(detail::read_config_file(path, "DeepSpeed config"), path,
+                                       world_size);
+}
+
+}  // namespace shardtrain

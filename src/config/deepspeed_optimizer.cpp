@@ -1,0 +1,170 @@
+// The "optimizer" and "scheduler" sections of a ds_config.json. shardtrain trains with AdamW and
+// a warmup followed by a constant, linear or cosine schedule; DeepSpeed's Adam/AdamW and its
+// WarmupLR, WarmupDecayLR and WarmupCosineLR map onto those when their shapes agree.
+#include <algorithm>
+#include <cctype>
+
+#include "config/deepspeed_json.h"
+
+namespace shardtrain::detail {
+namespace {
+
+std::string lower(std::string text) {
+  std::transform(text.begin(), text.end(), text.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  return text;
+}
+
+void import_adam_params(const Json& params, const std::string& type, std::optional<double>& lr,
+                        Overrides& out) {
+  object_at(params, "optimizer.params");
+  for (const auto& [key, value] : params.items()) {
+    const std::string path = "optimizer.params." + key;
+    if (key == "lr") {
+      lr = number_or_auto(value, path);
+      if (lr) out.set_float("train.lr", *lr);
+    } else if (key == "betas") {
+      if (is_auto(value)) continue;
+      if (!value.is_array() || value.size() != 2 || !value[0].is_number() ||
+          !value[1].is_number()) {
+        bad_value(path, value, "expected [beta1, beta2] or \"auto\"");
+      }
+      out.set_float("train.beta1", value[0].get<double>());
+      out.set_float("train.beta2", value[1].get<double>());
+    } else if (key == "eps") {
+      if (const auto eps = number_or_auto(value, path)) out.set_float("train.eps", *eps);
+    } else if (key == "weight_decay") {
+      if (const auto wd = number_or_auto(value, path)) out.set_float("train.weight_decay", *wd);
+    } else if (key == "adam_w_mode") {
+      // DeepSpeed's "Adam" decouples weight decay (AdamW) unless adam_w_mode is false.
+      require_value(value, path, true,
+                    "only true is supported: shardtrain's optimizer is AdamW (decoupled weight "
+                    "decay); " +
+                        type + " with L2 regularisation is not available");
+    } else if (key == "bias_correction") {
+      require_value(value, path, true, "only true is supported (AdamW with bias correction)");
+    } else if (key == "amsgrad") {
+      require_value(value, path, false, "AMSGrad is not supported");
+    } else if (key == "torch_adam" || key == "fused") {
+      bool_or_auto(value, path);  // which implementation DeepSpeed picks; same update
+    } else {
+      unknown_key(path);
+    }
+  }
+}
+
+// DeepSpeed's warmup shapes: "log" (its default) and "linear". shardtrain warms up linearly.
+void require_linear_warmup(const Json& params) {
+  if (!params.contains("warmup_type")) {
+    throw std::invalid_argument(
+        "ds_config key 'scheduler.params.warmup_type' is missing: DeepSpeed then warms up "
+        "logarithmically, shardtrain only linearly; set \"warmup_type\": \"linear\"");
+  }
+  require_value(params.at("warmup_type"), "scheduler.params.warmup_type", "linear",
+                "only \"linear\" warmup is supported");
+}
+
+}  // namespace
+
+std::optional<double> import_ds_optimizer(const Json& section, Overrides& out) {
+  object_at(section, "optimizer");
+  if (!section.contains("type")) {
+    throw std::invalid_argument("ds_config key 'optimizer.type' is missing");
+  }
+  const std::string type = string_at(section.at("type"), "optimizer.type");
+  if (lower(type) != "adam" && lower(type) != "adamw") {
+    bad_value("optimizer.type", section.at("type"),
+              "only Adam and AdamW are supported (shardtrain trains with AdamW)");
+  }
+  std::optional<double> lr;
+  for (const auto& [key, value] : section.items()) {
+    if (key == "type") continue;
+    if (key != "params") unknown_key("optimizer." + key);
+    import_adam_params(value, type, lr, out);
+  }
+  return lr;
+}
+
+void import_ds_scheduler(const Json& section, std::optional<double> optimizer_lr, Overrides& out) {
+  object_at(section, "scheduler");
+  if (!section.contains("type")) {
+    throw std::invalid_argument("ds_config key 'scheduler.type' is missing");
+  }
+  for (const auto& [key, value] : section.items()) {
+    if (key != "type" && key != "params") unknown_key("scheduler." + key);
+  }
+  const std::string type = string_at(section.at("type"), "scheduler.type");
+  const Json params = section.value("params", Json::object());
+  object_at(params, "scheduler.params");
+  std::vector<std::string> allowed;
+  if (type == "WarmupLR" || type == "WarmupDecayLR") {
+    allowed = {"warmup_min_lr", "warmup_max_lr", "warmup_num_steps", "warmup_type"};
+    if (type == "WarmupDecayLR") allowed.push_back("total_num_steps");
+  } else if (type == "WarmupCosineLR") {
+    allowed = {"warmup_min_ratio", "cos_min_ratio", "warmup_num_steps", "warmup_type",
+               "total_num_steps"};
+  } else {
+    bad_value("scheduler.type", section.at("type"),
+              "only WarmupLR, WarmupDecayLR and WarmupCosineLR are supported");
+  }
+  for (const auto& [key, value] : params.items()) {
+    if (std::find(allowed.begin(), allowed.end(), key) == allowed.end()) {
+      unknown_key("scheduler.params." + key);
+    }
+  }
+  require_linear_warmup(params);
+  // shardtrain's warmup rises from 0 to train.lr, so it starts from 0 there as well.
+  for (const char* key : {"warmup_min_lr", "warmup_min_ratio"}) {
+    if (params.contains(key)) {
+      require_value(params.at(key), std::string("scheduler.params.") + key, 0,
+                    "only 0 is supported (warmup starts from 0)");
+    }
+  }
+  if (params.contains("warmup_num_steps")) {
+    if (const auto n =
+            int_or_auto(params.at("warmup_num_steps"), "scheduler.params.warmup_num_steps")) {
+      out.set_int("train.warmup", *n);
+    }
+  }
+  if (params.contains("total_num_steps")) {
+    if (const auto n =
+            int_or_auto(params.at("total_num_steps"), "scheduler.params.total_num_steps")) {
+      out.set_int("train.steps", *n);
+    }
+  }
+  if (params.contains("warmup_max_lr")) {
+    const auto max_lr =
+        number_or_auto(params.at("warmup_max_lr"), "scheduler.params.warmup_max_lr");
+    if (max_lr && optimizer_lr && *max_lr != *optimizer_lr) {
+      bad_value("scheduler.params.warmup_max_lr", params.at("warmup_max_lr"),
+                "differs from optimizer.params.lr " + std::to_string(*optimizer_lr) +
+                    "; shardtrain has one peak learning rate (train.lr)");
+    }
+    if (max_lr) out.set_float("train.lr", *max_lr);
+  }
+  if (type == "WarmupLR") {
+    out.set_string("train.schedule", "constant");
+  } else if (type == "WarmupDecayLR") {
+    out.set_string("train.schedule", "linear");
+    out.set_float("train.min_lr", 0.0);  // decays linearly to warmup_min_lr, which is 0
+  } else {
+    out.set_string("train.schedule", "cosine");
+    // DeepSpeed's default floor is 1e-4 of the peak.
+    const auto ratio =
+        params.contains("cos_min_ratio")
+            ? number_or_auto(params.at("cos_min_ratio"), "scheduler.params.cos_min_ratio")
+            : std::optional<double>(1e-4);
+    if (ratio && *ratio != 0.0) {
+      if (!optimizer_lr) {
+        throw std::invalid_argument("ds_config: scheduler WarmupCosineLR with cos_min_ratio " +
+                                    std::to_string(*ratio) +
+                                    " needs a numeric optimizer.params.lr to set train.min_lr");
+      }
+      out.set_float("train.min_lr", *ratio * *optimizer_lr);
+    } else if (ratio) {
+      out.set_float("train.min_lr", 0.0);
+    }
+  }
+}
+
+}  // namespace shardtrain::detail

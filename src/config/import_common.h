@@ -1,0 +1,75 @@
+// Helpers shared by the DeepSpeed and accelerate importers: reading a file and writing override
+// strings whose values parse back as the TOML value they stand for.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <fstream>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace shardtrain::detail {
+
+inline std::string read_config_file(const std::string& path, const char* what) {
+  std::ifstream in(path);
+  if (!in) throw std::invalid_argument(std::string(what) + " file '" + path + "' cannot be read");
+  std::ostringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+// A TOML basic string.
+inline std::string toml_string(const std::string& text) {
+  std::string quoted = "\"";
+  for (char c : text) {
+    if (c == '"' || c == '\\') quoted += '\\';
+    quoted += c;
+  }
+  return quoted + "\"";
+}
+
+// A TOML float that reads back to the same double (always with a '.' or an exponent, so a
+// float key never sees an integer that could be mistaken for one).
+inline std::string toml_float(double value) {
+  std::string text;
+  for (int digits = 15; digits <= 17; ++digits) {  // the shortest that reads back exactly
+    std::ostringstream out;
+    out.precision(digits);
+    out << value;
+    text = out.str();
+    if (std::stod(text) == value) break;
+  }
+  if (text.find_first_of(".eEn") == std::string::npos) text += ".0";
+  return text;
+}
+
+// The overrides an importer produces, in the order they are applied.
+class Overrides {
+ public:
+  void set(const std::string& key, const std::string& toml_value) {
+    list_.push_back(key + "=" + toml_value);
+  }
+  void set_string(const std::string& key, const std::string& value) {
+    set(key, toml_string(value));
+  }
+  void set_int(const std::string& key, int64_t value) { set(key, std::to_string(value)); }
+  void set_float(const std::string& key, double value) { set(key, toml_float(value)); }
+  void set_bool(const std::string& key, bool value) { set(key, value ? "true" : "false"); }
+  void append(const Overrides& other) {
+    list_.insert(list_.end(), other.list_.begin(), other.list_.end());
+  }
+  const std::vector<std::string>& list() const { return list_; }
+
+ private:
+  std::vector<std::string> list_;
+};
+
+inline void require_world_size(int world_size) {
+  if (world_size < 1) {
+    throw std::invalid_argument("world size must be at least 1, got " + std::to_string(world_size));
+  }
+}
+
+}  // namespace shardtrain::detail

@@ -1,0 +1,189 @@
+// The ds_config.json importer: the example files, "auto" resolution, and errors that name the key.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+
+#include "shardtrain/config.h"
+
+namespace shardtrain {
+namespace {
+
+const std::string kConfigs = std::string(SHARDTRAIN_SOURCE_DIR) + "/configs/";
+
+std::vector<std::string> sorted(std::vector<std::string> v) {
+  std::sort(v.begin(), v.end());
+  return v;
+}
+
+std::string error_of(const std::string& json, int world_size = 2) {
+  try {
+    deepspeed_overrides_from_json(json, "ds.json", world_size);
+  } catch (const std::invalid_argument& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TrainConfig with_tiny(const std::vector<std::string>& overrides) {
+  return load_train_config(kConfigs + "zero_tiny.toml", overrides);
+}
+
+TEST(DeepSpeedConfigTest, ZeroTwoExampleGivesItsOverrides) {
+  // train_batch_size 16 = micro 4 x accumulation x 2 ranks: accumulation 2.
+  const auto got = deepspeed_overrides(kConfigs + "ds_zero2.json", 2);
+  EXPECT_EQ(sorted(got),
+            sorted({"train.micro_batch=4", "train.grad_accum=2", "run.log_every=5",
+                    "train.schedule=\"linear\"", "train.min_lr=0.0", "parallel.strategy=\"zero\"",
+                    "parallel.zero.stage=2", "parallel.zero.offload_optimizer=\"none\"",
+                    "parallel.zero.allgather_bucket_size=200000000",
+                    "parallel.zero.overlap_comm=true", "parallel.zero.reduce_bucket_size=200000000",
+                    "parallel.zero.contiguous_gradients=true"}));
+  const TrainConfig config = with_tiny(got);
+  EXPECT_EQ(config.strategy, "zero");
+  EXPECT_EQ(config.zero_stage, 2);
+  EXPECT_EQ(config.micro_batch * config.grad_accum * 2, 16);
+  EXPECT_EQ(config.zero_reduce_bucket_size, 200000000);
+  EXPECT_EQ(config.param_dtype, "fp32");  // bf16 and fp16 "auto": the TOML's precision stays
+  EXPECT_EQ(config.autocast, "none");
+  EXPECT_DOUBLE_EQ(config.lr, 3e-3);  // optimizer "auto": the TOML's
+  // On one rank the same global batch takes four accumulation steps.
+  const TrainConfig one = with_tiny(deepspeed_overrides(kConfigs + "ds_zero2.json", 1));
+  EXPECT_EQ(one.micro_batch, 4);
+  EXPECT_EQ(one.grad_accum, 4);
+}
+
+TEST(DeepSpeedConfigTest, ZeroThreeOffloadExampleResolves) {
+  const TrainConfig config = with_tiny(deepspeed_overrides(kConfigs + "ds_zero3_offload.json", 4));
+  EXPECT_EQ(config.strategy, "zero");
+  EXPECT_EQ(config.zero_stage, 3);
+  EXPECT_EQ(config.zero_offload_optimizer, "cpu");
+  EXPECT_EQ(config.zero_offload_param, "cpu");
+  EXPECT_TRUE(config.zero_pin_memory);
+  EXPECT_EQ(config.zero_max_live_parameters, 1000000000);
+  EXPECT_EQ(config.zero_prefetch_bucket_size, TrainConfig().zero_prefetch_bucket_size);  // auto
+  EXPECT_EQ(config.micro_batch, 2);
+  EXPECT_EQ(config.grad_accum, 4);
+  EXPECT_EQ(config.param_dtype, "bf16");
+  EXPECT_EQ(config.reduce_dtype, "bf16");
+  EXPECT_DOUBLE_EQ(config.clip, 1.0);
+  EXPECT_DOUBLE_EQ(config.lr, 3e-3);
+  EXPECT_DOUBLE_EQ(config.beta2, 0.95);
+  EXPECT_EQ(config.warmup, 10);
+  EXPECT_EQ(config.schedule, "cosine");
+  EXPECT_NEAR(config.min_lr, 0.1 * 3e-3, 1e-15);  // cos_min_ratio x lr
+  EXPECT_EQ(config.steps, 40);                    // total_num_steps "auto": the TOML's
+  EXPECT_EQ(config.log_every, 10);
+}
+
+TEST(DeepSpeedConfigTest, BatchSizesResolveFromTheOtherTwo) {
+  auto config = [](const std::string& json, int world) {
+    return with_tiny(deepspeed_overrides_from_json(json, "ds.json", world));
+  };
+  auto c = config(R"({"train_batch_size": 24, "gradient_accumulation_steps": 3})", 4);
+  EXPECT_EQ(c.micro_batch, 2);
+  EXPECT_EQ(c.grad_accum, 3);
+  c = config(R"({"train_batch_size": 12})", 3);  // DeepSpeed: accumulation 1
+  EXPECT_EQ(c.micro_batch, 4);
+  EXPECT_EQ(c.grad_accum, 1);
+  c = config(R"({"train_batch_size": "auto", "train_micro_batch_size_per_gpu": 5,
+                 "gradient_accumulation_steps": "auto"})",
+             2);
+  EXPECT_EQ(c.micro_batch, 5);
+  EXPECT_EQ(c.grad_accum, 1);  // the TOML's
+}
+
+TEST(DeepSpeedConfigTest, InconsistentBatchSizesNameAllThree) {
+  const auto e = error_of(R"({"train_batch_size": 24, "train_micro_batch_size_per_gpu": 4,
+                              "gradient_accumulation_steps": 2})");
+  EXPECT_NE(e.find("train_batch_size 24"), std::string::npos) << e;
+  EXPECT_NE(e.find("train_micro_batch_size_per_gpu 4"), std::string::npos) << e;
+  EXPECT_NE(e.find("gradient_accumulation_steps 2"), std::string::npos) << e;
+  EXPECT_NE(e.find("2 ranks (= 16)"), std::string::npos) << e;
+  const auto d = error_of(R"({"train_batch_size": 10, "train_micro_batch_size_per_gpu": 4})");
+  EXPECT_NE(d.find("not divisible"), std::string::npos) << d;
+}
+
+TEST(DeepSpeedConfigTest, UnknownKeysAreNamedWithTheirPath) {
+  auto e = error_of(R"({"zero_optimization": {"stage": 3, "stage3_foo": 1}})");
+  EXPECT_NE(e.find("'zero_optimization.stage3_foo'"), std::string::npos) << e;
+  EXPECT_NE(e.find("ds.json"), std::string::npos) << e;
+  e = error_of(R"({"zero_optimization": {"offload_param": {"device": "cpu", "bogus": 1}}})");
+  EXPECT_NE(e.find("'zero_optimization.offload_param.bogus'"), std::string::npos) << e;
+  e = error_of(R"({"flops_profiler": {}})");
+  EXPECT_NE(e.find("'flops_profiler'"), std::string::npos) << e;
+  e = error_of(R"({"optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "foo": 2}}})");
+  EXPECT_NE(e.find("'optimizer.params.foo'"), std::string::npos) << e;
+}
+
+TEST(DeepSpeedConfigTest, UnsupportedValuesNameKeyAndValue) {
+  auto e =
+      error_of(R"({"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "gpu"}}})");
+  EXPECT_NE(e.find("'zero_optimization.offload_optimizer.device' = \"gpu\""), std::string::npos)
+      << e;
+  e = error_of(R"({"zero_optimization": {"stage": 4}})");
+  EXPECT_NE(e.find("'zero_optimization.stage' = 4"), std::string::npos) << e;
+  e = error_of(R"({"zero_optimization": {"stage": 2, "reduce_scatter": false}})");
+  EXPECT_NE(e.find("'zero_optimization.reduce_scatter' = false"), std::string::npos) << e;
+  e = error_of(R"({"fp16": {"enabled": true, "hysteresis": 2}})");
+  EXPECT_NE(e.find("'fp16.hysteresis' = 2"), std::string::npos) << e;
+  e = error_of(R"({"optimizer": {"type": "Lamb", "params": {}}})");
+  EXPECT_NE(e.find("'optimizer.type' = \"Lamb\""), std::string::npos) << e;
+  e = error_of(R"({"scheduler": {"type": "OneCycle", "params": {}}})");
+  EXPECT_NE(e.find("'scheduler.type' = \"OneCycle\""), std::string::npos) << e;
+  e = error_of(R"({"scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": 5}}})");
+  EXPECT_NE(e.find("warmup_type"), std::string::npos) << e;
+  e = error_of(R"({"bf16": {"enabled": true}, "fp16": {"enabled": true}})");
+  EXPECT_NE(e.find("cannot both be true"), std::string::npos) << e;
+  // Relations between keys are checked once, by TrainConfig::validate.
+  try {
+    with_tiny(deepspeed_overrides_from_json(
+        R"({"zero_optimization": {"stage": 2, "offload_param": {"device": "cpu"}}})", "ds.json",
+        1));
+    ADD_FAILURE() << "offload_param at stage 2 was accepted";
+  } catch (const std::invalid_argument& err) {
+    EXPECT_NE(std::string(err.what()).find("parallel.zero.offload_param"), std::string::npos)
+        << err.what();
+  }
+}
+
+TEST(DeepSpeedConfigTest, StageZeroIsDdpAndFp16MapsLossScaling) {
+  auto c = with_tiny(
+      deepspeed_overrides_from_json(R"({"zero_optimization": {"stage": 0}})", "ds.json", 2));
+  EXPECT_EQ(c.strategy, "ddp");
+  c = with_tiny(deepspeed_overrides_from_json(
+      R"({"fp16": {"enabled": true, "loss_scale": 0, "initial_scale_power": 12,
+                   "loss_scale_window": 500, "hysteresis": 1, "min_loss_scale": 2}})",
+      "ds.json", 1));
+  EXPECT_EQ(c.autocast, "fp16");
+  EXPECT_EQ(c.loss_scale, "dynamic");
+  EXPECT_DOUBLE_EQ(c.initial_scale, 4096.0);  // 2^12
+  EXPECT_EQ(c.scale_window, 500);
+  EXPECT_DOUBLE_EQ(c.min_scale, 2.0);
+  c = with_tiny(deepspeed_overrides_from_json(R"({"fp16": {"enabled": true, "loss_scale": 128}})",
+                                              "ds.json", 1));
+  EXPECT_DOUBLE_EQ(std::stod(c.loss_scale), 128.0);
+}
+
+TEST(DeepSpeedConfigTest, SchedulersMapOntoOurSchedules) {
+  auto c = with_tiny(deepspeed_overrides_from_json(
+      R"({"scheduler": {"type": "WarmupLR", "params": {"warmup_min_lr": 0, "warmup_max_lr": 0.002,
+          "warmup_num_steps": 7, "warmup_type": "linear"}}})",
+      "ds.json", 1));
+  EXPECT_EQ(c.schedule, "constant");
+  EXPECT_DOUBLE_EQ(c.lr, 0.002);
+  EXPECT_EQ(c.warmup, 7);
+  c = with_tiny(deepspeed_overrides_from_json(
+      R"({"optimizer": {"type": "Adam", "params": {"lr": 0.001}},
+          "scheduler": {"type": "WarmupDecayLR", "params": {"total_num_steps": 30,
+          "warmup_num_steps": 3, "warmup_type": "linear"}}})",
+      "ds.json", 1));
+  EXPECT_EQ(c.schedule, "linear");
+  EXPECT_EQ(c.steps, 30);
+  EXPECT_DOUBLE_EQ(c.min_lr, 0.0);
+  const auto e = error_of(R"({"optimizer": {"type": "AdamW", "params": {"lr": 0.001}},
+      "scheduler": {"type": "WarmupLR", "params": {"warmup_max_lr": 0.002, "warmup_type": "linear"}}})");
+  EXPECT_NE(e.find("'scheduler.params.warmup_max_lr' = 0.002"), std::string::npos) << e;
+}
+
+}  // namespace
+}  // namespace shardtrain

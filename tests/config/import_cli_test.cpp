@@ -1,0 +1,123 @@
+// `shardtrain train --deepspeed / --accelerate-config` with the example configs: the imported
+// settings train the same losses as the same run spelled with --set, or as one process on the
+// same global batch.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "support.h"
+
+namespace shardtrain {
+namespace {
+
+namespace fs = std::filesystem;
+
+const std::string kConfigs = std::string(SHARDTRAIN_SOURCE_DIR) + "/configs/";
+
+std::vector<double> rank0_losses(const fs::path& file) {
+  std::vector<double> out;
+  std::ifstream in(file);
+  for (std::string line; std::getline(in, line);) {
+    const auto j = nlohmann::json::parse(line);
+    if (j.at("rank").get<int>() == 0) out.push_back(j.at("loss").get<double>());
+  }
+  return out;
+}
+
+class ImportCliTest : public ::testing::Test {
+ protected:
+  void SetUp() override { dir_ = testing::fresh_test_dir("shardtrain_import_cli"); }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  // `shardtrain launch --nproc N -- shardtrain train` on the tiny example TOML, 3 steps, on a
+  // small text corpus.
+  testing::CommandResult train(int nproc, const std::string& name, const std::string& flags) {
+    const fs::path corpus = dir_ / "corpus.txt";
+    if (!fs::exists(corpus)) {
+      std::ofstream out(corpus);
+      for (int i = 0; i < 300; ++i) {
+        out << "the quick brown fox " << i % 7 << " jumps over the lazy dog " << i % 11 << ".\n";
+      }
+    }
+    return testing::run_command(
+        testing::cli() + " launch --nproc " + std::to_string(nproc) + " -- " + testing::cli() +
+        " train --config " + kConfigs + "zero_tiny.toml --set train.steps=3 --set data.corpus=" +
+        corpus.string() + " --set run.dir=" + (dir_ / name).string() + " " + flags);
+  }
+
+  fs::path dir_;
+};
+
+void expect_same_losses(const std::vector<double>& got, const std::vector<double>& want,
+                        double tolerance) {
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < got.size(); ++i) {
+    EXPECT_NEAR(got[i], want[i], tolerance * std::abs(want[i])) << "step " << i + 1;
+  }
+}
+
+TEST_F(ImportCliTest, AccelerateFsdpExampleTrainsLikeTheSameSettingsBySet) {
+  auto imported = train(2, "imported", "--accelerate-config " + kConfigs + "accelerate_fsdp.yaml");
+  ASSERT_EQ(imported.exit_code, 0) << imported.output;
+  EXPECT_NE(imported.output.find("fsdp full_shard over 2 rank(s)"), std::string::npos)
+      << imported.output;
+  auto by_set = train(2, "by_set",
+                      "--set parallel.strategy=fsdp --set parallel.fsdp.wrap=class --set "
+                      "'parallel.fsdp.wrap_classes=[\"GPT2Block\"]' --set "
+                      "precision.param_dtype=bf16 --set precision.reduce_dtype=bf16 --set "
+                      "precision.buffer_dtype=bf16");
+  ASSERT_EQ(by_set.exit_code, 0) << by_set.output;
+  const auto want = rank0_losses(dir_ / "by_set" / "metrics.jsonl");
+  ASSERT_EQ(want.size(), 3u);
+  expect_same_losses(rank0_losses(dir_ / "imported" / "metrics.jsonl"), want, 1e-6);
+}
+
+TEST_F(ImportCliTest, DeepSpeedZeroTwoExampleMatchesOneProcessOnTheGlobalBatch) {
+  // ds_zero2.json: train_batch_size 16 (micro 4 x accumulation 2 x 2 ranks), WarmupDecayLR.
+  auto one = train(1, "one",
+                   "--set train.micro_batch=16 --set train.grad_accum=1 --set "
+                   "train.schedule=linear --set train.min_lr=0");
+  ASSERT_EQ(one.exit_code, 0) << one.output;
+  auto two = train(2, "two", "--deepspeed " + kConfigs + "ds_zero2.json");
+  ASSERT_EQ(two.exit_code, 0) << two.output;
+  const auto want = rank0_losses(dir_ / "one" / "metrics.jsonl");
+  ASSERT_EQ(want.size(), 3u);
+  expect_same_losses(rank0_losses(dir_ / "two" / "metrics.jsonl"), want, 1e-5);
+}
+
+TEST_F(ImportCliTest, DeepSpeedZeroThreeOffloadExampleMatchesOneProcessInBf16) {
+  // ds_zero3_offload.json: micro 2 x accumulation 4, bf16, optimizer and parameters offloaded
+  // to host memory. One process at micro 4 sees the same global batch of 16 as two ranks at 2,
+  // with the same bf16 policy; bf16 reductions round differently, hence 1e-2.
+  const std::string flags = "--deepspeed " + kConfigs + "ds_zero3_offload.json";
+  auto one = train(1, "one", flags + " --set train.micro_batch=4");
+  ASSERT_EQ(one.exit_code, 0) << one.output;
+  auto two = train(2, "two", flags);
+  ASSERT_EQ(two.exit_code, 0) << two.output;
+  EXPECT_NE(two.output.find("zero stage 3 over 2 rank(s)"), std::string::npos) << two.output;
+  const auto want = rank0_losses(dir_ / "one" / "metrics.jsonl");
+  ASSERT_EQ(want.size(), 3u);
+  expect_same_losses(rank0_losses(dir_ / "two" / "metrics.jsonl"), want, 1e-2);
+}
+
+TEST_F(ImportCliTest, BadImportedFilesExitWithOneClearMessage) {
+  const fs::path ds = dir_ / "bad.json";
+  std::ofstream(ds) << R"({"zero_optimization": {"stage": 2, "stage3_foo": 1}})";
+  auto r = testing::run_command(testing::cli() + " train --config " + kConfigs +
+                                "zero_tiny.toml --deepspeed " + ds.string());
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("'zero_optimization.stage3_foo'"), std::string::npos) << r.output;
+  // The example is written for two processes; one process is a mismatch.
+  r = testing::run_command("env -u WORLD_SIZE " + testing::cli() + " train --config " + kConfigs +
+                           "zero_tiny.toml --accelerate-config " + kConfigs +
+                           "accelerate_fsdp.yaml");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("'num_processes' = '2'"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("1 rank(s)"), std::string::npos) << r.output;
+}
+
+}  // namespace
+}  // namespace shardtrain
