@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Side by side at RANKS ranks on the same model and global batch: DDP and FSDP full_shard,
-# shard_grad_op and no_shard, each launched by shardtrain on configs/demo.toml's model (GPT-2
+# Side by side at RANKS ranks on the same model and global batch: DDP, FSDP full_shard,
+# shard_grad_op and no_shard, ZeRO stages 1, 2 and 3, and ZeRO-2 with the optimizer offloaded to
+# host memory and to files (nvme), each launched by shardtrain on configs/demo.toml's model (GPT-2
 # BPE on Debian's fortunes), STEPS steps, alternating the strategies ROUNDS times. Prints each
 # run's median step time (first 2 steps dropped as warm-up), its ratio to DDP's in the same
 # round, and per rank: model-state bytes (params + grads + optimizer state, as metrics.jsonl
@@ -16,12 +17,15 @@ out="$(mktemp -d)"
 trap 'rm -rf "$out"' EXIT
 micro=$(( 8 / ranks ))
 for round in $(seq "$rounds"); do
-  for strategy in ddp full_shard shard_grad_op no_shard; do
-    if [ "$strategy" = ddp ]; then
-      flags=(--set parallel.strategy=ddp)
-    else
-      flags=(--set parallel.strategy=fsdp --set "parallel.fsdp.sharding=$strategy")
-    fi
+  for strategy in ddp full_shard shard_grad_op no_shard zero1 zero2 zero3 zero2_cpu zero2_nvme; do
+    case "$strategy" in
+      ddp) flags=(--set parallel.strategy=ddp) ;;
+      zero?) flags=(--set parallel.strategy=zero --set "parallel.zero.stage=${strategy#zero}") ;;
+      zero2_*) flags=(--set parallel.strategy=zero --set parallel.zero.stage=2
+                      --set "parallel.zero.offload_optimizer=${strategy#zero2_}"
+                      --set "parallel.zero.nvme_path=$out") ;;
+      *) flags=(--set parallel.strategy=fsdp --set "parallel.fsdp.sharding=$strategy") ;;
+    esac
     dir="$out/$strategy-$round"
     "$root/build/shardtrain" launch --nproc "$ranks" -- "$root/build/shardtrain" train \
       --config "$root/configs/demo.toml" --set "train.steps=$steps" --set train.eval_every=0 \
