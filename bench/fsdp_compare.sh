@@ -54,5 +54,7 @@ for strategy, items in runs.items():
     ratio = statistics.median(x[1] / ddp[x[0]] for x in items)
     mem = items[-1][2]
     state = (mem["params"] + mem["grads"] + mem["optim"]) / 2**20
-    print(f"| {strategy} | {t:.3f} | {ratio:.3f} | {state:.1f} | {mem.get(\"gathered_peak\", 0)/2**20:.1f} | {mem[\"peak_rss\"]/2**20:.0f} |")
+    gathered = mem.get("gathered_peak", 0) / 2**20
+    rss = mem["peak_rss"] / 2**20
+    print(f"| {strategy} | {t:.3f} | {ratio:.3f} | {state:.1f} | {gathered:.1f} | {rss:.0f} |")
 '
