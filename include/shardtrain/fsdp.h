@@ -178,6 +178,7 @@ struct FSDPMemory {
   int64_t gathered_peak = 0;    // most gathered at once since reset_peak()
   int64_t largest_unit = 0;     // bytes of the largest gathered non-root unit
   int64_t root_unit = 0;        // bytes of the gathered root unit
+  int64_t resident_full = 0;    // whole parameters kept gathered between steps (ZeRO-1/2)
 };
 
 class FullyShardedDataParallel {

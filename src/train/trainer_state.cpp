@@ -355,9 +355,10 @@ void Trainer::write_metrics(const StepResult& result, double eval_loss) {
                            {"activations_peak", result.activations_peak},
                            {"peak_rss", peak_rss_}}}};
   if (fsdp_) {
-    // Shards as allocated (with padding), and the full parameters gathered at the step's peak.
+    // Shards as allocated (with padding) plus whole parameters that stay gathered (ZeRO-1/2),
+    // and the full parameters gathered at the step's peak.
     const FSDPMemory m = fsdp_->memory();
-    line["mem"]["params"] = m.param_shards;
+    line["mem"]["params"] = m.param_shards + m.resident_full;
     line["mem"]["grads"] = m.grad_shards;
     line["mem"]["gathered_peak"] = m.gathered_peak;
   }

@@ -114,6 +114,7 @@ FSDPMemory FullyShardedDataParallel::memory() const {
     }
     memory.grad_shards += static_cast<int64_t>(
         (unit->grad_full.defined() ? unit->grad_full : unit->grad_shard).nbytes());
+    if (keeps_gathered(*unit)) memory.resident_full += unit->full_bytes();
     if (unit->root) {
       memory.root_unit = unit->full_bytes();
     } else {
