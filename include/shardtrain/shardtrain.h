@@ -8,7 +8,6 @@
 #include "shardtrain/dist.h"
 #include "shardtrain/fsdp.h"
 #include "shardtrain/fused_adamw.h"
-#include "shardtrain/zero.h"
 #include "shardtrain/hf.h"
 #include "shardtrain/launch.h"
 #include "shardtrain/memory.h"
@@ -20,3 +19,4 @@
 #include "shardtrain/sharded_checkpoint.h"
 #include "shardtrain/tokenizer.h"
 #include "shardtrain/train.h"
+#include "shardtrain/zero.h"

@@ -54,6 +54,10 @@ namespace detail {
 // including the ones autograd saved for backward); restore_storage allocates it again.
 void release_storage(const at::Tensor& tensor);
 void restore_storage(const at::Tensor& tensor, int64_t nbytes);
+// Groups of hook points (indices), one per unit, as the policy decides; throws
+// std::invalid_argument for a policy that makes no unit.
+std::vector<std::vector<size_t>> plan_units(
+    const std::vector<std::shared_ptr<torch::nn::Module>>& points, const WrapPolicy& policy);
 }  // namespace detail
 
 }  // namespace shardtrain

@@ -1,0 +1,132 @@
+// FSDP's wrap policies (which blocks become units) and the names of its options.
+#include <algorithm>
+#include <sstream>
+#include <stdexcept>
+
+#include "parallel/fsdp/unit.h"
+
+namespace shardtrain {
+namespace {
+
+// Names the blocks answer to, as users of PyTorch and accelerate write them.
+std::vector<std::string> class_aliases(const torch::nn::Module& module) {
+  const std::string name = module.name();
+  std::vector<std::string> aliases{name, "Block", "TransformerBlock"};
+  if (name.find("Gpt2Block") != std::string::npos) {
+    aliases.insert(aliases.end(), {"GPT2Block", "Gpt2Block"});
+  }
+  if (name.find("LlamaBlock") != std::string::npos) {
+    aliases.insert(aliases.end(), {"LlamaDecoderLayer", "LlamaBlock"});
+  }
+  return aliases;
+}
+
+int64_t parameter_count(const torch::nn::Module& module) {
+  int64_t total = 0;
+  for (const auto& p : module.parameters()) total += p.numel();
+  return total;
+}
+
+}  // namespace
+
+namespace detail {
+
+std::vector<std::vector<size_t>> plan_units(
+    const std::vector<std::shared_ptr<torch::nn::Module>>& points, const WrapPolicy& policy) {
+  std::vector<std::vector<size_t>> groups;
+  switch (policy.kind) {
+    case WrapPolicy::Kind::kBlocks:
+      for (size_t i = 0; i < points.size(); ++i) groups.push_back({i});
+      break;
+    case WrapPolicy::Kind::kClassName: {
+      for (size_t i = 0; i < points.size(); ++i) {
+        const auto aliases = class_aliases(*points[i]);
+        for (const auto& wanted : policy.class_names) {
+          if (std::find(aliases.begin(), aliases.end(), wanted) != aliases.end()) {
+            groups.push_back({i});
+            break;
+          }
+        }
+      }
+      if (groups.empty()) {
+        std::ostringstream msg;
+        msg << "FSDP wrap policy: no module of the model has class";
+        for (const auto& n : policy.class_names) msg << " '" << n << "'";
+        msg << "; its blocks are "
+            << (points.empty() ? std::string("none") : class_aliases(*points[0])[0]);
+        throw std::invalid_argument(msg.str());
+      }
+      break;
+    }
+    case WrapPolicy::Kind::kSize: {
+      if (policy.min_params <= 0) {
+        throw std::invalid_argument("FSDP wrap policy: min_params must be positive, got " +
+                                    std::to_string(policy.min_params));
+      }
+      std::vector<size_t> current;
+      int64_t count = 0;
+      for (size_t i = 0; i < points.size(); ++i) {
+        current.push_back(i);
+        count += parameter_count(*points[i]);
+        if (count >= policy.min_params) {
+          groups.push_back(current);
+          current.clear();
+          count = 0;
+        }
+      }
+      if (groups.empty()) {
+        throw std::invalid_argument(
+            "FSDP wrap policy: no group of blocks reaches min_params = " +
+            std::to_string(policy.min_params) + " (all blocks together have " +
+            std::to_string(count) + "); lower parallel.fsdp.min_params or wrap by block");
+      }
+      // Blocks left below the minimum join the last unit.
+      groups.back().insert(groups.back().end(), current.begin(), current.end());
+      break;
+    }
+  }
+  if (groups.empty()) {
+    throw std::invalid_argument("FSDP wrap policy matched no module: the model has no blocks");
+  }
+  return groups;
+}
+
+}  // namespace detail
+
+ShardingStrategy sharding_strategy_from_string(const std::string& name) {
+  if (name == "full_shard") return ShardingStrategy::kFullShard;
+  if (name == "shard_grad_op") return ShardingStrategy::kShardGradOp;
+  if (name == "no_shard") return ShardingStrategy::kNoShard;
+  if (name == "hybrid_shard") return ShardingStrategy::kHybridShard;
+  throw std::invalid_argument("unknown FSDP sharding strategy '" + name +
+                              "' (expected full_shard, shard_grad_op, no_shard or hybrid_shard)");
+}
+
+BackwardPrefetch backward_prefetch_from_string(const std::string& name) {
+  if (name == "backward_pre") return BackwardPrefetch::kBackwardPre;
+  if (name == "backward_post") return BackwardPrefetch::kBackwardPost;
+  if (name == "none") return BackwardPrefetch::kNone;
+  throw std::invalid_argument("unknown FSDP backward prefetch '" + name +
+                              "' (expected backward_pre, backward_post or none)");
+}
+
+std::string to_string(ShardingStrategy strategy) {
+  switch (strategy) {
+    case ShardingStrategy::kFullShard: return "full_shard";
+    case ShardingStrategy::kShardGradOp: return "shard_grad_op";
+    case ShardingStrategy::kNoShard: return "no_shard";
+    case ShardingStrategy::kHybridShard: return "hybrid_shard";
+  }
+  return "?";
+}
+
+std::string to_string(BackwardPrefetch prefetch) {
+  switch (prefetch) {
+    case BackwardPrefetch::kBackwardPre: return "backward_pre";
+    case BackwardPrefetch::kBackwardPost: return "backward_post";
+    case BackwardPrefetch::kNone: return "none";
+  }
+  return "?";
+}
+
+}  // namespace shardtrain
