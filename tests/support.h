@@ -1,4 +1,4 @@
-// Helpers shared by the tests: running the CLI, finding a free port.
+// Helpers shared by the tests: running the CLI, finding a free port, reading metrics.
 #pragma once
 
 #include <arpa/inet.h>
@@ -8,9 +8,13 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 namespace shardtrain::testing {
 
@@ -56,6 +60,26 @@ inline int free_port() {
   getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
   close(fd);
   return ntohs(addr.sin_port);
+}
+
+// Losses by step from rank 0's lines of a metrics.jsonl file.
+inline std::vector<double> rank0_losses(const std::filesystem::path& file) {
+  std::vector<double> out;
+  std::ifstream in(file);
+  for (std::string line; std::getline(in, line);) {
+    const auto j = nlohmann::json::parse(line);
+    if (j.at("rank").get<int>() == 0) out.push_back(j.at("loss").get<double>());
+  }
+  return out;
+}
+
+// Per-step losses equal within `tolerance`, relative.
+inline void expect_same_losses(const std::vector<double>& got, const std::vector<double>& want,
+                               double tolerance) {
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < got.size(); ++i) {
+    EXPECT_NEAR(got[i], want[i], tolerance * std::abs(want[i])) << "step " << i + 1;
+  }
 }
 
 }  // namespace shardtrain::testing

@@ -21,14 +21,11 @@ namespace shardtrain {
 namespace {
 
 // LibTorch keys optimizer state by the parameter's TensorImpl address, printed.
-std::string state_key(const at::Tensor& parameter) {
-  return detail::optimizer_state_key(parameter);
-}
 
 // AdamW's state of one parameter, or null before its first step.
 const torch::optim::AdamWParamState* adam_state(const torch::optim::AdamW& optimizer,
                                                 const at::Tensor& parameter) {
-  auto it = optimizer.state().find(state_key(parameter));
+  auto it = optimizer.state().find(detail::optimizer_state_key(parameter));
   if (it == optimizer.state().end()) return nullptr;
   return static_cast<const torch::optim::AdamWParamState*>(it->second.get());
 }
@@ -234,7 +231,7 @@ void Trainer::restore_sharded(const ShardedCheckpointReader& reader) {
     reader.read_flat_into(prefix + ".exp_avg", s.offset, state->exp_avg());
     reader.read_flat_into(prefix + ".exp_avg_sq", s.offset, state->exp_avg_sq());
     state->step(reader.read(prefix + ".step").item<int64_t>());
-    optimizer_->state()[state_key(s.param)] = std::move(state);
+    optimizer_->state()[detail::optimizer_state_key(s.param)] = std::move(state);
   }
   for (const auto& item : model_->named_buffers()) item.value().copy_(reader.read(item.key()));
   fsdp_->after_optimizer_step();
@@ -288,12 +285,12 @@ void Trainer::restore_replicated(const ShardedCheckpointReader& reader,
     targets.emplace_back(prefix + ".exp_avg_sq", state->exp_avg_sq());
     targets.emplace_back(prefix + ".step", step);
     steps.emplace_back(item.value(), step);
-    optimizer_->state()[state_key(item.value())] = std::move(state);
+    optimizer_->state()[detail::optimizer_state_key(item.value())] = std::move(state);
   }
   restore_tensors(config_.strategy, reader, targets);
   for (const auto& [param, step] : steps) {
     auto* state =
-        static_cast<torch::optim::AdamWParamState*>(optimizer_->state().at(state_key(param)).get());
+        static_cast<torch::optim::AdamWParamState*>(optimizer_->state().at(detail::optimizer_state_key(param)).get());
     state->step(step.item<int64_t>());
   }
 }

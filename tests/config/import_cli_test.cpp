@@ -17,16 +17,6 @@ namespace fs = std::filesystem;
 
 const std::string kConfigs = std::string(SHARDTRAIN_SOURCE_DIR) + "/configs/";
 
-std::vector<double> rank0_losses(const fs::path& file) {
-  std::vector<double> out;
-  std::ifstream in(file);
-  for (std::string line; std::getline(in, line);) {
-    const auto j = nlohmann::json::parse(line);
-    if (j.at("rank").get<int>() == 0) out.push_back(j.at("loss").get<double>());
-  }
-  return out;
-}
-
 class ImportCliTest : public ::testing::Test {
  protected:
   void SetUp() override { dir_ = testing::fresh_test_dir("shardtrain_import_cli"); }
@@ -51,14 +41,6 @@ class ImportCliTest : public ::testing::Test {
   fs::path dir_;
 };
 
-void expect_same_losses(const std::vector<double>& got, const std::vector<double>& want,
-                        double tolerance) {
-  ASSERT_EQ(got.size(), want.size());
-  for (size_t i = 0; i < got.size(); ++i) {
-    EXPECT_NEAR(got[i], want[i], tolerance * std::abs(want[i])) << "step " << i + 1;
-  }
-}
-
 TEST_F(ImportCliTest, AccelerateFsdpExampleTrainsLikeTheSameSettingsBySet) {
   auto imported = train(2, "imported", "--accelerate-config " + kConfigs + "accelerate_fsdp.yaml");
   ASSERT_EQ(imported.exit_code, 0) << imported.output;
@@ -70,9 +52,9 @@ TEST_F(ImportCliTest, AccelerateFsdpExampleTrainsLikeTheSameSettingsBySet) {
                       "precision.param_dtype=bf16 --set precision.reduce_dtype=bf16 --set "
                       "precision.buffer_dtype=bf16");
   ASSERT_EQ(by_set.exit_code, 0) << by_set.output;
-  const auto want = rank0_losses(dir_ / "by_set" / "metrics.jsonl");
+  const auto want = testing::rank0_losses(dir_ / "by_set" / "metrics.jsonl");
   ASSERT_EQ(want.size(), 3u);
-  expect_same_losses(rank0_losses(dir_ / "imported" / "metrics.jsonl"), want, 1e-6);
+  testing::expect_same_losses(testing::rank0_losses(dir_ / "imported" / "metrics.jsonl"), want, 1e-6);
 }
 
 TEST_F(ImportCliTest, DeepSpeedZeroTwoExampleMatchesOneProcessOnTheGlobalBatch) {
@@ -83,9 +65,9 @@ TEST_F(ImportCliTest, DeepSpeedZeroTwoExampleMatchesOneProcessOnTheGlobalBatch) 
   ASSERT_EQ(one.exit_code, 0) << one.output;
   auto two = train(2, "two", "--deepspeed " + kConfigs + "ds_zero2.json");
   ASSERT_EQ(two.exit_code, 0) << two.output;
-  const auto want = rank0_losses(dir_ / "one" / "metrics.jsonl");
+  const auto want = testing::rank0_losses(dir_ / "one" / "metrics.jsonl");
   ASSERT_EQ(want.size(), 3u);
-  expect_same_losses(rank0_losses(dir_ / "two" / "metrics.jsonl"), want, 1e-5);
+  testing::expect_same_losses(testing::rank0_losses(dir_ / "two" / "metrics.jsonl"), want, 1e-5);
 }
 
 TEST_F(ImportCliTest, DeepSpeedZeroThreeOffloadExampleMatchesOneProcessInBf16) {
@@ -98,9 +80,9 @@ TEST_F(ImportCliTest, DeepSpeedZeroThreeOffloadExampleMatchesOneProcessInBf16) {
   auto two = train(2, "two", flags);
   ASSERT_EQ(two.exit_code, 0) << two.output;
   EXPECT_NE(two.output.find("zero stage 3 over 2 rank(s)"), std::string::npos) << two.output;
-  const auto want = rank0_losses(dir_ / "one" / "metrics.jsonl");
+  const auto want = testing::rank0_losses(dir_ / "one" / "metrics.jsonl");
   ASSERT_EQ(want.size(), 3u);
-  expect_same_losses(rank0_losses(dir_ / "two" / "metrics.jsonl"), want, 1e-2);
+  testing::expect_same_losses(testing::rank0_losses(dir_ / "two" / "metrics.jsonl"), want, 1e-2);
 }
 
 TEST_F(ImportCliTest, BadImportedFilesExitWithOneClearMessage) {

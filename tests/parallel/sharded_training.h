@@ -9,11 +9,11 @@
 #include <functional>
 #include <map>
 #include <mutex>
-#include <sstream>
 
 #include "shardtrain/fsdp.h"
 #include "shardtrain/optim.h"
 #include "shardtrain/rendezvous.h"
+#include "train/run_setup.h"
 
 namespace shardtrain::testing {
 
@@ -69,12 +69,6 @@ inline torch::optim::AdamW make_adamw(const std::vector<at::Tensor>& decay,
   groups.emplace_back(no_decay, std::make_unique<torch::optim::AdamWOptions>(
                                     torch::optim::AdamWOptions(options).weight_decay(0.0)));
   return torch::optim::AdamW(std::move(groups), options);
-}
-
-inline std::string state_key(const at::Tensor& p) {
-  std::ostringstream key;
-  key << p.unsafeGetTensorImpl();
-  return key.str();
 }
 
 struct TrainingRun {
@@ -144,7 +138,7 @@ inline TrainingRun sharded_by(int world, int replicate, const Shard& shard, int 
     run.memory = fsdp.memory();
     for (const auto& s : fsdp.segments()) {
       const auto& state = static_cast<const torch::optim::AdamWParamState&>(
-          *adamw.state().at(state_key(s.param)));
+          *adamw.state().at(detail::optimizer_state_key(s.param)));
       run.optimizer_bytes += static_cast<int64_t>(state.exp_avg().nbytes() + state.exp_avg_sq().nbytes());
     }
     std::lock_guard<std::mutex> lock(mutex);

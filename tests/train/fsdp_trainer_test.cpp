@@ -60,21 +60,13 @@ class FsdpTrainerTest : public ::testing::Test {
   fs::path dir_;
 };
 
-void expect_same_losses(const std::vector<double>& got, const std::vector<double>& want,
-                        double tolerance) {
-  ASSERT_EQ(got.size(), want.size());
-  for (size_t i = 0; i < got.size(); ++i) {
-    EXPECT_NEAR(got[i], want[i], tolerance * std::abs(want[i])) << "step " << i + 1;
-  }
-}
-
 TEST_F(FsdpTrainerTest, EveryShardingOnFourRanksMatchesOneProcess) {
   Trainer single(config());
   std::vector<double> want;
   for (int i = 0; i < 4; ++i) want.push_back(single.train_step().loss);
   for (const std::string sharding : {"full_shard", "shard_grad_op", "no_shard", "hybrid_shard"}) {
     SCOPED_TRACE(sharding);
-    expect_same_losses(fsdp_losses(4,
+    testing::expect_same_losses(fsdp_losses(4,
                                    {"parallel.strategy=\"fsdp\"", "train.micro_batch=2",
                                     "parallel.fsdp.sharding=\"" + sharding + "\"",
                                     "parallel.fsdp.replicate=2",
@@ -84,7 +76,7 @@ TEST_F(FsdpTrainerTest, EveryShardingOnFourRanksMatchesOneProcess) {
   }
   for (const std::string stage : {"1", "2", "3"}) {
     SCOPED_TRACE("zero stage " + stage);
-    expect_same_losses(fsdp_losses(4,
+    testing::expect_same_losses(fsdp_losses(4,
                                    {"parallel.strategy=\"zero\"", "train.micro_batch=2",
                                     "parallel.zero.stage=" + stage,
                                     "run.dir=\"" + (dir_ / ("zero" + stage)).string() + "\""},
@@ -110,7 +102,7 @@ TEST_F(FsdpTrainerTest, ZeroStagesWithEachOffloadMatchOneProcessOverTenSteps) {
       if (stage == "3" && offload != "none") {
         overrides.push_back("parallel.zero.offload_param=\"cpu\"");
       }
-      expect_same_losses(fsdp_losses(4, overrides, 10), want, 1e-5);
+      testing::expect_same_losses(fsdp_losses(4, overrides, 10), want, 1e-5);
     }
   }
   // The state files are gone with the trainers.
@@ -155,16 +147,6 @@ TEST_F(FsdpTrainerTest, ResumeOnTheSameRanksContinuesExactly) {
   }
 }
 
-std::vector<double> metric_losses(const fs::path& file) {
-  std::vector<double> out;
-  std::ifstream in(file);
-  for (std::string line; std::getline(in, line);) {
-    const auto j = nlohmann::json::parse(line);
-    if (j.at("rank").get<int>() == 0) out.push_back(j.at("loss").get<double>());
-  }
-  return out;
-}
-
 TEST_F(FsdpTrainerTest, LaunchedFourRanksWriteTheLossesOfTheOneProcessRun) {
   const std::string config_file = (dir_ / "run.toml").string();
   std::ofstream(config_file) << "[model]\npreset = \"tiny\"\n[data]\ncorpus = \""
@@ -175,7 +157,7 @@ TEST_F(FsdpTrainerTest, LaunchedFourRanksWriteTheLossesOfTheOneProcessRun) {
       testing::run_command(testing::cli() + " launch --nproc 1 -- " + train +
                            " --set train.micro_batch=8 --set run.dir=" + (dir_ / "one").string());
   ASSERT_EQ(one.exit_code, 0) << one.output;
-  const auto want = metric_losses(dir_ / "one" / "metrics.jsonl");
+  const auto want = testing::rank0_losses(dir_ / "one" / "metrics.jsonl");
   ASSERT_EQ(want.size(), 3u);
   for (const std::string stage : {"1", "2", "3"}) {
     SCOPED_TRACE("zero stage " + stage);
@@ -187,7 +169,7 @@ TEST_F(FsdpTrainerTest, LaunchedFourRanksWriteTheLossesOfTheOneProcessRun) {
     ASSERT_EQ(four.exit_code, 0) << four.output;
     EXPECT_NE(four.output.find("zero stage " + stage + " over 4 rank(s)"), std::string::npos)
         << four.output;
-    expect_same_losses(metric_losses(run_dir / "metrics.jsonl"), want, 1e-5);
+    testing::expect_same_losses(testing::rank0_losses(run_dir / "metrics.jsonl"), want, 1e-5);
   }
   for (const std::string sharding : {"full_shard", "shard_grad_op", "no_shard", "hybrid_shard"}) {
     SCOPED_TRACE(sharding);
@@ -199,7 +181,7 @@ TEST_F(FsdpTrainerTest, LaunchedFourRanksWriteTheLossesOfTheOneProcessRun) {
     ASSERT_EQ(four.exit_code, 0) << four.output;
     EXPECT_NE(four.output.find("fsdp " + sharding + " over 4 rank(s)"), std::string::npos)
         << four.output;
-    expect_same_losses(metric_losses(run_dir / "metrics.jsonl"), want, 1e-5);
+    testing::expect_same_losses(testing::rank0_losses(run_dir / "metrics.jsonl"), want, 1e-5);
     // Every rank reports its shard bytes and the gathered peak.
     std::ifstream in(run_dir / "metrics.jsonl");
     std::string line;

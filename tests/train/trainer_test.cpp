@@ -228,17 +228,6 @@ TEST_F(TrainerTest, DdpOnTwoRanksMatchesOneProcessAtTheSameGlobalBatch) {
   }
 }
 
-// Losses by step from rank 0's lines of a metrics file.
-std::vector<double> metric_losses(const fs::path& file) {
-  std::vector<double> out;
-  std::ifstream in(file);
-  for (std::string line; std::getline(in, line);) {
-    const auto j = nlohmann::json::parse(line);
-    if (j.at("rank").get<int>() == 0) out.push_back(j.at("loss").get<double>());
-  }
-  return out;
-}
-
 TEST_F(TrainerTest, LaunchedDdpWritesTheLossesOfTheOneProcessRun) {
   const std::string config_file = (dir_ / "run.toml").string();
   std::ofstream(config_file) << "[model]\npreset = \"tiny\"\n[data]\ncorpus = \""
@@ -254,8 +243,8 @@ TEST_F(TrainerTest, LaunchedDdpWritesTheLossesOfTheOneProcessRun) {
                                   "--set run.dir=" + (dir_ / "two").string());
   ASSERT_EQ(two.exit_code, 0) << two.output;
   EXPECT_NE(two.output.find("data parallel (ddp) over 2 ranks"), std::string::npos) << two.output;
-  const auto a = metric_losses(dir_ / "one" / "metrics.jsonl");
-  const auto b = metric_losses(dir_ / "two" / "metrics.jsonl");
+  const auto a = testing::rank0_losses(dir_ / "one" / "metrics.jsonl");
+  const auto b = testing::rank0_losses(dir_ / "two" / "metrics.jsonl");
   ASSERT_EQ(a.size(), 4u);
   ASSERT_EQ(b.size(), 4u);
   for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(a[i], b[i], 1e-5 * a[i]) << "step " << i + 1;
