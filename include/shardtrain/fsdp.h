@@ -136,6 +136,14 @@ struct FSDPOptions {
     cpu_offload_ = value;
     return *this;
   }
+  // ZeRO-Infinity's parameter offload to NVMe: between uses, this rank's fp32 master shards live
+  // in files under this directory (an existing one) instead of memory. A unit's shard is read
+  // for its gather and dropped when the gather completes; the optimizer step and checkpoints
+  // bracket their access with load_shards() / store_shards(). Needs kFullShard. Empty: off.
+  FSDPOptions& param_swap_dir(std::string value) {
+    param_swap_dir_ = std::move(value);
+    return *this;
+  }
   // Make every rank start from rank 0's parameters and buffers (a broadcast at construction).
   FSDPOptions& sync_module_states(bool value) {
     sync_module_states_ = value;
@@ -155,6 +163,7 @@ struct FSDPOptions {
   int limit_all_gathers_ = 2;
   MixedPrecision mixed_precision_;
   bool cpu_offload_ = false;
+  std::string param_swap_dir_;
   bool sync_module_states_ = true;
 };
 
@@ -179,6 +188,7 @@ struct FSDPMemory {
   int64_t largest_unit = 0;     // bytes of the largest gathered non-root unit
   int64_t root_unit = 0;        // bytes of the gathered root unit
   int64_t resident_full = 0;    // whole parameters kept gathered between steps (ZeRO-1/2)
+  int64_t param_shards_on_file = 0;  // master shards kept in files (param_swap_dir)
 };
 
 class FullyShardedDataParallel {
@@ -208,8 +218,17 @@ class FullyShardedDataParallel {
   bool grads_finite();
   // Divides the gradient shards by `scale` (loss scaling).
   void unscale(double scale);
-  // After the optimizer changed the master shards: gathered copies are stale and dropped.
+  // After the optimizer changed the master shards: gathered copies are stale and dropped. With
+  // param_swap_dir the loaded shards are then written back (store_shards()).
   void after_optimizer_step();
+  // With param_swap_dir the master shards, and so segments()' params and flat_shards()'
+  // masters, hold memory only while loaded: load_shards() reads them from their files (every
+  // unit, or one), store_shards() writes them back and frees the memory. Reading or changing
+  // them outside forward and backward (the optimizer step, checkpoints) goes between the two.
+  // Without param_swap_dir both do nothing.
+  void load_shards(int unit = -1);
+  void store_shards(int unit = -1);
+  bool shards_on_file() const { return !options_.param_swap_dir_.empty(); }
   // The full value of every parameter, gathered (collective; for checkpoints and tests).
   std::vector<std::pair<std::string, at::Tensor>> full_parameters();
   // The full tensors of a per-segment state (e.g. an optimizer moment), gathered like the
@@ -243,6 +262,12 @@ class FullyShardedDataParallel {
   void start_backward();
   void pre_backward(Unit& unit);
   void gather(Unit& unit, bool wait);
+  // Starts the all-gather of the unit's shards into its full buffer (already allocated).
+  void start_gather(Unit& unit);
+  // param_swap_dir: the master shard's memory is allocated and read from its file, or freed
+  // (unless loaded by load_shards() or still being sent by a gather).
+  void bring_master(Unit& unit);
+  void drop_master(Unit& unit);
   void release(Unit& unit);
   void wait_gathered(Unit& unit);
   void prefetch(int index);

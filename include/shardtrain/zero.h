@@ -27,7 +27,9 @@ struct ZeroOptions {
     offload_optimizer_ = value;
     return *this;
   }
-  // Stage 3: parameter shards in host memory (kCpu); kNvme is not supported.
+  // Stage 3: parameter shards in host memory (kCpu) or in files under nvme_path (kNvme), read
+  // for each gather (FSDPOptions::param_swap_dir). With kNvme the optimizer step and
+  // checkpoints go between load_shards() and store_shards() (after_optimizer_step stores).
   ZeroOptions& offload_param(OffloadDevice value) {
     offload_param_ = value;
     return *this;
@@ -61,7 +63,7 @@ struct ZeroOptions {
 // Collective over the mesh's data-parallel ranks (dp_replicate must be 1). The returned object
 // is used exactly as FSDP is: the optimizer takes segments(), each step calls zero_grad, backward,
 // clip_grad_norm, the optimizer, after_optimizer_step. Throws std::invalid_argument for a stage
-// outside 1-3, offload_param without stage 3, or nvme parameter offload.
+// outside 1-3, offload_param without stage 3, or nvme offload without nvme_path.
 std::unique_ptr<FullyShardedDataParallel> zero_shard(Transformer model, const DeviceMesh& mesh,
                                                      ZeroOptions options = {});
 

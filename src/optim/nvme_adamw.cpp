@@ -3,12 +3,6 @@
 // written from the previous, each on its own I/O thread, so a step costs about
 // max(compute, read, write) instead of their sum once the pipeline is full.
 
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
-#include <atomic>
-#include <cerrno>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -16,6 +10,7 @@
 
 #include "optim/adamw_kernel.h"
 #include "optim/io_thread.h"
+#include "optim/swap_file.h"
 #include "shardtrain/fused_adamw.h"
 
 namespace shardtrain {
@@ -28,28 +23,6 @@ int64_t round_up(int64_t value, int64_t multiple) {
   return (value + multiple - 1) / multiple * multiple;
 }
 
-std::string system_error(const std::string& what, const std::string& path) {
-  return "NVMe offload: " + what + " '" + path + "': " + std::strerror(errno);
-}
-
-void transfer(bool write, int fd, const std::string& path, char* buffer, int64_t bytes,
-              int64_t offset) {
-  while (bytes > 0) {
-    const ssize_t done =
-        write ? ::pwrite(fd, buffer, bytes, offset) : ::pread(fd, buffer, bytes, offset);
-    if (done < 0 && errno == EINTR) continue;
-    if (done < 0)
-      throw std::runtime_error(system_error(write ? "cannot write" : "cannot read", path));
-    if (done == 0) {
-      throw std::runtime_error("NVMe offload: '" + path + "' ended early (at byte " +
-                               std::to_string(offset) + "); was it truncated?");
-    }
-    buffer += done;
-    bytes -= done;
-    offset += done;
-  }
-}
-
 struct FreeDeleter {
   void operator()(float* p) const { std::free(p); }
 };
@@ -57,8 +30,8 @@ struct FreeDeleter {
 }  // namespace
 
 struct NvmeAdamW::Io {
-  int files = 2;  // exp_avg, exp_avg_sq, and param with swap_params
-  int fds[3] = {-1, -1, -1};
+  int count = 2;  // files: exp_avg, exp_avg_sq, and param with swap_params
+  std::unique_ptr<detail::SwapFile> files[3];
   int64_t chunk = 0;                              // elements per chunk
   std::unique_ptr<float, FreeDeleter> buf[3][3];  // [slot][file]
   detail::IoThread reader, writer;
@@ -80,7 +53,7 @@ NvmeAdamW::NvmeAdamW(int64_t numel, NvmeAdamWOptions options)
   io_->chunk = std::min(options_.chunk_elements_, numel_);
   if (options_.direct_io_) io_->chunk = round_up(io_->chunk, kDirectAlign / 4);
   const int64_t buffer_bytes = round_up(io_->chunk * 4, kDirectAlign);
-  const int files = io_->files = options_.swap_params_ ? 3 : 2;
+  const int files = io_->count = options_.swap_params_ ? 3 : 2;
   for (auto& slot : io_->buf) {
     for (int k = 0; k < files; ++k) {
       auto& b = slot[k];
@@ -88,49 +61,19 @@ NvmeAdamW::NvmeAdamW(int64_t numel, NvmeAdamWOptions options)
       if (!b) throw std::bad_alloc();
     }
   }
-  static std::atomic<int64_t> counter{0};
-  const std::string stem =
-      (fs::path(options_.dir_) /
-       ("shardtrain_adamw_" + std::to_string(getpid()) + "_" + std::to_string(counter++)))
-          .string();
-  paths_[0] = stem + ".exp_avg";
-  paths_[1] = stem + ".exp_avg_sq";
-  if (files == 3) paths_[2] = stem + ".param";
-  // Padded to the alignment so that the last O_DIRECT transfer may be a whole block.
+  const std::string stem = detail::unique_swap_stem(options_.dir_, "adamw");
+  const char* suffixes[3] = {".exp_avg", ".exp_avg_sq", ".param"};
+  // Padded to the alignment so that the last O_DIRECT transfer may be a whole block. A file
+  // that is all holes reads as zeros: AdamW's initial state, without writing it.
   const int64_t file_bytes = round_up(numel_ * 4, kDirectAlign);
   for (int k = 0; k < files; ++k) {
-    int flags = O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC;
-    if (options_.direct_io_) flags |= O_DIRECT;
-    io_->fds[k] = ::open(paths_[k].c_str(), flags, 0600);
-    if (io_->fds[k] < 0) {
-      const std::string reason = system_error("cannot create", paths_[k]);
-      for (int j = 0; j < k; ++j) {
-        ::close(io_->fds[j]);
-        ::unlink(paths_[j].c_str());
-      }
-      throw std::invalid_argument(
-          reason + (options_.direct_io_ && errno == EINVAL ? " (O_DIRECT unsupported there)" : ""));
-    }
-  }
-  // A file that is all holes reads as zeros: AdamW's initial state, without writing it.
-  for (int k = 0; k < files; ++k) {
-    if (::ftruncate(io_->fds[k], file_bytes) != 0) {
-      const std::string reason = system_error("cannot size", paths_[k]);
-      for (int j = 0; j < files; ++j) {
-        ::close(io_->fds[j]);
-        ::unlink(paths_[j].c_str());
-      }
-      throw std::runtime_error(reason);
-    }
+    io_->files[k] =
+        std::make_unique<detail::SwapFile>(stem + suffixes[k], file_bytes, options_.direct_io_);
+    paths_[k] = io_->files[k]->path();
   }
 }
 
-NvmeAdamW::~NvmeAdamW() {
-  for (int k = 0; k < io_->files; ++k) {
-    if (io_->fds[k] >= 0) ::close(io_->fds[k]);
-    ::unlink(paths_[k].c_str());
-  }
-}
+NvmeAdamW::~NvmeAdamW() = default;
 
 void NvmeAdamW::step(const at::Tensor& param, const at::Tensor& grad, const AdamWStep& hyper,
                      const at::Tensor* param_bf16_out) {
@@ -173,9 +116,13 @@ void NvmeAdamW::run_step(float* p, const float* g, const AdamWStep& hyper, uint1
     int64_t bytes = std::min(io.chunk, numel_ - begin) * 4;
     if (options_.direct_io_) bytes = round_up(bytes, kDirectAlign);
     return [this, &io, write, begin, bytes, slot] {
-      for (int k = 0; k < io.files; ++k) {
-        transfer(write, io.fds[k], paths_[k], reinterpret_cast<char*>(io.buf[slot][k].get()), bytes,
-                 begin * 4);
+      for (int k = 0; k < io.count; ++k) {
+        float* buffer = io.buf[slot][k].get();
+        if (write) {
+          io.files[k]->write(buffer, bytes, begin * 4);
+        } else {
+          io.files[k]->read(buffer, bytes, begin * 4);
+        }
       }
     };
   };
@@ -224,9 +171,9 @@ void NvmeAdamW::copy_state(int k, at::Tensor* out, const at::Tensor* in) const {
     if (in) {
       std::memcpy(buffer, in->data_ptr<float>() + begin, len * 4);
       std::memset(raw + len * 4, 0, bytes - len * 4);
-      transfer(true, io_->fds[k], paths_[k], raw, bytes, begin * 4);
+      io_->files[k]->write(raw, bytes, begin * 4);
     } else {
-      transfer(false, io_->fds[k], paths_[k], raw, bytes, begin * 4);
+      io_->files[k]->read(raw, bytes, begin * 4);
       std::memcpy(out->data_ptr<float>() + begin, buffer, len * 4);
     }
   }

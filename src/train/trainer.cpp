@@ -215,6 +215,7 @@ StepResult Trainer::train_step() {
       static_cast<torch::optim::AdamWOptions&>(group.options()).lr(result.lr);
     }
     if (nvme_.empty()) {
+      if (fsdp_) fsdp_->load_shards();  // parameter shards kept in files
       optimizer_->step();
     } else {
       nvme_step(result.lr);

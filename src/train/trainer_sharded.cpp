@@ -65,13 +65,6 @@ void Trainer::setup_fsdp() {
 
 void Trainer::nvme_step(double lr) {
   torch::NoGradGuard no_grad;
-  // AdamW's decoupled decay comes first and is elementwise, so applying it per piece and then
-  // stepping whole shards with no decay is the same update.
-  if (config_.weight_decay != 0.0) {
-    for (const auto& s : fsdp_->segments()) {
-      if (s.shape.size() >= 2) s.param.mul_(1.0 - lr * config_.weight_decay);
-    }
-  }
   ++nvme_steps_;
   const AdamWStep hyper = AdamWStep()
                               .lr(lr)
@@ -79,8 +72,21 @@ void Trainer::nvme_step(double lr) {
                               .eps(config_.eps)
                               .weight_decay(0.0)
                               .step(nvme_steps_);
-  auto shards = fsdp_->flat_shards();
-  for (size_t u = 0; u < shards.size(); ++u) nvme_[u]->step(shards[u].first, shards[u].second, hyper);
+  const auto shards = fsdp_->flat_shards();
+  for (size_t u = 0; u < shards.size(); ++u) {
+    const int unit = static_cast<int>(u);
+    // With the parameter shards in files too, one unit's shard is in memory at a time.
+    fsdp_->load_shards(unit);
+    // AdamW's decoupled decay comes first and is elementwise, so applying it per piece and
+    // then stepping the whole shard with no decay is the same update.
+    if (config_.weight_decay != 0.0) {
+      for (const auto& s : fsdp_->segments()) {
+        if (s.unit == unit && s.shape.size() >= 2) s.param.mul_(1.0 - lr * config_.weight_decay);
+      }
+    }
+    nvme_[u]->step(shards[u].first, shards[u].second, hyper);
+    fsdp_->store_shards(unit);
+  }
 }
 
 void Trainer::nvme_state_to_optimizer() {

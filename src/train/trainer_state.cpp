@@ -139,6 +139,7 @@ std::string Trainer::save_checkpoint() {
   std::vector<TensorSpec> specs;
   std::vector<FlatSlice> slices;
   if (fsdp_) {
+    fsdp_->load_shards();  // parameter shards kept in files: in memory until the save is done
     sharded_slices(specs, slices);
   } else {
     const NamedTensors tensors = logical_tensors(model_, *optimizer_);
@@ -173,6 +174,7 @@ std::string Trainer::save_checkpoint() {
   if (kill_at && std::string(kill_at) == name) options.before_commit([] { std::raise(SIGKILL); });
   const std::string dir = save_sharded_checkpoint(config_.dir + "/checkpoints", name, specs,
                                                    slices, world_.get(), options);
+  if (fsdp_) fsdp_->store_shards();
   if (!nvme_.empty()) nvme_state_from_optimizer();
   return dir;
 }
@@ -221,6 +223,7 @@ void Trainer::sharded_slices(std::vector<TensorSpec>& specs, std::vector<FlatSli
 void Trainer::restore_sharded(const ShardedCheckpointReader& reader) {
   // Each rank reads only the ranges its shards hold.
   torch::NoGradGuard no_grad;
+  fsdp_->load_shards();  // after_optimizer_step writes them back
   for (const auto& s : fsdp_->segments()) {
     reader.read_flat_into(s.name, s.offset, s.param.detach());
     const std::string prefix = "optim." + s.name;
@@ -358,6 +361,7 @@ void Trainer::write_metrics(const StepResult& result, double eval_loss) {
     line["mem"]["params"] = m.param_shards + m.resident_full;
     line["mem"]["grads"] = m.grad_shards;
     line["mem"]["gathered_peak"] = m.gathered_peak;
+    if (fsdp_->shards_on_file()) line["mem"]["params_on_file"] = m.param_shards_on_file;
   }
   if (!std::isnan(eval_loss)) line["eval_loss"] = eval_loss;
   std::ofstream out(fs::path(config_.dir) / "metrics.jsonl", std::ios::app);

@@ -128,6 +128,7 @@ inline TrainingRun sharded_by(int world, int replicate, const Shard& shard, int 
         loss_sum += loss.item<double>() / micro;
       }
       fsdp.clip_grad_norm(0.5);
+      fsdp.load_shards();  // parameter shards kept in files (a no-op otherwise)
       adamw.step();
       fsdp.after_optimizer_step();
       at::Tensor mean = at::tensor(loss_sum, at::kDouble);

@@ -2,7 +2,10 @@
 
 #include <gtest/gtest.h>
 
+#include <filesystem>
+
 #include "parallel/sharded_training.h"
+#include "support.h"
 
 namespace shardtrain {
 namespace {
@@ -70,6 +73,43 @@ TEST(Zero, ModelStateBytesFollowTheZeroTable) {
   }
 }
 
+TEST(Zero, ParameterShardsInFilesTrainExactlyAsInMemory) {
+  const auto dir = fresh_test_dir("shardtrain_zero_param_nvme");
+  const auto bf16 = MixedPrecision().param_dtype(at::kBFloat16).reduce_dtype(at::kFloat);
+  for (const bool half : {false, true}) {
+    SCOPED_TRACE(half ? "bf16 parameters" : "fp32");
+    ZeroOptions in_memory = ZeroOptions().stage(3);
+    if (half) in_memory.mixed_precision(bf16);
+    const TrainingRun want = zero_run(4, in_memory, 5);
+    const int64_t units = small_config().n_layers + 1;
+    ZeroOptions on_file = in_memory;
+    on_file.offload_param(OffloadDevice::kNvme).nvme_path(dir.string());
+    const TrainingRun run = sharded_by(
+        4, 1,
+        [&](Transformer model, const DeviceMesh& mesh) {
+          auto zero = zero_shard(model, mesh, on_file);
+          // Between uses the shards are in files, one per unit, not in memory.
+          int64_t files = 0;
+          for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+            files += entry.path().filename().string().rfind("shardtrain_param_", 0) == 0;
+          }
+          EXPECT_GE(files, units);
+          EXPECT_EQ(zero->memory().param_shards, 0);
+          return zero;
+        },
+        5);
+    // The round trip through the files is exact: the same losses and parameters, bit for bit.
+    EXPECT_EQ(run.losses, want.losses);
+    for (const auto& [name, value] : want.params) EXPECT_TRUE(run.params.at(name).equal(value)) << name;
+    EXPECT_EQ(run.memory.param_shards, 0);
+    // In memory, bf16 adds a 2-byte copy of each 4-byte master element to the shards.
+    const int64_t master_bytes = half ? want.memory.param_shards / 6 * 4 : want.memory.param_shards;
+    EXPECT_EQ(run.memory.param_shards_on_file, master_bytes);
+    EXPECT_TRUE(std::filesystem::is_empty(dir));  // removed with the wrapper
+  }
+  std::filesystem::remove_all(dir);
+}
+
 TEST(Zero, UnsupportedSettingsAreClearErrors) {
   run_local_ranks(1, [&](ProcessGroup& group) {
     auto shared = std::shared_ptr<ProcessGroup>(&group, [](ProcessGroup*) {});
@@ -87,8 +127,25 @@ TEST(Zero, UnsupportedSettingsAreClearErrors) {
                   .find("offload_param needs stage 3"),
               std::string::npos);
     EXPECT_NE(message(ZeroOptions().stage(3).offload_optimizer(OffloadDevice::kNvme))
-                  .find("nvme_path"),
+                  .find("offload_optimizer = nvme needs nvme_path"),
               std::string::npos);
+    EXPECT_NE(message(ZeroOptions().stage(3).offload_param(OffloadDevice::kNvme))
+                  .find("offload_param = nvme needs nvme_path"),
+              std::string::npos);
+    EXPECT_NE(message(ZeroOptions().stage(3).offload_param(OffloadDevice::kNvme).nvme_path(
+                  "/nonexistent/shardtrain"))
+                  .find("'/nonexistent/shardtrain' does not exist"),
+              std::string::npos);
+    try {
+      FullyShardedDataParallel(make_model(small_config()), mesh,
+                               FSDPOptions()
+                                   .sharding(ShardingStrategy::kShardGradOp)
+                                   .param_swap_dir(std::filesystem::temp_directory_path()));
+      ADD_FAILURE() << "shard_grad_op with parameter shards in files was accepted";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find("need full_shard sharding"), std::string::npos)
+          << e.what();
+    }
   });
 }
 

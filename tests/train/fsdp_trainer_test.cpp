@@ -100,11 +100,21 @@ TEST_F(FsdpTrainerTest, ZeroStagesWithEachOffloadMatchOneProcessOverTenSteps) {
           "parallel.zero.nvme_path=\"" + nvme.string() + "\"",
           "run.dir=\"" + (dir_ / ("zero" + stage + offload)).string() + "\""};
       if (stage == "3" && offload != "none") {
-        overrides.push_back("parallel.zero.offload_param=\"cpu\"");
+        overrides.push_back("parallel.zero.offload_param=\"" + offload + "\"");
       }
       testing::expect_same_losses(fsdp_losses(4, overrides, 10), want, 1e-5);
     }
   }
+  // Parameter shards in files with the optimizer state in memory: the whole-model optimizer
+  // step reads every shard in first.
+  testing::expect_same_losses(
+      fsdp_losses(4,
+                  {"parallel.strategy=\"zero\"", "train.micro_batch=2", "train.steps=10",
+                   "parallel.zero.stage=3", "parallel.zero.offload_param=\"nvme\"",
+                   "parallel.zero.nvme_path=\"" + nvme.string() + "\"",
+                   "run.dir=\"" + (dir_ / "zero3param").string() + "\""},
+                  10),
+      want, 1e-5);
   // The state files are gone with the trainers.
   EXPECT_TRUE(fs::is_empty(nvme));
 }
@@ -112,12 +122,18 @@ TEST_F(FsdpTrainerTest, ZeroStagesWithEachOffloadMatchOneProcessOverTenSteps) {
 TEST_F(FsdpTrainerTest, ResumeOnTheSameRanksContinuesExactly) {
   const fs::path nvme = dir_ / "nvme";
   fs::create_directories(nvme);
+  int variants = 0;
   for (const std::vector<std::string>& sharded :
        {std::vector<std::string>{"parallel.strategy=\"fsdp\""},
         std::vector<std::string>{"parallel.strategy=\"zero\"", "parallel.zero.stage=2",
                                  "parallel.zero.offload_optimizer=\"nvme\"",
+                                 "parallel.zero.nvme_path=\"" + nvme.string() + "\""},
+        std::vector<std::string>{"parallel.strategy=\"zero\"", "parallel.zero.stage=3",
+                                 "parallel.zero.offload_optimizer=\"nvme\"",
+                                 "parallel.zero.offload_param=\"nvme\"",
                                  "parallel.zero.nvme_path=\"" + nvme.string() + "\""}}) {
-    SCOPED_TRACE(sharded.front());
+    SCOPED_TRACE(sharded.front() + " " + sharded.back());
+    const std::string variant = std::to_string(++variants);
     std::vector<std::string> common = sharded;
     common.insert(common.end(), {"train.micro_batch=4", "train.steps=6"});
     auto with = [&](const std::string& dir) {
@@ -125,11 +141,11 @@ TEST_F(FsdpTrainerTest, ResumeOnTheSameRanksContinuesExactly) {
       all.push_back("run.dir=\"" + (dir_ / dir).string() + "\"");
       return all;
     };
-    const auto straight = fsdp_losses(2, with("straight" + sharded.front().substr(18, 4)), 6);
+    const auto straight = fsdp_losses(2, with("straight" + variant), 6);
     std::vector<double> resumed;
     run_local_ranks(2, [&](ProcessGroup& group) {
       auto shared = std::shared_ptr<ProcessGroup>(&group, [](ProcessGroup*) {});
-      auto overrides = with("resumed" + sharded.front().substr(18, 4));
+      auto overrides = with("resumed" + variant);
       {
         Trainer first(config(overrides), shared);
         for (int i = 0; i < 3; ++i) first.train_step();

@@ -5,6 +5,7 @@
 #include <torch/csrc/autograd/variable.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <map>
 #include <sstream>
 #include <stdexcept>
@@ -74,6 +75,19 @@ FullyShardedDataParallel::FullyShardedDataParallel(Transformer model, const Devi
   if (shard_group_) {
     shard_rank_ = shard_group_->rank();
     shard_size_ = shard_group_->size();
+  }
+  const bool on_file = !options_.param_swap_dir_.empty();
+  if (on_file) {
+    if (strategy != ShardingStrategy::kFullShard) {
+      throw std::invalid_argument("FSDP: parameter shards in files (param_swap_dir) need "
+                                  "full_shard sharding (ZeRO stage 3), not " +
+                                  to_string(strategy));
+    }
+    std::error_code error;
+    if (!std::filesystem::is_directory(options_.param_swap_dir_, error)) {
+      throw std::invalid_argument("FSDP: the directory for parameter shards '" +
+                                  options_.param_swap_dir_ + "' does not exist");
+    }
   }
 
   // Units: the policy's groups of blocks in forward order, then the root with the rest.
@@ -153,7 +167,7 @@ FullyShardedDataParallel::FullyShardedDataParallel(Transformer model, const Devi
     const at::Tensor flat = at::cat(pieces);
     const at::TensorOptions options = unit.params.empty() ? at::TensorOptions(at::kFloat)
                                                           : unit.params.front().options();
-    unit.aliased = shard_size_ == 1 && param_dtype == at::kFloat;
+    unit.aliased = shard_size_ == 1 && param_dtype == at::kFloat && !on_file;
     unit.master_in_full = (stage == 1 || stage == 2) && param_dtype == at::kFloat && !unit.aliased;
     if (unit.master_in_full) {
       // ZeRO-1/2 keep the whole parameters on every rank: the fp32 master is a slice of them,
@@ -167,7 +181,12 @@ FullyShardedDataParallel::FullyShardedDataParallel(Transformer model, const Devi
       unit.full = unit.aliased ? unit.master : at::empty({unit.padded}, options.dtype(param_dtype));
       if (!unit.aliased) unit.full.copy_(flat);
     }
-    unit.wire = param_dtype == at::kFloat ? unit.master : unit.master.to(param_dtype);
+    // On file in half precision, the all-gather's input is cast from the master as it is read.
+    if (param_dtype == at::kFloat) {
+      unit.wire = unit.master;
+    } else if (!on_file) {
+      unit.wire = unit.master.to(param_dtype);
+    }
     if (stage == 1) {
       unit.grad_full = at::zeros({unit.padded}, unit.master.options());
       unit.grad_shard = unit.grad_full.narrow(0, shard_rank_ * unit.shard_numel, unit.shard_numel);
@@ -207,6 +226,14 @@ FullyShardedDataParallel::FullyShardedDataParallel(Transformer model, const Devi
       segment.param.requires_grad_(true);
       segment.param.mutable_grad() = unit.grad_shard.narrow(0, lo - begin, hi - lo);
       segments_.push_back(std::move(segment));
+    }
+
+    if (on_file) {
+      const int64_t bytes = unit.shard_numel * 4;
+      unit.swap = std::make_unique<detail::SwapFile>(
+          detail::unique_swap_stem(options_.param_swap_dir_, "param") + "." + unit.name, bytes);
+      unit.swap->write(unit.master.data_ptr(), bytes, 0);
+      drop_master(unit);
     }
 
     unit.ready_flags.assign(unit.params.size(), false);
@@ -257,11 +284,7 @@ std::unique_ptr<FullyShardedDataParallel> fully_shard(Transformer model, const D
 void FullyShardedDataParallel::gather(Unit& unit, bool wait) {
   if (!unit.aliased && !unit.gathered) {
     detail::restore_storage(unit.full, unit.full_bytes());
-    if (shard_group_) {
-      unit.gather_work = shard_group_->all_gather(unit.wire, unit.full);
-    } else {
-      unit.full.copy_(unit.wire);
-    }
+    start_gather(unit);
     unit.gathered = true;
     gathered_bytes_ += unit.full_bytes();
     gathered_elements_ += unit.padded;
@@ -270,11 +293,44 @@ void FullyShardedDataParallel::gather(Unit& unit, bool wait) {
   if (wait) wait_gathered(unit);
 }
 
+void FullyShardedDataParallel::start_gather(Unit& unit) {
+  bring_master(unit);
+  at::Tensor input = unit.wire;
+  if (unit.master_in_full) {
+    input = unit.master.clone();  // the input may not alias the output
+  } else if (!input.defined()) {
+    input = unit.master.to(options_.mixed_precision_.param_dtype_);
+  }
+  if (shard_group_) {
+    unit.gather_input = input;
+    unit.gather_work = shard_group_->all_gather(input, unit.full);
+  } else {
+    unit.full.copy_(input);
+    drop_master(unit);
+  }
+}
+
 void FullyShardedDataParallel::wait_gathered(Unit& unit) {
   if (unit.gather_work) {
     unit.gather_work->wait();
     unit.gather_work.reset();
+    unit.gather_input = at::Tensor();
+    drop_master(unit);
   }
+}
+
+void FullyShardedDataParallel::bring_master(Unit& unit) {
+  if (!unit.swap || unit.master_resident) return;
+  const int64_t bytes = unit.shard_numel * 4;
+  detail::restore_storage(unit.master, bytes);
+  unit.master_resident = true;
+  unit.swap->read(unit.master.data_ptr(), bytes, 0);
+}
+
+void FullyShardedDataParallel::drop_master(Unit& unit) {
+  if (!unit.swap || !unit.master_resident || unit.held || unit.gather_work) return;
+  detail::release_storage(unit.master);
+  unit.master_resident = false;
 }
 
 bool FullyShardedDataParallel::keeps_gathered(const Unit& unit) const {
@@ -293,21 +349,15 @@ void FullyShardedDataParallel::release(Unit& unit) {
 }
 
 void FullyShardedDataParallel::refresh(Unit& unit) {
-  if (!unit.wire.is_same(unit.master)) unit.wire.copy_(unit.master);
+  if (unit.wire.defined() && !unit.wire.is_same(unit.master)) unit.wire.copy_(unit.master);
   if (unit.aliased) return;
   if (!keeps_gathered(unit)) {
     release(unit);
     return;
   }
-  // A unit that stays gathered takes the updated shards of every rank now. The input may not
-  // alias the output, and with master_in_full it is a slice of it.
+  // A unit that stays gathered takes the updated shards of every rank now.
   wait_gathered(unit);
-  const at::Tensor input = unit.master_in_full ? unit.master.clone() : unit.wire;
-  if (shard_group_) {
-    unit.gather_work = shard_group_->all_gather(input, unit.full);
-  } else {
-    unit.full.copy_(input);
-  }
+  start_gather(unit);
 }
 
 int64_t FullyShardedDataParallel::gathered_units() const {

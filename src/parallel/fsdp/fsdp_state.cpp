@@ -52,6 +52,24 @@ void FullyShardedDataParallel::after_optimizer_step() {
       }
     }
   }
+  store_shards();
+}
+
+void FullyShardedDataParallel::load_shards(int unit) {
+  for (auto& u : units_) {
+    if (!u->swap || (unit >= 0 && u->index != unit)) continue;
+    bring_master(*u);
+    u->held = true;
+  }
+}
+
+void FullyShardedDataParallel::store_shards(int unit) {
+  for (auto& u : units_) {
+    if (!u->swap || !u->held || (unit >= 0 && u->index != unit)) continue;
+    u->swap->write(u->master.data_ptr(), u->shard_numel * 4, 0);
+    u->held = false;
+    drop_master(*u);  // or when the gather reading it completes
+  }
 }
 
 void FullyShardedDataParallel::split_full(
@@ -72,7 +90,11 @@ void FullyShardedDataParallel::split_full(
 
 std::vector<std::pair<std::string, at::Tensor>> FullyShardedDataParallel::full_parameters() {
   std::vector<std::pair<std::string, at::Tensor>> out;
-  for (auto& unit : units_) split_full(*unit, unit->master, out);
+  for (auto& unit : units_) {
+    bring_master(*unit);
+    split_full(*unit, unit->master, out);
+    drop_master(*unit);
+  }
   return out;
 }
 
@@ -108,8 +130,10 @@ FSDPMemory FullyShardedDataParallel::memory() const {
   FSDPMemory memory;
   for (const auto& unit : units_) {
     // With master_in_full the master is part of the gathered parameters, counted there.
-    if (!unit->master_in_full) memory.param_shards += static_cast<int64_t>(unit->master.nbytes());
-    if (!unit->wire.is_same(unit->master)) {
+    const auto master_bytes = static_cast<int64_t>(unit->master.nbytes());
+    if (unit->swap) memory.param_shards_on_file += master_bytes;
+    if (!unit->master_in_full && unit->master_resident) memory.param_shards += master_bytes;
+    if (unit->wire.defined() && !unit->wire.is_same(unit->master)) {
       memory.param_shards += static_cast<int64_t>(unit->wire.nbytes());
     }
     memory.grad_shards += static_cast<int64_t>(

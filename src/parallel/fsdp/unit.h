@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "optim/swap_file.h"
 #include "shardtrain/fsdp.h"
 
 namespace shardtrain {
@@ -33,6 +34,13 @@ struct FullyShardedDataParallel::Unit {
   at::Tensor grad_full;   // ZeRO-1: the whole averaged gradient; grad_shard is a slice of it
   bool gathered = false;  // memory allocated (the gather may still be in flight)
   WorkHandle gather_work;
+  at::Tensor gather_input;  // what the gather in flight sends, kept alive until it completes
+
+  // param_swap_dir: the master shard's file. When not loaded by load_shards() the file is
+  // current and the master's memory exists only while a gather reads it.
+  std::unique_ptr<detail::SwapFile> swap;
+  bool master_resident = true;
+  bool held = false;  // loaded by load_shards(), until store_shards()
 
   // Per backward.
   bool in_backward = false;

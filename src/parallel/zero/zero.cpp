@@ -32,18 +32,19 @@ std::unique_ptr<FullyShardedDataParallel> zero_shard(Transformer model, const De
     throw std::invalid_argument("ZeRO offload_param needs stage 3 (stages 1 and 2 keep whole "
                                 "parameters on every rank)");
   }
-  if (options.offload_param_ == OffloadDevice::kNvme) {
-    throw std::invalid_argument("ZeRO offload_param = nvme is not supported; use cpu");
-  }
-  if (options.offload_optimizer_ == OffloadDevice::kNvme && options.nvme_path_.empty()) {
-    throw std::invalid_argument("ZeRO offload_optimizer = nvme needs nvme_path");
+  for (const auto& [what, device] : {std::pair{"offload_optimizer", options.offload_optimizer_},
+                                      std::pair{"offload_param", options.offload_param_}}) {
+    if (device == OffloadDevice::kNvme && options.nvme_path_.empty()) {
+      throw std::invalid_argument(std::string("ZeRO ") + what + " = nvme needs nvme_path");
+    }
   }
   ZeroBehaviour behaviour = options.behaviour_;
   behaviour.stage = options.stage_;
   FSDPOptions fsdp;
   fsdp.wrap(options.wrap_)
       .mixed_precision(options.mixed_precision_)
-      .cpu_offload(options.offload_param_ == OffloadDevice::kCpu)
+      .cpu_offload(options.offload_param_ != OffloadDevice::kNone)
+      .param_swap_dir(options.offload_param_ == OffloadDevice::kNvme ? options.nvme_path_ : "")
       .zero(behaviour);
   if (options.stage_ == 3) {
     // Prefetching is bounded by DeepSpeed's element counts instead of a unit count.

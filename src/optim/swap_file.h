@@ -1,0 +1,35 @@
+// A file that holds tensor data in place of memory (NVMe offload): created fresh, sized up front,
+// read and written at offsets, removed when the object goes.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace shardtrain::detail {
+
+// A name under `dir` no other live swap file has: dir/shardtrain_<what>_<pid>_<n>.
+std::string unique_swap_stem(const std::string& dir, const std::string& what);
+
+class SwapFile {
+ public:
+  // Creates `path`, which must not exist, as `bytes` of zeros (a file of holes, so nothing is
+  // written). With `direct` the file is opened O_DIRECT: transfers then need 4 KiB-aligned
+  // buffers, sizes and offsets. Throws std::invalid_argument naming the file and the system's
+  // reason when it cannot be created.
+  SwapFile(std::string path, int64_t bytes, bool direct = false);
+  ~SwapFile();  // closes and removes the file
+  SwapFile(const SwapFile&) = delete;
+  SwapFile& operator=(const SwapFile&) = delete;
+
+  // Whole transfers (retried on EINTR); a failure throws std::runtime_error naming the file.
+  void read(void* out, int64_t bytes, int64_t offset) const;
+  void write(const void* in, int64_t bytes, int64_t offset) const;
+
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+  int fd_ = -1;
+};
+
+}  // namespace shardtrain::detail
