@@ -282,9 +282,11 @@ void Trainer::fit() {
         static_cast<long long>(config_.steps), static_cast<long long>(loader_->global_batch_size()),
         static_cast<long long>(config_.seq_len));
     if (fsdp_ && config_.strategy == "zero") {
-      std::printf("zero stage %lld over %d rank(s), %zu units, optimizer offload %s\n",
+      std::printf("zero stage %lld over %d rank(s), %zu units, optimizer offload %s, parameter "
+                  "offload %s\n",
                   static_cast<long long>(config_.zero_stage), world_size(),
-                  fsdp_->unit_layout().size(), config_.zero_offload_optimizer.c_str());
+                  fsdp_->unit_layout().size(), config_.zero_offload_optimizer.c_str(),
+                  config_.zero_offload_param.c_str());
     } else if (fsdp_) {
       std::printf("fsdp %s over %d rank(s), %zu units\n", config_.fsdp_sharding.c_str(),
                   world_size(), fsdp_->unit_layout().size());
