@@ -279,6 +279,9 @@ class FullyShardedDataParallel {
   void refresh(Unit& unit);
   void bound_reductions();
   void reduce(Unit& unit);
+  // After reduce() queued the unit's reduction (the last of unit.pending): bounds the
+  // reductions in flight as the options say, then releases the unit and prefetches.
+  void reduction_issued(Unit& unit);
   void finish_backward();
   int64_t gathered_units() const;
   // Gathers a unit's fp32 flat parameter (or a per-segment state) and splits it per parameter.

@@ -190,6 +190,8 @@ FullyShardedDataParallel::FullyShardedDataParallel(Transformer model, const Devi
     if (stage == 1) {
       unit.grad_full = at::zeros({unit.padded}, unit.master.options());
       unit.grad_shard = unit.grad_full.narrow(0, shard_rank_ * unit.shard_numel, unit.shard_numel);
+      unit.grads_in_full = param_dtype == at::kFloat &&
+                           options_.mixed_precision_.reduce_dtype_ == at::kFloat;
     } else {
       unit.grad_shard = at::zeros_like(unit.master);
     }
@@ -199,7 +201,10 @@ FullyShardedDataParallel::FullyShardedDataParallel(Transformer model, const Devi
       if (p.scalar_type() != param_dtype) p.set_data(at::empty({0}, options.dtype(param_dtype)));
       p.set_(unit.full.storage(), unit.offsets[k], unit.shapes[k],
              c10::contiguous_strides(unit.shapes[k]));
-      p.mutable_grad() = at::Tensor();
+      // Autograd adds into a defined .grad in place, as DDP's bucket views rely on.
+      p.mutable_grad() = unit.grads_in_full ? unit.grad_full.narrow(0, unit.offsets[k], p.numel())
+                                                  .view(unit.shapes[k])
+                                            : at::Tensor();
     }
     unit.gathered = !unit.aliased;
     if (unit.gathered) {

@@ -117,6 +117,17 @@ void FullyShardedDataParallel::pre_backward(Unit& unit) {
 void FullyShardedDataParallel::reduce(Unit& unit) {
   if (unit.reduced) return;
   unit.reduced = true;
+  Unit::PendingReduce pending;
+  if (unit.grads_in_full) {
+    // Backward accumulated into grad_full, which also holds the average of earlier backward
+    // passes since zero_grad: equal on every rank, so averaging the sum again adds this pass's
+    // average to it.
+    pending.output = unit.grad_full;
+    if (dp_group_->size() > 1) pending.scatter = dp_group_->all_reduce(unit.grad_full, ReduceOp::kAvg);
+    unit.pending.push_back(std::move(pending));
+    reduction_issued(unit);
+    return;
+  }
   const at::ScalarType reduce_dtype = options_.mixed_precision_.reduce_dtype_;
   at::Tensor flat = at::zeros({unit.padded}, unit.master.options().dtype(reduce_dtype));
   for (size_t k = 0; k < unit.params.size(); ++k) {
@@ -126,7 +137,6 @@ void FullyShardedDataParallel::reduce(Unit& unit) {
       grad = at::Tensor();  // the full gradient is not kept
     }
   }
-  Unit::PendingReduce pending;
   if (options_.zero_.stage == 1) {
     // ZeRO-1 keeps the whole gradient: an all-reduce, of which the optimizer reads its slice.
     pending.output = flat;
@@ -137,6 +147,12 @@ void FullyShardedDataParallel::reduce(Unit& unit) {
   } else {
     pending.output = flat;
   }
+  unit.pending.push_back(std::move(pending));
+  reduction_issued(unit);
+}
+
+void FullyShardedDataParallel::reduction_issued(Unit& unit) {
+  const Unit::PendingReduce& pending = unit.pending.back();
   if (pending.scatter) {
     if (!options_.zero_.overlap_comm) {
       pending.scatter->wait();
@@ -145,7 +161,6 @@ void FullyShardedDataParallel::reduce(Unit& unit) {
       bound_reductions();
     }
   }
-  unit.pending.push_back(std::move(pending));
   // Backward is done with this unit's parameters.
   if (!unit.aliased && shard_group_) release(unit);
   if (options_.backward_prefetch_ == BackwardPrefetch::kBackwardPost) {
@@ -179,7 +194,9 @@ void FullyShardedDataParallel::finish_backward() {
   for (auto& unit : units_) {
     for (auto& pending : unit->pending) {
       if (pending.replicate) pending.replicate->wait();
-      if (unit->grad_full.defined()) {
+      if (pending.output.is_same(unit->grad_full)) {
+        // reduced in place
+      } else if (unit->grad_full.defined()) {
         unit->grad_full.add_(pending.output);
       } else {
         unit->grad_shard.add_(pending.output.narrow(0, 0, unit->shard_numel));

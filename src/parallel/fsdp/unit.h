@@ -32,6 +32,9 @@ struct FullyShardedDataParallel::Unit {
   bool aliased = false;   // full is master itself: one rank holds everything in fp32
   bool master_in_full = false;  // ZeRO-1/2 in fp32: master is this rank's slice of full
   at::Tensor grad_full;   // ZeRO-1: the whole averaged gradient; grad_shard is a slice of it
+  // ZeRO-1 in fp32: the parameters' .grad are views into grad_full, so backward accumulates
+  // there and the all-reduce runs on it in place (no copy in, no add out).
+  bool grads_in_full = false;
   bool gathered = false;  // memory allocated (the gather may still be in flight)
   WorkHandle gather_work;
   at::Tensor gather_input;  // what the gather in flight sends, kept alive until it completes
