@@ -11,10 +11,7 @@ root="$(cd "$(dirname "$0")/.." && pwd)"
 ranks="${1:-2}"
 rounds="${2:-5}"
 shift $(( $# > 2 ? 2 : $# ))
-if ! /usr/bin/python3 -c "import torch" 2>/dev/null; then
-  sudo_cmd=(); [ "$(id -u)" -ne 0 ] && sudo_cmd=(sudo)
-  "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends python3-torch >/dev/null
-fi
+source "$root/bench/torch_side.sh"
 launch=("$root/build/shardtrain" launch --nproc "$ranks" --no-prefix --)
 ours=("${launch[@]}" "$root/build/bench_zero" "$@")
 theirs=("${launch[@]}" /usr/bin/python3 "$root/bench/zero_torch.py" "$@")
