@@ -17,6 +17,8 @@ std::string safetensors_dtype(at::ScalarType dtype);
 // The dtype of a safetensors name; throws std::invalid_argument naming `context` otherwise.
 at::ScalarType dtype_from_safetensors(const std::string& name, const std::string& context);
 int64_t dtype_bytes(at::ScalarType dtype);
+// zlib's crc32 of `size` bytes, continuing from `crc` (fed in pieces: zlib takes a uInt length).
+uint32_t crc32_of(const void* data, int64_t size, uint32_t crc = 0);
 
 // Opens `path` and writes the safetensors header describing `entries`; their data follows
 // through write() calls, entry after entry, in the order given. finish() checks that every byte

@@ -20,8 +20,9 @@ const std::vector<std::pair<at::ScalarType, std::string>>& dtype_table() {
   return table;
 }
 
-// zlib's crc32 takes a uInt length: feed large buffers in pieces.
-uint32_t crc_update(uint32_t crc, const void* data, int64_t size) {
+}  // namespace
+
+uint32_t crc32_of(const void* data, int64_t size, uint32_t crc) {
   const auto* bytes = static_cast<const Bytef*>(data);
   while (size > 0) {
     const uInt piece = static_cast<uInt>(std::min<int64_t>(size, 1 << 30));
@@ -31,8 +32,6 @@ uint32_t crc_update(uint32_t crc, const void* data, int64_t size) {
   }
   return crc;
 }
-
-}  // namespace
 
 std::string safetensors_dtype(at::ScalarType dtype) {
   for (const auto& [type, name] : dtype_table()) {
@@ -87,9 +86,9 @@ SafetensorsStreamWriter::SafetensorsStreamWriter(std::string path, std::vector<E
     throw std::runtime_error("cannot create '" + path_ + "': " + std::strerror(errno));
   }
   const uint64_t length = text.size();  // little-endian on every platform LibTorch supports
-  write_bytes(&length, 8, crc_update(0, &length, 8));
+  write_bytes(&length, 8, crc32_of(&length, 8));
   write_bytes(text.data(), static_cast<int64_t>(text.size()),
-              crc_update(0, text.data(), static_cast<int64_t>(text.size())));
+              crc32_of(text.data(), static_cast<int64_t>(text.size())));
 }
 
 SafetensorsStreamWriter::~SafetensorsStreamWriter() {
@@ -125,7 +124,7 @@ void SafetensorsStreamWriter::write(const at::Tensor& chunk) {
   const Written& target = written_[current_];
   TORCH_CHECK(entry_done_ + size <= target.end - target.begin, "writing '", path_, "': entry '",
               entry.key, "' got more than its ", target.end - target.begin, " bytes");
-  const uint32_t crc = crc_update(0, cpu.data_ptr(), size);
+  const uint32_t crc = crc32_of(cpu.data_ptr(), size);
   entry_crc_ = static_cast<uint32_t>(crc32_combine(entry_crc_, crc, static_cast<z_off_t>(size)));
   write_bytes(cpu.data_ptr(), size, crc);
   entry_done_ += size;

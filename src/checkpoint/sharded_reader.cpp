@@ -2,7 +2,6 @@
 // byte ranges of the slices it overlaps and checks their checksums.
 #include <fcntl.h>
 #include <unistd.h>
-#include <zlib.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -20,17 +19,6 @@ namespace fs = std::filesystem;
 
 namespace shardtrain {
 namespace {
-
-uint32_t crc_of(const void* data, int64_t size, uint32_t crc = 0) {
-  const auto* bytes = static_cast<const Bytef*>(data);
-  while (size > 0) {
-    const uInt piece = static_cast<uInt>(std::min<int64_t>(size, 1 << 30));
-    crc = static_cast<uint32_t>(::crc32(crc, bytes, piece));
-    bytes += piece;
-    size -= piece;
-  }
-  return crc;
-}
 
 // Reads exactly `size` bytes at `offset` of `path` into `out`.
 void read_range(const std::string& path, int64_t offset, int64_t size, void* out) {
@@ -212,7 +200,7 @@ void ShardedCheckpointReader::read_flat_into(const std::string& name, int64_t of
       dest = buffer.data();
     }
     read_range(file_path(p.file), p.begin, p.numel * element, dest);
-    if (crc_of(dest, p.numel * element) != p.crc32) {
+    if (detail::crc32_of(dest, p.numel * element) != p.crc32) {
       throw std::invalid_argument("checkpoint file '" + file_path(p.file) + "': the slice of '" +
                                   name + "' at element " + std::to_string(p.offset) +
                                   " fails its crc32 check (the file is corrupt)");
@@ -234,7 +222,7 @@ std::map<std::string, at::Tensor> ShardedCheckpointReader::rank_state(int rank) 
     at::Tensor tensor = at::empty(entry.spec.shape, entry.spec.dtype);
     const int64_t bytes = static_cast<int64_t>(tensor.nbytes());
     read_range(file_path(file), entry.begin, bytes, tensor.data_ptr());
-    if (crc_of(tensor.data_ptr(), bytes) != entry.crc32) {
+    if (detail::crc32_of(tensor.data_ptr(), bytes) != entry.crc32) {
       throw std::invalid_argument("checkpoint file '" + file_path(file) + "': rank state '" +
                                   entry.name + "' fails its crc32 check (the file is corrupt)");
     }
@@ -251,7 +239,7 @@ void ShardedCheckpointReader::verify() const {
       const int64_t n =
           std::min<int64_t>(static_cast<int64_t>(buffer.size()), files_[f].bytes - at);
       read_range(file_path(static_cast<int>(f)), at, n, buffer.data());
-      crc = crc_of(buffer.data(), n, crc);
+      crc = detail::crc32_of(buffer.data(), n, crc);
       at += n;
     }
     if (crc != file_crc_[f]) {

@@ -1,12 +1,12 @@
 // The collective save of a sharded checkpoint. Ranks agree after each phase (staging directory
 // created, rank files durable, index committed), exchanging a short JSON text each, so that an
 // error on one rank is raised on all of them instead of leaving the others waiting.
-#include <zlib.h>
 
 #include <cstring>
 #include <memory>
 #include <stdexcept>
 
+#include "checkpoint/safetensors_detail.h"
 #include "checkpoint/sharded_index.h"
 
 namespace shardtrain {
@@ -64,8 +64,7 @@ uint32_t specs_checksum(const std::vector<TensorSpec>& tensors) {
   nlohmann::json all = nlohmann::json::array();
   for (const auto& spec : tensors) all.push_back(detail::spec_to_json(spec));
   const std::string text = all.dump();
-  return static_cast<uint32_t>(
-      ::crc32(0, reinterpret_cast<const Bytef*>(text.data()), static_cast<uInt>(text.size())));
+  return detail::crc32_of(text.data(), static_cast<int64_t>(text.size()));
 }
 
 }  // namespace
