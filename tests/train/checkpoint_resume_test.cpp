@@ -10,6 +10,7 @@
 #include "shardtrain/sharded_checkpoint.h"
 #include "shardtrain/train.h"
 #include "support.h"
+#include "train/run_config.h"
 
 namespace shardtrain {
 namespace {
@@ -30,17 +31,10 @@ class CheckpointResumeTest : public ::testing::Test {
   // A global batch of 6 sequences on `world` ranks.
   TrainConfig config(int world, const std::string& run, std::vector<std::string> extra = {}) const {
     std::vector<std::string> all = {
-        "data.corpus=\"" + (dir_ / "corpus.txt").string() + "\"",
-        "run.dir=\"" + (dir_ / run).string() + "\"",
-        "data.seq_len=32",
-        "train.micro_batch=" + std::to_string(6 / world),
-        "train.warmup=2",
-        "train.steps=6",
-        "train.sample_tokens=0",
-        "data.eval_sequences=4",
+        "train.micro_batch=" + std::to_string(6 / world), "train.steps=6",
         std::string("parallel.strategy=") + (world > 1 ? "\"ddp\"" : "\"none\"")};
     all.insert(all.end(), extra.begin(), extra.end());
-    return parse_train_config("[model]\npreset = \"tiny\"\n", "test.toml", all);
+    return testing::tiny_run_config(dir_ / "corpus.txt", dir_ / run, all);
   }
 
   // Losses of `steps` steps on `world` in-process ranks (rank 0's); `after` runs on every rank.

@@ -9,6 +9,7 @@
 #include "shardtrain/rendezvous.h"
 #include "shardtrain/train.h"
 #include "support.h"
+#include "train/run_config.h"
 
 namespace shardtrain {
 namespace {
@@ -28,16 +29,9 @@ class FsdpTrainerTest : public ::testing::Test {
   void TearDown() override { fs::remove_all(dir_); }
 
   TrainConfig config(const std::vector<std::string>& overrides = {}) const {
-    std::vector<std::string> all = {"data.corpus=\"" + (dir_ / "corpus.txt").string() + "\"",
-                                    "run.dir=\"" + (dir_ / "run").string() + "\"",
-                                    "data.seq_len=32",
-                                    "train.micro_batch=8",
-                                    "train.warmup=2",
-                                    "train.steps=4",
-                                    "train.sample_tokens=0",
-                                    "data.eval_sequences=4"};
+    std::vector<std::string> all = {"train.micro_batch=8", "train.steps=4"};
     all.insert(all.end(), overrides.begin(), overrides.end());
-    return parse_train_config("[model]\npreset = \"tiny\"\n", "test.toml", all);
+    return testing::tiny_run_config(dir_ / "corpus.txt", dir_ / "run", all);
   }
 
   // Rank 0's losses of `steps` steps on `world` in-process ranks.

@@ -10,6 +10,7 @@
 #include "shardtrain/rendezvous.h"
 #include "shardtrain/train.h"
 #include "support.h"
+#include "train/run_config.h"
 
 namespace shardtrain {
 namespace {
@@ -43,17 +44,12 @@ class ReshardResumeTest : public ::testing::Test {
 
   TrainConfig config(int world, const Layout& layout, const fs::path& run,
                      const std::string& resume = "") const {
-    std::vector<std::string> all = {"data.corpus=\"" + (dir_ / "corpus.txt").string() + "\"",
-                                    "run.dir=\"" + run.string() + "\"",
-                                    "data.seq_len=24",
+    std::vector<std::string> all = {"data.seq_len=24",
                                     "train.micro_batch=" + std::to_string(kGlobalBatch / world),
-                                    "train.warmup=2",
-                                    "train.steps=6",
-                                    "train.sample_tokens=0",
-                                    "data.eval_sequences=4"};
+                                    "train.steps=6"};
     if (world > 1) all.insert(all.end(), layout.keys.begin(), layout.keys.end());
     if (!resume.empty()) all.push_back("run.resume=\"" + resume + "\"");
-    return parse_train_config("[model]\npreset = \"tiny\"\n", "test.toml", all);
+    return testing::tiny_run_config(dir_ / "corpus.txt", run, all);
   }
 
   // Rank 0's losses of `steps` steps; with `save`, a checkpoint after them, whose directory is

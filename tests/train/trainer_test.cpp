@@ -10,6 +10,7 @@
 #include "shardtrain/rendezvous.h"
 #include "shardtrain/train.h"
 #include "support.h"
+#include "train/run_config.h"
 
 namespace shardtrain {
 namespace {
@@ -29,16 +30,9 @@ class TrainerTest : public ::testing::Test {
   void TearDown() override { fs::remove_all(dir_); }
 
   TrainConfig config(const std::vector<std::string>& overrides = {}) const {
-    std::vector<std::string> all = {"data.corpus=\"" + (dir_ / "corpus.txt").string() + "\"",
-                                    "run.dir=\"" + (dir_ / "run").string() + "\"",
-                                    "data.seq_len=32",
-                                    "train.micro_batch=4",
-                                    "train.warmup=2",
-                                    "train.steps=6",
-                                    "train.sample_tokens=0",
-                                    "data.eval_sequences=4"};
+    std::vector<std::string> all = {"train.micro_batch=4", "train.steps=6"};
     all.insert(all.end(), overrides.begin(), overrides.end());
-    return parse_train_config("[model]\npreset = \"tiny\"\n", "test.toml", all);
+    return testing::tiny_run_config(dir_ / "corpus.txt", dir_ / "run", all);
   }
 
   std::vector<double> losses(Trainer& trainer, int steps) {
