@@ -12,6 +12,7 @@
 #include "shardtrain/hf.h"
 #include "shardtrain/rendezvous.h"
 #include "shardtrain/sharded_checkpoint.h"
+#include "shardtrain/threads.h"
 
 namespace fs = std::filesystem;
 using namespace shardtrain;
@@ -32,7 +33,7 @@ double median(std::vector<double> v) {
 int main(int argc, char** argv) {
   const fs::path dir = argc > 1 ? argv[1] : fs::temp_directory_path() / "shardtrain_ckpt_bench";
   const int64_t megabytes = argc > 2 ? std::stoll(argv[2]) : 256;
-  at::set_num_threads(1);
+  shardtrain::set_num_threads(1);
   // A GPT-2-family model whose layer count gives about the requested size.
   ModelConfig config = model_preset("tiny");
   config.vocab_size = 8192;

@@ -19,6 +19,7 @@
 
 #include "shardtrain/ddp.h"
 #include "shardtrain/rendezvous.h"
+#include "shardtrain/threads.h"
 
 namespace {
 
@@ -45,7 +46,7 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  at::set_num_threads(1);
+  shardtrain::set_num_threads(1);
   auto world = shardtrain::init_from_environment();
   torch::manual_seed(0);
   torch::nn::Sequential model;
@@ -59,23 +60,32 @@ int main(int argc, char** argv) {
   torch::manual_seed(1 + world->rank());
   const at::Tensor x = at::randn({batch, width});
   const at::Tensor y = at::randn({batch, width});
-  std::vector<double> times, hidden;
+  std::vector<double> times, forward, backward, hidden;
+  using clock = std::chrono::steady_clock;
+  auto seconds = [](clock::time_point from, clock::time_point to) {
+    return std::chrono::duration<double>(to - from).count();
+  };
   for (int s = 0; s < warmup + steps; ++s) {
-    const auto start = std::chrono::steady_clock::now();
+    const auto start = clock::now();
     sgd.zero_grad();
-    (model->forward(x) - y).pow(2).mean().backward();
+    const at::Tensor loss = (model->forward(x) - y).pow(2).mean();
+    const auto forward_end = clock::now();
+    loss.backward();  // returns once every bucket's all-reduce has completed
+    const auto backward_end = clock::now();
     sgd.step();
-    const double seconds =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     if (s >= warmup) {
-      times.push_back(seconds);
+      times.push_back(seconds(start, clock::now()));
+      forward.push_back(seconds(start, forward_end));
+      backward.push_back(seconds(forward_end, backward_end));
       hidden.push_back(ddp.last_timeline().hidden_fraction());
     }
   }
   if (world->rank() == 0) {
     std::printf("{\"impl\": \"shardtrain\", \"ranks\": %d, \"buckets\": %d, "
-                "\"median_step_s\": %.5f, \"median_hidden_fraction\": %.3f}\n",
-                world->size(), ddp.num_buckets(), median(times), median(hidden));
+                "\"median_step_s\": %.5f, \"median_forward_s\": %.5f, "
+                "\"median_backward_s\": %.5f, \"median_hidden_fraction\": %.3f}\n",
+                world->size(), ddp.num_buckets(), median(times), median(forward),
+                median(backward), median(hidden));
   }
   return 0;
 }

@@ -23,6 +23,7 @@
 #include "shardtrain/mesh.h"
 #include "shardtrain/model.h"
 #include "shardtrain/rendezvous.h"
+#include "shardtrain/threads.h"
 #include "shardtrain/zero.h"
 
 namespace {
@@ -79,7 +80,7 @@ int main(int argc, char** argv) {
   config.context_length = seq;  // the position table is as long as the sequences trained
   config.dropout = 0.0;
 
-  at::set_num_threads(1);
+  shardtrain::set_num_threads(1);
   auto world = shardtrain::init_from_environment();
   torch::manual_seed(0);
   shardtrain::Transformer model(config);

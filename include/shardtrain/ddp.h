@@ -56,13 +56,15 @@ struct DDPTimeline {
   struct Bucket {
     int index = 0;
     int64_t bytes = 0;
-    double start = 0;  // all-reduce launched
-    double end = 0;    // all-reduce finished
+    double launched = 0;  // the bucket was complete and its all-reduce was issued
+    double start = 0;     // the all-reduce began running (after those issued before it)
+    double end = 0;       // the all-reduce finished
   };
   double last_gradient = 0;  // the last gradient of the backward became ready
   double finished = 0;       // every all-reduce finished (end of backward for the caller)
   std::vector<Bucket> buckets;
-  // Fraction of all-reduce time that ran while gradients were still being computed.
+  // Fraction of all-reduce time (start to end, summed over buckets) that ran while gradients
+  // were still being computed.
   double hidden_fraction() const;
 };
 

@@ -49,6 +49,9 @@ class Work {
   // When the operation finished on this rank (steady clock), once is_completed(); the clock's
   // epoch where the backend cannot tell.
   virtual std::chrono::steady_clock::time_point finished_at() { return {}; }
+  // When the operation began running on this rank, after the operations issued before it on
+  // the same group, once is_completed(); the clock's epoch where the backend cannot tell.
+  virtual std::chrono::steady_clock::time_point started_at() { return {}; }
 };
 using WorkHandle = std::shared_ptr<Work>;
 

@@ -62,7 +62,8 @@ struct LaunchResult {
 };
 
 // Starts ranks node_rank*nproc .. node_rank*nproc+nproc-1 running `command` with RANK,
-// WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT set, relays their output
+// WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT set (and, with nproc > 1,
+// OMP_NUM_THREADS = max(1, cores / nproc) unless it is set already), relays their output
 // line by line, and waits. When one rank fails (non-zero exit or a signal) the others get
 // SIGTERM, then SIGKILL after kill_timeout; with restarts left, all are started again.
 // Blocking; throws std::invalid_argument for bad options and std::runtime_error when a rank

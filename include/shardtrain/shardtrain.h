@@ -17,6 +17,7 @@
 #include "shardtrain/plan.h"
 #include "shardtrain/rendezvous.h"
 #include "shardtrain/sharded_checkpoint.h"
+#include "shardtrain/threads.h"
 #include "shardtrain/tokenizer.h"
 #include "shardtrain/train.h"
 #include "shardtrain/zero.h"

@@ -1,7 +1,6 @@
 #include "dist/gloo_group.h"
 
 #include <gloo/allgatherv.h>
-#include <gloo/allreduce.h>
 #include <gloo/barrier.h>
 #include <gloo/broadcast.h>
 #include <gloo/rendezvous/context.h>
@@ -192,6 +191,7 @@ void GlooProcessGroup::worker_loop() {
     }
     if (!error) {
       try {
+        task.work->start();
         task.run(task.tag);
       } catch (const std::exception& e) {
         const std::string message = describe(task.op.c_str()) + " failed: " + e.what();
@@ -207,21 +207,27 @@ void GlooProcessGroup::worker_loop() {
 WorkHandle GlooProcessGroup::all_reduce(at::Tensor tensor, ReduceOp op) {
   check_tensor("all_reduce", tensor);
   const ReduceFn fn = reduce_fn(tensor.scalar_type(), op);
-  if (tensor.numel() == 0) return std::make_shared<CompletedWork>();
-  return enqueue("all_reduce", [this, tensor, op, fn](uint32_t tag) mutable {
-    if (size() > 1) {
-      gloo::AllreduceOptions opts(context_);
-      opts.setAlgorithm(gloo::AllreduceOptions::Algorithm::RING);
-      with_element_size(tensor.element_size(), [&](auto element) {
-        using T = decltype(element);
-        opts.setOutput(static_cast<T*>(tensor.data_ptr()), tensor.numel());
-      });
-      opts.setReduceFunction(fn);
-      opts.setTag(tag);
-      opts.setTimeout(options_.timeout_);
-      gloo::allreduce(opts);
-    }
-    if (op == ReduceOp::kAvg) divide_in_place(tensor, size());
+  const AverageFn average = op == ReduceOp::kAvg ? average_fn(tensor.scalar_type()) : nullptr;
+  if (tensor.numel() == 0 || size() == 1) return std::make_shared<CompletedWork>();
+  // A ring reduce-scatter into this rank's own slice (the average folded into its last step),
+  // then an in-place all-gather of the slices: the bytes of a ring all-reduce, with every
+  // segment of the reduce-scatter in flight at once and no pass of its own for the average.
+  return enqueue("all_reduce", [this, tensor, fn, average](uint32_t tag) mutable {
+    const size_t elem_size = tensor.element_size();
+    char* data = static_cast<char*>(tensor.data_ptr());
+    const ShardRange mine = shard_range(tensor.numel(), size(), rank_);
+    ring_reduce_scatter(context_, data, data + mine.offset * elem_size, tensor.numel(), elem_size,
+                        fn, average, tag, options_.timeout_, ring_workspace_);
+    std::vector<size_t> counts(size());
+    for (int r = 0; r < size(); ++r) counts[r] = shard_range(tensor.numel(), size(), r).numel;
+    gloo::AllgathervOptions opts(context_);
+    with_element_size(elem_size, [&](auto element) {
+      using T = decltype(element);
+      opts.setOutput(reinterpret_cast<T*>(data), counts);  // no input: this rank's slice is in place
+    });
+    opts.setTag(tag);
+    opts.setTimeout(options_.timeout_);
+    gloo::allgatherv(opts);
   });
 }
 
@@ -264,11 +270,12 @@ WorkHandle GlooProcessGroup::reduce_scatter(at::Tensor input, at::Tensor output,
               " owns ", mine.numel, " of the input's ", input.numel(),
               " elements but its output has ", output.numel());
   const ReduceFn fn = reduce_fn(input.scalar_type(), op);
+  const AverageFn average = op == ReduceOp::kAvg ? average_fn(input.scalar_type()) : nullptr;
   if (input.numel() == 0) return std::make_shared<CompletedWork>();
-  return enqueue("reduce_scatter", [this, input, output, op, fn](uint32_t tag) mutable {
+  return enqueue("reduce_scatter", [this, input, output, fn, average](uint32_t tag) mutable {
     ring_reduce_scatter(context_, input.data_ptr(), output.data_ptr(), input.numel(),
-                        input.element_size(), fn, tag, options_.timeout_, ring_workspace_);
-    if (op == ReduceOp::kAvg) divide_in_place(output, size());
+                        input.element_size(), fn, average, tag, options_.timeout_,
+                        ring_workspace_);
   });
 }
 

@@ -19,17 +19,22 @@ using ReduceFn = void (*)(void* out, const void* a, const void* b, size_t n);
 // Throws naming the dtype when it has no reduction (or no average, for integer types).
 ReduceFn reduce_fn(at::ScalarType dtype, ReduceOp op);
 
-// Divides every element by `divisor` (the avg in ReduceOp::kAvg, applied after a sum).
-void divide_in_place(at::Tensor& tensor, int64_t divisor);
+// out[i] = (a[i] + b[i]) / divisor for n elements: the last step of a ring sum when the op is
+// ReduceOp::kAvg, so the average costs no pass of its own. Throws for dtypes without an average.
+using AverageFn = void (*)(void* out, const void* a, const void* b, size_t n, int64_t divisor);
+AverageFn average_fn(at::ScalarType dtype);
 
 // Ring reduce-scatter of the flat `input` (numel elements of elem_size bytes) into `output`,
 // which receives this rank's shard_range slice. Each rank sends and receives (size-1)/size of
 // the input; chunks are split into segments so reducing one overlaps receiving the next.
 // `workspace` (grown to two chunks, never shrunk) is reused across calls so that large
 // reduce-scatters do not pay for allocating and faulting in fresh memory each time.
+// With `average`, the last step reduces with it (dividing by the group size) instead of `fn`.
+// `output` may be this rank's own slice of `input` (an in-place reduce-scatter).
 // Runs on the calling thread and blocks until done; throws gloo's error on timeout.
 void ring_reduce_scatter(const std::shared_ptr<gloo::Context>& context, const void* input,
-                         void* output, int64_t numel, size_t elem_size, ReduceFn fn, uint32_t tag,
-                         std::chrono::milliseconds timeout, std::vector<char>& workspace);
+                         void* output, int64_t numel, size_t elem_size, ReduceFn fn,
+                         AverageFn average, uint32_t tag, std::chrono::milliseconds timeout,
+                         std::vector<char>& workspace);
 
 }  // namespace shardtrain::detail

@@ -4,14 +4,17 @@
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <stdexcept>
+#include <thread>
 
 namespace shardtrain {
 namespace {
@@ -84,8 +87,19 @@ std::string describe_status(int status) {
 
 bool failed(int status) { return !(WIFEXITED(status) && WEXITSTATUS(status) == 0); }
 
+// Threads each of `nproc` ranks can have without the ranks oversubscribing the cores this
+// launcher may run on.
+int threads_per_rank(int nproc) {
+  cpu_set_t cores;
+  const int available = sched_getaffinity(0, sizeof cores, &cores) == 0
+                            ? CPU_COUNT(&cores)
+                            : static_cast<int>(std::thread::hardware_concurrency());
+  return std::max(1, available / nproc);
+}
+
 Child spawn(const LaunchOptions& o, int local_rank, int port,
             const std::vector<std::string>& command) {
+  const std::string rank_threads = std::to_string(threads_per_rank(o.nproc_));
   int pipes[2][2];
   for (auto& p : pipes) {
     if (pipe2(p, O_CLOEXEC) != 0) {
@@ -108,6 +122,9 @@ Child spawn(const LaunchOptions& o, int local_rank, int port,
     setenv("GROUP_RANK", std::to_string(o.node_rank_).c_str(), 1);
     setenv("MASTER_ADDR", o.master_addr_.c_str(), 1);
     setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
+    // Unless the user chose, the ranks share the cores instead of each taking all of them
+    // (LibTorch's intra-op pool and OpenBLAS both read this).
+    if (o.nproc_ > 1) setenv("OMP_NUM_THREADS", rank_threads.c_str(), 0);
     std::vector<char*> argv;
     for (const auto& arg : command) argv.push_back(const_cast<char*>(arg.c_str()));
     argv.push_back(nullptr);

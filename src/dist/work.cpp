@@ -18,6 +18,16 @@ std::chrono::steady_clock::time_point CompletionWork::finished_at() {
   return finished_at_;
 }
 
+std::chrono::steady_clock::time_point CompletionWork::started_at() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return started_at_;
+}
+
+void CompletionWork::start() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  started_at_ = std::chrono::steady_clock::now();
+}
+
 void CompletionWork::finish(std::exception_ptr error) {
   {
     std::lock_guard<std::mutex> lock(mutex_);

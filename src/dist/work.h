@@ -17,10 +17,14 @@ class CompletionWork : public Work {
   void wait() override;
   bool is_completed() override;
   std::chrono::steady_clock::time_point finished_at() override;
+  std::chrono::steady_clock::time_point started_at() override;
+  // Records that the operation begins running now.
+  void start();
   // Marks the operation done; `error` (may be null) is what wait() rethrows.
   void finish(std::exception_ptr error = nullptr);
 
  private:
+  std::chrono::steady_clock::time_point started_at_;
   std::chrono::steady_clock::time_point finished_at_;
   std::mutex mutex_;
   std::condition_variable done_cv_;

@@ -13,6 +13,7 @@
 #include <stdexcept>
 
 #include "shardtrain/fused_adamw.h"
+#include "shardtrain/threads.h"
 
 namespace shardtrain {
 namespace {
@@ -51,7 +52,7 @@ std::vector<AdamBenchRow> bench_adam(const AdamBenchOptions& options) {
     throw std::invalid_argument("bench adam: --threads must be >= 0, got " +
                                 std::to_string(options.threads_));
   }
-  if (options.threads_ > 0) at::set_num_threads(options.threads_);
+  if (options.threads_ > 0) set_num_threads(options.threads_);
   const int64_t n = options.params_;
   std::vector<AdamBenchRow> rows;
   auto add = [&](const std::string& name, double seconds) {

@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "shardtrain/plan.h"
+#include "shardtrain/threads.h"
 
 namespace shardtrain {
 namespace {
@@ -131,7 +132,7 @@ double gemm_flops(at::ScalarType dtype, int64_t n) {
 HardwareSpec measure_cpu_host(int threads) {
   if (threads < 1) throw std::invalid_argument("measure_cpu_host: threads must be >= 1");
   const int saved = at::get_num_threads();
-  at::set_num_threads(threads);
+  set_num_threads(threads);  // LibTorch's and the BLAS's: the GEMM below runs in the BLAS
   HardwareSpec s = hardware_spec("cpu");
   s.peak_fp32_flops = gemm_flops(at::kFloat, 1024);
   s.peak_bf16_flops = gemm_flops(at::kBFloat16, 1024);
@@ -141,7 +142,7 @@ HardwareSpec measure_cpu_host(int threads) {
   dst.copy_(src);
   const double t = best_time(5, [&] { dst.copy_(src); });
   s.memory_bw = 2.0 * static_cast<double>(src.nbytes()) / t;
-  at::set_num_threads(saved);
+  set_num_threads(saved);
   const double pages = static_cast<double>(sysconf(_SC_PHYS_PAGES));
   const double page = static_cast<double>(sysconf(_SC_PAGE_SIZE));
   const double cores = std::max(1u, std::thread::hardware_concurrency());

@@ -13,6 +13,7 @@
 #include "shardtrain/fused_adamw.h"
 #include "shardtrain/hf.h"
 #include "shardtrain/memory.h"
+#include "shardtrain/threads.h"
 #include "shardtrain/train.h"
 #include "train/run_manifest.h"
 #include "train/run_setup.h"
@@ -47,7 +48,7 @@ Trainer::Trainer(TrainConfig config, std::shared_ptr<ProcessGroup> world)
         "precision.autocast = \"fp16\" needs a CUDA device; on CPU use \"bf16\" (loss scaling "
         "via precision.loss_scale works with either)");
   }
-  if (config_.threads > 0) at::set_num_threads(static_cast<int>(config_.threads));
+  if (config_.threads > 0) set_num_threads(static_cast<int>(config_.threads));
   install_cpu_memory_tracking();
   std::filesystem::create_directories(config_.dir);
 

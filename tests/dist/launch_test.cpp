@@ -1,7 +1,9 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <filesystem>
 
 #include "support.h"
@@ -22,6 +24,30 @@ TEST(LaunchTest, SetsTorchrunEnvironmentAndPrefixesLines) {
       << result.output;
   EXPECT_NE(result.output.find("[rank 1] env=1/2/1/2/127.0.0.1"), std::string::npos)
       << result.output;
+}
+
+TEST(LaunchTest, RanksShareTheCoresUnlessTheUserChoseThreads) {
+  const long cores = sysconf(_SC_NPROCESSORS_ONLN);
+  const auto shared =
+      run_command("env -u OMP_NUM_THREADS " + cli() +
+                  " launch --nproc 2 --no-prefix -- sh -c 'echo threads=$OMP_NUM_THREADS'");
+  ASSERT_EQ(shared.exit_code, 0) << shared.output;
+  const auto at = shared.output.find("threads=");
+  ASSERT_NE(at, std::string::npos) << shared.output;
+  const long threads = std::atol(shared.output.c_str() + at + 8);
+  EXPECT_GE(threads, 1) << shared.output;
+  EXPECT_LE(threads, std::max(1L, cores / 2)) << shared.output;
+
+  const auto chosen =
+      run_command("OMP_NUM_THREADS=3 " + cli() +
+                  " launch --nproc 2 --no-prefix -- sh -c 'echo threads=$OMP_NUM_THREADS'");
+  EXPECT_EQ(chosen.exit_code, 0) << chosen.output;
+  EXPECT_NE(chosen.output.find("threads=3\nthreads=3"), std::string::npos) << chosen.output;
+
+  // One rank per node keeps LibTorch's own default.
+  const auto alone = run_command("env -u OMP_NUM_THREADS " + cli() +
+                                 " launch --nproc 1 -- sh -c 'echo threads=$OMP_NUM_THREADS.'");
+  EXPECT_NE(alone.output.find("threads=."), std::string::npos) << alone.output;
 }
 
 TEST(LaunchTest, MultiNodeRanksAreOffsetByTheNodeRank) {

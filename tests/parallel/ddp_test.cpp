@@ -142,11 +142,14 @@ TEST(DdpTest, BucketsFillInBackwardOrderAndGradientsAreViews) {
         fill(*model, 0.0);
         DistributedDataParallel ddp(model,
                                     std::shared_ptr<ProcessGroup>(&group, [](ProcessGroup*) {}),
-                                    DDPOptions().bucket_cap_mb(0.005).first_bucket_cap_mb(0.0002));
+                                    DDPOptions().bucket_cap_mb(0.004).first_bucket_cap_mb(0.0002));
+        // Reverse registration order (the last layer's gradients come first); a bucket closes
+        // with the parameter that brings it to its cap (209 bytes for the first, 4194 after):
+        // 4.weight is 512 bytes, 2.bias + 2.weight 4224.
+        const std::vector<std::vector<std::string>> expected = {
+            {"4.bias", "4.weight"}, {"2.bias", "2.weight"}, {"0.bias", "0.weight"}};
         const auto layout = ddp.bucket_layout();
-        ASSERT_GE(layout.size(), 3u);
-        EXPECT_EQ(layout.front().front(), "4.bias");  // the last layer's gradient comes first
-        EXPECT_EQ(layout.back().back(), "0.weight");
+        EXPECT_EQ(layout, expected);
         // Parameters of one bucket share its storage: gradients are views, not copies.
         const auto params = model->named_parameters();
         for (const auto& bucket : layout) {
@@ -158,7 +161,10 @@ TEST(DdpTest, BucketsFillInBackwardOrderAndGradientsAreViews) {
         loss.backward();
         const DDPTimeline& timeline = ddp.last_timeline();
         EXPECT_EQ(timeline.buckets.size(), layout.size());
-        for (const auto& b : timeline.buckets) EXPECT_GE(b.end, b.start);
+        for (const auto& b : timeline.buckets) {
+          EXPECT_GE(b.start, b.launched);
+          EXPECT_GE(b.end, b.start);
+        }
         EXPECT_GE(timeline.finished, timeline.last_gradient);
       },
       ProcessGroupOptions().timeout(std::chrono::seconds(60)));

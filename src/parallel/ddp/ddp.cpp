@@ -17,7 +17,7 @@ struct DistributedDataParallel::Bucket {
   at::Tensor wire;             // 16-bit copy sent instead, with a compression hook
   size_t pending = 0;          // parameters whose gradient is not ready yet
   WorkHandle work;
-  double start = 0;
+  double launched = 0;
 };
 
 namespace {
@@ -61,26 +61,27 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Modu
   TORCH_CHECK(!params_.empty(), "DistributedDataParallel: the module has no trainable parameters");
 
   // Reverse registration order approximates the order backward produces gradients, so the
-  // first bucket is complete first. A bucket holds one dtype.
+  // first bucket is complete first. As in PyTorch, a bucket is closed by the parameter that
+  // brings it to its cap: a weight and the bias before it stay together, and every bucket but
+  // the last holds at least the cap. A bucket holds one dtype.
   bucket_of_.assign(params_.size(), 0);
   offset_of_.assign(params_.size(), 0);
   std::vector<std::vector<size_t>> layout;
   int64_t bucket_bytes = 0;
+  bool open = false;  // whether layout.back() takes more parameters
   for (size_t k = params_.size(); k-- > 0;) {
     const at::Tensor& p = params_[k];
-    // The bucket being filled is the first one while layout has one entry.
-    const double cap_mb =
-        layout.size() == 1 ? options_.first_bucket_cap_mb_ : options_.bucket_cap_mb_;
-    const int64_t cap = static_cast<int64_t>(cap_mb * (1 << 20));
-    const bool fits = !layout.empty() &&
-                      params_[layout.back().front()].scalar_type() == p.scalar_type() &&
-                      bucket_bytes + static_cast<int64_t>(p.nbytes()) <= cap;
-    if (!fits) {  // a parameter larger than the cap gets a bucket of its own
+    if (open && params_[layout.back().front()].scalar_type() != p.scalar_type()) open = false;
+    if (!open) {
       layout.emplace_back();
       bucket_bytes = 0;
+      open = true;
     }
     layout.back().push_back(k);
     bucket_bytes += static_cast<int64_t>(p.nbytes());
+    const double cap_mb =
+        layout.size() == 1 ? options_.first_bucket_cap_mb_ : options_.bucket_cap_mb_;
+    if (bucket_bytes >= static_cast<int64_t>(cap_mb * (1 << 20))) open = false;
   }
   for (size_t b = 0; b < layout.size(); ++b) {
     auto bucket = std::make_unique<Bucket>();
@@ -202,7 +203,7 @@ void DistributedDataParallel::mark_ready(size_t k) {
 
 void DistributedDataParallel::launch(size_t b) {
   Bucket& bucket = *buckets_[b];
-  bucket.start = seconds_between(backward_start_, std::chrono::steady_clock::now());
+  bucket.launched = seconds_between(backward_start_, std::chrono::steady_clock::now());
   switch (options_.comm_hook_) {
     case DDPCommHook::kNone:
       bucket.work = group_->all_reduce(bucket.buffer, ReduceOp::kAvg);
@@ -252,10 +253,14 @@ void DistributedDataParallel::finish_backward() {
       bucket.buffer.copy_(bucket.wire);
       bucket.wire = at::Tensor();
     }
-    const auto end = bucket.work->finished_at();
+    // Backends that cannot tell when an operation ran are taken to run from launch to wait.
+    const auto since_backward = [&](std::chrono::steady_clock::time_point t, double otherwise) {
+      return t.time_since_epoch().count() ? seconds_between(backward_start_, t) : otherwise;
+    };
+    const double start = since_backward(bucket.work->started_at(), bucket.launched);
     timeline_.buckets.push_back(DDPTimeline::Bucket{
-        static_cast<int>(b), static_cast<int64_t>(bucket.buffer.nbytes()), bucket.start,
-        end.time_since_epoch().count() ? seconds_between(backward_start_, end) : bucket.start});
+        static_cast<int>(b), static_cast<int64_t>(bucket.buffer.nbytes()), bucket.launched,
+        start, std::max(start, since_backward(bucket.work->finished_at(), start))});
   }
   timeline_.finished = seconds_between(backward_start_, std::chrono::steady_clock::now());
   reset_for_next_backward();
