@@ -180,6 +180,30 @@ TEST(CollectiveTest, ReduceScatterLargeTensorUsesManySegments) {
       test_options());
 }
 
+TEST(CollectiveTest, AllReduceOfLargeAndTinyTensors) {
+  // The all-reduce is a ring reduce-scatter into each rank's own slice, then an all-gather:
+  // slices of several 4 MiB segments with an uneven tail, and fewer elements than ranks (empty
+  // slices), on 2 and 3 ranks; the average is folded into the reduce-scatter's last step.
+  for (const int world : {2, 3}) {
+    for (const int64_t numel : {int64_t{(9 << 20) + 7}, int64_t{1}, int64_t{world + 1}}) {
+      run_local_ranks(
+          world,
+          [&](ProcessGroup& group) {
+            const at::Tensor base = at::arange(numel, at::kFloat).remainder(1000);
+            at::Tensor sum = base * (group.rank() + 1);
+            at::Tensor avg = base * (group.rank() + 1);
+            group.all_reduce(sum, ReduceOp::kSum)->wait();
+            group.all_reduce(avg, ReduceOp::kAvg)->wait();
+            const double ranks_total = world * (world + 1) / 2.0;  // 1 + 2 + ... + world
+            EXPECT_TRUE(at::equal(sum, base * ranks_total)) << world << " ranks, " << numel;
+            EXPECT_TRUE(at::allclose(avg, base * (ranks_total / world), 1e-6, 1e-6))
+                << world << " ranks, " << numel;
+          },
+          test_options());
+    }
+  }
+}
+
 TEST(CollectiveTest, ManyOperationsInFlightCompleteInOrder) {
   run_local_ranks(
       2,
