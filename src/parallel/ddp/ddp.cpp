@@ -62,8 +62,8 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Modu
 
   // Reverse registration order approximates the order backward produces gradients, so the
   // first bucket is complete first. As in PyTorch, a bucket is closed by the parameter that
-  // brings it to its cap: a weight and the bias before it stay together, and every bucket but
-  // the last holds at least the cap. A bucket holds one dtype.
+  // brings it to its cap, so a weight and the bias before it stay together. A bucket holds one
+  // dtype: a change of dtype closes it early.
   bucket_of_.assign(params_.size(), 0);
   offset_of_.assign(params_.size(), 0);
   std::vector<std::vector<size_t>> layout;
@@ -253,7 +253,8 @@ void DistributedDataParallel::finish_backward() {
       bucket.buffer.copy_(bucket.wire);
       bucket.wire = at::Tensor();
     }
-    // Backends that cannot tell when an operation ran are taken to run from launch to wait.
+    // From backends that cannot tell when an operation ran, a bucket is recorded as starting at
+    // its launch, with no duration.
     const auto since_backward = [&](std::chrono::steady_clock::time_point t, double otherwise) {
       return t.time_since_epoch().count() ? seconds_between(backward_start_, t) : otherwise;
     };
