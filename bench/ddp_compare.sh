@@ -4,12 +4,7 @@
 # alternating ROUNDS times. Prints each run and the median step times and their ratio.
 # Usage: bench/ddp_compare.sh [RANKS] [ROUNDS] [extra flags for both, e.g. --width 2048]
 set -euo pipefail
-root="$(cd "$(dirname "$0")/.." && pwd)"
-ranks="${1:-2}"
-rounds="${2:-5}"
-shift $(( $# > 2 ? 2 : $# ))
-source "$root/bench/torch_side.sh"
-launch=("$root/build/shardtrain" launch --nproc "$ranks" --no-prefix --)
+source "$(dirname "$0")/side_by_side.sh"
 for i in $(seq "$rounds"); do
   "${launch[@]}" "$root/build/bench_ddp" "$@"
   "${launch[@]}" /usr/bin/python3 "$root/bench/ddp_torch.py" "$@"

@@ -7,12 +7,7 @@
 # of each phase on both sides.
 # Usage: bench/zero_compare.sh [RANKS] [ROUNDS] [extra flags for both, e.g. --batch 2 --stage 0]
 set -euo pipefail
-root="$(cd "$(dirname "$0")/.." && pwd)"
-ranks="${1:-2}"
-rounds="${2:-5}"
-shift $(( $# > 2 ? 2 : $# ))
-source "$root/bench/torch_side.sh"
-launch=("$root/build/shardtrain" launch --nproc "$ranks" --no-prefix --)
+source "$(dirname "$0")/side_by_side.sh"
 ours=("${launch[@]}" "$root/build/bench_zero" "$@")
 theirs=("${launch[@]}" /usr/bin/python3 "$root/bench/zero_torch.py" "$@")
 # Which program runs first swaps every round, so that neither always follows the other.
