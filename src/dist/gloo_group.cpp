@@ -218,17 +218,23 @@ WorkHandle GlooProcessGroup::all_reduce(at::Tensor tensor, ReduceOp op) {
     const ShardRange mine = shard_range(tensor.numel(), size(), rank_);
     ring_reduce_scatter(context_, data, data + mine.offset * elem_size, tensor.numel(), elem_size,
                         fn, average, tag, options_.timeout_, ring_workspace_);
-    std::vector<size_t> counts(size());
-    for (int r = 0; r < size(); ++r) counts[r] = shard_range(tensor.numel(), size(), r).numel;
-    gloo::AllgathervOptions opts(context_);
-    with_element_size(elem_size, [&](auto element) {
-      using T = decltype(element);
-      opts.setOutput(reinterpret_cast<T*>(data), counts);  // no input: this rank's slice is in place
-    });
-    opts.setTag(tag);
-    opts.setTimeout(options_.timeout_);
-    gloo::allgatherv(opts);
+    gather_slices(nullptr, data, tensor.numel(), elem_size, tag);
   });
+}
+
+void GlooProcessGroup::gather_slices(const void* input, void* output, int64_t numel,
+                                     size_t elem_size, uint32_t tag) {
+  std::vector<size_t> counts(size());
+  for (int r = 0; r < size(); ++r) counts[r] = shard_range(numel, size(), r).numel;
+  gloo::AllgathervOptions opts(context_);
+  with_element_size(elem_size, [&](auto element) {
+    using T = decltype(element);
+    if (input) opts.setInput(static_cast<T*>(const_cast<void*>(input)), counts[rank_]);
+    opts.setOutput(static_cast<T*>(output), counts);
+  });
+  opts.setTag(tag);
+  opts.setTimeout(options_.timeout_);
+  gloo::allgatherv(opts);
 }
 
 WorkHandle GlooProcessGroup::all_gather(at::Tensor input, at::Tensor output) {
@@ -246,17 +252,7 @@ WorkHandle GlooProcessGroup::all_gather(at::Tensor input, at::Tensor output) {
       output.copy_(input.view_as(output));
       return;
     }
-    std::vector<size_t> counts(size());
-    for (int r = 0; r < size(); ++r) counts[r] = shard_range(output.numel(), size(), r).numel;
-    gloo::AllgathervOptions opts(context_);
-    with_element_size(output.element_size(), [&](auto element) {
-      using T = decltype(element);
-      opts.setInput(static_cast<T*>(input.data_ptr()), input.numel());
-      opts.setOutput(static_cast<T*>(output.data_ptr()), counts);
-    });
-    opts.setTag(tag);
-    opts.setTimeout(options_.timeout_);
-    gloo::allgatherv(opts);
+    gather_slices(input.data_ptr(), output.data_ptr(), output.numel(), output.element_size(), tag);
   });
 }
 

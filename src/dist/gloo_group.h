@@ -39,6 +39,10 @@ class GlooProcessGroup : public ProcessGroup {
   // Queues `run` for the worker thread; its exception fails the returned handle, named after
   // `op`, and breaks the group: later operations fail at once with the same cause.
   WorkHandle enqueue(const char* op, std::function<void(uint32_t tag)> run);
+  // Gloo's ring all-gather of every rank's shard_range slice of the flat `output` (numel
+  // elements); `input` is this rank's slice, or null when it is in `output` already. Worker only.
+  void gather_slices(const void* input, void* output, int64_t numel, size_t elem_size,
+                     uint32_t tag);
   void worker_loop();
   std::string describe(const char* op) const;
 
