@@ -92,7 +92,7 @@ int main(int argc, char** argv) {
       for (const auto& spec : specs) reader.read(spec.name);
       load.push_back(gb / seconds_since(phase));
       phase = std::chrono::steady_clock::now();
-      export_hf_checkpoint(one, (dir / "hf").string());
+      export_hf_checkpoint(one, (dir / "hf").string(), /*overwrite=*/true);
       exported.push_back(gb / seconds_since(phase));
       std::printf(
           "round %d: save 1 rank %.2f GB/s, save 2 ranks %.2f GB/s, read %.2f GB/s, "

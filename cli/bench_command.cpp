@@ -15,11 +15,17 @@ void add_bench_command(CLI::App& app, int& exit_code) {
       "Time collectives over a size sweep and print nccl-tests' columns (size, time, algbw, "
       "busbw). Run it under a launcher: shardtrain launch --nproc 4 -- shardtrain bench "
       "collectives");
-  auto options = std::make_shared<CollectiveBenchOptions>();
-  auto op = std::make_shared<std::string>("all_reduce");
-  auto dtype = std::make_shared<std::string>("float32");
-  auto timeout_s = std::make_shared<double>(300.0);
-  coll->add_option("--op", *op,
+  // Every value an option writes into lives in `a`, which the callback owns (see ckpt_command).
+  struct CollectiveArgs {
+    CollectiveBenchOptions options;
+    std::string op = "all_reduce";
+    std::string dtype = "float32";
+    double timeout_s = 300.0;
+    bool no_check = false;
+  };
+  auto a = std::make_shared<CollectiveArgs>();
+  CollectiveBenchOptions* options = &a->options;
+  coll->add_option("--op", a->op,
                    "all_reduce, all_gather, reduce_scatter, broadcast, or all (each in turn)")
       ->capture_default_str()
       ->check(CLI::IsMember({"all_reduce", "all_gather", "reduce_scatter", "broadcast", "all"}));
@@ -39,27 +45,27 @@ void add_bench_command(CLI::App& app, int& exit_code) {
   coll->add_option("--warmup,-w", options->warmup_, "Untimed iterations per size")
       ->capture_default_str()
       ->check(CLI::Range(0, 1 << 20));
-  coll->add_option("--dtype", *dtype, "float32, bfloat16, float16 or float64")
+  coll->add_option("--dtype", a->dtype, "float32, bfloat16, float16 or float64")
       ->capture_default_str()
       ->check(CLI::IsMember({"float32", "bfloat16", "float16", "float64"}));
-  coll->add_option("--timeout", *timeout_s, "Seconds before a collective or the rendezvous fails")
+  coll->add_option("--timeout", a->timeout_s, "Seconds before a collective or the rendezvous fails")
       ->capture_default_str()
       ->check(CLI::Range(1, 1 << 20));
-  auto no_check = std::make_shared<bool>(false);
-  coll->add_flag("--no-check", *no_check, "Skip verifying the results of each size");
-  coll->callback([=, &exit_code] {
-    if (*op == "all") {
+  coll->add_flag("--no-check", a->no_check, "Skip verifying the results of each size");
+  coll->callback([a, &exit_code] {
+    CollectiveBenchOptions* options = &a->options;
+    if (a->op == "all") {
       options->ops({"all_reduce", "all_gather", "reduce_scatter", "broadcast"});
     } else {
-      options->ops({*op});
+      options->ops({a->op});
     }
     const std::map<std::string, at::ScalarType> dtypes = {{"float32", at::kFloat},
                                                           {"bfloat16", at::kBFloat16},
                                                           {"float16", at::kHalf},
                                                           {"float64", at::kDouble}};
-    options->dtype(dtypes.at(*dtype)).check(!*no_check);
+    options->dtype(dtypes.at(a->dtype)).check(!a->no_check);
     auto group = init_from_environment(ProcessGroupOptions().timeout(
-        std::chrono::milliseconds(static_cast<int64_t>(*timeout_s * 1000))));
+        std::chrono::milliseconds(static_cast<int64_t>(a->timeout_s * 1000))));
     const auto rows = bench_collectives(*group, *options);
     bool ok = true;
     for (const auto& row : rows) ok = ok && row.values_ok;

@@ -4,6 +4,7 @@
 #include <iostream>
 
 #include "commands.h"
+#include "shardtrain/checkpoint.h"
 #include "shardtrain/hf.h"
 #include "shardtrain/sharded_checkpoint.h"
 
@@ -39,7 +40,37 @@ std::string shape_text(const std::vector<int64_t>& shape) {
   return text + "]";
 }
 
+// A plain safetensors file, or a Hugging Face folder (model.safetensors or its index), rather
+// than a sharded checkpoint.
+bool is_plain_safetensors(const std::string& path) {
+  const fs::path p(path);
+  if (fs::is_regular_file(p)) return true;
+  return fs::is_directory(p) && !fs::exists(p / "index.json") && !fs::exists(p / "latest") &&
+         (fs::exists(p / "model.safetensors") || fs::exists(p / "model.safetensors.index.json"));
+}
+
+void inspect_safetensors(const std::string& path, bool verify) {
+  for (const auto& file : hf_weight_files(path)) {
+    const auto specs = read_safetensors_specs(file);
+    int64_t bytes = 0;
+    for (const auto& t : specs) bytes += t.numel() * static_cast<int64_t>(c10::elementSize(t.dtype));
+    std::printf("safetensors file %s: %zu tensors, %s\n", file.c_str(), specs.size(),
+                human_bytes(bytes).c_str());
+    for (const auto& t : specs) {
+      std::printf("  %-40s %-16s %-5s %s\n", t.name.c_str(), shape_text(t.shape).c_str(),
+                  c10::toString(t.dtype),
+                  human_bytes(t.numel() * static_cast<int64_t>(c10::elementSize(t.dtype))).c_str());
+    }
+    if (verify) load_safetensors(file);  // reads every tensor's bytes
+  }
+  if (verify) std::printf("verified: every tensor could be read\n");
+}
+
 void inspect(const std::string& path, bool verify, bool json) {
+  if (!json && is_plain_safetensors(path)) {
+    inspect_safetensors(path, verify);
+    return;
+  }
   const ShardedCheckpointReader reader(checkpoint_dir(path));
   if (verify) reader.verify();
   if (json) {
@@ -77,48 +108,70 @@ void add_ckpt_command(CLI::App& app) {
       "ckpt", "Inspect, export and reshard sharded checkpoints (see docs/checkpoints.md)");
   ckpt->require_subcommand(1);
 
+  // Each subcommand's option values live in one struct that its callback owns, so every
+  // variable an option writes into is alive when CLI11 parses, whether or not the callback
+  // reads it.
   auto* inspect_cmd = ckpt->add_subcommand(
       "inspect",
       "Print a checkpoint's tensors, shapes, dtypes, sizes and the layout it was "
-      "written with");
-  auto dir = std::make_shared<std::string>();
-  auto verify = std::make_shared<bool>(false);
-  auto json = std::make_shared<bool>(false);
-  inspect_cmd->add_option("DIR", *dir, "checkpoint directory (or a checkpoints root: its latest)")
+      "written with (or the tensors of a plain safetensors file or Hugging Face folder)");
+  struct InspectArgs {
+    std::string dir;
+    bool verify = false;
+    bool json = false;
+  };
+  auto inspect_args = std::make_shared<InspectArgs>();
+  inspect_cmd
+      ->add_option("DIR", inspect_args->dir,
+                   "checkpoint directory (or a checkpoints root: its latest; or a .safetensors "
+                   "file or Hugging Face folder)")
       ->required();
-  inspect_cmd->add_flag("--verify", *verify, "check the crc32 of every file in full");
-  inspect_cmd->add_flag("--json", *json, "print index.json instead of the summary");
-  inspect_cmd->callback([=] { inspect(*dir, *verify, *json); });
+  inspect_cmd->add_flag("--verify", inspect_args->verify, "check the crc32 of every file in full");
+  inspect_cmd->add_flag("--json", inspect_args->json, "print index.json instead of the summary");
+  inspect_cmd->callback(
+      [a = inspect_args] { inspect(a->dir, a->verify, a->json); });
 
   auto* export_cmd = ckpt->add_subcommand(
       "export", "Write one consolidated model with Hugging Face names and its config.json");
-  auto export_dir = std::make_shared<std::string>();
-  auto format = std::make_shared<std::string>();
-  auto out = std::make_shared<std::string>();
-  export_cmd->add_option("DIR", *export_dir, "checkpoint directory")->required();
-  export_cmd->add_option("OUT", *out, "output folder (model.safetensors, config.json)")->required();
-  export_cmd->add_option("--format", *format, "output format")
+  struct ExportArgs {
+    std::string dir;
+    std::string out;
+    std::string format;
+    bool force = false;
+  };
+  auto export_args = std::make_shared<ExportArgs>();
+  export_cmd->add_option("DIR", export_args->dir, "checkpoint directory")->required();
+  export_cmd
+      ->add_option("OUT", export_args->out, "output folder (model.safetensors, config.json)")
+      ->required();
+  export_cmd->add_option("--format", export_args->format, "output format")
       ->required()
       ->check(CLI::IsMember({"hf"}));
-  export_cmd->callback([=] {
-    export_hf_checkpoint(checkpoint_dir(*export_dir), *out);
-    std::printf("wrote %s/model.safetensors and %s/config.json\n", out->c_str(), out->c_str());
+  export_cmd->add_flag("--force", export_args->force,
+                       "replace model.safetensors and config.json in a non-empty OUT");
+  export_cmd->callback([a = export_args] {
+    export_hf_checkpoint(checkpoint_dir(a->dir), a->out, a->force);
+    std::printf("wrote %s/model.safetensors and %s/config.json\n", a->out.c_str(),
+                a->out.c_str());
   });
 
   auto* reshard_cmd = ckpt->add_subcommand(
       "reshard", "Rewrite a checkpoint as N rank files (offline; any strategy loads either)");
-  auto reshard_dir = std::make_shared<std::string>();
-  auto reshard_out = std::make_shared<std::string>();
-  auto world = std::make_shared<int>(1);
-  reshard_cmd->add_option("DIR", *reshard_dir, "checkpoint directory")->required();
-  reshard_cmd->add_option("OUT", *reshard_out, "new checkpoint directory (must not exist)")
+  struct ReshardArgs {
+    std::string dir;
+    std::string out;
+    int world_size = 1;
+  };
+  auto reshard_args = std::make_shared<ReshardArgs>();
+  reshard_cmd->add_option("DIR", reshard_args->dir, "checkpoint directory")->required();
+  reshard_cmd->add_option("OUT", reshard_args->out, "new checkpoint directory (must not exist)")
       ->required();
-  reshard_cmd->add_option("--world-size", *world, "number of rank files to write")
+  reshard_cmd->add_option("--world-size", reshard_args->world_size, "number of rank files to write")
       ->required()
       ->check(CLI::PositiveNumber);
-  reshard_cmd->callback([=] {
-    reshard_checkpoint(checkpoint_dir(*reshard_dir), *reshard_out, *world);
-    std::printf("wrote %s with %d rank files\n", reshard_out->c_str(), *world);
+  reshard_cmd->callback([a = reshard_args] {
+    reshard_checkpoint(checkpoint_dir(a->dir), a->out, a->world_size);
+    std::printf("wrote %s with %d rank files\n", a->out.c_str(), a->world_size);
   });
 }
 

@@ -13,29 +13,33 @@ void add_data_command(CLI::App& app) {
       "prepare",
       "Tokenize text files (or every file in a folder) into one token shard; each file is one "
       "document followed by the end-of-text token");
-  auto inputs = std::make_shared<std::vector<std::string>>();
-  auto out = std::make_shared<std::string>();
-  auto tokenizer_name = std::make_shared<std::string>("gpt2");
-  auto gpt2_dir = std::make_shared<std::string>();
-  prepare->add_option("--corpus", *inputs, "Text files or folders")->required()->take_all();
-  prepare->add_option("--out,-o", *out, "Token shard to write")->required();
-  prepare->add_option("--tokenizer", *tokenizer_name, "gpt2 or byte")
+  // Every value an option writes into lives in `a`, which the callback owns (see ckpt_command).
+  struct PrepareArgs {
+    std::vector<std::string> inputs;
+    std::string out;
+    std::string tokenizer = "gpt2";
+    std::string gpt2_dir;
+  };
+  auto a = std::make_shared<PrepareArgs>();
+  prepare->add_option("--corpus", a->inputs, "Text files or folders")->required()->take_all();
+  prepare->add_option("--out,-o", a->out, "Token shard to write")->required();
+  prepare->add_option("--tokenizer", a->tokenizer, "gpt2 or byte")
       ->capture_default_str()
       ->check(CLI::IsMember({"gpt2", "byte"}));
-  prepare->add_option("--gpt2-dir", *gpt2_dir,
+  prepare->add_option("--gpt2-dir", a->gpt2_dir,
                       "Folder with encoder.json and vocab.bpe (default: set-up's copy)");
-  prepare->callback([=] {
+  prepare->callback([a] {
     std::unique_ptr<Tokenizer> tokenizer;
-    if (*tokenizer_name == "byte") {
+    if (a->tokenizer == "byte") {
       tokenizer = make_byte_tokenizer();
     } else {
-      const std::filesystem::path dir = gpt2_dir->empty() ? default_gpt2_dir() : *gpt2_dir;
+      const std::filesystem::path dir = a->gpt2_dir.empty() ? default_gpt2_dir() : a->gpt2_dir;
       tokenizer =
           make_gpt2_tokenizer((dir / "encoder.json").string(), (dir / "vocab.bpe").string());
     }
-    const int64_t tokens = prepare_token_shard(*inputs, *tokenizer, *out);
+    const int64_t tokens = prepare_token_shard(a->inputs, *tokenizer, a->out);
     std::cout << "wrote " << tokens << " tokens (" << tokenizer->name() << ", vocabulary "
-              << tokenizer->vocab_size() << ") to " << *out << "\n";
+              << tokenizer->vocab_size() << ") to " << a->out << "\n";
   });
 }
 

@@ -1,3 +1,4 @@
+#include <cstdlib>
 #include <iostream>
 
 #include "commands.h"
@@ -11,7 +12,15 @@ void add_launch_command(CLI::App& app, const std::vector<std::string>& command, 
       "Start N local ranks of PROGRAM with torchrun's environment (RANK WORLD_SIZE LOCAL_RANK "
       "LOCAL_WORLD_SIZE MASTER_ADDR MASTER_PORT). Usage: shardtrain launch --nproc N [options] "
       "-- PROGRAM ARGS...");
-  auto options = std::make_shared<LaunchOptions>();
+  // Every value an option writes into lives in `a`, which the callback owns (see ckpt_command).
+  struct LaunchArgs {
+    LaunchOptions options;
+    double kill_seconds = 10.0;
+    double timeout = 0;
+    bool no_prefix = false;
+  };
+  auto a = std::make_shared<LaunchArgs>();
+  LaunchOptions* options = &a->options;
   cmd->add_option("--nproc,--nproc-per-node", options->nproc_, "Ranks to start on this node")
       ->required()
       ->check(CLI::Range(1, 1 << 20));
@@ -32,18 +41,23 @@ void add_launch_command(CLI::App& app, const std::vector<std::string>& command, 
                   "Restart all local ranks up to R times after a failure")
       ->capture_default_str()
       ->check(CLI::Range(0, 1 << 20));
-  auto kill_seconds = std::make_shared<double>(10.0);
-  cmd->add_option("--kill-timeout", *kill_seconds,
+  cmd->add_option("--kill-timeout", a->kill_seconds,
                   "Seconds the other ranks get after SIGTERM before SIGKILL, once one failed")
       ->capture_default_str()
       ->check(CLI::Range(0, 1 << 20));
-  auto no_prefix = std::make_shared<bool>(false);
-  cmd->add_flag("--no-prefix", *no_prefix, "Relay rank output without the '[rank N] ' prefix");
+  cmd->add_option("--timeout", a->timeout,
+                  "Seconds a rank's rendezvous or collective waits for the others before failing "
+                  "(SHARDTRAIN_TIMEOUT for every rank; shardtrain train's run.timeout, default "
+                  "1800)")
+      ->check(CLI::PositiveNumber);
+  cmd->add_flag("--no-prefix", a->no_prefix, "Relay rank output without the '[rank N] ' prefix");
   cmd->footer("Exit status: 0 when every rank exited 0, else the failed rank's status.");
-  cmd->callback([options, kill_seconds, no_prefix, &command, &exit_code] {
-    options->kill_timeout(std::chrono::milliseconds(static_cast<int64_t>(*kill_seconds * 1000)));
-    options->prefix_output(!*no_prefix);
-    const LaunchResult result = launch(*options, command);
+  cmd->callback([a, &command, &exit_code] {
+    a->options.kill_timeout(
+        std::chrono::milliseconds(static_cast<int64_t>(a->kill_seconds * 1000)));
+    a->options.prefix_output(!a->no_prefix);
+    if (a->timeout > 0) setenv("SHARDTRAIN_TIMEOUT", std::to_string(a->timeout).c_str(), 1);
+    const LaunchResult result = launch(a->options, command);
     if (result.exit_code != 0) {
       std::cerr << "shardtrain launch: " << result.message << "\n";
       exit_code = result.exit_code;

@@ -1,3 +1,5 @@
+#include <chrono>
+#include <cstdlib>
 #include <iostream>
 
 #include "commands.h"
@@ -11,39 +13,50 @@ void add_train_command(CLI::App& app) {
       "train",
       "Train a model from a TOML config (sections [model] [data] [train] [precision] [run]; see "
       "docs/config.md). Writes RUN_DIR/metrics.jsonl and RUN_DIR/checkpoints/.");
-  auto config_path = std::make_shared<std::string>();
-  auto overrides = std::make_shared<std::vector<std::string>>();
-  auto deepspeed = std::make_shared<std::string>();
-  auto accelerate = std::make_shared<std::string>();
-  cmd->add_option("--config,-c", *config_path, "TOML config file")
+  // Every value an option writes into lives in `a`, which the callback owns (see ckpt_command).
+  struct TrainArgs {
+    std::string config;
+    std::vector<std::string> overrides;
+    std::string deepspeed;
+    std::string accelerate;
+  };
+  auto a = std::make_shared<TrainArgs>();
+  cmd->add_option("--config,-c", a->config, "TOML config file")
       ->required()
       ->check(CLI::ExistingFile);
-  cmd->add_option("--set", *overrides,
+  cmd->add_option("--set", a->overrides,
                   "Override one key: --set section.key=value (repeatable; values are TOML, bare "
                   "words are strings)")
       ->take_all();
-  cmd->add_option("--deepspeed", *deepspeed,
+  cmd->add_option("--deepspeed", a->deepspeed,
                   "DeepSpeed ds_config.json: its ZeRO, precision, batch, optimizer and scheduler "
                   "settings override the TOML (see docs/deepspeed.md)")
       ->check(CLI::ExistingFile);
-  cmd->add_option("--accelerate-config", *accelerate,
+  cmd->add_option("--accelerate-config", a->accelerate,
                   "accelerate config YAML with distributed_type FSDP: its FSDP and precision "
                   "settings override the TOML (see docs/deepspeed.md)")
       ->check(CLI::ExistingFile);
-  cmd->callback([=] {
+  cmd->callback([a] {
     // The imported files are applied on top of the TOML, and --set wins over both.
     const int world_size = rendezvous_info(current_environment()).world_size;
     std::vector<std::string> all;
-    if (!deepspeed->empty()) all = deepspeed_overrides(*deepspeed, world_size);
-    if (!accelerate->empty()) {
-      const auto imported = accelerate_overrides(*accelerate, world_size);
+    if (!a->deepspeed.empty()) all = deepspeed_overrides(a->deepspeed, world_size);
+    if (!a->accelerate.empty()) {
+      const auto imported = accelerate_overrides(a->accelerate, world_size);
       all.insert(all.end(), imported.begin(), imported.end());
     }
-    all.insert(all.end(), overrides->begin(), overrides->end());
-    TrainConfig config = load_train_config(*config_path, all);
+    // `shardtrain launch --timeout` reaches every rank through the environment; --set wins.
+    if (const char* timeout = std::getenv("SHARDTRAIN_TIMEOUT")) {
+      all.push_back(std::string("run.timeout=") + timeout);
+    }
+    all.insert(all.end(), a->overrides.begin(), a->overrides.end());
+    TrainConfig config = load_train_config(a->config, all);
     // Under a launcher (torchrun, mpirun, srun, shardtrain launch) every rank joins the world.
     std::shared_ptr<ProcessGroup> world;
-    if (world_size > 1) world = init_from_environment();
+    if (world_size > 1) {
+      world = init_from_environment(ProcessGroupOptions().timeout(
+          std::chrono::milliseconds(static_cast<int64_t>(config.timeout * 1000))));
+    }
     Trainer trainer(std::move(config), world);
     trainer.fit();
   });

@@ -4,4 +4,15 @@ set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root"
 bash scripts/build.sh
+# Tests write only under the system's temporary directory: the work tree must be as it was.
+tree_state() {
+  if git rev-parse --git-dir >/dev/null 2>&1; then git status --porcelain --untracked-files=all; fi
+}
+before="$(tree_state)"
 ctest --test-dir build --output-on-failure
+after="$(tree_state)"
+if [ "$before" != "$after" ]; then
+  echo "test.sh: the tests changed the work tree (they must write under a temporary directory):"
+  diff <(echo "$before") <(echo "$after") || true
+  exit 1
+fi

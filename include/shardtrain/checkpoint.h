@@ -18,9 +18,11 @@ using NamedTensors = std::vector<std::pair<std::string, at::Tensor>>;
 void save_safetensors(const std::string& path, const NamedTensors& tensors,
                       const std::map<std::string, std::string>& metadata = {});
 
-// Reads every tensor of a safetensors file. A missing file, a truncated file, a header that is
-// not JSON, an unknown dtype or offsets outside the file throw std::invalid_argument naming
-// the file and the tensor.
+// Reads every tensor of a safetensors file. The header must follow the format's rules (a JSON
+// object under 100 MB; known dtypes; non-negative shapes whose byte count equals the tensor's
+// data_offsets span; offsets that tile the data section with no gap, no overlap and nothing
+// after the last tensor); a file that breaks one, or cannot be opened or read, throws
+// std::invalid_argument naming the file and the tensor.
 std::map<std::string, at::Tensor> load_safetensors(const std::string& path);
 
 // A checkpoint directory under `root` named like "step_000100". begin() creates a hidden

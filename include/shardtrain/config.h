@@ -40,6 +40,8 @@ struct TrainConfig {
   double beta2 = 0.95;
   double eps = 1e-8;
   double clip = 1.0;  // global gradient norm; 0 disables
+  // Consecutive steps with non-finite gradients (skipped) after which the run stops.
+  int64_t max_skipped = 5;
   int64_t seed = 1234;
   int64_t eval_every = 0;  // steps; 0 disables
   int64_t eval_batches = 4;
@@ -94,8 +96,16 @@ struct TrainConfig {
   // [run]
   std::string dir = "runs/default";
   int64_t log_every = 10;
-  std::string resume;   // "", "latest" or a checkpoint directory
+  // "": a new run (refused when run.dir already holds one, unless run.overwrite); "latest" or a
+  // checkpoint directory: continue from it; "auto": from the latest complete checkpoint when
+  // there is one, else a new run in place (what a restarted job wants).
+  std::string resume;
+  // A new run into a run.dir that holds one moves the old run aside (to RUN_DIR.old.N).
+  bool overwrite = false;
   int64_t threads = 0;  // intra-op threads; 0 leaves LibTorch's default
+  // Seconds a rendezvous or a collective may wait for the other ranks before failing (PyTorch's
+  // default: 30 minutes). Checkpoint saves wait for the slowest rank's write regardless.
+  double timeout = 1800.0;
 
   // Checks relations between keys (seq_len within the context, min_lr <= lr, ...) and throws
   // std::invalid_argument naming the keys.

@@ -120,6 +120,13 @@ class ProcessGroup {
   virtual WorkHandle send(at::Tensor tensor, int dst, int tag = 0) = 0;
   virtual WorkHandle recv(at::Tensor tensor, int src, int tag = 0) = 0;
   virtual WorkHandle barrier() = 0;
+  // A barrier that waits up to `timeout` instead of the group's own (for a phase known to take
+  // long on some ranks, such as writing a checkpoint). Backends without per-operation timeouts
+  // (NCCL) wait as barrier() does.
+  virtual WorkHandle barrier_within(std::chrono::milliseconds timeout) {
+    (void)timeout;
+    return barrier();
+  }
 
   // Creates the group of `ranks` (group ranks of this group, in the order they get in the new
   // group). Only the listed ranks call it, each with the same list; a rank outside the list

@@ -29,6 +29,11 @@ std::vector<HfParameterName> hf_parameter_names(const ModelConfig& config);
 // `dtype` ("torch_dtype"); model_config_from_hf_json() reads it back to the same sizes.
 std::string hf_config_json(const ModelConfig& config, at::ScalarType dtype = at::kFloat);
 
+// The safetensors files of Hugging Face weights at `path`: the file itself, a folder's
+// model.safetensors, or the files its model.safetensors.index.json maps weights to. Throws
+// std::invalid_argument naming what is missing or corrupt.
+std::vector<std::string> hf_weight_files(const std::string& path);
+
 // Copies the weights of a Hugging Face safetensors model of the model's family into `model`
 // (converting dtypes). `path` is a .safetensors file or a folder with model.safetensors or
 // model.safetensors.index.json (weights split over several files). GPT-2 names are accepted
@@ -41,8 +46,11 @@ void load_hf_weights(Transformer& model, const std::string& path);
 // Writes OUT/model.safetensors (the model's parameters under Hugging Face names, in the dtype
 // they were saved in) and OUT/config.json from the sharded checkpoint `checkpoint_dir` written
 // by the trainer. Streams tensor by tensor: host memory stays near the largest tensor. Each file
-// appears in OUT only when complete. Throws std::invalid_argument for a checkpoint without a
-// model description or with missing tensors.
-void export_hf_checkpoint(const std::string& checkpoint_dir, const std::string& out_dir);
+// appears in OUT only when complete; a failed export removes what it wrote. OUT must be empty
+// or absent unless `overwrite`, which replaces those two files (and leaves others alone).
+// Throws std::invalid_argument for a non-empty OUT, a checkpoint without a model description
+// or with missing tensors.
+void export_hf_checkpoint(const std::string& checkpoint_dir, const std::string& out_dir,
+                          bool overwrite = false);
 
 }  // namespace shardtrain

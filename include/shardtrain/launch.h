@@ -65,7 +65,9 @@ struct LaunchResult {
 // WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT set (and, with nproc > 1,
 // OMP_NUM_THREADS = max(1, cores / nproc) unless it is set already), relays their output
 // line by line, and waits. When one rank fails (non-zero exit or a signal) the others get
-// SIGTERM, then SIGKILL after kill_timeout; with restarts left, all are started again.
+// SIGTERM, then SIGKILL after kill_timeout; with restarts left, all are started again, with
+// TORCHELASTIC_RESTART_COUNT = the attempt (0 first) and TORCHELASTIC_MAX_RESTARTS set, unless
+// the failed rank exited with status 2 (bad input), which a restart cannot mend.
 // Blocking; throws std::invalid_argument for bad options and std::runtime_error when a rank
 // cannot be started at all.
 LaunchResult launch(const LaunchOptions& options, const std::vector<std::string>& command);

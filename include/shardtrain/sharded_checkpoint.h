@@ -8,6 +8,7 @@
 #include <ATen/ATen.h>
 
 #include <cstdint>
+#include <chrono>
 #include <functional>
 #include <map>
 #include <string>
@@ -65,8 +66,16 @@ struct ShardedSaveOptions {
     return *this;
   }
 
+  // How long ranks that finished writing wait for the slowest one, whatever the group's own
+  // collective timeout (a save may take far longer than a training collective).
+  ShardedSaveOptions& write_timeout(std::chrono::milliseconds value) {
+    write_timeout_ = value;
+    return *this;
+  }
+
   std::string strategy_ = "none";
   int keep_ = 2;
+  std::chrono::milliseconds write_timeout_{std::chrono::hours(2)};
   std::string metadata_ = "{}";
   NamedTensors rank_state_;
   std::function<void()> before_commit_;
@@ -123,7 +132,9 @@ class ShardedCheckpointReader {
   // The rank_state tensors written by rank `rank`; empty when that rank wrote none (or the
   // checkpoint had fewer ranks).
   std::map<std::string, at::Tensor> rank_state(int rank) const;
-  // Recomputes the crc32 of every file in full; throws naming the first file that differs.
+  // Checks every file's own safetensors header (the format's rules, and a tensor at every byte
+  // range index.json records), then recomputes the crc32 of every file in full; throws naming
+  // the first file that differs.
   void verify() const;
 
  private:
@@ -156,6 +167,11 @@ class ShardedCheckpointReader {
   std::map<std::string, std::vector<Piece>> pieces_;    // by tensor, sorted by offset
   std::map<int, std::vector<StateEntry>> rank_states_;  // by rank
 };
+
+// The tensors of a plain safetensors file (names, shapes, dtypes) in the order its header lists
+// them, after checking the header against the format's rules; reads no tensor data. Throws
+// std::invalid_argument naming the file and the tensor.
+std::vector<TensorSpec> read_safetensors_specs(const std::string& path);
 
 // Rewrites checkpoint `dir` as a checkpoint of `world_size` rank files (rank r holding
 // shard_range(numel, world_size, r) of every tensor) in the new directory `out`, which must not

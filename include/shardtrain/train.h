@@ -4,6 +4,7 @@
 
 #include <torch/optim/adamw.h>
 
+#include <cmath>
 #include <functional>
 #include <memory>
 #include <string>
@@ -37,8 +38,12 @@ struct StepResult {
 
 class Trainer {
  public:
-  // Builds everything from the config, creating run.dir; with run.resume, restores the
-  // checkpoint. Throws std::invalid_argument for bad input (files, sizes), naming it.
+  // Builds everything from the config; with run.resume, restores the checkpoint. Nothing is
+  // written under run.dir before the config, the tokenizer and the corpus inputs have been
+  // checked, and a new run into a run.dir that already holds one (metrics or checkpoints) is
+  // refused unless run.overwrite moves the old one aside or run.resume continues it. Under a
+  // launcher's restart (TORCHELASTIC_RESTART_COUNT > 0) an unset run.resume means "auto".
+  // Throws std::invalid_argument for bad input (files, sizes, the run directory), naming it.
   // With a `world` group of several ranks (parallel.strategy = "ddp", "fsdp" or "zero"), it is
   // collective: every rank constructs its Trainer and calls train_step/fit/evaluate/generate/
   // save_checkpoint in step; each takes its slice of every global batch; rank 0 alone prints,
@@ -48,7 +53,10 @@ class Trainer {
 
   // Trains until train.steps, printing one progress line per run.log_every steps, appending
   // RUN_DIR/metrics.jsonl, evaluating and checkpointing as configured, and saving a final
-  // checkpoint. Prints a sample at the end when train.sample_tokens > 0.
+  // checkpoint. Prints a sample at the end when train.sample_tokens > 0. After
+  // train.max_skipped consecutive steps with non-finite gradients it throws
+  // std::runtime_error naming the step and the last finite loss; no checkpoint is written while
+  // steps are being skipped, so `latest` stays the last good one.
   void fit();
   // One optimizer step over the global batch.
   StepResult train_step();
@@ -89,6 +97,9 @@ class Trainer {
   void restore_replicated(const ShardedCheckpointReader& reader, const NamedTensors& model_tensors);
   void restore_training_state(const ShardedCheckpointReader& reader, const std::string& dir);
   std::vector<at::Tensor> parameters() const;
+  // SHARDTRAIN_KILL_AFTER_STEP / SHARDTRAIN_STOP_AFTER_STEP: the last rank kills or stops
+  // itself after that step (first attempt only).
+  void fail_if_injected() const;
   // Waits for every rank (no-op on one process).
   void barrier() const;
 
@@ -109,6 +120,9 @@ class Trainer {
   int64_t step_ = 0;
   int64_t samples_ = 0;  // sequences consumed, the data position
   int64_t peak_rss_ = 0;
+  int64_t skipped_in_a_row_ = 0;  // consecutive skipped steps, for train.max_skipped
+  double last_finite_loss_ = NAN;
+  int64_t last_good_step_ = 0;
   std::function<void(int64_t)> after_backward_;
 };
 

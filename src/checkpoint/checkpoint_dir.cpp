@@ -71,7 +71,8 @@ std::string resolve_checkpoint(const std::string& root, const std::string& which
     std::string name;
     if (!in || !(in >> name)) {
       throw std::invalid_argument("run.resume = \"latest\" but '" + root +
-                                  "/latest' does not exist (no checkpoint was saved)");
+                                  "/latest' does not exist (no checkpoint was saved; run.resume = "
+                                  "\"auto\" starts a new run when there is none)");
     }
     dir = fs::path(root) / name;
   } else {

@@ -32,7 +32,8 @@ void write_transposed(detail::SafetensorsStreamWriter& writer, const at::Tensor&
 
 }  // namespace
 
-void export_hf_checkpoint(const std::string& checkpoint_dir, const std::string& out_dir) {
+void export_hf_checkpoint(const std::string& checkpoint_dir, const std::string& out_dir,
+                          bool overwrite) {
   const ShardedCheckpointReader reader(checkpoint_dir);
   const auto metadata = nlohmann::json::parse(reader.metadata());
   if (!metadata.contains("model")) {
@@ -55,31 +56,43 @@ void export_hf_checkpoint(const std::string& checkpoint_dir, const std::string& 
     if (n.transposed) std::reverse(shape.begin(), shape.end());
     entries.push_back({n.hf_name, spec->dtype, shape});
   }
+  if (fs::exists(out_dir) && !fs::is_empty(out_dir) && !overwrite) {
+    throw std::invalid_argument("ckpt export: '" + out_dir +
+                                "' is not empty (pass --force to replace its model.safetensors "
+                                "and config.json)");
+  }
   fs::create_directories(out_dir);
-  const fs::path model_path = fs::path(out_dir) / "model.safetensors";
-  const fs::path partial = fs::path(out_dir) / ".model.safetensors.partial";
-  {
-    detail::SafetensorsStreamWriter writer(partial.string(), entries, {{"format", "pt"}});
-    for (const auto& n : names) {
-      at::Tensor tensor = reader.read(n.name);
-      if (n.transposed) {
-        write_transposed(writer, tensor);
-      } else {
-        writer.write(tensor);
-      }
-    }
-    writer.finish();
-  }
-  fs::rename(partial, model_path);
-
+  const fs::path model_partial = fs::path(out_dir) / ".model.safetensors.partial";
   const fs::path config_partial = fs::path(out_dir) / ".config.json.partial";
-  {
-    std::ofstream out(config_partial, std::ios::trunc);
-    out << hf_config_json(config, reader.find(names.front().name)->dtype);
-    out.close();
-    if (!out) throw std::runtime_error("writing '" + config_partial.string() + "' failed");
+  try {
+    // Both files are written in full under hidden names first, then renamed into place.
+    {
+      detail::SafetensorsStreamWriter writer(model_partial.string(), entries,
+                                             {{"format", "pt"}});
+      for (const auto& n : names) {
+        at::Tensor tensor = reader.read(n.name);
+        if (n.transposed) {
+          write_transposed(writer, tensor);
+        } else {
+          writer.write(tensor);
+        }
+      }
+      writer.finish();
+    }
+    {
+      std::ofstream out(config_partial, std::ios::trunc);
+      out << hf_config_json(config, reader.find(names.front().name)->dtype);
+      out.close();
+      if (!out) throw std::runtime_error("writing '" + config_partial.string() + "' failed");
+    }
+    detail::fsync_path(config_partial.string());
+  } catch (...) {
+    std::error_code ignored;  // a failed export leaves nothing behind
+    fs::remove(model_partial, ignored);
+    fs::remove(config_partial, ignored);
+    throw;
   }
-  detail::fsync_path(config_partial.string());
+  fs::rename(model_partial, fs::path(out_dir) / "model.safetensors");
   fs::rename(config_partial, fs::path(out_dir) / "config.json");
   detail::fsync_path(out_dir);
 }

@@ -13,9 +13,19 @@ namespace fs = std::filesystem;
 namespace shardtrain {
 namespace {
 
-// The safetensors files of a model: one file, a folder's model.safetensors, or the files its
-// model.safetensors.index.json maps weights to.
-std::vector<std::string> weight_files(const std::string& path) {
+// Buffers HF models carry that are not weights: GPT-2's causal masks, Llama's rotary frequencies.
+bool is_ignored_buffer(const std::string& name) {
+  auto ends_with = [&](const std::string& suffix) {
+    return name.size() >= suffix.size() &&
+           name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
+  };
+  return ends_with(".attn.bias") || ends_with(".attn.masked_bias") ||
+         ends_with("rotary_emb.inv_freq");
+}
+
+}  // namespace
+
+std::vector<std::string> hf_weight_files(const std::string& path) {
   if (!fs::is_directory(path)) {
     if (!fs::exists(path)) {
       throw std::invalid_argument("Hugging Face weights '" + path + "' do not exist");
@@ -42,23 +52,11 @@ std::vector<std::string> weight_files(const std::string& path) {
   return {files.begin(), files.end()};
 }
 
-// Buffers HF models carry that are not weights: GPT-2's causal masks, Llama's rotary frequencies.
-bool is_ignored_buffer(const std::string& name) {
-  auto ends_with = [&](const std::string& suffix) {
-    return name.size() >= suffix.size() &&
-           name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
-  };
-  return ends_with(".attn.bias") || ends_with(".attn.masked_bias") ||
-         ends_with("rotary_emb.inv_freq");
-}
-
-}  // namespace
-
 void load_hf_weights(Transformer& model, const std::string& path) {
   const ModelConfig& config = model->config();
   const bool gpt2 = config.family == ModelFamily::kGpt2;
   std::map<std::string, std::pair<at::Tensor, std::string>> weights;  // HF name -> tensor, file
-  for (const auto& file : weight_files(path)) {
+  for (const auto& file : hf_weight_files(path)) {
     for (auto& [name, tensor] : load_safetensors(file)) {
       // GPT2Model checkpoints (as the original "gpt2" repository) omit the "transformer." prefix.
       std::string key = name;

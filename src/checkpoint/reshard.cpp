@@ -8,6 +8,32 @@
 namespace fs = std::filesystem;
 
 namespace shardtrain {
+namespace {
+
+// Every rank file and the index of the resharded checkpoint, into `staging`.
+void write_resharded(const ShardedCheckpointReader& reader, const std::string& staging,
+                     int world_size) {
+  std::vector<nlohmann::json> files;
+  for (int rank = 0; rank < world_size; ++rank) {
+    std::vector<detail::SliceRef> refs;
+    for (const auto& spec : reader.tensors()) {
+      const ShardRange range = shard_range(spec.numel(), world_size, rank);
+      if (range.numel > 0) refs.push_back({spec.name, range.offset, range.numel, spec.dtype});
+    }
+    NamedTensors state;
+    for (auto& [name, tensor] : reader.rank_state(rank)) state.emplace_back(name, tensor);
+    files.push_back(detail::write_rank_file(
+        staging, rank, refs,
+        [&](size_t i) { return reader.read_flat(refs[i].tensor, refs[i].offset, refs[i].numel); },
+        state));
+  }
+  detail::write_index(staging, reader.tensors(),
+                      {{"strategy", "reshard"}, {"world_size", world_size}},
+                      nlohmann::json::parse(reader.metadata()), files);
+  detail::fsync_path(staging);
+}
+
+}  // namespace
 
 void reshard_checkpoint(const std::string& dir, const std::string& out, int world_size) {
   if (world_size < 1) {
@@ -25,24 +51,13 @@ void reshard_checkpoint(const std::string& dir, const std::string& out, int worl
   fs::remove_all(staging);
   fs::create_directories(staging);
 
-  std::vector<nlohmann::json> files;
-  for (int rank = 0; rank < world_size; ++rank) {
-    std::vector<detail::SliceRef> refs;
-    for (const auto& spec : reader.tensors()) {
-      const ShardRange range = shard_range(spec.numel(), world_size, rank);
-      if (range.numel > 0) refs.push_back({spec.name, range.offset, range.numel, spec.dtype});
-    }
-    NamedTensors state;
-    for (auto& [name, tensor] : reader.rank_state(rank)) state.emplace_back(name, tensor);
-    files.push_back(detail::write_rank_file(
-        staging.string(), rank, refs,
-        [&](size_t i) { return reader.read_flat(refs[i].tensor, refs[i].offset, refs[i].numel); },
-        state));
+  try {
+    write_resharded(reader, staging.string(), world_size);
+  } catch (...) {
+    std::error_code ignored;
+    fs::remove_all(staging, ignored);  // a failed reshard leaves nothing behind
+    throw;
   }
-  detail::write_index(staging.string(), reader.tensors(),
-                      {{"strategy", "reshard"}, {"world_size", world_size}},
-                      nlohmann::json::parse(reader.metadata()), files);
-  detail::fsync_path(staging.string());
   fs::rename(staging, target);
   detail::fsync_path(target.parent_path().string());
 }

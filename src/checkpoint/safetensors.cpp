@@ -1,42 +1,11 @@
-#include <fcntl.h>
-#include <unistd.h>
-
-#include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 
+#include "checkpoint/safetensors_detail.h"
 #include "shardtrain/checkpoint.h"
 
 namespace shardtrain {
-namespace {
-
-const std::map<at::ScalarType, std::string>& dtype_names() {
-  static const std::map<at::ScalarType, std::string> names = {
-      {at::kFloat, "F32"}, {at::kDouble, "F64"}, {at::kBFloat16, "BF16"}, {at::kHalf, "F16"},
-      {at::kLong, "I64"},  {at::kInt, "I32"},    {at::kShort, "I16"},     {at::kChar, "I8"},
-      {at::kByte, "U8"},   {at::kBool, "BOOL"}};
-  return names;
-}
-
-at::ScalarType dtype_from(const std::string& name, const std::string& path,
-                          const std::string& tensor) {
-  for (const auto& [type, text] : dtype_names()) {
-    if (text == name) return type;
-  }
-  throw std::invalid_argument("safetensors file '" + path + "': tensor '" + tensor +
-                              "' has unsupported dtype '" + name + "'");
-}
-
-void fsync_path(const std::string& path) {
-  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd >= 0) {
-    fsync(fd);
-    close(fd);
-  }
-}
-
-}  // namespace
 
 void save_safetensors(const std::string& path, const NamedTensors& tensors,
                       const std::map<std::string, std::string>& metadata) {
@@ -46,11 +15,8 @@ void save_safetensors(const std::string& path, const NamedTensors& tensors,
   int64_t offset = 0;
   for (const auto& [name, tensor] : tensors) {
     at::Tensor cpu = tensor.detach().to(at::kCPU).contiguous();
-    auto it = dtype_names().find(cpu.scalar_type());
-    TORCH_CHECK(it != dtype_names().end(), "save_safetensors: tensor '", name, "' has dtype ",
-                cpu.scalar_type(), " which safetensors cannot hold");
     const int64_t bytes = static_cast<int64_t>(cpu.nbytes());
-    header[name] = {{"dtype", it->second},
+    header[name] = {{"dtype", detail::safetensors_dtype(cpu.scalar_type())},
                     {"shape", cpu.sizes().vec()},
                     {"data_offsets", {offset, offset + bytes}}};
     offset += bytes;
@@ -69,51 +35,22 @@ void save_safetensors(const std::string& path, const NamedTensors& tensors,
   }
   out.close();
   if (!out) throw std::runtime_error("writing '" + path + "' failed");
-  fsync_path(path);
+  detail::fsync_path(path);
 }
 
 std::map<std::string, at::Tensor> load_safetensors(const std::string& path) {
-  std::ifstream in(path, std::ios::binary | std::ios::ate);
+  const detail::SafetensorsHeader header = detail::read_safetensors_header(path);
+  std::ifstream in(path, std::ios::binary);
   if (!in) throw std::invalid_argument("safetensors file '" + path + "' cannot be opened");
-  const int64_t file_bytes = static_cast<int64_t>(in.tellg());
-  in.seekg(0);
-  uint64_t length = 0;
-  if (file_bytes < 8 || !in.read(reinterpret_cast<char*>(&length), 8) ||
-      length > static_cast<uint64_t>(file_bytes - 8)) {
-    throw std::invalid_argument("safetensors file '" + path +
-                                "' is truncated (its header does not fit in the file)");
-  }
-  std::string text(length, '\0');
-  in.read(text.data(), static_cast<std::streamsize>(length));
-  nlohmann::json header;
-  try {
-    header = nlohmann::json::parse(text);
-  } catch (const std::exception& e) {
-    throw std::invalid_argument("safetensors file '" + path +
-                                "' has a corrupt header: " + e.what());
-  }
-  const int64_t data_start = 8 + static_cast<int64_t>(length);
   std::map<std::string, at::Tensor> tensors;
-  for (const auto& [name, entry] : header.items()) {
-    if (name == "__metadata__") continue;
-    try {
-      const auto dtype = dtype_from(entry.at("dtype").get<std::string>(), path, name);
-      const auto shape = entry.at("shape").get<std::vector<int64_t>>();
-      const auto offsets = entry.at("data_offsets").get<std::vector<int64_t>>();
-      at::Tensor tensor = at::empty(shape, dtype);
-      const int64_t bytes = static_cast<int64_t>(tensor.nbytes());
-      if (offsets.size() != 2 || offsets[1] - offsets[0] != bytes || offsets[0] < 0 ||
-          data_start + offsets[1] > file_bytes) {
-        throw std::invalid_argument("safetensors file '" + path + "': tensor '" + name +
-                                    "' lies outside the file (truncated?)");
-      }
-      in.seekg(data_start + offsets[0]);
-      in.read(static_cast<char*>(tensor.data_ptr()), bytes);
-      tensors.emplace(name, tensor);
-    } catch (const nlohmann::json::exception& e) {
-      throw std::invalid_argument("safetensors file '" + path + "': tensor '" + name +
-                                  "' has a malformed entry: " + e.what());
+  for (const auto& e : header.entries) {
+    at::Tensor tensor = at::empty(e.shape, e.dtype);
+    in.seekg(header.data_start + e.begin);
+    if (!in.read(static_cast<char*>(tensor.data_ptr()), e.end - e.begin)) {
+      throw std::invalid_argument("safetensors file '" + path + "': tensor '" + e.name +
+                                  "' cannot be read (truncated while reading?)");
     }
+    tensors.emplace(e.name, tensor);
   }
   return tensors;
 }

@@ -68,6 +68,31 @@ class SafetensorsStreamWriter {
   uint32_t file_crc_ = 0;
 };
 
+// One tensor of a safetensors header; [begin, end) are offsets into the data section.
+struct SafetensorsEntry {
+  std::string name;
+  at::ScalarType dtype = at::kFloat;
+  std::vector<int64_t> shape;
+  int64_t begin = 0;
+  int64_t end = 0;
+};
+
+struct SafetensorsHeader {
+  int64_t data_start = 0;  // file offset of the data section
+  std::vector<SafetensorsEntry> entries;  // in the header's order
+  std::map<std::string, std::string> metadata;
+};
+
+// Reads and validates the header of the safetensors file `path` (see safetensors_header.cpp
+// for the rules). Throws std::invalid_argument naming the file and the tensor at fault.
+SafetensorsHeader read_safetensors_header(const std::string& path);
+
+// The element count / byte count of `shape`; std::invalid_argument naming `context` for a
+// negative size or a count that overflows int64.
+int64_t checked_numel(const std::vector<int64_t>& shape, const std::string& context);
+int64_t checked_bytes(const std::vector<int64_t>& shape, at::ScalarType dtype,
+                      const std::string& context);
+
 // fsyncs a file or directory; errors are ignored where the file system cannot sync directories.
 void fsync_path(const std::string& path);
 

@@ -29,6 +29,7 @@ TensorSpec spec_from_json(const nlohmann::json& json) {
   spec.shape = json.at("shape").get<std::vector<int64_t>>();
   spec.dtype =
       dtype_from_safetensors(json.at("dtype").get<std::string>(), "tensor '" + spec.name + "'");
+  checked_bytes(spec.shape, spec.dtype, "tensor '" + spec.name + "'");
   return spec;
 }
 

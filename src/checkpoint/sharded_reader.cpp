@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <sstream>
 #include <stdexcept>
 
@@ -42,6 +43,31 @@ void read_range(const std::string& path, int64_t offset, int64_t size, void* out
   close(fd);
 }
 
+struct ByteRange {
+  int64_t begin = 0;
+  int64_t end = 0;
+  std::string what;
+  bool operator<(const ByteRange& other) const { return begin < other.begin; }
+};
+
+// The begin of the [begin, end) range `json` records for `what` in `file`, after checking that
+// it holds `bytes` bytes and lies inside the file past the safetensors length field; adds it to
+// `ranges`.
+int64_t checked_range(const nlohmann::json& json, int64_t bytes, const std::string& index_path,
+                      const ShardedCheckpointReader::FileInfo& file, const std::string& what,
+                      std::vector<ByteRange>& ranges) {
+  const auto range = json.get<std::vector<int64_t>>();
+  if (range.size() != 2 || range[0] < 8 || range[1] - range[0] != bytes ||
+      range[1] > file.bytes) {
+    throw std::invalid_argument("checkpoint file '" + index_path + "' gives the " + what +
+                                " in '" + file.name + "' an invalid byte range (want " +
+                                std::to_string(bytes) + " bytes inside the file's " +
+                                std::to_string(file.bytes) + ")");
+  }
+  ranges.push_back({range[0], range[1], what});
+  return range[0];
+}
+
 }  // namespace
 
 ShardedCheckpointReader::ShardedCheckpointReader(std::string dir) : dir_(std::move(dir)) {
@@ -70,8 +96,15 @@ ShardedCheckpointReader::ShardedCheckpointReader(std::string dir) : dir_(std::mo
     strategy_ = index.at("layout").at("strategy").get<std::string>();
     world_size_ = index.at("layout").at("world_size").get<int>();
     metadata_ = index.at("metadata").dump();
+    auto spec_from_json = [&](const nlohmann::json& json) {
+      try {
+        return detail::spec_from_json(json);
+      } catch (const std::invalid_argument& e) {
+        throw bad(std::string("is corrupt: ") + e.what());
+      }
+    };
     for (const auto& t : index.at("tensors")) {
-      tensors_.push_back(detail::spec_from_json(t));
+      tensors_.push_back(spec_from_json(t));
       tensor_index_[tensors_.back().name] = tensors_.size() - 1;
       pieces_[tensors_.back().name];
     }
@@ -91,31 +124,48 @@ ShardedCheckpointReader::ShardedCheckpointReader(std::string dir) : dir_(std::mo
                                     " bytes, index.json records " + std::to_string(info.bytes) +
                                     " (truncated or overwritten)");
       }
+      // Every byte range of the file, to check that no two records share bytes.
+      std::vector<ByteRange> ranges;
       for (const auto& s : f.at("slices")) {
         const std::string name = s.at("tensor").get<std::string>();
         auto it = tensor_index_.find(name);
         if (it == tensor_index_.end()) throw bad("has a slice of unlisted tensor '" + name + "'");
+        const TensorSpec& spec = tensors_[it->second];
         Piece piece;
         piece.file = file;
         piece.offset = s.at("offset").get<int64_t>();
         piece.numel = s.at("numel").get<int64_t>();
-        const auto range = s.at("byte_range").get<std::vector<int64_t>>();
-        piece.begin = range.at(0);
         piece.crc32 = s.at("crc32").get<uint32_t>();
-        const int64_t bytes = piece.numel * detail::dtype_bytes(tensors_[it->second].dtype);
-        if (range.at(1) - range.at(0) != bytes || range.at(0) < 0 || range.at(1) > info.bytes) {
-          throw bad("gives slice of '" + name + "' in '" + info.name + "' an invalid byte range");
+        if (piece.offset < 0 || piece.numel < 0 || piece.numel > spec.numel() - piece.offset) {
+          throw bad("gives slice of '" + name + "' in '" + info.name + "' elements [" +
+                    std::to_string(piece.offset) + ", +" + std::to_string(piece.numel) +
+                    ") outside its " + std::to_string(spec.numel()) + " elements");
         }
+        const std::string what = "slice of '" + name + "' at element " +
+                                 std::to_string(piece.offset);
+        piece.begin = checked_range(s.at("byte_range"),
+                                    piece.numel * detail::dtype_bytes(spec.dtype), index_path,
+                                    info, what, ranges);
         pieces_[name].push_back(piece);
         ++info.slices;
       }
       for (const auto& s : f.value("rank_state", nlohmann::json::array())) {
         StateEntry entry;
         entry.name = s.at("name").get<std::string>();
-        entry.spec = detail::spec_from_json(s);
-        entry.begin = s.at("byte_range").at(0).get<int64_t>();
+        entry.spec = spec_from_json(s);
         entry.crc32 = s.at("crc32").get<uint32_t>();
+        entry.begin = checked_range(
+            s.at("byte_range"),
+            detail::checked_bytes(entry.spec.shape, entry.spec.dtype, entry.name), index_path,
+            info, "rank state '" + entry.name + "'", ranges);
         rank_states_[info.rank].push_back(entry);
+      }
+      std::sort(ranges.begin(), ranges.end());
+      for (size_t i = 1; i < ranges.size(); ++i) {
+        if (ranges[i].begin < ranges[i - 1].end) {
+          throw bad("gives the " + ranges[i].what + " and the " + ranges[i - 1].what + " in '" +
+                    info.name + "' overlapping byte ranges");
+        }
       }
       file_crc_.push_back(f.at("crc32").get<uint32_t>());
       files_.push_back(info);
@@ -129,7 +179,11 @@ ShardedCheckpointReader::ShardedCheckpointReader(std::string dir) : dir_(std::mo
     int64_t next = 0;
     for (const auto& p : pieces) {
       if (p.numel == 0) continue;
-      if (p.offset != next) break;
+      if (p.offset < next) {
+        throw bad("has slices of tensor '" + name + "' that overlap at element " +
+                  std::to_string(p.offset));
+      }
+      if (p.offset > next) break;
       next += p.numel;
     }
     if (next != tensors_[tensor_index_.at(name)].numel()) {
@@ -232,6 +286,35 @@ std::map<std::string, at::Tensor> ShardedCheckpointReader::rank_state(int rank) 
 }
 
 void ShardedCheckpointReader::verify() const {
+  // Each file's own safetensors header must be valid and hold every range the index records.
+  std::vector<std::set<std::pair<int64_t, int64_t>>> recorded(files_.size());
+  for (const auto& [name, pieces] : pieces_) {
+    const int64_t element = detail::dtype_bytes(find(name)->dtype);
+    for (const auto& p : pieces) recorded[p.file].insert({p.begin, p.begin + p.numel * element});
+  }
+  for (const auto& [rank, entries] : rank_states_) {
+    int file = 0;
+    while (files_[file].rank != rank) ++file;
+    for (const auto& e : entries) {
+      const int64_t bytes = e.spec.numel() * detail::dtype_bytes(e.spec.dtype);
+      recorded[file].insert({e.begin, e.begin + bytes});
+    }
+  }
+  for (size_t f = 0; f < files_.size(); ++f) {
+    const auto header = detail::read_safetensors_header(file_path(static_cast<int>(f)));
+    std::set<std::pair<int64_t, int64_t>> held;
+    for (const auto& e : header.entries) {
+      held.insert({header.data_start + e.begin, header.data_start + e.end});
+    }
+    for (const auto& range : recorded[f]) {
+      if (range.first != range.second && !held.count(range)) {
+        throw std::invalid_argument(
+            "checkpoint file '" + file_path(static_cast<int>(f)) + "' holds no tensor at bytes [" +
+            std::to_string(range.first) + ", " + std::to_string(range.second) +
+            "), where index.json records one (the file and the index disagree)");
+      }
+    }
+  }
   std::vector<char> buffer(8 << 20);
   for (size_t f = 0; f < files_.size(); ++f) {
     uint32_t crc = 0;

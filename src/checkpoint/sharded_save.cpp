@@ -43,8 +43,14 @@ nlohmann::json attempt(const std::function<nlohmann::json()>& phase) {
   }
 }
 
-// Exchanges the phase outcomes; throws the first rank's error on every rank.
-std::vector<nlohmann::json> agree(ProcessGroup* group, const nlohmann::json& outcome) {
+// Exchanges the phase outcomes; throws the first rank's error on every rank. With `patience`,
+// ranks first meet at a barrier that waits that long, so a phase that is slow on some ranks
+// does not trip the group's collective timeout.
+std::vector<nlohmann::json> agree(ProcessGroup* group, const nlohmann::json& outcome,
+                                  std::chrono::milliseconds patience = {}) {
+  if (group && group->size() > 1 && patience.count() > 0) {
+    group->barrier_within(patience)->wait();
+  }
   std::vector<nlohmann::json> results;
   const auto texts = all_gather_text(group, outcome.dump());
   for (size_t r = 0; r < texts.size(); ++r) {
@@ -115,7 +121,8 @@ std::string save_sharded_checkpoint(const std::string& root, const std::string& 
             staging, rank, refs, [&](size_t i) { return slices[i].data; }, options.rank_state_);
         record["specs_crc32"] = specs_checksum(tensors);
         return record;
-      }));
+      }),
+      options.write_timeout_);
 
   const auto committed = agree(
       group, attempt([&]() -> nlohmann::json {

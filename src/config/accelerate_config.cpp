@@ -1,4 +1,5 @@
-// accelerate's config YAML (`accelerate config` writes it) as TrainConfig overrides: FSDP only.
+// accelerate's config YAML (`accelerate config` writes it) as TrainConfig overrides: FSDP,
+// DeepSpeed (its deepspeed_config block) and plain data parallel (MULTI_GPU / MULTI_CPU).
 // Keys that only say how accelerate launches (IPs, machine ranks, TPU settings) do not change what
 // is trained and are accepted with any value; the rest map onto parallel.fsdp.* and precision.*
 // or are an error naming them.
@@ -193,9 +194,47 @@ void import_fsdp(const YAML::Node& section, Overrides& out) {
   }
 }
 
-void import_mixed_precision(const std::string& value, Overrides& out) {
+// accelerate's deepspeed_config block (what `accelerate config` writes for DeepSpeed without a
+// ds_config.json file): the ZeRO stage, offload devices, accumulation and clipping.
+void import_deepspeed(const YAML::Node& node, Overrides& out) {
+  if (!node.IsMap()) throw std::invalid_argument("accelerate config key 'deepspeed_config': expected a mapping");
+  out.set_string("parallel.strategy", "zero");
+  for (const auto& item : node) {
+    const std::string key = item.first.as<std::string>();
+    const std::string name = "deepspeed_config." + key;
+    const YAML::Node& value = item.second;
+    if (key == "zero_stage") {
+      const int64_t stage = integer(value, name);
+      if (stage < 1 || stage > 3) bad_value(name, scalar(value, name), "expected 1, 2 or 3");
+      out.set_int("parallel.zero.stage", stage);
+    } else if (key == "offload_optimizer_device" || key == "offload_param_device") {
+      const std::string device = scalar(value, name);
+      if (device != "none" && device != "cpu" && device != "nvme") {
+        bad_value(name, device, "expected none, cpu or nvme");
+      }
+      out.set_string(key == "offload_optimizer_device" ? "parallel.zero.offload_optimizer"
+                                                       : "parallel.zero.offload_param",
+                     device);
+    } else if (key == "offload_optimizer_nvme_path" || key == "offload_param_nvme_path") {
+      const std::string path = scalar(value, name);
+      if (path != "none") out.set_string("parallel.zero.nvme_path", path);
+    } else if (key == "gradient_accumulation_steps") {
+      out.set_int("train.grad_accum", integer(value, name));
+    } else if (key == "gradient_clipping") {
+      out.set_float("train.clip", std::stod(scalar(value, name)));
+    } else if (key == "zero3_init_flag" || key == "zero3_save_16bit_model") {
+      // Construction and saving details of DeepSpeed's own: nothing to set here.
+    } else {
+      unknown_key(name);
+    }
+  }
+}
+
+void import_mixed_precision(const std::string& value, bool fsdp, Overrides& out) {
   if (value == "no") return;
-  if (value == "bf16") {
+  if (value == "bf16" && !fsdp) {
+    out.set_string("precision.autocast", "bf16");  // DDP and DeepSpeed: autocast, fp32 weights
+  } else if (value == "bf16") {
     // accelerate's FSDP policy for bf16 computes, reduces and keeps buffers in bf16, with fp32
     // master weights in the optimizer.
     out.set_string("precision.param_dtype", "bf16");
@@ -225,23 +264,35 @@ std::vector<std::string> accelerate_overrides_from_yaml(const std::string& yaml_
     Overrides out;
     if (!doc["distributed_type"]) {
       throw std::invalid_argument(
-          "accelerate config key 'distributed_type' is missing (FSDP "
-          "expected)");
+          "accelerate config key 'distributed_type' is missing (FSDP, DEEPSPEED, MULTI_GPU "
+          "or MULTI_CPU expected)");
     }
     const std::string type = scalar(doc["distributed_type"], "distributed_type");
-    if (type != "FSDP") {
-      bad_value("distributed_type", type, "only FSDP is supported (use --deepspeed for DeepSpeed)");
+    if (type == "FSDP") {
+      out.set_string("parallel.strategy", "fsdp");
+    } else if (type == "MULTI_GPU" || type == "MULTI_CPU") {
+      out.set_string("parallel.strategy", "ddp");
+    } else if (type != "DEEPSPEED") {
+      bad_value("distributed_type", type,
+                "expected FSDP, DEEPSPEED, MULTI_GPU or MULTI_CPU (tensor and pipeline "
+                "parallelism, MEGATRON_LM, do not run in this version)");
     }
-    out.set_string("parallel.strategy", "fsdp");
+    if (type == "DEEPSPEED" && !doc["deepspeed_config"]) {
+      throw std::invalid_argument(
+          "accelerate config with distributed_type DEEPSPEED has no 'deepspeed_config' (or pass "
+          "the ds_config.json itself with --deepspeed)");
+    }
     for (const auto& item : doc) {
       const std::string key = item.first.as<std::string>();
       const YAML::Node& node = item.second;
       if (key == "distributed_type" || launch_keys().count(key)) {
         continue;
-      } else if (key == "fsdp_config") {
+      } else if (key == "fsdp_config" && type == "FSDP") {
         import_fsdp(node, out);
+      } else if (key == "deepspeed_config" && type == "DEEPSPEED") {
+        import_deepspeed(node, out);
       } else if (key == "mixed_precision") {
-        import_mixed_precision(scalar(node, key), out);
+        import_mixed_precision(scalar(node, key), type == "FSDP", out);
       } else if (key == "num_processes") {
         const int64_t n = integer(node, key);
         if (n != world_size) {

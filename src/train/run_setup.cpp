@@ -34,7 +34,7 @@ std::unique_ptr<Tokenizer> make_tokenizer(const TrainConfig& config) {
   return make_gpt2_tokenizer((dir / "encoder.json").string(), (dir / "vocab.bpe").string());
 }
 
-std::shared_ptr<TokenShard> open_corpus(const TrainConfig& config, const Tokenizer& tokenizer) {
+std::shared_ptr<TokenShard> open_token_shard_corpus(const TrainConfig& config) {
   if (config.corpus.empty()) {
     throw std::invalid_argument("data.corpus is not set (a token shard, text files or folders)");
   }
@@ -42,13 +42,21 @@ std::shared_ptr<TokenShard> open_corpus(const TrainConfig& config, const Tokeniz
       is_token_shard(config.corpus[0])) {
     return std::make_shared<TokenShard>(config.corpus[0]);
   }
-  // Tokenizing takes a while; the shard is kept beside a description of what it was made from.
-  nlohmann::json made_from = {{"tokenizer", tokenizer.name()}, {"inputs", nlohmann::json::array()}};
   for (const auto& input : config.corpus) {
     std::error_code error;
     if (!fs::exists(input, error)) {
       throw std::invalid_argument("data.corpus: '" + input + "' does not exist");
     }
+  }
+  return nullptr;
+}
+
+std::shared_ptr<TokenShard> open_corpus(const TrainConfig& config, const Tokenizer& tokenizer) {
+  if (auto shard = open_token_shard_corpus(config)) return shard;
+  // Tokenizing takes a while; the shard is kept beside a description of what it was made from.
+  nlohmann::json made_from = {{"tokenizer", tokenizer.name()}, {"inputs", nlohmann::json::array()}};
+  for (const auto& input : config.corpus) {
+    std::error_code error;
     const auto stamp = fs::last_write_time(input, error).time_since_epoch().count();
     made_from["inputs"].push_back({{"path", fs::absolute(input).string()}, {"mtime", stamp}});
   }

@@ -13,6 +13,10 @@ namespace shardtrain::detail {
 // "byte", or "gpt2" from data.gpt2_dir (default_gpt2_dir() when empty).
 std::unique_ptr<Tokenizer> make_tokenizer(const TrainConfig& config);
 
+// data.corpus when it is one token shard (opened and its header checked), else null after
+// checking that every text input exists. Writes nothing.
+std::shared_ptr<TokenShard> open_token_shard_corpus(const TrainConfig& config);
+
 // data.corpus as a token shard: used directly when it is one, else tokenized once into
 // RUN_DIR/corpus.tokens (re-made when the inputs or the tokenizer change).
 std::shared_ptr<TokenShard> open_corpus(const TrainConfig& config, const Tokenizer& tokenizer);

@@ -1,4 +1,5 @@
 #include <chrono>
+#include <csignal>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -15,6 +16,7 @@
 #include "shardtrain/memory.h"
 #include "shardtrain/threads.h"
 #include "shardtrain/train.h"
+#include "train/run_dir.h"
 #include "train/run_manifest.h"
 #include "train/run_setup.h"
 
@@ -50,8 +52,9 @@ Trainer::Trainer(TrainConfig config, std::shared_ptr<ProcessGroup> world)
   }
   if (config_.threads > 0) set_num_threads(static_cast<int>(config_.threads));
   install_cpu_memory_tracking();
-  std::filesystem::create_directories(config_.dir);
 
+  // Inputs first: nothing under run.dir changes until the config, the tokenizer and the
+  // corpus have been checked and every rank has decided how the run starts.
   tokenizer_ = detail::make_tokenizer(config_);
   if (!config_.vocab_size_set) {
     config_.model.vocab_size = tokenizer_->vocab_size();
@@ -61,11 +64,19 @@ Trainer::Trainer(TrainConfig config, std::shared_ptr<ProcessGroup> world)
                                 " tokenizer's vocabulary of " +
                                 std::to_string(tokenizer_->vocab_size()));
   }
-  if (rank() == 0) detail::write_run_manifest(config_, world_size());
-  // Rank 0 tokenizes the corpus (if it is text) before the others open the shard.
-  if (rank() == 0) shard_ = detail::open_corpus(config_, *tokenizer_);
+  shard_ = detail::open_token_shard_corpus(config_);  // null when the corpus is text
+  const detail::RunStart start =
+      detail::plan_run_start(config_, detail::restarted_by_launcher());
+  barrier();  // every rank has looked before rank 0 changes the directory
+  if (rank() == 0) detail::prepare_run_dir(config_, start);
   barrier();
-  if (rank() != 0) shard_ = detail::open_corpus(config_, *tokenizer_);
+  std::filesystem::create_directories(config_.dir);  // ranks on other hosts' file systems
+  if (!shard_) {
+    // Rank 0 tokenizes the text into RUN_DIR once, before the others open the shard.
+    if (rank() == 0) shard_ = detail::open_corpus(config_, *tokenizer_);
+    barrier();
+    if (rank() != 0) shard_ = detail::open_corpus(config_, *tokenizer_);
+  }
   if (static_cast<int64_t>(shard_->header().vocab_size) > config_.model.vocab_size) {
     throw std::invalid_argument("token shard '" + shard_->path() + "' was written with a " +
                                 std::to_string(shard_->header().vocab_size) +
@@ -136,9 +147,9 @@ Trainer::Trainer(TrainConfig config, std::shared_ptr<ProcessGroup> world)
       LrSchedule{config_.lr, config_.min_lr, config_.warmup, config_.steps, config_.schedule};
   scaler_ = LossScaler::from_config(config_.loss_scale, config_.initial_scale, config_.scale_window,
                                     config_.min_scale);
-  if (!config_.resume.empty()) {
-    load_checkpoint(resolve_checkpoint(config_.dir + "/checkpoints", config_.resume));
-  }
+  if (!start.checkpoint.empty()) load_checkpoint(start.checkpoint);
+  // Written last, so a run that fails to start leaves the previous run.json as it was.
+  if (rank() == 0) detail::write_run_manifest(config_, world_size());
 }
 
 std::vector<at::Tensor> Trainer::parameters() const {
@@ -206,6 +217,7 @@ StepResult Trainer::train_step() {
     finite = scaler_.unscale(params);
   }
   result.lr = schedule_.at(step_);
+  result.grad_norm = NAN;  // none when the gradients are not finite (null in metrics.jsonl)
   if (finite) {
     result.grad_norm = fsdp_ ? fsdp_->clip_grad_norm(config_.clip)
                              : clip_grad_norm(params, config_.clip);
@@ -271,6 +283,22 @@ std::string Trainer::generate(const std::string& prompt, int64_t tokens) {
   return prompt + tokenizer_->decode(generated);
 }
 
+void Trainer::fail_if_injected() const {
+  // Fault injection for restart and timeout tests (docs/training.md): on a first attempt the
+  // last rank dies (SIGKILL) or hangs (SIGSTOP) right after the given step, as a crashed,
+  // preempted or wedged rank would.
+  if (detail::restarted_by_launcher() || rank() != world_size() - 1) return;
+  for (const auto& [variable, signal] : {std::pair<const char*, int>{"SHARDTRAIN_KILL_AFTER_STEP",
+                                                                     SIGKILL},
+                                         {"SHARDTRAIN_STOP_AFTER_STEP", SIGSTOP}}) {
+    const char* at = std::getenv(variable);
+    if (at && std::atoll(at) == step_) {
+      std::fflush(stdout);
+      std::raise(signal);
+    }
+  }
+}
+
 void Trainer::fit() {
   const bool talk = rank() == 0;
   if (talk) {
@@ -303,6 +331,25 @@ void Trainer::fit() {
       eval_loss = evaluate();
     }
     write_metrics(result, eval_loss);
+    if (!result.skipped && std::isfinite(result.loss)) {
+      skipped_in_a_row_ = 0;
+      last_finite_loss_ = result.loss;
+      last_good_step_ = step_;
+    } else if (result.skipped) {
+      ++skipped_in_a_row_;
+    }
+    if (skipped_in_a_row_ >= config_.max_skipped) {
+      char text[64];
+      std::snprintf(text, sizeof(text), "%.6g", last_finite_loss_);
+      throw std::runtime_error(
+          "training diverged: steps " + std::to_string(step_ - skipped_in_a_row_ + 1) + " to " +
+          std::to_string(step_) + " all had non-finite gradients (train.max_skipped = " +
+          std::to_string(config_.max_skipped) + "); the last finite loss was " +
+          (last_good_step_ > 0 ? std::string(text) + " at step " + std::to_string(last_good_step_)
+                               : std::string("never seen")) +
+          ". No checkpoint was written since; lower train.lr or raise train.clip / "
+          "train.max_skipped");
+    }
     if (talk && (step_ % config_.log_every == 0 || step_ == config_.steps || step_ == 1)) {
       std::printf(
           "step %5lld/%lld | loss %.4f | lr %.2e | %7.0f tok/s | %.3f s/step | rss %.1f MiB%s",
@@ -320,10 +367,19 @@ void Trainer::fit() {
       std::printf("\n");
       std::fflush(stdout);
     }
+    // A model whose last step was skipped may have diverged: it never replaces `latest`.
     if (config_.checkpoint_every > 0 && step_ % config_.checkpoint_every == 0 &&
-        step_ != config_.steps) {
+        step_ != config_.steps && skipped_in_a_row_ == 0) {
       save_checkpoint();
     }
+    fail_if_injected();
+  }
+  if (skipped_in_a_row_ > 0) {
+    if (talk) {
+      std::printf("no final checkpoint: the last %lld step(s) had non-finite gradients\n",
+                  static_cast<long long>(skipped_in_a_row_));
+    }
+    return;
   }
   const std::string dir = save_checkpoint();
   if (talk) std::printf("checkpoint: %s\n", dir.c_str());

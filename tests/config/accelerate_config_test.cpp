@@ -91,8 +91,14 @@ TEST(AccelerateConfigTest, UnsupportedValuesNameKeyAndValue) {
   e = error_of(std::string(kBase) + "fsdp_config:\n  fsdp_state_dict_type: LOCAL_STATE_DICT\n");
   EXPECT_NE(e.find("'fsdp_config.fsdp_state_dict_type' = 'LOCAL_STATE_DICT'"), std::string::npos)
       << e;
+  e = error_of("distributed_type: MEGATRON_LM\nnum_processes: 2\n");
+  EXPECT_NE(e.find("'distributed_type' = 'MEGATRON_LM'"), std::string::npos) << e;
   e = error_of("distributed_type: DEEPSPEED\nnum_processes: 2\n");
-  EXPECT_NE(e.find("'distributed_type' = 'DEEPSPEED'"), std::string::npos) << e;
+  EXPECT_NE(e.find("no 'deepspeed_config'"), std::string::npos) << e;
+  e = error_of("distributed_type: DEEPSPEED\nnum_processes: 2\ndeepspeed_config:\n  zero_stage: 4\n");
+  EXPECT_NE(e.find("'deepspeed_config.zero_stage' = '4'"), std::string::npos) << e;
+  e = error_of("distributed_type: MULTI_GPU\nnum_processes: 2\nfsdp_config:\n  fsdp_version: 1\n");
+  EXPECT_NE(e.find("'fsdp_config'"), std::string::npos) << e;
   e = error_of(std::string(kBase) + "mixed_precision: fp8\n");
   EXPECT_NE(e.find("'mixed_precision' = 'fp8'"), std::string::npos) << e;
 }

@@ -83,3 +83,32 @@ TEST(ConfigTest, BadValuesAreNamed) {
 
 }  // namespace
 }  // namespace shardtrain
+
+namespace shardtrain {
+namespace {
+
+TEST(ConfigTest, AMisspelledKeyGetsTheNearestOne) {
+  EXPECT_NE(error_of("[train]\nlearning_rat = 1\n").find("unknown config key"), std::string::npos);
+  const std::string typo = error_of("[train]\nmicro_bach = 4\n");
+  EXPECT_NE(typo.find("did you mean 'train.micro_batch'?"), std::string::npos) << typo;
+  const std::string set = error_of("", {"parallel.stratgy=ddp"});
+  EXPECT_NE(set.find("did you mean 'parallel.strategy'?"), std::string::npos) << set;
+}
+
+TEST(ConfigTest, Gpt2HeadsCanBeChangedAlone) {
+  const auto config = parse_train_config("[model]\npreset = \"tiny\"\nn_heads = 2\n", "t.toml");
+  EXPECT_EQ(config.model.n_heads, 2);
+  EXPECT_EQ(config.model.n_kv_heads, 2);
+  // Given explicitly, a key/value head count GPT-2 cannot have is still refused.
+  EXPECT_NE(error_of("[model]\npreset = \"tiny\"\nn_heads = 2\nn_kv_heads = 1\n").find("n_kv_heads"),
+            std::string::npos);
+}
+
+TEST(ConfigTest, ANumberTooLargeIsNamedAsOne) {
+  const std::string e = error_of("", {"train.steps=99999999999999999999"});
+  EXPECT_NE(e.find("'99999999999999999999' is not a valid number"), std::string::npos) << e;
+  EXPECT_EQ(e.find("a string"), std::string::npos) << e;
+}
+
+}  // namespace
+}  // namespace shardtrain

@@ -248,3 +248,19 @@ TEST(TokenizerGpt2Files, DefaultDirHonoursEnvironment) {
 }
 
 }  // namespace
+
+namespace shardtrain {
+namespace {
+
+TEST(TokenizerFiles, AMissingGpt2FileSaysHowToGetIt) {
+  try {
+    make_gpt2_tokenizer("/nonexistent/encoder.json", "/nonexistent/vocab.bpe");
+    FAIL() << "a missing encoder.json was accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("/nonexistent/encoder.json"), std::string::npos);
+    EXPECT_NE(std::string(e.what()).find("bash scripts/setup.sh"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace shardtrain

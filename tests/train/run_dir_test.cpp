@@ -1,0 +1,214 @@
+// The run directory's contract: a new run never mixes with an old one, a failed start-up
+// changes nothing, "auto" resumes when it can, a diverging run stops without replacing the
+// last good checkpoint, and a launcher's restart continues from the checkpoint it left.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "shardtrain/sharded_checkpoint.h"
+#include "shardtrain/train.h"
+#include "support.h"
+#include "train/run_config.h"
+
+namespace shardtrain {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string contents(const fs::path& file) {
+  std::ifstream in(file, std::ios::binary);
+  std::ostringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+class RunDirTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = testing::fresh_test_dir("shardtrain_run_dir");
+    run_ = dir_ / "run";
+    std::ofstream corpus(dir_ / "corpus.txt");
+    for (int i = 0; i < 200; ++i) corpus << "sphinx of black quartz " << i % 7 << ", judge my vow.\n";
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  TrainConfig config(const std::vector<std::string>& overrides = {}) const {
+    std::vector<std::string> all = {"train.micro_batch=4", "train.steps=2"};
+    all.insert(all.end(), overrides.begin(), overrides.end());
+    return testing::tiny_run_config(dir_ / "corpus.txt", run_, all);
+  }
+
+  static std::string refusal(const TrainConfig& config) {
+    try {
+      Trainer trainer(config);
+    } catch (const std::invalid_argument& e) {
+      return e.what();
+    }
+    ADD_FAILURE() << "the trainer started";
+    return "";
+  }
+
+  fs::path dir_;
+  fs::path run_;  // the run.dir of config()
+};
+
+TEST_F(RunDirTest, ANewRunIntoAnOldOneIsRefusedAndOverwriteMovesTheOldOneAside) {
+  Trainer(config()).fit();
+  const std::string metrics = contents(run_ / "metrics.jsonl");
+  const std::string latest = contents(run_ / "checkpoints" / "latest");
+  ASSERT_FALSE(metrics.empty());
+
+  const std::string message = refusal(config());
+  EXPECT_NE(message.find(run_.string()), std::string::npos) << message;
+  EXPECT_NE(message.find("run.resume"), std::string::npos) << message;
+  EXPECT_NE(message.find("run.overwrite"), std::string::npos) << message;
+  EXPECT_EQ(contents(run_ / "metrics.jsonl"), metrics);
+  EXPECT_EQ(contents(run_ / "checkpoints" / "latest"), latest);
+
+  EXPECT_NE(refusal(config({"run.overwrite=true", "run.resume=\"latest\""})).find("set one"),
+            std::string::npos);
+
+  Trainer(config({"run.overwrite=true", "train.steps=1"})).fit();
+  EXPECT_EQ(contents(fs::path(run_.string() + ".old.1") / "metrics.jsonl"), metrics);
+  EXPECT_EQ(testing::rank0_losses(run_ / "metrics.jsonl").size(), 1u);
+}
+
+TEST_F(RunDirTest, AStartUpThatFailsChangesNothingInTheRunDirectory) {
+  // A fresh directory is not even created when the corpus is missing.
+  run_ = dir_ / "never";
+  const std::string missing =
+      refusal(config({"data.corpus=\"" + (dir_ / "nope.txt").string() + "\""}));
+  EXPECT_NE(missing.find("nope.txt"), std::string::npos) << missing;
+  EXPECT_FALSE(fs::exists(run_));
+
+  // An existing run keeps its run.json and metrics when a later start fails.
+  run_ = dir_ / "run";
+  Trainer(config()).fit();
+  const std::string manifest = contents(run_ / "run.json");
+  refusal(config({"run.overwrite=true", "data.corpus=\"" + (dir_ / "nope.txt").string() + "\""}));
+  EXPECT_EQ(contents(run_ / "run.json"), manifest);
+  EXPECT_FALSE(fs::exists(run_.string() + ".old.1"));
+  refusal(config({"run.resume=\"latest\"", "model.init_from=\"" + (dir_ / "none").string() + "\""}));
+  EXPECT_EQ(contents(run_ / "run.json"), manifest);
+}
+
+TEST_F(RunDirTest, ResumeAutoStartsFreshThenContinuesWithoutRepeatingAStep) {
+  run_ = dir_ / "straight";
+  Trainer(config({"train.steps=5"})).fit();
+  const auto want = testing::rank0_losses(run_ / "metrics.jsonl");
+
+  run_ = dir_ / "auto";
+  // "latest" has nothing to resume; "auto" starts a new run.
+  EXPECT_NE(refusal(config({"run.resume=\"latest\""})).find("\"auto\""), std::string::npos);
+  {
+    Trainer first(config({"run.resume=\"auto\"", "train.steps=5", "train.checkpoint_every=2"}));
+    EXPECT_EQ(first.step(), 0);
+    for (int i = 0; i < 3; ++i) first.train_step();  // as if killed after step 3
+    first.save_checkpoint();
+  }
+  Trainer second(config({"run.resume=\"auto\"", "train.steps=5"}));
+  EXPECT_EQ(second.step(), 3);
+  second.fit();
+  const auto got = testing::rank0_losses(run_ / "metrics.jsonl");
+  ASSERT_EQ(got.size(), 2u);  // steps 4 and 5: fit() writes metrics, train_step() alone does not
+  EXPECT_EQ(got[0], want[3]);
+  EXPECT_EQ(got[1], want[4]);
+}
+
+TEST_F(RunDirTest, NonFiniteSettingsAreRefused) {
+  for (const std::string setting :
+       {"train.lr=inf", "train.lr=nan", "train.min_lr=-inf", "train.clip=inf", "train.eps=nan"}) {
+    SCOPED_TRACE(setting);
+    try {
+      config({setting});
+      ADD_FAILURE() << "accepted";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find("finite"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find(setting.substr(0, setting.find('='))),
+                std::string::npos)
+          << e.what();
+    }
+  }
+}
+
+TEST_F(RunDirTest, ADivergingRunStopsAndKeepsTheLastGoodCheckpoint) {
+  Trainer trainer(config({"train.steps=10", "train.checkpoint_every=2", "train.max_skipped=3"}));
+  // From step 3 on every gradient is NaN, as after a diverging update.
+  trainer.set_after_backward([&](int64_t step) {
+    if (step >= 2) trainer.model()->parameters()[0].mutable_grad().fill_(NAN);
+  });
+  try {
+    trainer.fit();
+    FAIL() << "the run went on";
+  } catch (const std::runtime_error& e) {
+    const std::string message = e.what();
+    EXPECT_NE(message.find("steps 3 to 5"), std::string::npos) << message;
+    EXPECT_NE(message.find("train.max_skipped = 3"), std::string::npos) << message;
+    EXPECT_NE(message.find("at step 2"), std::string::npos) << message;
+  }
+  EXPECT_EQ(trainer.step(), 5);
+  EXPECT_EQ(contents(run_ / "checkpoints" / "latest"), "step_000002\n");
+  EXPECT_FALSE(fs::exists(run_ / "checkpoints" / "step_000004"));
+  // Skipped steps log no gradient norm rather than a made-up 0.
+  std::ifstream in(run_ / "metrics.jsonl");
+  std::string line;
+  for (int i = 0; i < 3; ++i) std::getline(in, line);
+  EXPECT_TRUE(nlohmann::json::parse(line).at("grad_norm").is_null()) << line;
+}
+
+// Reads every tensor of a checkpoint.
+std::map<std::string, at::Tensor> tensors_of(const fs::path& dir) {
+  const ShardedCheckpointReader reader(dir.string());
+  std::map<std::string, at::Tensor> out;
+  for (const auto& spec : reader.tensors()) out[spec.name] = reader.read(spec.name);
+  return out;
+}
+
+TEST_F(RunDirTest, LaunchRestartsAKilledRankFromItsLatestCheckpoint) {
+  const std::string config_file = (dir_ / "run.toml").string();
+  std::ofstream(config_file) << "[model]\npreset = \"tiny\"\n[data]\ncorpus = \""
+                             << (dir_ / "corpus.txt").string() << "\"\nseq_len = 32\n[train]\n"
+                             << "steps = 6\nmicro_batch = 2\ncheckpoint_every = 2\n"
+                             << "sample_tokens = 0\n[parallel]\nstrategy = \"ddp\"\n"
+                             << "[run]\nthreads = 1\n";
+  auto train = [&](const std::string& run, const std::string& env) {
+    return testing::run_command(env + " " + testing::cli() +
+                                " launch --nproc 2 --max-restarts 1 --kill-timeout 2 -- " +
+                                testing::cli() + " train --config " + config_file +
+                                " --set run.dir=" + (dir_ / run).string());
+  };
+  const auto straight = train("straight", "");
+  ASSERT_EQ(straight.exit_code, 0) << straight.output;
+  // Rank 1 dies by SIGKILL after step 3 (after the step-2 checkpoint); the restart resumes.
+  const auto restarted = train("restarted", "SHARDTRAIN_KILL_AFTER_STEP=3");
+  ASSERT_EQ(restarted.exit_code, 0) << restarted.output;
+  EXPECT_NE(restarted.output.find("restarting (1 of 1)"), std::string::npos) << restarted.output;
+  EXPECT_NE(restarted.output.find("resumed from"), std::string::npos) << restarted.output;
+
+  // Each step and rank once in metrics.jsonl, with the uninterrupted run's losses.
+  std::map<std::pair<int64_t, int>, int> seen;
+  std::ifstream in(dir_ / "restarted" / "metrics.jsonl");
+  for (std::string line; std::getline(in, line);) {
+    const auto j = nlohmann::json::parse(line);
+    ++seen[{j.at("step").get<int64_t>(), j.at("rank").get<int>()}];
+  }
+  EXPECT_EQ(seen.size(), 12u);
+  for (const auto& [key, count] : seen) EXPECT_EQ(count, 1) << "step " << key.first;
+  EXPECT_EQ(testing::rank0_losses(dir_ / "restarted" / "metrics.jsonl"),
+            testing::rank0_losses(dir_ / "straight" / "metrics.jsonl"));
+  // The final parameters and optimizer state are bit for bit the uninterrupted run's.
+  const auto want = tensors_of(dir_ / "straight" / "checkpoints" / "step_000006");
+  const auto got = tensors_of(dir_ / "restarted" / "checkpoints" / "step_000006");
+  ASSERT_EQ(got.size(), want.size());
+  for (const auto& [name, tensor] : want) {
+    EXPECT_TRUE(at::equal(got.at(name), tensor)) << name;
+  }
+}
+
+}  // namespace
+}  // namespace shardtrain
