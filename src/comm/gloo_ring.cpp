@@ -5,6 +5,8 @@
 
 #include <algorithm>
 #include <cstring>
+#include <stdexcept>
+#include <string>
 #include <vector>
 
 namespace shardtrain::detail {
@@ -178,7 +180,14 @@ void ring_reduce_scatter(const std::shared_ptr<gloo::Context>& context, const vo
     char* accumulated = last ? static_cast<char*>(output) : static_cast<char*>(target.ptr);
     for (int64_t done = 0; done < chunk.numel; done += segment) {
       const size_t n = segment_count(done, chunk.numel);
-      target.waitRecv(timeout);
+      try {
+        target.waitRecv(timeout);
+      } catch (const std::exception& e) {
+        // Gloo names only its socket; the peer that sent nothing is what the user needs.
+        throw std::runtime_error(std::string(e.what()) + " (waiting for data from rank " +
+                                 std::to_string(left) +
+                                 " of the group: stopped, dead or unreachable?)");
+      }
       char* into = accumulated + done * elem_size;
       const char* received = static_cast<char*>(target.ptr) + done * elem_size;
       const char* own = in + (chunk.offset + done) * elem_size;

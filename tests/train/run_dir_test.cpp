@@ -3,6 +3,7 @@
 // last good checkpoint, and a launcher's restart continues from the checkpoint it left.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -208,6 +209,29 @@ TEST_F(RunDirTest, LaunchRestartsAKilledRankFromItsLatestCheckpoint) {
   for (const auto& [name, tensor] : want) {
     EXPECT_TRUE(at::equal(got.at(name), tensor)) << name;
   }
+}
+
+TEST_F(RunDirTest, AStoppedPeerEndsTheRunWithinItsTimeout) {
+  const std::string config_file = (dir_ / "run.toml").string();
+  std::ofstream(config_file) << "[model]\npreset = \"tiny\"\n[data]\ncorpus = \""
+                             << (dir_ / "corpus.txt").string() << "\"\nseq_len = 32\n[train]\n"
+                             << "steps = 500\nmicro_batch = 2\nsample_tokens = 0\n"
+                             << "[parallel]\nstrategy = \"ddp\"\n[run]\nthreads = 1\n";
+  // Rank 1 stops (SIGSTOP) after step 2: its socket stays open, so only the timeout finds it.
+  const auto start = std::chrono::steady_clock::now();
+  const auto result = testing::run_command(
+      "SHARDTRAIN_STOP_AFTER_STEP=2 " + testing::cli() +
+      " launch --nproc 2 --timeout 10 --kill-timeout 1 -- " + testing::cli() +
+      " train --config " + config_file + " --set run.dir=" + (dir_ / "run").string());
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_NE(result.exit_code, 0) << result.output;
+  EXPECT_NE(result.output.find("Timed out waiting 10000ms"), std::string::npos) << result.output;
+  EXPECT_NE(result.output.find("waiting for data from rank 1"), std::string::npos)
+      << result.output;
+  // 10 s of timeout, plus start-up and the stop of the other rank, but not the default 30 min.
+  EXPECT_GE(seconds, 10.0);
+  EXPECT_LT(seconds, 10.0 + 5.0 + 5.0) << "start-up included";
 }
 
 }  // namespace
