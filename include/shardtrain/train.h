@@ -100,6 +100,8 @@ class Trainer {
   // SHARDTRAIN_KILL_AFTER_STEP / SHARDTRAIN_STOP_AFTER_STEP: the last rank kills or stops
   // itself after that step (first attempt only).
   void fail_if_injected() const;
+  // Throws when the token shard's vocabulary is larger than the model's.
+  void check_vocabulary() const;
   // Waits for every rank (no-op on one process).
   void barrier() const;
 

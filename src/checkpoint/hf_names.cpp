@@ -4,6 +4,7 @@
 #include <stdexcept>
 
 #include "checkpoint/model_description.h"
+#include "checkpoint/safetensors_detail.h"
 #include "shardtrain/hf.h"
 
 namespace shardtrain {
@@ -147,13 +148,13 @@ ModelConfig model_from_description(const nlohmann::json& j, const std::string& s
     }
     m.family = family == "gpt2" ? ModelFamily::kGpt2 : ModelFamily::kLlama;
     m.name = j.value("name", "custom");
-    m.vocab_size = j.at("vocab_size").get<int64_t>();
-    m.context_length = j.at("context_length").get<int64_t>();
-    m.d_model = j.at("d_model").get<int64_t>();
-    m.n_layers = j.at("n_layers").get<int64_t>();
-    m.n_heads = j.at("n_heads").get<int64_t>();
-    m.n_kv_heads = j.at("n_kv_heads").get<int64_t>();
-    m.ffn_hidden = j.at("ffn_hidden").get<int64_t>();
+    m.vocab_size = detail::json_int64(j.at("vocab_size"), source + ": vocab_size");
+    m.context_length = detail::json_int64(j.at("context_length"), source + ": context_length");
+    m.d_model = detail::json_int64(j.at("d_model"), source + ": d_model");
+    m.n_layers = detail::json_int64(j.at("n_layers"), source + ": n_layers");
+    m.n_heads = detail::json_int64(j.at("n_heads"), source + ": n_heads");
+    m.n_kv_heads = detail::json_int64(j.at("n_kv_heads"), source + ": n_kv_heads");
+    m.ffn_hidden = detail::json_int64(j.at("ffn_hidden"), source + ": ffn_hidden");
     m.norm_eps = j.at("norm_eps").get<double>();
     m.rope_theta = j.at("rope_theta").get<double>();
     m.dropout = j.at("dropout").get<double>();

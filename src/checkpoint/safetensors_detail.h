@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -86,6 +87,12 @@ struct SafetensorsHeader {
 // Reads and validates the header of the safetensors file `path` (see safetensors_header.cpp
 // for the rules). Throws std::invalid_argument naming the file and the tensor at fault.
 SafetensorsHeader read_safetensors_header(const std::string& path);
+
+// `json` as an int64 when it is a JSON integer that fits (not a float, a string or a number
+// beyond int64, which nlohmann's get<> would convert without a check); `json_int64s` for an
+// array of them. std::invalid_argument naming `what` otherwise.
+int64_t json_int64(const nlohmann::json& json, const std::string& what);
+std::vector<int64_t> json_int64s(const nlohmann::json& json, const std::string& what);
 
 // The element count / byte count of `shape`; std::invalid_argument naming `context` for a
 // negative size or a count that overflows int64.

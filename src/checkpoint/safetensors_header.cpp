@@ -6,6 +6,7 @@
 // with no gap and no overlap.
 #include <algorithm>
 #include <fstream>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 
@@ -25,6 +26,26 @@ std::string shape_text(const std::vector<int64_t>& shape) {
 }
 
 }  // namespace
+
+int64_t json_int64(const nlohmann::json& json, const std::string& what) {
+  if (json.is_number_unsigned() &&
+      json.get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
+    throw std::invalid_argument(what + " is " + json.dump() + ", beyond a 64-bit integer");
+  }
+  if (!json.is_number_integer()) {
+    throw std::invalid_argument(what + " must be an integer, got " + json.dump());
+  }
+  return json.get<int64_t>();
+}
+
+std::vector<int64_t> json_int64s(const nlohmann::json& json, const std::string& what) {
+  if (!json.is_array()) {
+    throw std::invalid_argument(what + " must be an array of integers, got " + json.dump());
+  }
+  std::vector<int64_t> values;
+  for (const auto& item : json) values.push_back(json_int64(item, what));
+  return values;
+}
 
 int64_t checked_numel(const std::vector<int64_t>& shape, const std::string& context) {
   int64_t numel = 1;
@@ -91,8 +112,8 @@ SafetensorsHeader read_safetensors_header(const std::string& path) {
       SafetensorsEntry e;
       e.name = name;
       e.dtype = dtype_from_safetensors(entry.at("dtype").get<std::string>(), context);
-      e.shape = entry.at("shape").get<std::vector<int64_t>>();
-      const auto offsets = entry.at("data_offsets").get<std::vector<int64_t>>();
+      e.shape = json_int64s(entry.at("shape"), context + ": shape");
+      const auto offsets = json_int64s(entry.at("data_offsets"), context + ": data_offsets");
       if (offsets.size() != 2 || offsets[0] < 0 || offsets[1] < offsets[0]) {
         throw std::invalid_argument(context + " has invalid data_offsets (want [begin, end] with "
                                               "0 <= begin <= end)");

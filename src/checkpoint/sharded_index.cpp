@@ -26,7 +26,7 @@ nlohmann::json spec_to_json(const TensorSpec& spec) {
 TensorSpec spec_from_json(const nlohmann::json& json) {
   TensorSpec spec;
   spec.name = json.at("name").get<std::string>();
-  spec.shape = json.at("shape").get<std::vector<int64_t>>();
+  spec.shape = json_int64s(json.at("shape"), "tensor '" + spec.name + "': shape");
   spec.dtype =
       dtype_from_safetensors(json.at("dtype").get<std::string>(), "tensor '" + spec.name + "'");
   checked_bytes(spec.shape, spec.dtype, "tensor '" + spec.name + "'");

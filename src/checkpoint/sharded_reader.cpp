@@ -8,6 +8,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
@@ -56,7 +57,7 @@ struct ByteRange {
 int64_t checked_range(const nlohmann::json& json, int64_t bytes, const std::string& index_path,
                       const ShardedCheckpointReader::FileInfo& file, const std::string& what,
                       std::vector<ByteRange>& ranges) {
-  const auto range = json.get<std::vector<int64_t>>();
+  const auto range = detail::json_int64s(json, index_path + ": byte_range of the " + what);
   if (range.size() != 2 || range[0] < 8 || range[1] - range[0] != bytes ||
       range[1] > file.bytes) {
     throw std::invalid_argument("checkpoint file '" + index_path + "' gives the " + what +
@@ -88,13 +89,26 @@ ShardedCheckpointReader::ShardedCheckpointReader(std::string dir) : dir_(std::mo
     if (index.value("format", "") != detail::kShardedFormatName) {
       throw bad("is not a shardtrain sharded checkpoint index");
     }
-    version_ = index.at("version").get<int>();
+    auto integer = [&](const nlohmann::json& json, const std::string& what, int64_t lo,
+                       int64_t hi) {
+      const int64_t value = detail::json_int64(json, index_path + ": " + what);
+      if (value < lo || value > hi) {
+        throw bad("gives " + what + " " + std::to_string(value) + ", outside [" +
+                  std::to_string(lo) + ", " + std::to_string(hi) + "]");
+      }
+      return value;
+    };
+    constexpr int64_t kMaxInt = std::numeric_limits<int>::max();
+    constexpr int64_t kMaxInt64 = std::numeric_limits<int64_t>::max();
+    constexpr int64_t kMaxCrc = std::numeric_limits<uint32_t>::max();
+    version_ = static_cast<int>(integer(index.at("version"), "version", 0, kMaxInt));
     if (version_ > detail::kShardedFormatVersion) {
       throw bad("has format version " + std::to_string(version_) + "; this build reads up to " +
                 std::to_string(detail::kShardedFormatVersion));
     }
     strategy_ = index.at("layout").at("strategy").get<std::string>();
-    world_size_ = index.at("layout").at("world_size").get<int>();
+    world_size_ =
+        static_cast<int>(integer(index.at("layout").at("world_size"), "world_size", 1, kMaxInt));
     metadata_ = index.at("metadata").dump();
     auto spec_from_json = [&](const nlohmann::json& json) {
       try {
@@ -112,8 +126,8 @@ ShardedCheckpointReader::ShardedCheckpointReader(std::string dir) : dir_(std::mo
       FileInfo info;
       info.name = f.at("name").get<std::string>();
       if (info.name.find('/') != std::string::npos) throw bad("names a file outside its folder");
-      info.rank = f.at("rank").get<int>();
-      info.bytes = f.at("bytes").get<int64_t>();
+      info.rank = static_cast<int>(integer(f.at("rank"), "rank", 0, kMaxInt));
+      info.bytes = integer(f.at("bytes"), "bytes", 0, kMaxInt64);
       const int file = static_cast<int>(files_.size());
       const std::string path = (fs::path(dir_) / info.name).string();
       std::error_code ec;
@@ -133,9 +147,9 @@ ShardedCheckpointReader::ShardedCheckpointReader(std::string dir) : dir_(std::mo
         const TensorSpec& spec = tensors_[it->second];
         Piece piece;
         piece.file = file;
-        piece.offset = s.at("offset").get<int64_t>();
-        piece.numel = s.at("numel").get<int64_t>();
-        piece.crc32 = s.at("crc32").get<uint32_t>();
+        piece.offset = detail::json_int64(s.at("offset"), index_path + ": offset");
+        piece.numel = detail::json_int64(s.at("numel"), index_path + ": numel");
+        piece.crc32 = static_cast<uint32_t>(integer(s.at("crc32"), "crc32", 0, kMaxCrc));
         if (piece.offset < 0 || piece.numel < 0 || piece.numel > spec.numel() - piece.offset) {
           throw bad("gives slice of '" + name + "' in '" + info.name + "' elements [" +
                     std::to_string(piece.offset) + ", +" + std::to_string(piece.numel) +
@@ -153,7 +167,7 @@ ShardedCheckpointReader::ShardedCheckpointReader(std::string dir) : dir_(std::mo
         StateEntry entry;
         entry.name = s.at("name").get<std::string>();
         entry.spec = spec_from_json(s);
-        entry.crc32 = s.at("crc32").get<uint32_t>();
+        entry.crc32 = static_cast<uint32_t>(integer(s.at("crc32"), "crc32", 0, kMaxCrc));
         entry.begin = checked_range(
             s.at("byte_range"),
             detail::checked_bytes(entry.spec.shape, entry.spec.dtype, entry.name), index_path,
@@ -167,7 +181,7 @@ ShardedCheckpointReader::ShardedCheckpointReader(std::string dir) : dir_(std::mo
                     info.name + "' overlapping byte ranges");
         }
       }
-      file_crc_.push_back(f.at("crc32").get<uint32_t>());
+      file_crc_.push_back(static_cast<uint32_t>(integer(f.at("crc32"), "crc32", 0, kMaxCrc)));
       files_.push_back(info);
     }
   } catch (const nlohmann::json::exception& e) {

@@ -267,7 +267,7 @@ std::vector<std::string> deepspeed_overrides_from_json(const std::string& json_t
   Json ds;
   try {
     ds = Json::parse(json_text);
-  } catch (const Json::parse_error& e) {
+  } catch (const Json::exception& e) {  // parse errors, and numbers that overflow a double
     throw std::invalid_argument(source + ": not valid JSON: " + e.what());
   }
   if (!ds.is_object()) throw std::invalid_argument(source + ": expected a JSON object");

@@ -325,7 +325,12 @@ TrainConfig parse_train_config(const std::string& toml_text, const std::string& 
                                     "' is not a valid number (" + std::string(e.description()) +
                                     "; integers must fit in 64 bits)");
       }
-      doc = toml::parse("[" + section + "]\n" + key + " = " + toml_quote(value) + "\n");
+      try {
+        doc = toml::parse("[" + section + "]\n" + key + " = " + toml_quote(value) + "\n");
+      } catch (const toml::parse_error& quoted) {
+        throw std::invalid_argument("--set '" + override_text + "': not a valid setting (" +
+                                    std::string(quoted.description()) + ")");
+      }
     }
     documents.push_back(std::move(doc));
     collect(documents.back(), "--set " + section + "." + key, entries);

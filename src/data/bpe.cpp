@@ -109,6 +109,8 @@ BpeVocab load_gpt2_vocab(const std::string& encoder_json, const std::string& voc
     throw std::invalid_argument(enc_name + " line " +
                                 std::to_string(line_of_byte(text, e.byte > 0 ? e.byte - 1 : 0)) +
                                 ": malformed JSON: " + e.what());
+  } catch (const nlohmann::json::exception& e) {  // a number that overflows a double
+    throw std::invalid_argument(enc_name + ": malformed JSON: " + e.what());
   }
   if (!json.is_object()) {
     throw std::invalid_argument(enc_name +

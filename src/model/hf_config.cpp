@@ -115,7 +115,7 @@ ModelConfig model_config_from_hf_json(const std::string& path) {
   nlohmann::json json;
   try {
     json = nlohmann::json::parse(file);
-  } catch (const nlohmann::json::parse_error& e) {
+  } catch (const nlohmann::json::exception& e) {  // also numbers that overflow a double
     throw std::invalid_argument("Hugging Face config " + path + ": not valid JSON (" + e.what() +
                                 ")");
   }

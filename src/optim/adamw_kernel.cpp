@@ -1,5 +1,6 @@
 // Per-element AdamW for three instruction sets. Debian builds for generic x86-64, so the AVX2
-// and AVX-512 bodies are compiled under `#pragma GCC target` and chosen at run time.
+// and AVX-512 bodies are compiled for their targets (`#pragma GCC target`, clang's target
+// attribute) and chosen at run time.
 //
 // Bit-for-bit agreement with LibTorch 1.13 comes from doing its operations in its order with
 // its roundings. On x86-64 LibTorch runs its AVX2 kernels, where add_(g, alpha) is a fused
@@ -66,8 +67,13 @@ struct Tail {
   uint16_t tb[width] = {};
 };
 
+// GCC takes the target as a pragma; clang as an attribute applied to every function after it.
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx2,fma"))), apply_to = function)
+#else
 #pragma GCC push_options
 #pragma GCC target("avx2,fma")
+#endif
 
 // LibTorch applies the weight decay as its own pass, so the product is rounded before the
 // update is added to it; left alone, GCC contracts the two into one fused multiply-add.
@@ -150,10 +156,19 @@ void avx2_range(const AdamWScalars& s, float* p, const float* g, float* m, float
   t.write_back(p + i, m + i, v + i, bf16 ? bf16 + i : nullptr);
 }
 
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
 #pragma GCC pop_options
+#endif
 
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma"))), \
+                             apply_to = function)
+#else
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx2,fma")
+#endif
 // GCC 12's own avx512fintrin.h starts broadcasts from an "undefined" register, which its
 // -Wmaybe-uninitialized then reports inside the header.
 #pragma GCC diagnostic push
@@ -237,7 +252,11 @@ void avx512_range(const AdamWScalars& s, float* p, const float* g, float* m, flo
 }
 
 #pragma GCC diagnostic pop
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
 #pragma GCC pop_options
+#endif
 
 AdamIsa detect_isa() {
   AdamIsa best = AdamIsa::kGeneric;

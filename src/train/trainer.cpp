@@ -65,6 +65,7 @@ Trainer::Trainer(TrainConfig config, std::shared_ptr<ProcessGroup> world)
                                 std::to_string(tokenizer_->vocab_size()));
   }
   shard_ = detail::open_token_shard_corpus(config_);  // null when the corpus is text
+  if (shard_) check_vocabulary();
   const detail::RunStart start =
       detail::plan_run_start(config_, detail::restarted_by_launcher());
   barrier();  // every rank has looked before rank 0 changes the directory
@@ -77,12 +78,7 @@ Trainer::Trainer(TrainConfig config, std::shared_ptr<ProcessGroup> world)
     barrier();
     if (rank() != 0) shard_ = detail::open_corpus(config_, *tokenizer_);
   }
-  if (static_cast<int64_t>(shard_->header().vocab_size) > config_.model.vocab_size) {
-    throw std::invalid_argument("token shard '" + shard_->path() + "' was written with a " +
-                                std::to_string(shard_->header().vocab_size) +
-                                "-token vocabulary, larger than model.vocab_size " +
-                                std::to_string(config_.model.vocab_size));
-  }
+  check_vocabulary();
   loader_ = std::make_unique<DataLoader>(shard_,
                                          DataLoaderOptions()
                                              .seq_len(config_.seq_len)
@@ -150,6 +146,15 @@ Trainer::Trainer(TrainConfig config, std::shared_ptr<ProcessGroup> world)
   if (!start.checkpoint.empty()) load_checkpoint(start.checkpoint);
   // Written last, so a run that fails to start leaves the previous run.json as it was.
   if (rank() == 0) detail::write_run_manifest(config_, world_size());
+}
+
+void Trainer::check_vocabulary() const {
+  if (static_cast<int64_t>(shard_->header().vocab_size) > config_.model.vocab_size) {
+    throw std::invalid_argument("token shard '" + shard_->path() + "' was written with a " +
+                                std::to_string(shard_->header().vocab_size) +
+                                "-token vocabulary, larger than model.vocab_size " +
+                                std::to_string(config_.model.vocab_size));
+  }
 }
 
 std::vector<at::Tensor> Trainer::parameters() const {

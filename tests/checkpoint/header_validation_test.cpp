@@ -98,6 +98,18 @@ TEST_F(HeaderValidationTest, SafetensorsThatBreakTheFormatsRulesAreRefused) {
   EXPECT_NE(refusal(huge).find("limit"), std::string::npos);
 }
 
+TEST_F(HeaderValidationTest, InspectReadsAPlainSafetensorsFile) {
+  const std::string good = file_with({{"alpha", f32({2, 3}, 0, 24)}}, 24);
+  const auto listed = testing::run_command(testing::cli() + " ckpt inspect " + good + " --verify");
+  EXPECT_EQ(listed.exit_code, 0) << listed.output;
+  EXPECT_NE(listed.output.find("alpha"), std::string::npos) << listed.output;
+  EXPECT_NE(listed.output.find("[2, 3]"), std::string::npos) << listed.output;
+  const std::string bad = file_with({{"a", f32({2}, 0, 8)}, {"b", f32({2}, 4, 12)}}, 12);
+  const auto refused = testing::run_command(testing::cli() + " ckpt inspect " + bad);
+  EXPECT_EQ(refused.exit_code, 2) << refused.output;
+  EXPECT_NE(refused.output.find("overlap"), std::string::npos) << refused.output;
+}
+
 // A 2-rank checkpoint of one 8-element tensor, and its index as JSON to edit.
 class IndexValidationTest : public HeaderValidationTest {
  protected:

@@ -261,6 +261,35 @@ TEST(ProcessGroupErrorsTest, PeerThatSkipsACollectiveTimesOut) {
   EXPECT_NE(error.find("failed"), std::string::npos) << error;
 }
 
+// A slow phase on one rank (a long checkpoint write) trips the group's short timeout at a plain
+// barrier, but not at barrier_within with a longer limit, which the checkpoint save uses.
+TEST(ProcessGroupErrorsTest, BarrierWithinOutlastsTheGroupTimeout) {
+  const auto options = ProcessGroupOptions().timeout(std::chrono::milliseconds(500));
+  run_local_ranks(
+      2,
+      [&](ProcessGroup& group) {
+        if (group.rank() == 1) std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+        group.barrier_within(std::chrono::seconds(20))->wait();
+        at::Tensor t = at::ones({4});
+        group.all_reduce(t)->wait();  // the group works on afterwards
+        EXPECT_EQ(t[0].item<float>(), 2.0f);
+      },
+      options);
+  std::string error;
+  run_local_ranks(
+      2,
+      [&](ProcessGroup& group) {
+        if (group.rank() == 1) std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+        try {
+          group.barrier()->wait();
+        } catch (const std::exception& e) {
+          if (group.rank() == 0) error = e.what();
+        }
+      },
+      options);
+  EXPECT_NE(error.find("barrier"), std::string::npos) << error;
+}
+
 TEST(ProcessGroupErrorsTest, BadArgumentsAreNamed) {
   run_local_ranks(
       2,
