@@ -69,6 +69,13 @@ int64_t checked_range(const nlohmann::json& json, int64_t bytes, const std::stri
   return range[0];
 }
 
+// The index of the file rank `rank` wrote (one that has rank state, so it exists).
+int file_of_rank(const std::vector<ShardedCheckpointReader::FileInfo>& files, int rank) {
+  int file = 0;
+  while (files[file].rank != rank) ++file;
+  return file;
+}
+
 }  // namespace
 
 ShardedCheckpointReader::ShardedCheckpointReader(std::string dir) : dir_(std::move(dir)) {
@@ -284,8 +291,7 @@ std::map<std::string, at::Tensor> ShardedCheckpointReader::rank_state(int rank) 
   std::map<std::string, at::Tensor> out;
   auto it = rank_states_.find(rank);
   if (it == rank_states_.end()) return out;
-  int file = 0;
-  while (files_[file].rank != rank) ++file;
+  const int file = file_of_rank(files_, rank);
   for (const auto& entry : it->second) {
     at::Tensor tensor = at::empty(entry.spec.shape, entry.spec.dtype);
     const int64_t bytes = static_cast<int64_t>(tensor.nbytes());
@@ -307,8 +313,7 @@ void ShardedCheckpointReader::verify() const {
     for (const auto& p : pieces) recorded[p.file].insert({p.begin, p.begin + p.numel * element});
   }
   for (const auto& [rank, entries] : rank_states_) {
-    int file = 0;
-    while (files_[file].rank != rank) ++file;
+    const int file = file_of_rank(files_, rank);
     for (const auto& e : entries) {
       const int64_t bytes = e.spec.numel() * detail::dtype_bytes(e.spec.dtype);
       recorded[file].insert({e.begin, e.begin + bytes});

@@ -44,6 +44,17 @@ class RunDirTest : public ::testing::Test {
     return testing::tiny_run_config(dir_ / "corpus.txt", run_, all);
   }
 
+  // A TOML config for launched DDP runs of the tiny model with `train` settings added, written
+  // to DIR/run.toml; returns its path.
+  std::string launch_config(const std::string& train) const {
+    const std::string path = (dir_ / "run.toml").string();
+    std::ofstream(path) << "[model]\npreset = \"tiny\"\n[data]\ncorpus = \""
+                        << (dir_ / "corpus.txt").string() << "\"\nseq_len = 32\n[train]\n"
+                        << train << "micro_batch = 2\nsample_tokens = 0\n"
+                        << "[parallel]\nstrategy = \"ddp\"\n[run]\nthreads = 1\n";
+    return path;
+  }
+
   static std::string refusal(const TrainConfig& config) {
     try {
       Trainer trainer(config);
@@ -171,12 +182,7 @@ std::map<std::string, at::Tensor> tensors_of(const fs::path& dir) {
 }
 
 TEST_F(RunDirTest, LaunchRestartsAKilledRankFromItsLatestCheckpoint) {
-  const std::string config_file = (dir_ / "run.toml").string();
-  std::ofstream(config_file) << "[model]\npreset = \"tiny\"\n[data]\ncorpus = \""
-                             << (dir_ / "corpus.txt").string() << "\"\nseq_len = 32\n[train]\n"
-                             << "steps = 6\nmicro_batch = 2\ncheckpoint_every = 2\n"
-                             << "sample_tokens = 0\n[parallel]\nstrategy = \"ddp\"\n"
-                             << "[run]\nthreads = 1\n";
+  const std::string config_file = launch_config("steps = 6\ncheckpoint_every = 2\n");
   auto train = [&](const std::string& run, const std::string& env) {
     return testing::run_command(env + " " + testing::cli() +
                                 " launch --nproc 2 --max-restarts 1 --kill-timeout 2 -- " +
@@ -212,11 +218,7 @@ TEST_F(RunDirTest, LaunchRestartsAKilledRankFromItsLatestCheckpoint) {
 }
 
 TEST_F(RunDirTest, AStoppedPeerEndsTheRunWithinItsTimeout) {
-  const std::string config_file = (dir_ / "run.toml").string();
-  std::ofstream(config_file) << "[model]\npreset = \"tiny\"\n[data]\ncorpus = \""
-                             << (dir_ / "corpus.txt").string() << "\"\nseq_len = 32\n[train]\n"
-                             << "steps = 500\nmicro_batch = 2\nsample_tokens = 0\n"
-                             << "[parallel]\nstrategy = \"ddp\"\n[run]\nthreads = 1\n";
+  const std::string config_file = launch_config("steps = 500\n");
   // Rank 1 stops (SIGSTOP) after step 2: its socket stays open, so only the timeout finds it.
   const auto start = std::chrono::steady_clock::now();
   const auto result = testing::run_command(
