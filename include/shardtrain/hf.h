@@ -34,13 +34,20 @@ std::string hf_config_json(const ModelConfig& config, at::ScalarType dtype = at:
 // std::invalid_argument naming what is missing or corrupt.
 std::vector<std::string> hf_weight_files(const std::string& path);
 
-// Copies the weights of a Hugging Face safetensors model of the model's family into `model`
-// (converting dtypes). `path` is a .safetensors file or a folder with model.safetensors or
-// model.safetensors.index.json (weights split over several files). GPT-2 names are accepted
-// with or without the "transformer." prefix; attention-mask and rotary buffers are ignored.
-// Throws std::invalid_argument naming the first of our parameters (in parameter order) whose
-// tensor is missing or has another shape, or a tensor the model has no place for. On error the
-// model may be partly overwritten. Not collective: call it on every rank (or broadcast after).
+// The weights of a Hugging Face safetensors model of `config`'s family as a ParameterInitializer
+// (values converted to the caller's dtype). `path` is a .safetensors file or a folder with
+// model.safetensors or model.safetensors.index.json (weights split over several files). GPT-2
+// names are accepted with or without the "transformer." prefix; attention-mask and rotary
+// buffers are ignored. Only the headers are read here, and they are checked whole: throws
+// std::invalid_argument naming the first of our parameters (in parameter order) whose tensor is
+// missing or has another shape, or a tensor the model has no place for. Each call then reads
+// just the bytes of the range asked for (GPT-2's transposed Conv1D weights: that one tensor), so
+// a deferred model given ModelInit().values(hf_initializer(...)) streams each rank's shards from
+// the files and never holds the whole model. Not collective.
+ParameterInitializer hf_initializer(const ModelConfig& config, const std::string& path);
+
+// Copies those weights into every parameter of `model` (allocating deferred ones). Throws as
+// hf_initializer() does, before any parameter changes. Not collective: call it on every rank.
 void load_hf_weights(Transformer& model, const std::string& path);
 
 // Writes OUT/model.safetensors (the model's parameters under Hugging Face names, in the dtype

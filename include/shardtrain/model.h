@@ -7,6 +7,7 @@
 #include <torch/nn/pimpl.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -57,6 +58,46 @@ std::vector<std::string> model_preset_names();
 // Throws std::invalid_argument naming the file and the missing or unsupported key.
 ModelConfig model_config_from_hf_json(const std::string& path);
 
+// Fills `out` (1-D, contiguous, any floating dtype) with elements [begin, begin + out.numel())
+// of parameter `name` flattened, as the model's initialization defines them. Every element is a
+// function of (seed, name, index) alone, so a rank can initialize any slice of any parameter by
+// itself, and a sharded initialization equals the single-process one bit for bit, whatever the
+// world size or strategy. Throws std::invalid_argument for a name the model does not have.
+using ParameterInitializer =
+    std::function<void(const std::string& name, int64_t begin, at::Tensor out)>;
+
+// How a Transformer gets its parameters.
+struct ModelInit {
+  // The initialization's seed. Unset: one number drawn from LibTorch's default generator, so
+  // torch::manual_seed(s) before construction still fixes the model.
+  ModelInit& seed(uint64_t value) {
+    seed_ = value;
+    has_seed_ = true;
+    return *this;
+  }
+  // Describe the parameters without memory behind them (shapes and dtypes only). A strategy
+  // (fully_shard, zero_shard) then allocates and initializes only what its rank holds, and
+  // TransformerImpl::materialize() everything; until then forward must not be called.
+  ModelInit& deferred(bool value = true) {
+    deferred_ = value;
+    return *this;
+  }
+  // Initial values from `init` (hf_initializer(): pretrained weights) instead of the random
+  // initialization; it becomes the model's initializer().
+  ModelInit& values(ParameterInitializer init) {
+    values_ = std::move(init);
+    return *this;
+  }
+  uint64_t seed_ = 0;
+  bool has_seed_ = false;
+  bool deferred_ = false;
+  ParameterInitializer values_;
+};
+
+// True when `tensor` has memory behind it (or needs none); false for a deferred parameter, and
+// for a sharded strategy's parameter while its unit is not gathered.
+bool is_materialized(const at::Tensor& tensor);
+
 // Calls a module makes around the computation of its parts, so that a wrapper such as FSDP can
 // act just in time (gather a unit's parameters before it computes, free them after) without
 // replacing modules. `module` is the model itself or one of its hook_points().
@@ -75,8 +116,18 @@ class ForwardHooks {
 // T must not exceed context_length (throws naming both).
 class TransformerImpl : public torch::nn::Module {
  public:
-  explicit TransformerImpl(ModelConfig config);
+  explicit TransformerImpl(ModelConfig config, ModelInit init = ModelInit());
   at::Tensor forward(const at::Tensor& tokens);
+
+  // The initialization of every parameter (see ParameterInitializer): ModelInit's values, or
+  // the random one, a copy that stays valid after the model is gone. GPT-2's scheme: N(0, 0.02) for matrices, 0.02 / sqrt(2 n_layers)
+  // for the projections that write into the residual stream, norm weights one, biases zero.
+  ParameterInitializer initializer() const;
+  uint64_t seed() const { return seed_; }
+  // Whether every parameter has memory; materialize() allocates and initializes the ones that
+  // have none (a deferred construction), leaving the others as they are.
+  bool materialized() const;
+  void materialize();
 
   // Per transformer block: the block's activations are not kept; backward recomputes them with
   // the same dropout randomness, so gradients are identical.
@@ -97,6 +148,8 @@ class TransformerImpl : public torch::nn::Module {
 
  private:
   ModelConfig config_;
+  uint64_t seed_ = 0;
+  ParameterInitializer values_;  // from ModelInit; empty for the random initialization
   bool checkpointing_ = false;
   bool use_sdpa_ = true;
   torch::nn::ModuleList blocks_;

@@ -86,7 +86,6 @@ class Trainer {
 
  private:
   void write_metrics(const StepResult& result, double eval_loss);
-  void setup_fsdp();
   // The optimizer step with ZeRO's NVMe-offloaded state.
   void nvme_step(double lr);
   void nvme_state_to_optimizer();

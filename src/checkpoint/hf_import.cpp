@@ -1,10 +1,13 @@
 // Import of Hugging Face safetensors weights into our modules.
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <stdexcept>
 
+#include "checkpoint/safetensors_detail.h"
+#include "model/init.h"
 #include "shardtrain/checkpoint.h"
 #include "shardtrain/hf.h"
 
@@ -42,8 +45,15 @@ std::vector<std::string> hf_weight_files(const std::string& path) {
   }
   std::set<std::string> files;
   try {
-    for (const auto& [name, file] : nlohmann::json::parse(in).at("weight_map").items()) {
+    // Held in a variable: a range-for over items() of the parsed temporary would iterate a
+    // destroyed object (the temporary's lifetime is not extended through at()).
+    const nlohmann::json index = nlohmann::json::parse(in);
+    for (const auto& [name, file] : index.at("weight_map").items()) {
       files.insert((fs::path(path) / file.get<std::string>()).string());
+    }
+    if (files.empty()) {
+      throw std::invalid_argument("Hugging Face index '" + index_path.string() +
+                                  "' maps no weights");
     }
   } catch (const nlohmann::json::exception& e) {
     throw std::invalid_argument("Hugging Face index '" + index_path.string() +
@@ -52,47 +62,113 @@ std::vector<std::string> hf_weight_files(const std::string& path) {
   return {files.begin(), files.end()};
 }
 
-void load_hf_weights(Transformer& model, const std::string& path) {
-  const ModelConfig& config = model->config();
+namespace {
+
+// Reads `bytes` at `offset` of `path` into `out`; std::runtime_error naming the file on a short
+// read (a file truncated or replaced since its header was checked).
+void read_range(const std::string& path, int64_t offset, int64_t bytes, void* out) {
+  std::ifstream in(path, std::ios::binary);
+  in.seekg(offset);
+  if (!in || !in.read(static_cast<char*>(out), bytes)) {
+    throw std::runtime_error("cannot read " + std::to_string(bytes) + " bytes at offset " +
+                             std::to_string(offset) + " of '" + path + "'");
+  }
+}
+
+}  // namespace
+
+ParameterInitializer hf_initializer(const ModelConfig& config, const std::string& path) {
   const bool gpt2 = config.family == ModelFamily::kGpt2;
-  std::map<std::string, std::pair<at::Tensor, std::string>> weights;  // HF name -> tensor, file
+  struct Source {
+    std::string file;
+    int64_t data_start = 0;
+    detail::SafetensorsEntry entry;
+    bool transposed = false;
+  };
+  std::map<std::string, Source> found;  // HF name -> where its bytes are
   for (const auto& file : hf_weight_files(path)) {
-    for (auto& [name, tensor] : load_safetensors(file)) {
+    const detail::SafetensorsHeader header = detail::read_safetensors_header(file);
+    for (const auto& entry : header.entries) {
       // GPT2Model checkpoints (as the original "gpt2" repository) omit the "transformer." prefix.
-      std::string key = name;
+      std::string key = entry.name;
       if (gpt2 && key.rfind("transformer.", 0) != 0 && key != "lm_head.weight") {
         key = "transformer." + key;
       }
-      weights[key] = {tensor, file};
+      found[key] = {file, header.data_start, entry, false};
     }
   }
-  const auto params = model->named_parameters();
-  torch::NoGradGuard no_grad;
+  std::map<std::string, std::vector<int64_t>> shapes;
+  for (const auto& shape : config.parameter_shapes()) shapes[shape.name] = shape.shape;
+  std::map<std::string, Source> sources;  // our name -> its source
   std::set<std::string> used;
   for (const auto& n : hf_parameter_names(config)) {
-    auto it = weights.find(n.hf_name);
-    if (it == weights.end()) {
+    auto it = found.find(n.hf_name);
+    if (it == found.end()) {
       throw std::invalid_argument("Hugging Face weights '" + path + "' have no tensor '" +
                                   n.hf_name + "' (for parameter '" + n.name + "')");
     }
-    at::Tensor source = n.transposed ? it->second.first.t() : it->second.first;
-    at::Tensor target = params[n.name];
-    if (!source.sizes().equals(target.sizes())) {
+    const std::vector<int64_t>& ours = shapes.at(n.name);
+    std::vector<int64_t> want = ours;
+    if (n.transposed) std::reverse(want.begin(), want.end());
+    if (it->second.entry.shape != want) {
       throw std::invalid_argument(
-          "Hugging Face tensor '" + n.hf_name + "' in '" + it->second.second + "' has shape " +
-          c10::str(it->second.first.sizes()) + ", but parameter '" + n.name + "' needs " +
-          c10::str(n.transposed ? target.t().sizes() : target.sizes()));
+          "Hugging Face tensor '" + n.hf_name + "' in '" + it->second.file + "' has shape " +
+          c10::str(at::IntArrayRef(it->second.entry.shape)) + ", but parameter '" + n.name +
+          "' needs " + c10::str(at::IntArrayRef(want)));
     }
-    target.copy_(source);
+    sources[n.name] = it->second;
+    sources[n.name].transposed = n.transposed;
     used.insert(n.hf_name);
   }
-  for (const auto& [name, entry] : weights) {
+  for (const auto& [name, source] : found) {
     if (used.count(name) || is_ignored_buffer(name)) continue;
     // A tied head: HF files may still carry lm_head.weight, equal to the embedding.
     if (name == "lm_head.weight" && config.tie_embeddings) continue;
     throw std::invalid_argument("Hugging Face weights '" + path + "' have tensor '" + name +
                                 "', which the " + to_string(config.family) +
                                 " model has no parameter for (another family or layer count?)");
+  }
+  return [sources = std::move(sources)](const std::string& name, int64_t begin, at::Tensor out) {
+    auto it = sources.find(name);
+    if (it == sources.end()) {
+      throw std::invalid_argument("the Hugging Face weights have no parameter '" + name + "'");
+    }
+    const Source& source = it->second;
+    const int64_t numel = (source.entry.end - source.entry.begin) /
+                          detail::dtype_bytes(source.entry.dtype);
+    if (begin < 0 || begin + out.numel() > numel) {
+      throw std::invalid_argument("elements [" + std::to_string(begin) + ", " +
+                                  std::to_string(begin + out.numel()) + ") are outside parameter '" +
+                                  name + "' of " + std::to_string(numel) + " elements");
+    }
+    at::NoGradGuard no_grad;
+    const int64_t element = detail::dtype_bytes(source.entry.dtype);
+    const int64_t first = source.data_start + source.entry.begin;
+    if (!source.transposed) {
+      // Exactly the bytes of the range: a rank reads only what it holds.
+      at::Tensor raw = at::empty({out.numel()}, at::TensorOptions().dtype(source.entry.dtype));
+      read_range(source.file, first + begin * element, out.numel() * element, raw.data_ptr());
+      out.copy_(raw);
+      return;
+    }
+    // A Conv1D weight's range is strided in the file: read the tensor (one parameter's worth of
+    // memory, never the model's) and take the range of its transpose.
+    at::Tensor raw = at::empty(source.entry.shape, at::TensorOptions().dtype(source.entry.dtype));
+    read_range(source.file, first, numel * element, raw.data_ptr());
+    out.copy_(raw.t().reshape({-1}).narrow(0, begin, out.numel()));
+  };
+}
+
+void load_hf_weights(Transformer& model, const std::string& path) {
+  const ParameterInitializer init = hf_initializer(model->config(), path);
+  torch::NoGradGuard no_grad;
+  for (auto& item : model->named_parameters()) {
+    at::Tensor p = item.value();
+    if (!is_materialized(p)) {
+      detail::restore_storage(p, static_cast<int64_t>(p.numel() * p.element_size()));
+    }
+    at::Tensor flat = p.detach().view({-1});
+    init(item.key(), 0, flat);
   }
 }
 

@@ -63,11 +63,11 @@ at::Tensor merge_heads(const at::Tensor& x) {
 
 }  // namespace
 
-Gpt2AttentionImpl::Gpt2AttentionImpl(const ModelConfig& config)
+Gpt2AttentionImpl::Gpt2AttentionImpl(const ModelConfig& config, bool deferred)
     : n_heads_(config.n_heads), dropout_(config.dropout) {
   const int64_t d = config.d_model;
-  qkv = register_module("qkv", torch::nn::Linear(torch::nn::LinearOptions(d, 3 * d)));
-  proj = register_module("proj", torch::nn::Linear(torch::nn::LinearOptions(d, d)));
+  qkv = register_module("qkv", Linear(d, 3 * d, true, deferred));
+  proj = register_module("proj", Linear(d, d, true, deferred));
 }
 
 at::Tensor Gpt2AttentionImpl::forward(const at::Tensor& x, const BlockContext& ctx) {
@@ -78,13 +78,11 @@ at::Tensor Gpt2AttentionImpl::forward(const at::Tensor& x, const BlockContext& c
   return proj->forward(merge_heads(out));
 }
 
-LlamaAttentionImpl::LlamaAttentionImpl(const ModelConfig& config)
+LlamaAttentionImpl::LlamaAttentionImpl(const ModelConfig& config, bool deferred)
     : n_heads_(config.n_heads), n_kv_heads_(config.n_kv_heads), dropout_(config.dropout) {
   const int64_t d = config.d_model;
   const int64_t kv_width = config.n_kv_heads * (d / config.n_heads);
-  auto linear = [](int64_t in, int64_t out) {
-    return torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(false));
-  };
+  auto linear = [deferred](int64_t in, int64_t out) { return Linear(in, out, false, deferred); };
   q = register_module("q", linear(d, d));
   k = register_module("k", linear(d, kv_width));
   v = register_module("v", linear(d, kv_width));

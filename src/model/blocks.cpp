@@ -1,10 +1,34 @@
 // Norms, MLPs and the pre-norm blocks of both families.
 #include "model/layers.h"
 
+#include "model/init.h"
+
 namespace shardtrain::detail {
 
-RMSNormImpl::RMSNormImpl(int64_t dim, double eps) : eps_(eps) {
-  weight = register_parameter("weight", at::ones({dim}));
+at::Tensor new_parameter(at::IntArrayRef shape, bool deferred) {
+  at::Tensor p = at::empty(shape, at::kFloat);
+  // Large blocks come from mmap, and untouched pages were never resident: describing even a
+  // model larger than memory costs nothing.
+  if (deferred) release_storage(p);
+  return p;
+}
+
+LinearImpl::LinearImpl(int64_t in, int64_t out, bool bias, bool deferred) {
+  weight = register_parameter("weight", new_parameter({out, in}, deferred));
+  if (bias) this->bias = register_parameter("bias", new_parameter({out}, deferred));
+}
+
+LayerNormImpl::LayerNormImpl(int64_t dim, double eps, bool deferred) : eps_(eps) {
+  weight = register_parameter("weight", new_parameter({dim}, deferred));
+  bias = register_parameter("bias", new_parameter({dim}, deferred));
+}
+
+EmbeddingImpl::EmbeddingImpl(int64_t count, int64_t dim, bool deferred) {
+  weight = register_parameter("weight", new_parameter({count, dim}, deferred));
+}
+
+RMSNormImpl::RMSNormImpl(int64_t dim, double eps, bool deferred) : eps_(eps) {
+  weight = register_parameter("weight", new_parameter({dim}, deferred));
 }
 
 at::Tensor RMSNormImpl::forward(const at::Tensor& x) {
@@ -15,19 +39,17 @@ at::Tensor RMSNormImpl::forward(const at::Tensor& x) {
   return weight * normed.to(x.scalar_type());
 }
 
-Gpt2MlpImpl::Gpt2MlpImpl(const ModelConfig& config) {
-  fc = register_module("fc", torch::nn::Linear(config.d_model, config.ffn_hidden));
-  proj = register_module("proj", torch::nn::Linear(config.ffn_hidden, config.d_model));
+Gpt2MlpImpl::Gpt2MlpImpl(const ModelConfig& config, bool deferred) {
+  fc = register_module("fc", Linear(config.d_model, config.ffn_hidden, true, deferred));
+  proj = register_module("proj", Linear(config.ffn_hidden, config.d_model, true, deferred));
 }
 
 at::Tensor Gpt2MlpImpl::forward(const at::Tensor& x) {
   return proj->forward(at::gelu(fc->forward(x), /*approximate=*/"tanh"));
 }
 
-LlamaMlpImpl::LlamaMlpImpl(const ModelConfig& config) {
-  auto linear = [](int64_t in, int64_t out) {
-    return torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(false));
-  };
+LlamaMlpImpl::LlamaMlpImpl(const ModelConfig& config, bool deferred) {
+  auto linear = [deferred](int64_t in, int64_t out) { return Linear(in, out, false, deferred); };
   gate = register_module("gate", linear(config.d_model, config.ffn_hidden));
   up = register_module("up", linear(config.d_model, config.ffn_hidden));
   down = register_module("down", linear(config.ffn_hidden, config.d_model));
@@ -45,12 +67,12 @@ at::Tensor residual_dropout(const at::Tensor& x, double p, bool training) {
 
 }  // namespace
 
-Gpt2BlockImpl::Gpt2BlockImpl(const ModelConfig& config) : dropout_(config.dropout) {
-  const auto norm = torch::nn::LayerNormOptions({config.d_model}).eps(config.norm_eps);
-  ln1 = register_module("ln1", torch::nn::LayerNorm(norm));
-  attn = register_module("attn", Gpt2Attention(config));
-  ln2 = register_module("ln2", torch::nn::LayerNorm(norm));
-  mlp = register_module("mlp", Gpt2Mlp(config));
+Gpt2BlockImpl::Gpt2BlockImpl(const ModelConfig& config, bool deferred)
+    : dropout_(config.dropout) {
+  ln1 = register_module("ln1", LayerNorm(config.d_model, config.norm_eps, deferred));
+  attn = register_module("attn", Gpt2Attention(config, deferred));
+  ln2 = register_module("ln2", LayerNorm(config.d_model, config.norm_eps, deferred));
+  mlp = register_module("mlp", Gpt2Mlp(config, deferred));
 }
 
 at::Tensor Gpt2BlockImpl::forward(const at::Tensor& x, const BlockContext& ctx) {
@@ -59,11 +81,12 @@ at::Tensor Gpt2BlockImpl::forward(const at::Tensor& x, const BlockContext& ctx) 
   return h + residual_dropout(mlp->forward(ln2->forward(h)), dropout_, is_training());
 }
 
-LlamaBlockImpl::LlamaBlockImpl(const ModelConfig& config) : dropout_(config.dropout) {
-  attn_norm = register_module("attn_norm", RMSNorm(config.d_model, config.norm_eps));
-  attn = register_module("attn", LlamaAttention(config));
-  ffn_norm = register_module("ffn_norm", RMSNorm(config.d_model, config.norm_eps));
-  mlp = register_module("mlp", LlamaMlp(config));
+LlamaBlockImpl::LlamaBlockImpl(const ModelConfig& config, bool deferred)
+    : dropout_(config.dropout) {
+  attn_norm = register_module("attn_norm", RMSNorm(config.d_model, config.norm_eps, deferred));
+  attn = register_module("attn", LlamaAttention(config, deferred));
+  ffn_norm = register_module("ffn_norm", RMSNorm(config.d_model, config.norm_eps, deferred));
+  mlp = register_module("mlp", LlamaMlp(config, deferred));
 }
 
 at::Tensor LlamaBlockImpl::forward(const at::Tensor& x, const BlockContext& ctx) {
@@ -72,9 +95,11 @@ at::Tensor LlamaBlockImpl::forward(const at::Tensor& x, const BlockContext& ctx)
   return h + residual_dropout(mlp->forward(ffn_norm->forward(h)), dropout_, is_training());
 }
 
-std::shared_ptr<BlockImpl> make_block(const ModelConfig& config) {
-  if (config.family == ModelFamily::kGpt2) return std::make_shared<Gpt2BlockImpl>(config);
-  return std::make_shared<LlamaBlockImpl>(config);
+std::shared_ptr<BlockImpl> make_block(const ModelConfig& config, bool deferred) {
+  if (config.family == ModelFamily::kGpt2) {
+    return std::make_shared<Gpt2BlockImpl>(config, deferred);
+  }
+  return std::make_shared<LlamaBlockImpl>(config, deferred);
 }
 
 }  // namespace shardtrain::detail

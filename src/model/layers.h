@@ -5,8 +5,7 @@
 
 #include <ATen/ATen.h>
 #include <torch/nn/module.h>
-#include <torch/nn/modules/linear.h>
-#include <torch/nn/modules/normalization.h>
+#include <torch/nn/pimpl.h>
 
 #include <memory>
 
@@ -34,9 +33,44 @@ std::pair<at::Tensor, at::Tensor> rope_tables(int64_t length, int64_t head_dim, 
 // x [..., T, head_dim] rotated by position: x * cos + rotate_half(x) * sin.
 at::Tensor apply_rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
 
+// Every parameter of the model is created here, uninitialized (the Transformer initializes them
+// all through its initializer). A deferred parameter is only described: the right shape and
+// dtype, and no memory behind it until a strategy or TransformerImpl::materialize() gives it some.
+at::Tensor new_parameter(at::IntArrayRef shape, bool deferred);
+
+// x W^T + b. The model's own layers rather than torch::nn's, whose constructors allocate and
+// initialize their weights, which a deferred construction must not do.
+class LinearImpl : public torch::nn::Module {
+ public:
+  LinearImpl(int64_t in, int64_t out, bool bias, bool deferred);
+  at::Tensor forward(const at::Tensor& x) { return at::linear(x, weight, bias); }
+  at::Tensor weight, bias;  // [out, in], [out] or undefined
+};
+TORCH_MODULE(Linear);
+
+class LayerNormImpl : public torch::nn::Module {
+ public:
+  LayerNormImpl(int64_t dim, double eps, bool deferred);
+  at::Tensor forward(const at::Tensor& x) {
+    return at::layer_norm(x, {weight.size(0)}, weight, bias, eps_);
+  }
+  at::Tensor weight, bias;
+
+ private:
+  double eps_;
+};
+TORCH_MODULE(LayerNorm);
+
+class EmbeddingImpl : public torch::nn::Module {
+ public:
+  EmbeddingImpl(int64_t count, int64_t dim, bool deferred);
+  at::Tensor weight;  // [count, dim]
+};
+TORCH_MODULE(Embedding);
+
 class RMSNormImpl : public torch::nn::Module {
  public:
-  RMSNormImpl(int64_t dim, double eps);
+  RMSNormImpl(int64_t dim, double eps, bool deferred);
   at::Tensor forward(const at::Tensor& x);
   at::Tensor weight;
 
@@ -47,9 +81,9 @@ TORCH_MODULE(RMSNorm);
 
 class Gpt2AttentionImpl : public torch::nn::Module {
  public:
-  explicit Gpt2AttentionImpl(const ModelConfig& config);
+  Gpt2AttentionImpl(const ModelConfig& config, bool deferred);
   at::Tensor forward(const at::Tensor& x, const BlockContext& ctx);
-  torch::nn::Linear qkv{nullptr}, proj{nullptr};
+  Linear qkv{nullptr}, proj{nullptr};
 
  private:
   int64_t n_heads_;
@@ -59,9 +93,9 @@ TORCH_MODULE(Gpt2Attention);
 
 class LlamaAttentionImpl : public torch::nn::Module {
  public:
-  explicit LlamaAttentionImpl(const ModelConfig& config);
+  LlamaAttentionImpl(const ModelConfig& config, bool deferred);
   at::Tensor forward(const at::Tensor& x, const BlockContext& ctx);
-  torch::nn::Linear q{nullptr}, k{nullptr}, v{nullptr}, o{nullptr};
+  Linear q{nullptr}, k{nullptr}, v{nullptr}, o{nullptr};
 
  private:
   int64_t n_heads_, n_kv_heads_;
@@ -71,17 +105,17 @@ TORCH_MODULE(LlamaAttention);
 
 class Gpt2MlpImpl : public torch::nn::Module {
  public:
-  explicit Gpt2MlpImpl(const ModelConfig& config);
+  Gpt2MlpImpl(const ModelConfig& config, bool deferred);
   at::Tensor forward(const at::Tensor& x);
-  torch::nn::Linear fc{nullptr}, proj{nullptr};
+  Linear fc{nullptr}, proj{nullptr};
 };
 TORCH_MODULE(Gpt2Mlp);
 
 class LlamaMlpImpl : public torch::nn::Module {
  public:
-  explicit LlamaMlpImpl(const ModelConfig& config);
+  LlamaMlpImpl(const ModelConfig& config, bool deferred);
   at::Tensor forward(const at::Tensor& x);
-  torch::nn::Linear gate{nullptr}, up{nullptr}, down{nullptr};
+  Linear gate{nullptr}, up{nullptr}, down{nullptr};
 };
 TORCH_MODULE(LlamaMlp);
 
@@ -93,9 +127,9 @@ class BlockImpl : public torch::nn::Module {
 
 class Gpt2BlockImpl : public BlockImpl {
  public:
-  explicit Gpt2BlockImpl(const ModelConfig& config);
+  Gpt2BlockImpl(const ModelConfig& config, bool deferred);
   at::Tensor forward(const at::Tensor& x, const BlockContext& ctx) override;
-  torch::nn::LayerNorm ln1{nullptr}, ln2{nullptr};
+  LayerNorm ln1{nullptr}, ln2{nullptr};
   Gpt2Attention attn{nullptr};
   Gpt2Mlp mlp{nullptr};
 
@@ -105,7 +139,7 @@ class Gpt2BlockImpl : public BlockImpl {
 
 class LlamaBlockImpl : public BlockImpl {
  public:
-  explicit LlamaBlockImpl(const ModelConfig& config);
+  LlamaBlockImpl(const ModelConfig& config, bool deferred);
   at::Tensor forward(const at::Tensor& x, const BlockContext& ctx) override;
   RMSNorm attn_norm{nullptr}, ffn_norm{nullptr};
   LlamaAttention attn{nullptr};
@@ -115,6 +149,6 @@ class LlamaBlockImpl : public BlockImpl {
   double dropout_;
 };
 
-std::shared_ptr<BlockImpl> make_block(const ModelConfig& config);
+std::shared_ptr<BlockImpl> make_block(const ModelConfig& config, bool deferred);
 
 }  // namespace shardtrain::detail

@@ -1,7 +1,8 @@
 // The decoder: embeddings, the stack of blocks (optionally checkpointed), final norm and head.
-#include <torch/nn/modules/embedding.h>
+#include <ATen/CPUGeneratorImpl.h>
 
 #include <cmath>
+#include <mutex>
 #include <sstream>
 #include <stdexcept>
 
@@ -11,34 +12,6 @@
 
 namespace shardtrain {
 namespace {
-
-bool ends_with(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() &&
-         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
-
-// GPT-2's initialization: N(0, 0.02) for matrices, and for the projections that write into the
-// residual stream 0.02 / sqrt(2 n_layers), because each layer adds two of them and the stream's
-// variance would otherwise grow with depth. Norm weights start at one, biases at zero.
-void initialize(torch::nn::Module& model, const ModelConfig& config) {
-  at::NoGradGuard no_grad;
-  const double residual_std = 0.02 / std::sqrt(2.0 * static_cast<double>(config.n_layers));
-  for (auto& item : model.named_parameters()) {
-    const std::string& name = item.key();
-    at::Tensor& p = item.value();
-    if (p.dim() == 1) {
-      if (ends_with(name, ".bias")) {
-        p.zero_();
-      } else {
-        p.fill_(1.0);
-      }
-      continue;
-    }
-    const bool residual = ends_with(name, "attn.proj.weight") || ends_with(name, "attn.o.weight") ||
-                          ends_with(name, "mlp.proj.weight") || ends_with(name, "mlp.down.weight");
-    p.normal_(0.0, residual ? residual_std : 0.02);
-  }
-}
 
 void check_tokens(const at::Tensor& tokens, const ModelConfig& config) {
   if (!tokens.defined() || tokens.dim() != 2) {
@@ -85,28 +58,44 @@ at::Tensor weight_of(const std::shared_ptr<torch::nn::Module>& module) {
 
 }  // namespace
 
-TransformerImpl::TransformerImpl(ModelConfig config) : config_(std::move(config)) {
+TransformerImpl::TransformerImpl(ModelConfig config, ModelInit init)
+    : config_(std::move(config)) {
   config_.validate();
+  if (init.has_seed_) {
+    seed_ = init.seed_;
+  } else {
+    at::Generator generator = at::detail::getDefaultCPUGenerator();
+    std::lock_guard<std::mutex> lock(generator.mutex());
+    seed_ = generator.get<at::CPUGeneratorImpl>()->random64();
+  }
+  const bool deferred = init.deferred_;
+  values_ = std::move(init.values_);
   const int64_t d = config_.d_model;
   const bool gpt2 = config_.family == ModelFamily::kGpt2;
   // Registration order is the parameter order ModelConfig::parameter_shapes() promises.
-  tok_emb_ = register_module("tok_emb", torch::nn::Embedding(config_.vocab_size, d));
+  tok_emb_ = register_module("tok_emb", detail::Embedding(config_.vocab_size, d, deferred));
   if (gpt2) {
-    pos_emb_ = register_module("pos_emb", torch::nn::Embedding(config_.context_length, d));
+    pos_emb_ = register_module("pos_emb", detail::Embedding(config_.context_length, d, deferred));
   }
   blocks_ = register_module("blocks", torch::nn::ModuleList());
-  for (int64_t i = 0; i < config_.n_layers; ++i) blocks_->push_back(detail::make_block(config_));
+  for (int64_t i = 0; i < config_.n_layers; ++i) {
+    blocks_->push_back(detail::make_block(config_, deferred));
+  }
   if (gpt2) {
-    final_norm_ = register_module(
-        "ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({d}).eps(config_.norm_eps)));
+    final_norm_ = register_module("ln_f", detail::LayerNorm(d, config_.norm_eps, deferred));
   } else {
-    final_norm_ = register_module("norm", detail::RMSNorm(d, config_.norm_eps));
+    final_norm_ = register_module("norm", detail::RMSNorm(d, config_.norm_eps, deferred));
   }
   if (!config_.tie_embeddings) {
-    lm_head_ = register_module(
-        "lm_head", torch::nn::Linear(torch::nn::LinearOptions(d, config_.vocab_size).bias(false)));
+    lm_head_ = register_module("lm_head",
+                               detail::Linear(d, config_.vocab_size, /*bias=*/false, deferred));
   }
-  initialize(*this, config_);
+  if (!deferred) {
+    const ParameterInitializer init_parameter = initializer();
+    for (auto& item : named_parameters()) {
+      init_parameter(item.key(), 0, item.value().detach().view({-1}));
+    }
+  }
 }
 
 std::vector<std::shared_ptr<torch::nn::Module>> TransformerImpl::hook_points() const {
@@ -168,7 +157,7 @@ at::Tensor TransformerImpl::forward(const at::Tensor& tokens) {
 
   // Module is a virtual base of LibTorch's modules, hence dynamic_cast.
   if (gpt2) {
-    x = dynamic_cast<torch::nn::LayerNormImpl&>(*final_norm_).forward(x);
+    x = dynamic_cast<detail::LayerNormImpl&>(*final_norm_).forward(x);
   } else {
     x = dynamic_cast<detail::RMSNormImpl&>(*final_norm_).forward(x);
   }

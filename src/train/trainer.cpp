@@ -10,6 +10,7 @@
 #include <cstdlib>
 
 #include "model/autocast.h"
+#include "parallel/parallelize.h"
 #include "shardtrain/checkpoint.h"
 #include "shardtrain/fused_adamw.h"
 #include "shardtrain/hf.h"
@@ -88,29 +89,23 @@ Trainer::Trainer(TrainConfig config, std::shared_ptr<ProcessGroup> world)
                                              .eval_sequences(config_.eval_sequences),
                                          rank(), world_size());
   {
-    // Ranks that are threads of one process share LibTorch's global generator: seeding and
-    // initializing one at a time gives each the same initial weights.
+    // The seed fixes the initial weights (ModelInit); dropout draws from LibTorch's global
+    // generator, which ranks that are threads of one process share: seeded one at a time.
     static std::mutex init_mutex;
     std::lock_guard<std::mutex> lock(init_mutex);
     torch::manual_seed(static_cast<uint64_t>(config_.seed));
-    model_ = Transformer(config_.model);
+    // Described only: parallelize() allocates and initializes what this rank holds (with
+    // model.init_from, reading just those bytes of the Hugging Face files).
+    ModelInit init = ModelInit().seed(static_cast<uint64_t>(config_.seed)).deferred();
+    if (!config_.init_from.empty()) init.values(hf_initializer(config_.model, config_.init_from));
+    model_ = Transformer(config_.model, std::move(init));
   }
-  // Every rank reads the same weights, so replicas agree before DDP starts.
-  if (!config_.init_from.empty()) load_hf_weights(model_, config_.init_from);
-  model_->set_activation_checkpointing(config_.activation_checkpointing);
-  if (world_ && config_.strategy == "ddp") {
-    const DDPCommHook hook = config_.ddp_comm_hook == "bf16"   ? DDPCommHook::kBf16Compress
-                             : config_.ddp_comm_hook == "fp16" ? DDPCommHook::kFp16Compress
-                                                               : DDPCommHook::kNone;
-    ddp_ = std::make_unique<DistributedDataParallel>(
-        model_.ptr(), world_,
-        DDPOptions()
-            .bucket_cap_mb(config_.ddp_bucket_cap_mb)
-            .find_unused_parameters(config_.ddp_find_unused_parameters)
-            .comm_hook(hook));
+  {
+    Parallelized parallel = parallelize(model_, config_, world_);
+    mesh_ = std::move(parallel.mesh);
+    ddp_ = std::move(parallel.ddp);
+    fsdp_ = std::move(parallel.sharded);
   }
-
-  if (config_.strategy == "fsdp" || config_.strategy == "zero") setup_fsdp();
 
   // Weight decay on matrices only: biases, norms and 1-D tensors are not decayed (as GPT-2
   // and Llama training do). Under FSDP the optimizer holds this rank's pieces of them.

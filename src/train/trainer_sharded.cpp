@@ -1,67 +1,8 @@
-// The trainer's FSDP and ZeRO setup, and ZeRO's optimizer step with its moments in files.
-#include <cstdlib>
-
+// ZeRO's optimizer step with its moments in files, and their way into and out of checkpoints.
 #include "shardtrain/train.h"
 #include "train/run_setup.h"
 
 namespace shardtrain {
-
-void Trainer::setup_fsdp() {
-  auto dtype = [](const std::string& name) { return name == "bf16" ? at::kBFloat16 : at::kFloat; };
-  const MixedPrecision precision = MixedPrecision()
-                                       .param_dtype(dtype(config_.param_dtype))
-                                       .reduce_dtype(dtype(config_.reduce_dtype))
-                                       .buffer_dtype(dtype(config_.buffer_dtype));
-  if (config_.strategy == "zero") {
-    mesh_ = std::make_unique<DeviceMesh>(world_, resolve_mesh(MeshShape(), world_size()));
-    ZeroBehaviour knobs;
-    knobs.overlap_comm = config_.zero_overlap_comm;
-    knobs.reduce_bucket_size = config_.zero_reduce_bucket_size;
-    knobs.allgather_bucket_size = config_.zero_allgather_bucket_size;
-    knobs.prefetch_bucket_size = config_.zero_prefetch_bucket_size;
-    knobs.persistence_threshold = config_.zero_param_persistence_threshold;
-    knobs.max_live_parameters = config_.zero_max_live_parameters;
-    fsdp_ = zero_shard(model_, *mesh_,
-                       ZeroOptions()
-                           .stage(static_cast<int>(config_.zero_stage))
-                           .offload_optimizer(offload_device_from_string(config_.zero_offload_optimizer))
-                           .offload_param(offload_device_from_string(config_.zero_offload_param))
-                           .nvme_path(config_.zero_nvme_path)
-                           .behaviour(knobs)
-                           .mixed_precision(precision));
-    return;
-  }
-  const auto sharding = sharding_strategy_from_string(config_.fsdp_sharding);
-  int replicate = 1;
-  if (sharding == ShardingStrategy::kHybridShard) {
-    replicate = static_cast<int>(config_.fsdp_replicate);
-    if (replicate == 0) {
-      // One replica per node, sharding inside it, as PyTorch's hybrid_shard does.
-      const char* local = std::getenv("LOCAL_WORLD_SIZE");
-      const int per_node = local ? std::atoi(local) : 0;
-      if (per_node <= 0 || world_size() % per_node != 0 || world_size() == per_node) {
-        throw std::invalid_argument(
-            "parallel.fsdp.sharding = \"hybrid_shard\" needs parallel.fsdp.replicate (the "
-            "dp_replicate size) when the ranks are not on several nodes");
-      }
-      replicate = world_size() / per_node;
-    }
-  }
-  mesh_ = std::make_unique<DeviceMesh>(world_, resolve_mesh(MeshShape().dp_replicate(replicate),
-                                                            world_size()));
-  WrapPolicy wrap = config_.fsdp_wrap == "size"    ? WrapPolicy::size(config_.fsdp_min_params)
-                    : config_.fsdp_wrap == "class" ? WrapPolicy::class_name(config_.fsdp_wrap_classes)
-                                                   : WrapPolicy::blocks();
-  fsdp_ = fully_shard(model_, *mesh_,
-                      FSDPOptions()
-                          .sharding(sharding)
-                          .wrap(wrap)
-                          .backward_prefetch(backward_prefetch_from_string(config_.fsdp_prefetch))
-                          .forward_prefetch(config_.fsdp_forward_prefetch)
-                          .limit_all_gathers(static_cast<int>(config_.fsdp_limit_all_gathers))
-                          .cpu_offload(config_.fsdp_cpu_offload)
-                          .mixed_precision(precision));
-}
 
 void Trainer::nvme_step(double lr) {
   torch::NoGradGuard no_grad;

@@ -6,8 +6,12 @@
 
 #include <filesystem>
 #include <fstream>
+#include <mutex>
+#include <nlohmann/json.hpp>
 
 #include "shardtrain/checkpoint.h"
+#include "shardtrain/fsdp.h"
+#include "shardtrain/rendezvous.h"
 #include "shardtrain/train.h"
 #include "support.h"
 
@@ -94,6 +98,54 @@ TEST_P(HfTest, ExportedCheckpointStartsARunWithTheSameOutputs) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, HfTest, ::testing::Values("tiny", "tiny-llama"));
+
+TEST(HfImportTest, ShardedRanksStreamTheirSlicesFromSplitFiles) {
+  // Weights split over two files with an index, as large Hugging Face models are; 3 ranks of a
+  // deferred model under full_shard each read their shards and hold exactly those slices.
+  const fs::path dir = testing::fresh_test_dir("shardtrain_hf_stream");
+  for (const std::string preset : {"tiny", "tiny-llama"}) {
+    SCOPED_TRACE(preset);
+    const ModelConfig config = model_preset(preset);
+    Transformer source(config, ModelInit().seed(99));
+    auto params = source->named_parameters();
+    NamedTensors first, second;
+    nlohmann::json index;
+    size_t k = 0;
+    for (const auto& n : hf_parameter_names(config)) {
+      const at::Tensor value = n.transposed ? params[n.name].t().contiguous() : params[n.name];
+      const bool in_first = k++ % 2 == 0;
+      (in_first ? first : second).emplace_back(n.hf_name, value.to(at::kBFloat16));
+      index["weight_map"][n.hf_name] = in_first ? "part-1.safetensors" : "part-2.safetensors";
+    }
+    const fs::path folder = dir / preset;
+    fs::create_directories(folder);
+    save_safetensors((folder / "part-1.safetensors").string(), first);
+    save_safetensors((folder / "part-2.safetensors").string(), second);
+    std::ofstream(folder / "model.safetensors.index.json") << index.dump();
+
+    std::mutex mutex;
+    std::vector<std::string> wrong;
+    run_local_ranks(3, [&](ProcessGroup& group) {
+      auto shared = std::shared_ptr<ProcessGroup>(&group, [](ProcessGroup*) {});
+      DeviceMesh mesh(shared, MeshShape());
+      Transformer model(config,
+                        ModelInit().deferred().values(hf_initializer(config, folder.string())));
+      auto fsdp = fully_shard(model, mesh, FSDPOptions());
+      std::lock_guard<std::mutex> lock(mutex);
+      for (const auto& s : fsdp->segments()) {
+        const at::Tensor want = params[s.name]
+                                    .detach()
+                                    .to(at::kBFloat16)
+                                    .to(at::kFloat)
+                                    .reshape({-1})
+                                    .narrow(0, s.offset, s.param.numel());
+        if (!at::equal(s.param.detach(), want)) wrong.push_back(s.name);
+      }
+    });
+    EXPECT_TRUE(wrong.empty()) << wrong.front();
+  }
+  fs::remove_all(dir);
+}
 
 TEST(HfImportTest, MissingAndMisshapenTensorsAreNamed) {
   const fs::path dir = testing::fresh_test_dir("shardtrain_hf_import");

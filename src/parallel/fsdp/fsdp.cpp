@@ -13,21 +13,6 @@
 #include "parallel/fsdp/unit.h"
 
 namespace shardtrain {
-namespace detail {
-
-void release_storage(const at::Tensor& tensor) {
-  c10::StorageImpl* storage = tensor.storage().unsafeGetStorageImpl();
-  storage->set_data_ptr_noswap(at::DataPtr(nullptr, storage->device()));
-  storage->set_nbytes(0);
-}
-
-void restore_storage(const at::Tensor& tensor, int64_t nbytes) {
-  c10::StorageImpl* storage = tensor.storage().unsafeGetStorageImpl();
-  storage->set_data_ptr_noswap(storage->allocator()->allocate(static_cast<size_t>(nbytes)));
-  storage->set_nbytes(static_cast<size_t>(nbytes));
-}
-
-}  // namespace detail
 
 FullyShardedDataParallel::FullyShardedDataParallel(Transformer model, const DeviceMesh& mesh,
                                                    FSDPOptions options)
@@ -143,7 +128,11 @@ FullyShardedDataParallel::FullyShardedDataParallel(Transformer model, const Devi
   }
 
   torch::NoGradGuard no_grad;
-  if (options_.sync_module_states_ && dp_group_->size() > 1) {
+  // A deferred model (ModelInit().deferred()) has no parameter memory: each rank initializes
+  // just the elements it holds, bit-identical to the same slice of a whole model.
+  const bool materialized = model_->materialized();
+  const ParameterInitializer init = model_->initializer();
+  if (options_.sync_module_states_ && dp_group_->size() > 1 && materialized) {
     std::vector<WorkHandle> pending;
     for (auto& p : model_->parameters()) pending.push_back(dp_group_->broadcast(p.data(), 0));
     for (auto& b : model_->buffers()) pending.push_back(dp_group_->broadcast(b, 0));
@@ -152,34 +141,61 @@ FullyShardedDataParallel::FullyShardedDataParallel(Transformer model, const Devi
   const at::ScalarType param_dtype = options_.mixed_precision_.param_dtype_;
   for (auto& b : model_->buffers()) b.set_data(b.to(options_.mixed_precision_.buffer_dtype_));
 
+  // Elements [begin, begin + out.numel()) of a unit's flat parameter: the parameters' values,
+  // or their initialization where they have none; zeros in the padding.
+  auto fill_flat = [&init](const Unit& unit, int64_t begin, const at::Tensor& out) {
+    const int64_t end = begin + out.numel();
+    for (size_t k = 0; k < unit.params.size(); ++k) {
+      const int64_t first = unit.offsets[k];
+      const int64_t lo = std::max(begin, first);
+      const int64_t hi = std::min(end, first + unit.params[k].numel());
+      if (lo >= hi) continue;
+      at::Tensor piece = out.narrow(0, lo - begin, hi - lo);
+      if (is_materialized(unit.params[k])) {
+        piece.copy_(unit.params[k].detach().reshape({-1}).narrow(0, lo - first, hi - lo));
+      } else {
+        init(unit.names[k], lo - first, piece);
+      }
+    }
+    const int64_t pad = std::max(begin, unit.numel);
+    if (pad < end) out.narrow(0, pad - begin, end - pad).zero_();
+  };
+
   for (auto& unit_ptr : units_) {
     Unit& unit = *unit_ptr;
-    std::vector<at::Tensor> pieces;
     for (const auto& p : unit.params) {
       unit.offsets.push_back(unit.numel);
       unit.shapes.push_back(p.sizes().vec());
       unit.numel += p.numel();
-      pieces.push_back(p.detach().reshape({-1}).to(at::kFloat));
     }
     unit.padded = (unit.numel + shard_size_ - 1) / shard_size_ * shard_size_;
     unit.shard_numel = unit.padded / shard_size_;
-    pieces.push_back(at::zeros({unit.padded - unit.numel}, at::kFloat));
-    const at::Tensor flat = at::cat(pieces);
-    const at::TensorOptions options = unit.params.empty() ? at::TensorOptions(at::kFloat)
-                                                          : unit.params.front().options();
+    const at::TensorOptions options =
+        (unit.params.empty() ? at::TensorOptions() : unit.params.front().options())
+            .dtype(at::kFloat);
     unit.aliased = shard_size_ == 1 && param_dtype == at::kFloat && !on_file;
     unit.master_in_full = (stage == 1 || stage == 2) && param_dtype == at::kFloat && !unit.aliased;
     if (unit.master_in_full) {
       // ZeRO-1/2 keep the whole parameters on every rank: the fp32 master is a slice of them,
       // updated in place, then all-gathered.
-      unit.full = flat.to(options.dtype(at::kFloat));
+      unit.full = at::empty({unit.padded}, options);
+      fill_flat(unit, 0, unit.full);
       unit.master = unit.full.narrow(0, shard_rank_ * unit.shard_numel, unit.shard_numel);
     } else {
-      unit.master = flat.narrow(0, shard_rank_ * unit.shard_numel, unit.shard_numel)
-                        .clone()
-                        .to(options.dtype(at::kFloat));
+      unit.master = at::empty({unit.shard_numel}, options);
+      fill_flat(unit, shard_rank_ * unit.shard_numel, unit.master);
       unit.full = unit.aliased ? unit.master : at::empty({unit.padded}, options.dtype(param_dtype));
-      if (!unit.aliased) unit.full.copy_(flat);
+      // Only a unit that stays gathered needs its full values now; the others are released
+      // below and gathered from the shards when they compute.
+      if (!unit.aliased && keeps_gathered(unit)) {
+        if (param_dtype == at::kFloat) {
+          fill_flat(unit, 0, unit.full);
+        } else {
+          at::Tensor wide = at::empty({unit.padded}, options);
+          fill_flat(unit, 0, wide);
+          unit.full.copy_(wide);
+        }
+      }
     }
     // On file in half precision, the all-gather's input is cast from the master as it is read.
     if (param_dtype == at::kFloat) {

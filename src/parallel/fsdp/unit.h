@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "model/init.h"
 #include "optim/swap_file.h"
 #include "shardtrain/fsdp.h"
 
@@ -61,10 +62,6 @@ struct FullyShardedDataParallel::Unit {
 };
 
 namespace detail {
-// Gives the memory of `tensor`'s storage back, keeping the storage object (and every view of it,
-// including the ones autograd saved for backward); restore_storage allocates it again.
-void release_storage(const at::Tensor& tensor);
-void restore_storage(const at::Tensor& tensor, int64_t nbytes);
 // Groups of hook points (indices), one per unit, as the policy decides; throws
 // std::invalid_argument for a policy that makes no unit.
 std::vector<std::vector<size_t>> plan_units(

@@ -1,0 +1,132 @@
+// The Transformer's initialization as a function of (seed, parameter name, element index), so
+// that each rank can initialize exactly the slices it holds (deferred initialization).
+#include "model/init.h"
+
+#include <ATen/Parallel.h>
+
+#include <cmath>
+#include <map>
+#include <stdexcept>
+
+#include "model/layers.h"
+#include "shardtrain/model.h"
+
+namespace shardtrain {
+namespace detail {
+namespace {
+
+// splitmix64's finalizer: a bijection whose outputs pass BigCrush for consecutive inputs.
+uint64_t mix(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ULL;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ULL;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBULL;
+  return x ^ (x >> 31);
+}
+
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() &&
+         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+}  // namespace
+
+void release_storage(const at::Tensor& tensor) {
+  c10::StorageImpl* storage = tensor.storage().unsafeGetStorageImpl();
+  storage->set_data_ptr_noswap(at::DataPtr(nullptr, storage->device()));
+  storage->set_nbytes(0);
+}
+
+void restore_storage(const at::Tensor& tensor, int64_t nbytes) {
+  c10::StorageImpl* storage = tensor.storage().unsafeGetStorageImpl();
+  storage->set_data_ptr_noswap(storage->allocator()->allocate(static_cast<size_t>(nbytes)));
+  storage->set_nbytes(static_cast<size_t>(nbytes));
+}
+
+uint64_t init_stream_key(uint64_t seed, const std::string& name) {
+  uint64_t hash = 0xCBF29CE484222325ULL;  // FNV-1a
+  for (unsigned char c : name) hash = (hash ^ c) * 0x100000001B3ULL;
+  return mix(seed ^ mix(hash));
+}
+
+void fill_normal(uint64_t key, int64_t begin, double mean, double std, at::Tensor out) {
+  if (out.dim() != 1 || !out.is_contiguous()) {
+    throw std::invalid_argument("fill_normal: out must be a contiguous 1-D tensor");
+  }
+  at::Tensor values = out.scalar_type() == at::kFloat ? out : at::empty_like(out, at::kFloat);
+  float* data = values.data_ptr<float>();
+  constexpr double kTwoPi = 6.283185307179586476925286766559;
+  constexpr double kUnit = 1.0 / 9007199254740992.0;  // 2^-53
+  at::parallel_for(0, values.numel(), 1 << 15, [&](int64_t lo, int64_t hi) {
+    for (int64_t j = lo; j < hi; ++j) {
+      const uint64_t index = static_cast<uint64_t>(begin + j);
+      const uint64_t pair = index >> 1;
+      const double u1 = static_cast<double>((mix(key + 2 * pair) >> 11) + 1) * kUnit;  // (0, 1]
+      const double u2 = static_cast<double>(mix(key + 2 * pair + 1) >> 11) * kUnit;
+      const double radius = std::sqrt(-2.0 * std::log(u1));
+      const double z = (index & 1) ? radius * std::sin(kTwoPi * u2) : radius * std::cos(kTwoPi * u2);
+      data[j] = static_cast<float>(mean + std * z);
+    }
+  });
+  if (!values.is_same(out)) out.copy_(values);
+}
+
+}  // namespace detail
+
+bool is_materialized(const at::Tensor& tensor) {
+  return !tensor.defined() || tensor.numel() == 0 || tensor.storage().nbytes() > 0;
+}
+
+ParameterInitializer TransformerImpl::initializer() const {
+  if (values_) return values_;
+  struct Described {
+    int64_t numel;
+    size_t dims;
+  };
+  std::map<std::string, Described> described;
+  for (const auto& shape : config_.parameter_shapes()) {
+    described[shape.name] = {shape.numel(), shape.shape.size()};
+  }
+  const double residual_std = 0.02 / std::sqrt(2.0 * static_cast<double>(config_.n_layers));
+  return [described = std::move(described), residual_std, seed = seed_](
+             const std::string& name, int64_t begin, at::Tensor out) {
+    auto it = described.find(name);
+    if (it == described.end()) {
+      throw std::invalid_argument("the model has no parameter '" + name + "' to initialize");
+    }
+    if (begin < 0 || begin + out.numel() > it->second.numel) {
+      throw std::invalid_argument("elements [" + std::to_string(begin) + ", " +
+                                  std::to_string(begin + out.numel()) + ") are outside parameter '" +
+                                  name + "' of " + std::to_string(it->second.numel) + " elements");
+    }
+    at::NoGradGuard no_grad;
+    using detail::ends_with;
+    if (it->second.dims == 1) {
+      out.fill_(ends_with(name, ".bias") ? 0.0 : 1.0);
+    } else {
+      const bool residual = ends_with(name, "attn.proj.weight") ||
+                            ends_with(name, "attn.o.weight") ||
+                            ends_with(name, "mlp.proj.weight") || ends_with(name, "mlp.down.weight");
+      detail::fill_normal(detail::init_stream_key(seed, name), begin, 0.0,
+                          residual ? residual_std : 0.02, out);
+    }
+  };
+}
+
+bool TransformerImpl::materialized() const {
+  for (const auto& p : parameters()) {
+    if (!is_materialized(p)) return false;
+  }
+  return true;
+}
+
+void TransformerImpl::materialize() {
+  const ParameterInitializer init = initializer();
+  for (auto& item : named_parameters()) {
+    const at::Tensor& p = item.value();
+    if (is_materialized(p)) continue;
+    detail::restore_storage(p, static_cast<int64_t>(p.numel() * p.element_size()));
+    init(item.key(), 0, p.detach().view({-1}));
+  }
+}
+
+}  // namespace shardtrain

@@ -1,0 +1,24 @@
+// Parameter memory that comes and goes while the tensor stays (deferred construction, FSDP's
+// gathered units), and the counter-based random numbers of the model's initialization.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <cstdint>
+#include <string>
+
+namespace shardtrain::detail {
+
+// Gives the memory of `tensor`'s storage back, keeping the storage object (and every view of it,
+// including the ones autograd saved for backward); restore_storage allocates it again.
+void release_storage(const at::Tensor& tensor);
+void restore_storage(const at::Tensor& tensor, int64_t nbytes);
+
+// The key of one parameter's stream of numbers: its name mixed into the seed.
+uint64_t init_stream_key(uint64_t seed, const std::string& name);
+// out[j] = mean + std * z(key, begin + j), z standard normal: Box-Muller on the pair
+// (index / 2) of counter-based uniforms, so any element range comes out the same whoever fills
+// it. Computed in double, stored in out's dtype.
+void fill_normal(uint64_t key, int64_t begin, double mean, double std, at::Tensor out);
+
+}  // namespace shardtrain::detail

@@ -1,0 +1,49 @@
+// The parallelize step: the trainer describes the model, then applies its parallelisms here in
+// one written order, each strategy contributing one apply_* function from its own folder.
+#pragma once
+
+#include <memory>
+
+#include "shardtrain/config.h"
+#include "shardtrain/ddp.h"
+#include "shardtrain/fsdp.h"
+#include "shardtrain/mesh.h"
+#include "shardtrain/model.h"
+
+namespace shardtrain {
+
+// What parallelize() made of a model: the mesh, and at most one data-parallel wrapper (none for
+// strategy "none", or DDP on one process).
+struct Parallelized {
+  std::unique_ptr<DeviceMesh> mesh;
+  std::unique_ptr<DistributedDataParallel> ddp;
+  std::unique_ptr<FullyShardedDataParallel> sharded;  // fsdp, or zero at any stage
+};
+
+// Applies config's parallelisms to `model`, in this order (torchtitan's):
+//   1. tensor and pipeline parallelism (not part of this build yet);
+//   2. activation checkpointing, per block;
+//   3. one data-parallel step on the data-parallel ranks: apply_ddp, apply_fsdp or apply_zero;
+//   4. materialization: a sharded step allocates and initializes only this rank's shards of a
+//      deferred model; every other path materializes the whole model.
+// `model` may be deferred (ModelInit().deferred()). Collective over `world` (null: one process).
+// Throws std::invalid_argument for settings a strategy refuses, naming them.
+Parallelized parallelize(Transformer& model, const TrainConfig& config,
+                         const std::shared_ptr<ProcessGroup>& world);
+
+// The steps, each a no-op when its setting is off.
+void apply_activation_checkpointing(Transformer& model, const TrainConfig& config);
+// DDP over every rank of `world` (materializes the model first).
+std::unique_ptr<DistributedDataParallel> apply_ddp(Transformer& model, const TrainConfig& config,
+                                                   const std::shared_ptr<ProcessGroup>& world);
+// FSDP (parallel.fsdp.*) on a dp_replicate x dp_shard mesh of `world`, stored in `out`.
+void apply_fsdp(Transformer& model, const TrainConfig& config,
+                const std::shared_ptr<ProcessGroup>& world, Parallelized& out);
+// ZeRO (parallel.zero.*) over every rank of `world`, stored in `out`.
+void apply_zero(Transformer& model, const TrainConfig& config,
+                const std::shared_ptr<ProcessGroup>& world, Parallelized& out);
+
+// precision.param_dtype, reduce_dtype and buffer_dtype ("bf16" or "fp32").
+MixedPrecision mixed_precision_of(const TrainConfig& config);
+
+}  // namespace shardtrain
