@@ -106,6 +106,10 @@ struct TrainConfig {
   // Seconds a rendezvous or a collective may wait for the other ranks before failing (PyTorch's
   // default: 30 minutes). Checkpoint saves wait for the slowest rank's write regardless.
   double timeout = 1800.0;
+  // Before anything is allocated, compare the planner's estimate of this run's memory per rank
+  // with what a rank may use here (memory cgroup limit, available host memory) and refuse a
+  // run that cannot fit, naming a strategy that would.
+  bool memory_check = true;
 
   // Checks relations between keys (seq_len within the context, min_lr <= lr, ...) and throws
   // std::invalid_argument naming the keys.

@@ -295,9 +295,13 @@ struct ValidationResult {
   int world_size = 1;
   double estimated_model_states = 0, measured_model_states = 0;  // bytes per rank, medians
   double estimated_step_time = 0, measured_step_time = 0;        // seconds, medians
+  // Peak memory per rank: the planner's total (plus host-memory offload, plus what the process
+  // held at start when run.json records it) against the largest mem.peak_rss of any rank.
+  double estimated_peak = 0, measured_peak_rss = 0;  // bytes
   int64_t steps = 0;  // steps measured (the first is left out as warm-up when there are more)
   double model_state_error() const;  // (estimate - measured) / measured
   double step_time_error() const;
+  double peak_error() const;
 };
 // Reads RUN_DIR/run.json and RUN_DIR/metrics.jsonl and estimates that exact configuration on
 // `host` (one device per rank). Throws std::invalid_argument naming the missing file or key.

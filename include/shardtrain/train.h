@@ -121,6 +121,7 @@ class Trainer {
   int64_t step_ = 0;
   int64_t samples_ = 0;  // sequences consumed, the data position
   int64_t peak_rss_ = 0;
+  int64_t resident_at_start_ = 0;  // before the model existed: LibTorch, the groups, the data
   int64_t skipped_in_a_row_ = 0;  // consecutive skipped steps, for train.max_skipped
   double last_finite_loss_ = NAN;
   int64_t last_good_step_ = 0;

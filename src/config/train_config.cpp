@@ -202,6 +202,7 @@ const std::map<std::string, Setter>& known_keys() {
       {"run.overwrite", field(&TrainConfig::overwrite)},
       {"run.threads", field(&TrainConfig::threads)},
       {"run.timeout", field(&TrainConfig::timeout)},
+      {"run.memory_check", field(&TrainConfig::memory_check)},
   };
   return keys;
 }

@@ -7,6 +7,7 @@
 #include <stdexcept>
 #include <thread>
 
+#include "plan/run_estimate.h"
 #include "plan/text.h"
 #include "shardtrain/plan.h"
 
@@ -90,11 +91,14 @@ double ValidationResult::model_state_error() const {
 double ValidationResult::step_time_error() const {
   return (estimated_step_time - measured_step_time) / measured_step_time;
 }
+double ValidationResult::peak_error() const {
+  return (estimated_peak - measured_peak_rss) / measured_peak_rss;
+}
 
-ValidationResult validate_run(const std::string& run_dir, const HardwareSpec& host) {
-  const auto dir = std::filesystem::path(run_dir);
-  const std::string run_file = (dir / "run.json").string();
-  const json run = read_json(run_file);
+namespace detail {
+
+RunEstimate estimate_run(const nlohmann::json& run, const HardwareSpec& host,
+                         const std::string& run_file) {
   const int world = required<int>(run, "world_size", run_file);
   const json jm = required<json>(run, "model", run_file);
   ModelConfig mc;
@@ -113,7 +117,19 @@ ValidationResult validate_run(const std::string& run_dir, const HardwareSpec& ho
   const json train = required<json>(run, "train", run_file);
   const json precision = field<json>(run, "precision", json::object());
 
-  Candidate shape = candidate_of(required<json>(run, "parallel", run_file), world, run_file);
+  const json parallel = required<json>(run, "parallel", run_file);
+  Candidate shape = candidate_of(parallel, world, run_file);
+  // A CPU host has no device memory to offload from: "cpu" offload leaves the state where it
+  // is, and only what goes to files ("nvme") leaves memory.
+  shape.offload = false;
+  const json zero = parallel.value("zero", json::object());
+  const bool optimizer_in_files = zero.value("offload_optimizer", std::string("none")) == "nvme";
+  const bool params_in_files = zero.value("offload_param", std::string("none")) == "nvme";
+  const double parameters = static_cast<double>(mc.num_parameters());
+  auto to_files = [parameters](Candidate& c, bool optimizer, bool params) {
+    if (optimizer) c.memory.optimizer = 0;
+    if (params) c.memory.params = std::max(0.0, c.memory.params - 4.0 * parameters / c.shard);
+  };
   const bool autocast = precision.value("autocast", std::string("none")) == "bf16";
   const bool bf16_params = precision.value("param_dtype", std::string("fp32")) == "bf16";
   WorkloadOptions w;
@@ -142,14 +158,43 @@ ValidationResult validate_run(const std::string& run_dir, const HardwareSpec& ho
         .inter("ethernet")
         .inter_bandwidth(link_spec(hw.default_intra).bandwidth * shape.shard);
   }
-  const Candidate est = evaluate_candidate(shape, PlanModel::from_config(mc), hw, cluster, w);
-  if (!est.valid) throw std::invalid_argument("run '" + run_dir + "': " + est.note);
+  RunEstimate out;
+  const PlanModel model = PlanModel::from_config(mc);
+  out.run = evaluate_candidate(shape, model, hw, cluster, w);
+  if (!out.run.valid) throw std::invalid_argument("run '" + run_file + "': " + out.run.note);
+  to_files(out.run, optimizer_in_files, params_in_files);
+  // The data-parallel strategies at the same world size, least sharded first; the last one is
+  // ZeRO-3 with parameters and optimizer state in files.
+  for (const auto& [strategy, files] :
+       {std::pair{PlanStrategy::kDdp, false}, {PlanStrategy::kZero1, false},
+        {PlanStrategy::kZero2, false}, {PlanStrategy::kFullShard, false},
+        {PlanStrategy::kFullShard, true}}) {
+    Candidate c;
+    c.strategy = strategy;
+    c = evaluate_candidate(c, model, hw, cluster, w);
+    if (!c.valid) continue;
+    to_files(c, files, files);
+    c.offload = files;
+    out.alternatives.push_back(c);
+  }
+  return out;
+}
 
+}  // namespace detail
+
+
+ValidationResult validate_run(const std::string& run_dir, const HardwareSpec& host) {
+  const auto dir = std::filesystem::path(run_dir);
+  const std::string run_file = (dir / "run.json").string();
+  const json run = read_json(run_file);
+  const int world = required<int>(run, "world_size", run_file);
+  const Candidate est = detail::estimate_run(run, host, run_file).run;
   const std::string metrics_file = (dir / "metrics.jsonl").string();
   std::ifstream in(metrics_file);
   if (!in) throw std::invalid_argument("cannot read '" + metrics_file + "'");
   std::map<int64_t, double> step_time;  // slowest rank per step
   std::map<int64_t, std::vector<double>> states;
+  double peak_rss = 0;
   for (std::string line; std::getline(in, line);) {
     if (line.empty()) continue;
     const json j = json::parse(line, nullptr, false);
@@ -157,6 +202,7 @@ ValidationResult validate_run(const std::string& run_dir, const HardwareSpec& ho
     const int64_t step = required<int64_t>(j, "step", metrics_file);
     const json mem = required<json>(j, "mem", metrics_file);
     step_time[step] = std::max(step_time[step], required<double>(j, "step_time_s", metrics_file));
+    peak_rss = std::max(peak_rss, field<double>(mem, "peak_rss", 0.0));
     states[step].push_back(required<double>(mem, "params", metrics_file) +
                            required<double>(mem, "grads", metrics_file) +
                            required<double>(mem, "optim", metrics_file));
@@ -181,6 +227,9 @@ ValidationResult validate_run(const std::string& run_dir, const HardwareSpec& ho
   r.measured_model_states = median(bytes);
   r.estimated_step_time = est.time.total;
   r.measured_step_time = median(times);
+  r.estimated_peak = est.memory.total() +
+                     field<json>(run, "process", json::object()).value("resident_at_start", 0.0);
+  r.measured_peak_rss = peak_rss;
   return r;
 }
 
@@ -193,6 +242,12 @@ std::string format_validation(const ValidationResult& r) {
       r.estimated_model_states, r.measured_model_states, 100 * r.model_state_error());
   out += detail::format("step time: estimate %.4f s, measured %.4f s (median), error %+.1f%%\n",
                         r.estimated_step_time, r.measured_step_time, 100 * r.step_time_error());
+  if (r.measured_peak_rss > 0) {
+    out += detail::format(
+        "peak memory per rank: estimate %.0f bytes, measured peak RSS %.0f bytes (largest rank), "
+        "error %+.1f%%\n",
+        r.estimated_peak, r.measured_peak_rss, 100 * r.peak_error());
+  }
   return out;
 }
 

@@ -7,7 +7,7 @@
 
 namespace shardtrain::detail {
 
-void write_run_manifest(const TrainConfig& config, int world_size) {
+nlohmann::ordered_json run_manifest(const TrainConfig& config, int world_size) {
   const ModelConfig& m = config.model;
   nlohmann::ordered_json run;
   run["format"] = 1;
@@ -51,6 +51,12 @@ void write_run_manifest(const TrainConfig& config, int world_size) {
                       {"reduce_dtype", config.reduce_dtype},
                       {"autocast", config.autocast},
                       {"loss_scale", config.loss_scale}};
+  return run;
+}
+
+void write_run_manifest(const TrainConfig& config, int world_size, int64_t resident_at_start) {
+  nlohmann::ordered_json run = run_manifest(config, world_size);
+  run["process"] = {{"resident_at_start", resident_at_start}};
   const std::filesystem::path path = std::filesystem::path(config.dir) / "run.json";
   const std::filesystem::path tmp = path.string() + ".tmp";
   {

@@ -17,6 +17,7 @@
 #include "shardtrain/memory.h"
 #include "shardtrain/threads.h"
 #include "shardtrain/train.h"
+#include "train/memory_check.h"
 #include "train/run_dir.h"
 #include "train/run_manifest.h"
 #include "train/run_setup.h"
@@ -67,6 +68,11 @@ Trainer::Trainer(TrainConfig config, std::shared_ptr<ProcessGroup> world)
   }
   shard_ = detail::open_token_shard_corpus(config_);  // null when the corpus is text
   if (shard_) check_vocabulary();
+  // Before anything is allocated: a run that cannot fit says so instead of being killed.
+  resident_at_start_ = detail::resident_bytes();
+  if (config_.memory_check) {
+    detail::check_memory_fits(config_, world_size(), detail::rank_memory_budget(world_.get()));
+  }
   const detail::RunStart start =
       detail::plan_run_start(config_, detail::restarted_by_launcher());
   barrier();  // every rank has looked before rank 0 changes the directory
@@ -140,7 +146,7 @@ Trainer::Trainer(TrainConfig config, std::shared_ptr<ProcessGroup> world)
                                     config_.min_scale);
   if (!start.checkpoint.empty()) load_checkpoint(start.checkpoint);
   // Written last, so a run that fails to start leaves the previous run.json as it was.
-  if (rank() == 0) detail::write_run_manifest(config_, world_size());
+  if (rank() == 0) detail::write_run_manifest(config_, world_size(), resident_at_start_);
 }
 
 void Trainer::check_vocabulary() const {

@@ -47,7 +47,8 @@ void write_run(const fs::path& dir, const json& run, double state_bytes, int wor
                       {"mem",
                        {{"params", state_bytes / 4},
                         {"grads", state_bytes / 4},
-                        {"optim", state_bytes / 2}}}}
+                        {"optim", state_bytes / 2},
+                        {"peak_rss", 1e8 + 1e6 * step + rank}}}}
                      .dump()
               << "\n";
     }
@@ -69,6 +70,16 @@ TEST(PlanValidate, ReadsTheRunAndComparesMedians) {
   EXPECT_GT(r.estimated_step_time, 0.0);
   EXPECT_TRUE(format_validation(r).find("error +0.0%") != std::string::npos)
       << format_validation(r);
+  // Peak memory: the largest rank's peak RSS, against the planner's total plus what the process
+  // held at start (when run.json records it).
+  EXPECT_DOUBLE_EQ(r.measured_peak_rss, 1e8 + 5e6 + 1);
+  json with_start = run_json(2, {{"strategy", "ddp"}});
+  with_start["process"] = {{"resident_at_start", 5e7}};
+  write_run(dir / "ddp_start", with_start, 16 * P, 2);
+  const ValidationResult started = validate_run((dir / "ddp_start").string(), hardware_spec("cpu"));
+  EXPECT_DOUBLE_EQ(started.estimated_peak, r.estimated_peak + 5e7);
+  EXPECT_GT(r.estimated_peak, 16 * P);  // model states, plus activations
+  EXPECT_NE(format_validation(r).find("peak memory per rank"), std::string::npos);
   fs::remove_all(dir);
 }
 

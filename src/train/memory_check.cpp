@@ -1,0 +1,176 @@
+#include "train/memory_check.h"
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <stdexcept>
+
+#include "plan/run_estimate.h"
+#include "train/run_manifest.h"
+#include "train/run_setup.h"
+
+namespace shardtrain::detail {
+namespace {
+
+std::string gb(double bytes) {
+  char text[32];
+  std::snprintf(text, sizeof(text), "%.2f GB", bytes / 1e9);
+  return text;
+}
+
+// The first line of `path` as a byte count; -1 when unreadable or "max". Limits near 2^63 are
+// cgroup v1's way of saying "none".
+int64_t read_limit(const std::string& path) {
+  std::ifstream in(path);
+  std::string text;
+  if (!(in >> text) || text == "max") return -1;
+  try {
+    const long long value = std::stoll(text);
+    return value <= 0 || value >= (1LL << 62) ? -1 : value;
+  } catch (const std::exception&) {
+    return -1;
+  }
+}
+
+// This process's memory cgroup and its limit (v1 memory controller, else v2's unified tree).
+struct Cgroup {
+  std::string path;
+  int64_t limit = -1;
+};
+
+Cgroup memory_cgroup() {
+  std::ifstream in("/proc/self/cgroup");
+  Cgroup v1, v2;
+  for (std::string line; std::getline(in, line);) {
+    const size_t first = line.find(':');
+    const size_t second = line.find(':', first + 1);
+    if (first == std::string::npos || second == std::string::npos) continue;
+    const std::string controllers = line.substr(first + 1, second - first - 1);
+    const std::string path = line.substr(second + 1);
+    std::stringstream list(controllers);
+    for (std::string c; std::getline(list, c, ',');) {
+      if (c == "memory") {
+        v1.path = path;
+        v1.limit = read_limit("/sys/fs/cgroup/memory" + path + "/memory.limit_in_bytes");
+      }
+    }
+    if (controllers.empty()) {
+      v2.path = path;
+      v2.limit = read_limit("/sys/fs/cgroup" + path + "/memory.max");
+      if (v2.limit < 0) v2.limit = read_limit("/sys/fs/cgroup/unified" + path + "/memory.max");
+    }
+  }
+  return v1.limit >= 0 ? v1 : v2;
+}
+
+int64_t host_available_bytes() {
+  std::ifstream in("/proc/meminfo");
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("MemAvailable:", 0) == 0) return std::stoll(line.substr(13)) * 1024;
+  }
+  return -1;
+}
+
+std::string host_name() {
+  char name[256] = {};
+  gethostname(name, sizeof(name) - 1);
+  return name;
+}
+
+}  // namespace
+
+MemoryBudget rank_memory_budget(ProcessGroup* world) {
+  const Cgroup cgroup = memory_cgroup();
+  const std::string host = host_name();
+  // Ranks on the same host (and in the same cgroup) share its memory: count them.
+  int on_host = 1, in_cgroup = 1;
+  if (world && world->size() > 1) {
+    const auto key = [](const std::string& s) {
+      return static_cast<int64_t>(std::hash<std::string>()(s) >> 1);
+    };
+    at::Tensor mine = at::tensor({key(host), key(host + "\n" + cgroup.path)}, at::kLong);
+    at::Tensor all = at::empty({2 * world->size()}, at::kLong);
+    world->all_gather(mine, all)->wait();
+    const at::Tensor pairs = all.view({-1, 2});
+    on_host = static_cast<int>((pairs.select(1, 0) == mine[0]).sum().item<int64_t>());
+    in_cgroup = static_cast<int>((pairs.select(1, 1) == mine[1]).sum().item<int64_t>());
+  }
+  MemoryBudget budget;
+  auto consider = [&budget](int64_t limit, int ranks, const std::string& what) {
+    if (limit < 0) return;
+    const int64_t share = limit / ranks;
+    if (budget.bytes >= 0 && share >= budget.bytes) return;
+    budget.bytes = share;
+    budget.source = what + " of " + gb(static_cast<double>(limit)) + ", shared by " +
+                    std::to_string(ranks) + (ranks == 1 ? " rank" : " ranks");
+  };
+  consider(cgroup.limit, in_cgroup, "the memory cgroup's limit (" + cgroup.path + ")");
+  consider(host_available_bytes(), on_host, "the host's available memory");
+  return budget;
+}
+
+namespace {
+
+// The setting that selects `c` (a data-parallel candidate of estimate_run's alternatives).
+std::string setting_of(const Candidate& c) {
+  switch (c.strategy) {
+    case PlanStrategy::kDdp: return "parallel.strategy = \"ddp\"";
+    case PlanStrategy::kZero1: return "parallel.strategy = \"zero\" with parallel.zero.stage = 1";
+    case PlanStrategy::kZero2: return "parallel.strategy = \"zero\" with parallel.zero.stage = 2";
+    default:
+      return c.offload ? "parallel.strategy = \"zero\" with parallel.zero.stage = 3 and "
+                         "offload_optimizer = offload_param = \"nvme\""
+                       : "parallel.strategy = \"fsdp\" (full_shard), or \"zero\" with stage 3";
+  }
+}
+
+}  // namespace
+
+void check_memory_fits(const TrainConfig& config, int world_size, const MemoryBudget& budget) {
+  if (budget.bytes < 0) return;
+  RunEstimate estimate;
+  try {
+    estimate =
+        estimate_run(run_manifest(config, world_size), hardware_spec("cpu"), "the run's settings");
+  } catch (const std::invalid_argument&) {
+    // Settings the planner cannot model (an invalid hybrid shape, ...): the strategy's own
+    // checks name them in a moment; no estimate, no check.
+    return;
+  }
+  // What the process holds already (LibTorch, communication buffers, the corpus): measured.
+  const double held = static_cast<double>(resident_bytes());
+  const double limit = static_cast<double>(budget.bytes);
+  const MemoryBreakdown& m = estimate.run.memory;
+  const double needed = held + m.total();
+  if (needed <= limit) return;
+  std::string message =
+      "out of memory before the start: " + estimate.run.label() + " (parallel.strategy = \"" +
+      config.strategy + "\") on " + std::to_string(world_size) +
+      (world_size == 1 ? " rank" : " ranks") + " needs about " + gb(needed) +
+      " per rank (the planner's estimate: parameters " + gb(m.params) + ", gradients " +
+      gb(m.grads) + ", optimizer state " + gb(m.optimizer) +
+      ", activations " + gb(m.activations + m.temporary) + "; plus " + gb(held) +
+      " the process holds already), but each rank here may use " + gb(limit) + " (" +
+      budget.source + "). ";
+  const Candidate* fits = nullptr;
+  for (const auto& c : estimate.alternatives) {
+    if (held + c.memory.total() <= limit) {
+      fits = &c;
+      break;
+    }
+  }
+  if (fits) {
+    message += fits->label() + " fits (about " + gb(held + fits->memory.total()) +
+               " per rank): set " + setting_of(*fits) + ". ";
+  } else {
+    message += "No data-parallel strategy fits on " + std::to_string(world_size) +
+               " ranks: use more ranks or hosts. ";
+  }
+  throw std::invalid_argument(message + "run.memory_check = false starts anyway.");
+}
+
+}  // namespace shardtrain::detail
