@@ -144,6 +144,17 @@ struct FSDPOptions {
     param_swap_dir_ = std::move(value);
     return *this;
   }
+  // ZeRO-Infinity's gradient offload: between backward and the optimizer step, this rank's
+  // fp32 gradient shards live in files under this directory instead of memory. Each reduction
+  // reads the unit's shard, adds, and writes it back (a zeroed shard is not read); its sum of
+  // squares and finiteness are kept from the write, so clip_grad_norm() and grads_finite() read
+  // nothing, and clipping's factor is applied when a shard is next read. load_shards() brings
+  // the gradient shards too; store_shards() then drops them unwritten (the step consumed them).
+  // Not with ZeRO-1, which keeps whole gradients. Empty: off.
+  FSDPOptions& grad_swap_dir(std::string value) {
+    grad_swap_dir_ = std::move(value);
+    return *this;
+  }
   // Make every rank start from rank 0's parameters and buffers (a broadcast at construction).
   FSDPOptions& sync_module_states(bool value) {
     sync_module_states_ = value;
@@ -164,6 +175,7 @@ struct FSDPOptions {
   MixedPrecision mixed_precision_;
   bool cpu_offload_ = false;
   std::string param_swap_dir_;
+  std::string grad_swap_dir_;
   bool sync_module_states_ = true;
 };
 
@@ -189,6 +201,7 @@ struct FSDPMemory {
   int64_t root_unit = 0;        // bytes of the gathered root unit
   int64_t resident_full = 0;    // whole parameters kept gathered between steps (ZeRO-1/2)
   int64_t param_shards_on_file = 0;  // master shards kept in files (param_swap_dir)
+  int64_t grad_shards_on_file = 0;   // gradient shards kept in files (grad_swap_dir)
 };
 
 class FullyShardedDataParallel {
@@ -225,8 +238,9 @@ class FullyShardedDataParallel {
   // masters, hold memory only while loaded: load_shards() reads them from their files (every
   // unit, or one), store_shards() writes them back and frees the memory. Reading or changing
   // them outside forward and backward (the optimizer step, checkpoints) goes between the two.
-  // Without param_swap_dir both do nothing.
-  void load_shards(int unit = -1);
+  // With grad_swap_dir and `gradients`, the gradient shards are brought in too (and dropped
+  // by store_shards()). Without either directory both do nothing.
+  void load_shards(int unit = -1, bool gradients = true);
   void store_shards(int unit = -1);
   bool shards_on_file() const { return !options_.param_swap_dir_.empty(); }
   // The full value of every parameter, gathered (collective; for checkpoints and tests).
@@ -268,6 +282,10 @@ class FullyShardedDataParallel {
   // (unless loaded by load_shards() or still being sent by a gather).
   void bring_master(Unit& unit);
   void drop_master(Unit& unit);
+  // grad_swap_dir: the gradient shard's memory is allocated and read from its file (zeros after
+  // zero_grad(), scaled by a pending clip), or written back (`write`) and freed.
+  void bring_grad(Unit& unit);
+  void drop_grad(Unit& unit, bool write);
   void release(Unit& unit);
   void wait_gathered(Unit& unit);
   void prefetch(int index);

@@ -22,7 +22,9 @@ struct ZeroOptions {
     return *this;
   }
   // kCpu: optimizer state and step in host memory (on a CPU-only machine that is where they
-  // are); kNvme: optimizer state in files under nvme_path, streamed through the step.
+  // are); kNvme: optimizer state in files under nvme_path, streamed through the step, and at
+  // stages 2 and 3 the gradient shards in files there too between backward and the step
+  // (FSDPOptions::grad_swap_dir), as DeepSpeed swaps them with the optimizer state.
   ZeroOptions& offload_optimizer(OffloadDevice value) {
     offload_optimizer_ = value;
     return *this;

@@ -139,7 +139,8 @@ std::string Trainer::save_checkpoint() {
   std::vector<TensorSpec> specs;
   std::vector<FlatSlice> slices;
   if (fsdp_) {
-    fsdp_->load_shards();  // parameter shards kept in files: in memory until the save is done
+    // Parameter shards kept in files: in memory until the save is done (not the gradients).
+    fsdp_->load_shards(-1, /*gradients=*/false);
     sharded_slices(specs, slices);
   } else {
     const NamedTensors tensors = logical_tensors(model_, *optimizer_);
@@ -223,7 +224,7 @@ void Trainer::sharded_slices(std::vector<TensorSpec>& specs, std::vector<FlatSli
 void Trainer::restore_sharded(const ShardedCheckpointReader& reader) {
   // Each rank reads only the ranges its shards hold.
   torch::NoGradGuard no_grad;
-  fsdp_->load_shards();  // after_optimizer_step writes them back
+  fsdp_->load_shards(-1, /*gradients=*/false);  // after_optimizer_step writes them back
   for (const auto& s : fsdp_->segments()) {
     reader.read_flat_into(s.name, s.offset, s.param.detach());
     const std::string prefix = "optim." + s.name;
@@ -362,6 +363,7 @@ void Trainer::write_metrics(const StepResult& result, double eval_loss) {
     line["mem"]["grads"] = m.grad_shards;
     line["mem"]["gathered_peak"] = m.gathered_peak;
     if (fsdp_->shards_on_file()) line["mem"]["params_on_file"] = m.param_shards_on_file;
+    if (m.grad_shards_on_file > 0) line["mem"]["grads_on_file"] = m.grad_shards_on_file;
   }
   if (!std::isnan(eval_loss)) line["eval_loss"] = eval_loss;
   std::ofstream out(fs::path(config_.dir) / "metrics.jsonl", std::ios::app);

@@ -110,6 +110,32 @@ TEST(Zero, ParameterShardsInFilesTrainExactlyAsInMemory) {
   std::filesystem::remove_all(dir);
 }
 
+TEST(Zero, GradientShardsInFilesTrainExactlyAsInMemory) {
+  // offload_optimizer = nvme at stages 2 and 3 keeps the gradient shards in files between
+  // backward and the step: reductions read, add and write them; clipping uses the sums of
+  // squares kept from the writes and scales as the shards are read.
+  const auto dir = fresh_test_dir("shardtrain_zero_grad_nvme");
+  for (const int stage : {2, 3}) {
+    for (const int micro : {1, 2}) {
+      SCOPED_TRACE("stage " + std::to_string(stage) + ", " + std::to_string(micro) +
+                   " micro-batches");
+      const TrainingRun want = zero_run(4, ZeroOptions().stage(stage), 4, micro);
+      ZeroOptions on_file = ZeroOptions().stage(stage);
+      on_file.offload_optimizer(OffloadDevice::kNvme).nvme_path(dir.string());
+      if (stage == 3) on_file.offload_param(OffloadDevice::kNvme);
+      const TrainingRun run = zero_run(4, on_file, 4, micro);
+      EXPECT_EQ(run.losses, want.losses);
+      for (const auto& [name, value] : want.params) {
+        EXPECT_TRUE(run.params.at(name).equal(value)) << name;
+      }
+      EXPECT_EQ(run.memory.grad_shards, 0);
+      EXPECT_EQ(run.memory.grad_shards_on_file, want.memory.grad_shards);
+      EXPECT_TRUE(std::filesystem::is_empty(dir));
+    }
+  }
+  std::filesystem::remove_all(dir);
+}
+
 TEST(Zero, UnsupportedSettingsAreClearErrors) {
   run_local_ranks(1, [&](ProcessGroup& group) {
     auto shared = std::shared_ptr<ProcessGroup>(&group, [](ProcessGroup*) {});

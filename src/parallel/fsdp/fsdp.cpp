@@ -75,6 +75,19 @@ FullyShardedDataParallel::FullyShardedDataParallel(Transformer model, const Devi
     }
   }
 
+  const bool grads_on_file = !options_.grad_swap_dir_.empty();
+  if (grads_on_file) {
+    if (stage == 1) {
+      throw std::invalid_argument("FSDP: gradient shards in files (grad_swap_dir) need ZeRO "
+                                  "stage 2 or 3 or FSDP; stage 1 keeps whole gradients");
+    }
+    std::error_code error;
+    if (!std::filesystem::is_directory(options_.grad_swap_dir_, error)) {
+      throw std::invalid_argument("FSDP: the directory for gradient shards '" +
+                                  options_.grad_swap_dir_ + "' does not exist");
+    }
+  }
+
   // Units: the policy's groups of blocks in forward order, then the root with the rest.
   const auto points = model_->hook_points();
   for (size_t i = 0; i < points.size(); ++i) {
@@ -209,7 +222,7 @@ FullyShardedDataParallel::FullyShardedDataParallel(Transformer model, const Devi
       unit.grads_in_full = param_dtype == at::kFloat &&
                            options_.mixed_precision_.reduce_dtype_ == at::kFloat;
     } else {
-      unit.grad_shard = at::zeros_like(unit.master);
+      unit.grad_shard = grads_on_file ? at::empty_like(unit.master) : at::zeros_like(unit.master);
     }
     // The module's parameters become views into the flat buffer, in the compute dtype.
     for (size_t k = 0; k < unit.params.size(); ++k) {
@@ -255,6 +268,16 @@ FullyShardedDataParallel::FullyShardedDataParallel(Transformer model, const Devi
           detail::unique_swap_stem(options_.param_swap_dir_, "param") + "." + unit.name, bytes);
       unit.swap->write(unit.master.data_ptr(), bytes, 0);
       drop_master(unit);
+    }
+    if (grads_on_file) {
+      // Created as holes: nothing is written until a reduction adds into the shard.
+      unit.grad_swap = std::make_unique<detail::SwapFile>(
+          detail::unique_swap_stem(options_.grad_swap_dir_, "grad") + "." + unit.name,
+          unit.shard_numel * 4);
+      unit.grad_zero = true;
+      unit.grad_squares = at::zeros({}, at::kDouble);
+      detail::release_storage(unit.grad_shard);
+      unit.grad_resident = false;
     }
 
     unit.ready_flags.assign(unit.params.size(), false);
@@ -346,6 +369,33 @@ void FullyShardedDataParallel::bring_master(Unit& unit) {
   detail::restore_storage(unit.master, bytes);
   unit.master_resident = true;
   unit.swap->read(unit.master.data_ptr(), bytes, 0);
+}
+
+void FullyShardedDataParallel::bring_grad(Unit& unit) {
+  if (!unit.grad_swap || unit.grad_resident) return;
+  const int64_t bytes = unit.shard_numel * 4;
+  detail::restore_storage(unit.grad_shard, bytes);
+  unit.grad_resident = true;
+  if (unit.grad_zero) {
+    unit.grad_shard.zero_();
+    return;
+  }
+  unit.grad_swap->read(unit.grad_shard.data_ptr(), bytes, 0);
+  if (unit.grad_factor != 1.0) unit.grad_shard.mul_(unit.grad_factor);
+}
+
+void FullyShardedDataParallel::drop_grad(Unit& unit, bool write) {
+  if (!unit.grad_swap || !unit.grad_resident || unit.grad_held) return;
+  if (write) {
+    // What clip_grad_norm() and grads_finite() need, from the values as they are written.
+    unit.grad_squares = unit.grad_shard.to(at::kDouble).pow(2).sum();
+    unit.grad_finite = unit.grad_shard.isfinite().all().item<bool>();
+    unit.grad_swap->write(unit.grad_shard.data_ptr(), unit.shard_numel * 4, 0);
+    unit.grad_zero = false;
+    unit.grad_factor = 1.0;
+  }
+  detail::release_storage(unit.grad_shard);
+  unit.grad_resident = false;
 }
 
 void FullyShardedDataParallel::drop_master(Unit& unit) {

@@ -175,12 +175,14 @@ void FullyShardedDataParallel::reduction_issued(Unit& unit) {
   // at the end of backward.
   if (!replicate_group_) {
     for (auto& other : units_) {
-      if (other.get() == &unit) continue;
+      if (other.get() == &unit || other->pending.empty()) continue;
+      bring_grad(*other);
       for (auto& earlier : other->pending) {
         if (earlier.scatter) earlier.scatter->wait();
         add_reduced(*other, earlier);
       }
       other->pending.clear();
+      drop_grad(*other, /*write=*/true);
     }
   }
   const Unit::PendingReduce& pending = unit.pending.back();
@@ -223,10 +225,12 @@ void FullyShardedDataParallel::finish_backward() {
     }
   }
   for (auto& unit : units_) {
+    if (!unit->pending.empty()) bring_grad(*unit);
     for (auto& pending : unit->pending) {
       if (pending.replicate) pending.replicate->wait();
       add_reduced(*unit, pending);
     }
+    if (!unit->pending.empty()) drop_grad(*unit, /*write=*/true);
     unit->pending.clear();
     unit->in_backward = false;
     unit->reduced = false;

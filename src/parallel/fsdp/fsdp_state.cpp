@@ -7,32 +7,61 @@
 namespace shardtrain {
 
 void FullyShardedDataParallel::zero_grad() {
-  for (auto& unit : units_) (unit->grad_full.defined() ? unit->grad_full : unit->grad_shard).zero_();
+  for (auto& unit : units_) {
+    if (unit->grad_swap && !unit->grad_resident) {
+      // The file is not touched: the next reduction starts from zeros instead of reading it.
+      unit->grad_zero = true;
+      unit->grad_factor = 1.0;
+      unit->grad_squares = at::zeros({}, at::kDouble);
+      unit->grad_finite = true;
+      continue;
+    }
+    (unit->grad_full.defined() ? unit->grad_full : unit->grad_shard).zero_();
+  }
 }
 
 double FullyShardedDataParallel::clip_grad_norm(double max_norm) {
   at::Tensor squares = at::zeros({}, at::kDouble);
-  for (auto& unit : units_) squares += unit->grad_shard.to(at::kDouble).pow(2).sum();
+  for (auto& unit : units_) {
+    // A shard in its file: the sum kept from when it was written (the same computation).
+    squares += unit->grad_swap && !unit->grad_resident ? unit->grad_squares
+                                                       : unit->grad_shard.to(at::kDouble).pow(2).sum();
+  }
   // Shards are disjoint inside the shard group and identical across replicas.
   if (shard_group_) shard_group_->all_reduce(squares, ReduceOp::kSum)->wait();
   const double norm = std::sqrt(squares.item<double>());
   if (max_norm > 0 && norm > max_norm) {
     const double factor = max_norm / (norm + 1e-6);
-    for (auto& unit : units_) unit->grad_shard.mul_(factor);
+    for (auto& unit : units_) {
+      if (unit->grad_swap && !unit->grad_resident) {
+        unit->grad_factor = factor;  // applied as the shard is read
+      } else {
+        unit->grad_shard.mul_(factor);
+      }
+    }
   }
   return norm;
 }
 
 bool FullyShardedDataParallel::grads_finite() {
   bool finite = true;
-  for (auto& unit : units_) finite = finite && unit->grad_shard.isfinite().all().item<bool>();
+  for (auto& unit : units_) {
+    finite = finite && (unit->grad_swap && !unit->grad_resident
+                            ? unit->grad_finite
+                            : unit->grad_shard.isfinite().all().item<bool>());
+  }
   at::Tensor bad = at::tensor(finite ? 0.0 : 1.0, at::kDouble);
   if (dp_group_->size() > 1) dp_group_->all_reduce(bad, ReduceOp::kMax)->wait();
   return bad.item<double>() == 0.0;
 }
 
 void FullyShardedDataParallel::unscale(double scale) {
-  for (auto& unit : units_) unit->grad_shard.div_(scale);
+  for (auto& unit : units_) {
+    const bool on_file = unit->grad_swap && !unit->grad_resident;
+    bring_grad(*unit);
+    unit->grad_shard.div_(scale);
+    if (on_file) drop_grad(*unit, /*write=*/true);
+  }
 }
 
 void FullyShardedDataParallel::after_optimizer_step() {
@@ -55,17 +84,30 @@ void FullyShardedDataParallel::after_optimizer_step() {
   store_shards();
 }
 
-void FullyShardedDataParallel::load_shards(int unit) {
+void FullyShardedDataParallel::load_shards(int unit, bool gradients) {
   for (auto& u : units_) {
-    if (!u->swap || (unit >= 0 && u->index != unit)) continue;
-    bring_master(*u);
-    u->held = true;
+    if (unit >= 0 && u->index != unit) continue;
+    if (u->swap) {
+      bring_master(*u);
+      u->held = true;
+    }
+    if (u->grad_swap && gradients) {
+      bring_grad(*u);
+      u->grad_held = true;
+    }
   }
 }
 
 void FullyShardedDataParallel::store_shards(int unit) {
   for (auto& u : units_) {
-    if (!u->swap || !u->held || (unit >= 0 && u->index != unit)) continue;
+    if (unit >= 0 && u->index != unit) continue;
+    if (u->grad_held) {
+      // The optimizer step consumed the gradient: its memory goes, and the next zero_grad()
+      // starts the file over. Until then it reads as it was (file, then the pending factor).
+      u->grad_held = false;
+      drop_grad(*u, /*write=*/false);
+    }
+    if (!u->swap || !u->held) continue;
     u->swap->write(u->master.data_ptr(), u->shard_numel * 4, 0);
     u->held = false;
     drop_master(*u);  // or when the gather reading it completes
@@ -136,8 +178,10 @@ FSDPMemory FullyShardedDataParallel::memory() const {
     if (unit->wire.defined() && !unit->wire.is_same(unit->master)) {
       memory.param_shards += static_cast<int64_t>(unit->wire.nbytes());
     }
-    memory.grad_shards += static_cast<int64_t>(
+    const auto grad_bytes = static_cast<int64_t>(
         (unit->grad_full.defined() ? unit->grad_full : unit->grad_shard).nbytes());
+    if (unit->grad_swap) memory.grad_shards_on_file += grad_bytes;
+    if (!unit->grad_swap || unit->grad_resident) memory.grad_shards += grad_bytes;
     if (keeps_gathered(*unit)) memory.resident_full += unit->full_bytes();
     if (unit->root) {
       memory.root_unit = unit->full_bytes();

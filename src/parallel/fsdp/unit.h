@@ -46,6 +46,16 @@ struct FullyShardedDataParallel::Unit {
   bool master_resident = true;
   bool held = false;  // loaded by load_shards(), until store_shards()
 
+  // grad_swap_dir: the gradient shard's file; its memory exists only while a reduction adds
+  // into it or load_shards() holds it.
+  std::unique_ptr<detail::SwapFile> grad_swap;
+  bool grad_resident = true;
+  bool grad_held = false;
+  bool grad_zero = false;    // zeroed since the file was last written: the file is stale
+  at::Tensor grad_squares;   // fp64 sum of squares of the shard as last written
+  bool grad_finite = true;   // and whether it was finite
+  double grad_factor = 1.0;  // clip_grad_norm's scaling, applied when the shard is read
+
   // Per backward.
   bool in_backward = false;
   bool reduced = false;

@@ -45,6 +45,9 @@ std::unique_ptr<FullyShardedDataParallel> zero_shard(Transformer model, const De
       .mixed_precision(options.mixed_precision_)
       .cpu_offload(options.offload_param_ != OffloadDevice::kNone)
       .param_swap_dir(options.offload_param_ == OffloadDevice::kNvme ? options.nvme_path_ : "")
+      .grad_swap_dir(options.offload_optimizer_ == OffloadDevice::kNvme && options.stage_ >= 2
+                         ? options.nvme_path_
+                         : "")
       .zero(behaviour);
   if (options.stage_ == 3) {
     // Prefetching is bounded by DeepSpeed's element counts instead of a unit count.
