@@ -47,6 +47,7 @@ struct TrainConfig {
   int64_t eval_batches = 4;
   int64_t checkpoint_every = 0;  // steps; 0: only at the end
   int64_t keep_checkpoints = 2;
+  bool final_checkpoint = true;  // a checkpoint after the last step
   bool activation_checkpointing = false;
   int64_t sample_tokens = 64;  // generated at the end; 0 disables
   std::string sample_prompt;

@@ -73,12 +73,21 @@ struct ShardedSaveOptions {
     return *this;
   }
 
+  // Values of slice i fetched as it is written, slice after slice in order: the slices' data
+  // then only describe them (numel and dtype; they may have no memory), so a rank whose state
+  // is in files never holds all of its slices at once.
+  ShardedSaveOptions& fetch(std::function<at::Tensor(size_t index)> value) {
+    fetch_ = std::move(value);
+    return *this;
+  }
+
   std::string strategy_ = "none";
   int keep_ = 2;
   std::chrono::milliseconds write_timeout_{std::chrono::hours(2)};
   std::string metadata_ = "{}";
   NamedTensors rank_state_;
   std::function<void()> before_commit_;
+  std::function<at::Tensor(size_t)> fetch_;
 };
 
 // Writes ROOT/NAME atomically (see CheckpointWriter) and returns its path. Collective over

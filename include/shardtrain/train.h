@@ -34,6 +34,10 @@ struct StepResult {
   double step_time_s = 0;
   double tokens_per_s = 0;
   int64_t activations_peak = 0;  // resident-memory rise during forward+backward, bytes
+  // State in files (ZeRO offload to nvme): bytes read and written during the step, and the
+  // seconds spent in those transfers, summed over the threads doing them.
+  int64_t file_read_bytes = 0, file_written_bytes = 0;
+  double file_io_s = 0;
 };
 
 class Trainer {
@@ -92,6 +96,10 @@ class Trainer {
   void nvme_state_from_optimizer();
   // Checkpoint pieces under FSDP/ZeRO, and the restore paths by strategy.
   void sharded_slices(std::vector<TensorSpec>& specs, std::vector<FlatSlice>& slices);
+  // With ZeRO's optimizer state in files: slices whose values `fetchers` produce as the save
+  // writes them (null: the slice's own data), one unit in memory at a time.
+  void streamed_slices(std::vector<TensorSpec>& specs, std::vector<FlatSlice>& slices,
+                       std::vector<std::function<at::Tensor()>>& fetchers);
   void restore_sharded(const ShardedCheckpointReader& reader);
   void restore_replicated(const ShardedCheckpointReader& reader, const NamedTensors& model_tensors);
   void restore_training_state(const ShardedCheckpointReader& reader, const std::string& dir);

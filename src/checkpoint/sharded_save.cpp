@@ -118,7 +118,9 @@ std::string save_sharded_checkpoint(const std::string& root, const std::string& 
           refs.push_back({slice.name, slice.offset, slice.data.numel(), spec.dtype});
         }
         nlohmann::json record = detail::write_rank_file(
-            staging, rank, refs, [&](size_t i) { return slices[i].data; }, options.rank_state_);
+            staging, rank, refs,
+            [&](size_t i) { return options.fetch_ ? options.fetch_(i) : slices[i].data; },
+            options.rank_state_);
         record["specs_crc32"] = specs_checksum(tensors);
         return record;
       }),

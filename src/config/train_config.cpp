@@ -145,6 +145,7 @@ const std::map<std::string, Setter>& known_keys() {
       {"train.eval_batches", field(&TrainConfig::eval_batches)},
       {"train.checkpoint_every", field(&TrainConfig::checkpoint_every)},
       {"train.keep_checkpoints", field(&TrainConfig::keep_checkpoints)},
+      {"train.final_checkpoint", field(&TrainConfig::final_checkpoint)},
       {"train.activation_checkpointing", field(&TrainConfig::activation_checkpointing)},
       {"train.sample_tokens", field(&TrainConfig::sample_tokens)},
       {"train.sample_prompt", field(&TrainConfig::sample_prompt)},

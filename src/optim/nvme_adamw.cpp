@@ -33,9 +33,40 @@ struct NvmeAdamW::Io {
   int count = 2;  // files: exp_avg, exp_avg_sq, and param with swap_params
   std::unique_ptr<detail::SwapFile> files[3];
   int64_t chunk = 0;                              // elements per chunk
-  std::unique_ptr<float, FreeDeleter> buf[3][3];  // [slot][file]
+  std::unique_ptr<float, FreeDeleter> buf[3][3];  // [slot][file], only while a step or copy runs
   detail::IoThread reader, writer;
 };
+
+namespace {
+
+// The chunk buffers exist only while a step or a copy runs: a model has one NvmeAdamW per unit,
+// stepped one after another, so buffers held between steps would cost units x 6 chunks.
+// Declared before the I/O in flight is drained, so they outlive it.
+class ChunkBuffers {
+ public:
+  ChunkBuffers(std::unique_ptr<float, FreeDeleter> (&buf)[3][3], int files, int64_t chunk)
+      : buf_(buf) {
+    const int64_t bytes = round_up(chunk * 4, kDirectAlign);
+    for (auto& slot : buf_) {
+      for (int k = 0; k < files; ++k) {
+        slot[k].reset(static_cast<float*>(std::aligned_alloc(kDirectAlign, bytes)));
+        if (!slot[k]) throw std::bad_alloc();
+      }
+    }
+  }
+  ~ChunkBuffers() {
+    for (auto& slot : buf_) {
+      for (auto& b : slot) b.reset();
+    }
+  }
+  ChunkBuffers(const ChunkBuffers&) = delete;
+  ChunkBuffers& operator=(const ChunkBuffers&) = delete;
+
+ private:
+  std::unique_ptr<float, FreeDeleter> (&buf_)[3][3];
+};
+
+}  // namespace
 
 NvmeAdamW::NvmeAdamW(int64_t numel, NvmeAdamWOptions options)
     : numel_(numel), options_(std::move(options)), io_(std::make_unique<Io>()) {
@@ -52,15 +83,7 @@ NvmeAdamW::NvmeAdamW(int64_t numel, NvmeAdamWOptions options)
   }
   io_->chunk = std::min(options_.chunk_elements_, numel_);
   if (options_.direct_io_) io_->chunk = round_up(io_->chunk, kDirectAlign / 4);
-  const int64_t buffer_bytes = round_up(io_->chunk * 4, kDirectAlign);
   const int files = io_->count = options_.swap_params_ ? 3 : 2;
-  for (auto& slot : io_->buf) {
-    for (int k = 0; k < files; ++k) {
-      auto& b = slot[k];
-      b.reset(static_cast<float*>(std::aligned_alloc(kDirectAlign, buffer_bytes)));
-      if (!b) throw std::bad_alloc();
-    }
-  }
   const std::string stem = detail::unique_swap_stem(options_.dir_, "adamw");
   const char* suffixes[3] = {".exp_avg", ".exp_avg_sq", ".param"};
   // Padded to the alignment so that the last O_DIRECT transfer may be a whole block. A file
@@ -126,6 +149,7 @@ void NvmeAdamW::run_step(float* p, const float* g, const AdamWStep& hyper, uint1
       }
     };
   };
+  ChunkBuffers buffers(io.buf, io.count, io.chunk);
   std::future<void> r[3], w[3];  // reads and writes in flight, by buffer slot
   // On an error the buffers must outlive the I/O already queued: wait for all of it first.
   struct Drain {
@@ -163,6 +187,7 @@ void NvmeAdamW::run_step(float* p, const float* g, const AdamWStep& hyper, uint1
 // Whole-file copies go through the first buffer (O_DIRECT needs aligned memory); not while a
 // step runs.
 void NvmeAdamW::copy_state(int k, at::Tensor* out, const at::Tensor* in) const {
+  ChunkBuffers buffers(io_->buf, io_->count, io_->chunk);
   float* buffer = io_->buf[0][k].get();
   for (int64_t begin = 0; begin < numel_; begin += io_->chunk) {
     const int64_t len = std::min(io_->chunk, numel_ - begin);

@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <filesystem>
 #include <stdexcept>
@@ -17,8 +18,20 @@ std::string system_error(const std::string& what, const std::string& path) {
   return "NVMe offload: " + what + " '" + path + "': " + std::strerror(errno);
 }
 
+std::atomic<int64_t> read_bytes{0}, written_bytes{0}, io_nanoseconds{0};
+
 void transfer(bool write, int fd, const std::string& path, char* buffer, int64_t bytes,
               int64_t offset) {
+  const auto start = std::chrono::steady_clock::now();
+  (write ? written_bytes : read_bytes) += bytes;
+  struct Timed {
+    std::chrono::steady_clock::time_point start;
+    ~Timed() {
+      io_nanoseconds += std::chrono::duration_cast<std::chrono::nanoseconds>(
+                            std::chrono::steady_clock::now() - start)
+                            .count();
+    }
+  } timed{start};
   while (bytes > 0) {
     const ssize_t done =
         write ? ::pwrite(fd, buffer, bytes, offset) : ::pread(fd, buffer, bytes, offset);
@@ -36,6 +49,10 @@ void transfer(bool write, int fd, const std::string& path, char* buffer, int64_t
 }
 
 }  // namespace
+
+SwapIoTotals swap_io_totals() {
+  return {read_bytes.load(), written_bytes.load(), static_cast<double>(io_nanoseconds.load()) * 1e-9};
+}
 
 std::string unique_swap_stem(const std::string& dir, const std::string& what) {
   static std::atomic<int64_t> counter{0};

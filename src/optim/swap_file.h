@@ -7,6 +7,15 @@
 
 namespace shardtrain::detail {
 
+// Bytes every swap file of this process has read and written, and the seconds spent in those
+// transfers (summed over the threads doing them), since the process started.
+struct SwapIoTotals {
+  int64_t read_bytes = 0;
+  int64_t written_bytes = 0;
+  double seconds = 0;
+};
+SwapIoTotals swap_io_totals();
+
 // A name under `dir` no other live swap file has: dir/shardtrain_<what>_<pid>_<n>.
 std::string unique_swap_stem(const std::string& dir, const std::string& what);
 

@@ -1,5 +1,9 @@
 #include "train/run_setup.h"
 
+#include <malloc.h>
+
+#include <cstdlib>
+
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -75,6 +79,29 @@ std::shared_ptr<TokenShard> open_corpus(const TrainConfig& config, const Tokeniz
     std::ofstream(sidecar) << made_from.dump(2) << "\n";
   }
   return std::make_shared<TokenShard>(shard.string());
+}
+
+bool return_memory_promptly(const TrainConfig& config) {
+#ifdef __GLIBC__
+  const bool in_files = config.strategy == "zero" && (config.zero_offload_param == "nvme" ||
+                                                      config.zero_offload_optimizer == "nvme");
+  if (!in_files || std::getenv("MALLOC_MMAP_MAX_") || std::getenv("MALLOC_TRIM_THRESHOLD_")) {
+    return false;
+  }
+  mallopt(M_MMAP_MAX, 1 << 20);
+  mallopt(M_MMAP_THRESHOLD, 4 << 20);
+  mallopt(M_TRIM_THRESHOLD, 4 << 20);
+  return true;
+#else
+  (void)config;
+  return false;
+#endif
+}
+
+void trim_heap() {
+#ifdef __GLIBC__
+  malloc_trim(0);
+#endif
 }
 
 int64_t resident_bytes() { return status_field_kib("VmRSS") * 1024; }

@@ -25,6 +25,15 @@ std::shared_ptr<TokenShard> open_corpus(const TrainConfig& config, const Tokeniz
 int64_t resident_bytes();
 int64_t peak_resident_bytes();
 
+// With ZeRO's state in files, what bounds memory is the units in flight, so freed blocks must
+// go back to the system at once: large blocks are served by mmap and unmapped on free (glibc),
+// instead of the heap that cli/main.cpp keeps for speed, whose freed pages stay resident.
+// Nothing happens without offload to files, or when the user set MALLOC_MMAP_MAX_ or
+// MALLOC_TRIM_THRESHOLD_. Returns whether it changed the allocator's settings.
+bool return_memory_promptly(const TrainConfig& config);
+// Hands free heap pages back to the system (glibc's malloc_trim); a no-op elsewhere.
+void trim_heap();
+
 // LibTorch's optimizers key per-parameter state by the TensorImpl address, printed.
 std::string optimizer_state_key(const at::Tensor& parameter);
 

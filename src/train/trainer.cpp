@@ -10,6 +10,7 @@
 #include <cstdlib>
 
 #include "model/autocast.h"
+#include "optim/swap_file.h"
 #include "parallel/parallelize.h"
 #include "shardtrain/checkpoint.h"
 #include "shardtrain/fused_adamw.h"
@@ -106,12 +107,14 @@ Trainer::Trainer(TrainConfig config, std::shared_ptr<ProcessGroup> world)
     if (!config_.init_from.empty()) init.values(hf_initializer(config_.model, config_.init_from));
     model_ = Transformer(config_.model, std::move(init));
   }
+  const bool prompt = detail::return_memory_promptly(config_);
   {
     Parallelized parallel = parallelize(model_, config_, world_);
     mesh_ = std::move(parallel.mesh);
     ddp_ = std::move(parallel.ddp);
     fsdp_ = std::move(parallel.sharded);
   }
+  if (prompt) detail::trim_heap();  // what initialization used and freed
 
   // Weight decay on matrices only: biases, norms and 1-D tensors are not decayed (as GPT-2
   // and Llama training do). Under FSDP the optimizer holds this rank's pieces of them.
@@ -171,6 +174,7 @@ void Trainer::barrier() const {
 
 StepResult Trainer::train_step() {
   const auto start = std::chrono::steady_clock::now();
+  const detail::SwapIoTotals io_before = detail::swap_io_totals();
   model_->train();
   if (fsdp_) {
     fsdp_->zero_grad();  // the optimizer's gradients are views into the shards
@@ -246,6 +250,10 @@ StepResult Trainer::train_step() {
   samples_ += loader_->global_batch_size();
   result.step_time_s =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const detail::SwapIoTotals io = detail::swap_io_totals();
+  result.file_read_bytes = io.read_bytes - io_before.read_bytes;
+  result.file_written_bytes = io.written_bytes - io_before.written_bytes;
+  result.file_io_s = io.seconds - io_before.seconds;
   result.tokens_per_s =
       static_cast<double>(loader_->global_batch_size() * config_.seq_len) / result.step_time_s;
   peak_rss_ = std::max(peak_rss_, detail::peak_resident_bytes());
@@ -387,8 +395,10 @@ void Trainer::fit() {
     }
     return;
   }
-  const std::string dir = save_checkpoint();
-  if (talk) std::printf("checkpoint: %s\n", dir.c_str());
+  if (config_.final_checkpoint) {
+    const std::string dir = save_checkpoint();
+    if (talk) std::printf("checkpoint: %s\n", dir.c_str());
+  }
   // Under FSDP every rank takes part in the forward passes of generation.
   if ((talk || fsdp_) && config_.sample_tokens > 0) {
     const std::string sample = generate(config_.sample_prompt, config_.sample_tokens);

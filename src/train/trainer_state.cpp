@@ -13,6 +13,7 @@
 #include "shardtrain/checkpoint.h"
 #include "shardtrain/sharded_checkpoint.h"
 #include "shardtrain/train.h"
+#include "model/init.h"
 #include "train/run_setup.h"
 
 namespace fs = std::filesystem;
@@ -135,10 +136,13 @@ void check_model_tensors(const ShardedCheckpointReader& reader, const NamedTenso
 std::string Trainer::save_checkpoint() {
   char name[32];
   std::snprintf(name, sizeof(name), "step_%06lld", static_cast<long long>(step_));
-  if (!nvme_.empty()) nvme_state_to_optimizer();
   std::vector<TensorSpec> specs;
   std::vector<FlatSlice> slices;
-  if (fsdp_) {
+  std::vector<std::function<at::Tensor()>> fetchers;
+  if (fsdp_ && !nvme_.empty()) {
+    // Optimizer state (and parameter shards) in files: streamed unit by unit.
+    streamed_slices(specs, slices, fetchers);
+  } else if (fsdp_) {
     // Parameter shards kept in files: in memory until the save is done (not the gradients).
     fsdp_->load_shards(-1, /*gradients=*/false);
     sharded_slices(specs, slices);
@@ -169,6 +173,9 @@ std::string Trainer::save_checkpoint() {
                      .keep(static_cast<int>(config_.keep_checkpoints))
                      .metadata(metadata.dump())
                      .rank_state({{"rng.cpu", at::detail::getDefaultCPUGenerator().get_state()}});
+  if (!fetchers.empty()) {
+    options.fetch([&](size_t i) { return fetchers[i] ? fetchers[i]() : slices[i].data; });
+  }
   // Fault injection for tests: the process dies with every rank file written but nothing
   // committed, as a machine failing mid-save would.
   const char* kill_at = std::getenv("SHARDTRAIN_FAULT_KILL_BEFORE_COMMIT");
@@ -176,7 +183,6 @@ std::string Trainer::save_checkpoint() {
   const std::string dir = save_sharded_checkpoint(config_.dir + "/checkpoints", name, specs,
                                                    slices, world_.get(), options);
   if (fsdp_) fsdp_->store_shards();
-  if (!nvme_.empty()) nvme_state_from_optimizer();
   return dir;
 }
 
@@ -219,6 +225,79 @@ void Trainer::sharded_slices(std::vector<TensorSpec>& specs, std::vector<FlatSli
                         at::scalar_tensor(state->step(), at::kLong).reshape({1})});
     }
   }
+}
+
+void Trainer::streamed_slices(std::vector<TensorSpec>& specs, std::vector<FlatSlice>& slices,
+                              std::vector<std::function<at::Tensor()>>& fetchers) {
+  // The same tensors as sharded_slices(), with ZeRO-Infinity's state in files: each slice is
+  // fetched as it is written, and only the unit being written is in memory (its master shard
+  // and its two moments, read from their files), never the whole shard of the model.
+  const bool has_state = nvme_steps_ > 0;  // the same on every rank
+  for (const auto& item : model_->named_parameters()) {
+    specs.push_back({item.key(), item.value().sizes().vec(), at::kFloat});
+  }
+  for (const auto& item : model_->named_buffers()) {
+    specs.push_back({item.key(), item.value().sizes().vec(), item.value().scalar_type()});
+    if (rank() == 0) slices.push_back({item.key(), 0, item.value().detach().reshape({-1})});
+  }
+  if (has_state) {
+    for (const auto& item : model_->named_parameters()) {
+      const std::string prefix = "optim." + item.key();
+      specs.push_back({prefix + ".exp_avg", item.value().sizes().vec(), at::kFloat});
+      specs.push_back({prefix + ".exp_avg_sq", item.value().sizes().vec(), at::kFloat});
+      specs.push_back({prefix + ".step", {}, at::kLong});
+    }
+  }
+  if (!fsdp_->holds_unique_shards()) return;
+  struct Loaded {
+    int unit = -1;
+    at::Tensor exp_avg, exp_avg_sq;
+  };
+  auto loaded = std::make_shared<Loaded>();
+  FullyShardedDataParallel* fsdp = fsdp_.get();
+  auto& nvme = nvme_;
+  auto bring = [loaded, fsdp, &nvme, has_state](int unit) {
+    if (loaded->unit == unit) return;
+    if (loaded->unit >= 0) fsdp->store_shards(loaded->unit);
+    *loaded = Loaded();
+    fsdp->load_shards(unit, /*gradients=*/false);
+    loaded->unit = unit;
+    if (has_state) {
+      loaded->exp_avg = nvme[unit]->exp_avg();
+      loaded->exp_avg_sq = nvme[unit]->exp_avg_sq();
+    }
+  };
+  // Describes a slice of `numel` fp32 elements without memory.
+  auto described = [](int64_t numel) {
+    at::Tensor t = at::empty({numel}, at::kFloat);
+    detail::release_storage(t);
+    return t;
+  };
+  for (const auto& s : fsdp_->segments()) {
+    const int64_t numel = s.param.numel();
+    const at::Tensor param = s.param.detach();
+    fetchers.resize(slices.size());  // buffers: written as they are
+    slices.push_back({s.name, s.offset, described(numel)});
+    fetchers.push_back([bring, param, unit = s.unit] {
+      bring(unit);
+      return param.clone();
+    });
+    if (!has_state) continue;
+    for (const bool second : {false, true}) {
+      slices.push_back({"optim." + s.name + (second ? ".exp_avg_sq" : ".exp_avg"), s.offset,
+                        described(numel)});
+      fetchers.push_back([bring, loaded, second, unit = s.unit, at = s.shard_offset, numel] {
+        bring(unit);
+        return (second ? loaded->exp_avg_sq : loaded->exp_avg).narrow(0, at, numel).clone();
+      });
+    }
+    if (s.offset == 0) {
+      slices.push_back({"optim." + s.name + ".step", 0,
+                        at::scalar_tensor(nvme_steps_, at::kLong).reshape({1})});
+      fetchers.emplace_back();
+    }
+  }
+  // The last unit goes back to its file when the save is done (save_checkpoint stores all).
 }
 
 void Trainer::restore_sharded(const ShardedCheckpointReader& reader) {
@@ -364,6 +443,11 @@ void Trainer::write_metrics(const StepResult& result, double eval_loss) {
     line["mem"]["gathered_peak"] = m.gathered_peak;
     if (fsdp_->shards_on_file()) line["mem"]["params_on_file"] = m.param_shards_on_file;
     if (m.grad_shards_on_file > 0) line["mem"]["grads_on_file"] = m.grad_shards_on_file;
+  }
+  if (result.file_read_bytes + result.file_written_bytes > 0) {
+    line["file_io"] = {{"read_bytes", result.file_read_bytes},
+                       {"written_bytes", result.file_written_bytes},
+                       {"seconds", result.file_io_s}};
   }
   if (!std::isnan(eval_loss)) line["eval_loss"] = eval_loss;
   std::ofstream out(fs::path(config_.dir) / "metrics.jsonl", std::ios::app);
