@@ -92,9 +92,11 @@ class Trainer {
   void write_metrics(const StepResult& result, double eval_loss);
   // The optimizer step with ZeRO's NVMe-offloaded state.
   void nvme_step(double lr);
-  void nvme_state_to_optimizer();
   void nvme_state_from_optimizer();
   // Checkpoint pieces under FSDP/ZeRO, and the restore paths by strategy.
+  // What a sharded checkpoint holds (fp32 parameters, buffers, with `has_state` AdamW's state),
+  // and rank 0's slices of the buffers.
+  void model_specs(std::vector<TensorSpec>& specs, std::vector<FlatSlice>& slices, bool has_state);
   void sharded_slices(std::vector<TensorSpec>& specs, std::vector<FlatSlice>& slices);
   // With ZeRO's optimizer state in files: slices whose values `fetchers` produce as the save
   // writes them (null: the slice's own data), one unit in memory at a time.

@@ -160,16 +160,8 @@ ParameterInitializer hf_initializer(const ModelConfig& config, const std::string
 }
 
 void load_hf_weights(Transformer& model, const std::string& path) {
-  const ParameterInitializer init = hf_initializer(model->config(), path);
-  torch::NoGradGuard no_grad;
-  for (auto& item : model->named_parameters()) {
-    at::Tensor p = item.value();
-    if (!is_materialized(p)) {
-      detail::restore_storage(p, static_cast<int64_t>(p.numel() * p.element_size()));
-    }
-    at::Tensor flat = p.detach().view({-1});
-    init(item.key(), 0, flat);
-  }
+  detail::initialize_parameters(*model, hf_initializer(model->config(), path),
+                                /*only_missing=*/false);
 }
 
 }  // namespace shardtrain

@@ -42,6 +42,18 @@ void restore_storage(const at::Tensor& tensor, int64_t nbytes) {
   storage->set_nbytes(static_cast<size_t>(nbytes));
 }
 
+void initialize_parameters(torch::nn::Module& module, const ParameterInitializer& init,
+                           bool only_missing) {
+  at::NoGradGuard no_grad;
+  for (auto& item : module.named_parameters()) {
+    const at::Tensor& p = item.value();
+    const bool missing = !is_materialized(p);
+    if (only_missing && !missing) continue;
+    if (missing) restore_storage(p, static_cast<int64_t>(p.numel() * p.element_size()));
+    init(item.key(), 0, p.detach().view({-1}));
+  }
+}
+
 uint64_t init_stream_key(uint64_t seed, const std::string& name) {
   uint64_t hash = 0xCBF29CE484222325ULL;  // FNV-1a
   for (unsigned char c : name) hash = (hash ^ c) * 0x100000001B3ULL;
@@ -120,13 +132,7 @@ bool TransformerImpl::materialized() const {
 }
 
 void TransformerImpl::materialize() {
-  const ParameterInitializer init = initializer();
-  for (auto& item : named_parameters()) {
-    const at::Tensor& p = item.value();
-    if (is_materialized(p)) continue;
-    detail::restore_storage(p, static_cast<int64_t>(p.numel() * p.element_size()));
-    init(item.key(), 0, p.detach().view({-1}));
-  }
+  detail::initialize_parameters(*this, initializer(), /*only_missing=*/true);
 }
 
 }  // namespace shardtrain

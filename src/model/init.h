@@ -7,12 +7,19 @@
 #include <cstdint>
 #include <string>
 
+#include "shardtrain/model.h"
+
 namespace shardtrain::detail {
 
 // Gives the memory of `tensor`'s storage back, keeping the storage object (and every view of it,
 // including the ones autograd saved for backward); restore_storage allocates it again.
 void release_storage(const at::Tensor& tensor);
 void restore_storage(const at::Tensor& tensor, int64_t nbytes);
+
+// Fills every parameter of `module` through `init` (allocating the ones without memory), or with
+// `only_missing` just the ones without memory.
+void initialize_parameters(torch::nn::Module& module, const ParameterInitializer& init,
+                           bool only_missing);
 
 // The key of one parameter's stream of numbers: its name mixed into the seed.
 uint64_t init_stream_key(uint64_t seed, const std::string& name);

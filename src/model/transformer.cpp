@@ -7,6 +7,7 @@
 #include <stdexcept>
 
 #include "model/checkpoint.h"
+#include "model/init.h"
 #include "model/layers.h"
 #include "shardtrain/model.h"
 
@@ -90,12 +91,7 @@ TransformerImpl::TransformerImpl(ModelConfig config, ModelInit init)
     lm_head_ = register_module("lm_head",
                                detail::Linear(d, config_.vocab_size, /*bias=*/false, deferred));
   }
-  if (!deferred) {
-    const ParameterInitializer init_parameter = initializer();
-    for (auto& item : named_parameters()) {
-      init_parameter(item.key(), 0, item.value().detach().view({-1}));
-    }
-  }
+  if (!deferred) detail::initialize_parameters(*this, initializer(), /*only_missing=*/false);
 }
 
 std::vector<std::shared_ptr<torch::nn::Module>> TransformerImpl::hook_points() const {

@@ -43,7 +43,8 @@ T required(const json& j, const char* key, const std::string& file) {
   return j.at(key).get<T>();
 }
 
-// The candidate a run's [parallel] section is: fsdp and zero map onto the ZeRO stages.
+// The candidate a run's [parallel] section is: fsdp and zero map onto the ZeRO stages. Offload
+// is left to estimate_run, which accounts for it as a CPU host has it.
 Candidate candidate_of(const json& parallel, int world, const std::string& file) {
   Candidate c;
   const std::string strategy = required<std::string>(parallel, "strategy", file);
@@ -52,7 +53,6 @@ Candidate candidate_of(const json& parallel, int world, const std::string& file)
   } else if (strategy == "fsdp") {
     const json f = parallel.value("fsdp", json::object());
     const std::string sharding = f.value("sharding", std::string("full_shard"));
-    c.offload = f.value("cpu_offload", false);
     if (sharding == "full_shard") {
       c.strategy = PlanStrategy::kFullShard;
     } else if (sharding == "shard_grad_op") {
@@ -76,7 +76,6 @@ Candidate candidate_of(const json& parallel, int world, const std::string& file)
     c.strategy = stage == 1   ? PlanStrategy::kZero1
                  : stage == 2 ? PlanStrategy::kZero2
                               : PlanStrategy::kFullShard;
-    c.offload = z.value("offload_optimizer", std::string("none")) != "none";
   } else {
     throw std::invalid_argument("'" + file + "': unknown parallel.strategy '" + strategy + "'");
   }
@@ -121,7 +120,6 @@ RunEstimate estimate_run(const nlohmann::json& run, const HardwareSpec& host,
   Candidate shape = candidate_of(parallel, world, run_file);
   // A CPU host has no device memory to offload from: "cpu" offload leaves the state where it
   // is, and only what goes to files ("nvme") leaves memory.
-  shape.offload = false;
   const json zero = parallel.value("zero", json::object());
   const bool optimizer_in_files = zero.value("offload_optimizer", std::string("none")) == "nvme";
   const bool params_in_files = zero.value("offload_param", std::string("none")) == "nvme";

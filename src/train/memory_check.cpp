@@ -11,7 +11,6 @@
 
 #include "plan/run_estimate.h"
 #include "train/run_manifest.h"
-#include "train/run_setup.h"
 
 namespace shardtrain::detail {
 namespace {
@@ -130,7 +129,8 @@ std::string setting_of(const Candidate& c) {
 
 }  // namespace
 
-void check_memory_fits(const TrainConfig& config, int world_size, const MemoryBudget& budget) {
+void check_memory_fits(const TrainConfig& config, int world_size, const MemoryBudget& budget,
+                       int64_t held_bytes) {
   if (budget.bytes < 0) return;
   RunEstimate estimate;
   try {
@@ -142,7 +142,7 @@ void check_memory_fits(const TrainConfig& config, int world_size, const MemoryBu
     return;
   }
   // What the process holds already (LibTorch, communication buffers, the corpus): measured.
-  const double held = static_cast<double>(resident_bytes());
+  const double held = static_cast<double>(held_bytes);
   const double limit = static_cast<double>(budget.bytes);
   const MemoryBreakdown& m = estimate.run.memory;
   const double needed = held + m.total();

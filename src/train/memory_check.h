@@ -21,8 +21,10 @@ struct MemoryBudget {
 MemoryBudget rank_memory_budget(ProcessGroup* world);
 
 // Throws std::invalid_argument when the planner's estimate for `config` at `world_size` ranks,
-// plus the memory the process holds now, exceeds `budget`; the message names the strategy, the
-// bytes needed per rank and the first data-parallel strategy at this world size that fits.
-void check_memory_fits(const TrainConfig& config, int world_size, const MemoryBudget& budget);
+// plus `held` (the resident bytes the process holds before building the model), exceeds
+// `budget`; the message names the strategy, the bytes needed per rank and the first
+// data-parallel strategy at this world size that fits.
+void check_memory_fits(const TrainConfig& config, int world_size, const MemoryBudget& budget,
+                       int64_t held);
 
 }  // namespace shardtrain::detail

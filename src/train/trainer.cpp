@@ -72,7 +72,8 @@ Trainer::Trainer(TrainConfig config, std::shared_ptr<ProcessGroup> world)
   // Before anything is allocated: a run that cannot fit says so instead of being killed.
   resident_at_start_ = detail::resident_bytes();
   if (config_.memory_check) {
-    detail::check_memory_fits(config_, world_size(), detail::rank_memory_budget(world_.get()));
+    detail::check_memory_fits(config_, world_size(), detail::rank_memory_budget(world_.get()),
+                              resident_at_start_);
   }
   const detail::RunStart start =
       detail::plan_run_start(config_, detail::restarted_by_launcher());

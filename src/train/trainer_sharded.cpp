@@ -1,4 +1,5 @@
-// ZeRO's optimizer step with its moments in files, and their way into and out of checkpoints.
+// ZeRO's optimizer step with its moments in files, and their way back into the files after a
+// checkpoint is loaded (saving streams them: Trainer::streamed_slices).
 #include "shardtrain/train.h"
 #include "train/run_setup.h"
 
@@ -30,24 +31,8 @@ void Trainer::nvme_step(double lr) {
   }
 }
 
-void Trainer::nvme_state_to_optimizer() {
-  // Checkpoints read AdamW state per piece: materialize it from the files for the save.
-  for (size_t u = 0; u < nvme_.size(); ++u) {
-    const at::Tensor avg = nvme_[u]->exp_avg();
-    const at::Tensor avg_sq = nvme_[u]->exp_avg_sq();
-    for (const auto& s : fsdp_->segments()) {
-      if (s.unit != static_cast<int>(u) || nvme_steps_ == 0) continue;
-      auto state = std::make_unique<torch::optim::AdamWParamState>();
-      state->step(nvme_steps_);
-      state->exp_avg(avg.narrow(0, s.shard_offset, s.param.numel()).clone());
-      state->exp_avg_sq(avg_sq.narrow(0, s.shard_offset, s.param.numel()).clone());
-      optimizer_->state()[detail::optimizer_state_key(s.param)] = std::move(state);
-    }
-  }
-}
-
 void Trainer::nvme_state_from_optimizer() {
-  // After a save or a load: the files hold the state again, the optimizer none.
+  // After a load: the files hold the state again, the optimizer none.
   auto& states = optimizer_->state();
   for (size_t u = 0; u < nvme_.size(); ++u) {
     at::Tensor avg = at::zeros_like(fsdp_->flat_shards()[u].first);

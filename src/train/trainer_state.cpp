@@ -186,6 +186,24 @@ std::string Trainer::save_checkpoint() {
   return dir;
 }
 
+void Trainer::model_specs(std::vector<TensorSpec>& specs, std::vector<FlatSlice>& slices,
+                          bool has_state) {
+  for (const auto& item : model_->named_parameters()) {
+    specs.push_back({item.key(), item.value().sizes().vec(), at::kFloat});
+  }
+  for (const auto& item : model_->named_buffers()) {
+    specs.push_back({item.key(), item.value().sizes().vec(), item.value().scalar_type()});
+    if (rank() == 0) slices.push_back({item.key(), 0, item.value().detach().reshape({-1})});
+  }
+  if (!has_state) return;
+  for (const auto& item : model_->named_parameters()) {
+    const std::string prefix = "optim." + item.key();
+    specs.push_back({prefix + ".exp_avg", item.value().sizes().vec(), at::kFloat});
+    specs.push_back({prefix + ".exp_avg_sq", item.value().sizes().vec(), at::kFloat});
+    specs.push_back({prefix + ".step", {}, at::kLong});
+  }
+}
+
 void Trainer::sharded_slices(std::vector<TensorSpec>& specs, std::vector<FlatSlice>& slices) {
   // The same logical tensors as the replicated strategies write (fp32 parameters, AdamW state
   // whole), as the pieces of them this rank's shards hold. Ranks of other replicas hold the
@@ -196,21 +214,7 @@ void Trainer::sharded_slices(std::vector<TensorSpec>& specs, std::vector<FlatSli
   at::Tensor any = at::tensor(has_state ? 1.0 : 0.0, at::kDouble);
   world_->all_reduce(any, ReduceOp::kMax)->wait();
   has_state = any.item<double>() > 0;
-  for (const auto& item : model_->named_parameters()) {
-    specs.push_back({item.key(), item.value().sizes().vec(), at::kFloat});
-  }
-  for (const auto& item : model_->named_buffers()) {
-    specs.push_back({item.key(), item.value().sizes().vec(), item.value().scalar_type()});
-    if (rank() == 0) slices.push_back({item.key(), 0, item.value().detach().reshape({-1})});
-  }
-  if (has_state) {
-    for (const auto& item : model_->named_parameters()) {
-      const std::string prefix = "optim." + item.key();
-      specs.push_back({prefix + ".exp_avg", item.value().sizes().vec(), at::kFloat});
-      specs.push_back({prefix + ".exp_avg_sq", item.value().sizes().vec(), at::kFloat});
-      specs.push_back({prefix + ".step", {}, at::kLong});
-    }
-  }
+  model_specs(specs, slices, has_state);
   if (!fsdp_->holds_unique_shards()) return;
   for (const auto& s : segments) {
     slices.push_back({s.name, s.offset, s.param.detach()});
@@ -233,22 +237,9 @@ void Trainer::streamed_slices(std::vector<TensorSpec>& specs, std::vector<FlatSl
   // fetched as it is written, and only the unit being written is in memory (its master shard
   // and its two moments, read from their files), never the whole shard of the model.
   const bool has_state = nvme_steps_ > 0;  // the same on every rank
-  for (const auto& item : model_->named_parameters()) {
-    specs.push_back({item.key(), item.value().sizes().vec(), at::kFloat});
-  }
-  for (const auto& item : model_->named_buffers()) {
-    specs.push_back({item.key(), item.value().sizes().vec(), item.value().scalar_type()});
-    if (rank() == 0) slices.push_back({item.key(), 0, item.value().detach().reshape({-1})});
-  }
-  if (has_state) {
-    for (const auto& item : model_->named_parameters()) {
-      const std::string prefix = "optim." + item.key();
-      specs.push_back({prefix + ".exp_avg", item.value().sizes().vec(), at::kFloat});
-      specs.push_back({prefix + ".exp_avg_sq", item.value().sizes().vec(), at::kFloat});
-      specs.push_back({prefix + ".step", {}, at::kLong});
-    }
-  }
+  model_specs(specs, slices, has_state);
   if (!fsdp_->holds_unique_shards()) return;
+  fetchers.resize(slices.size());  // the buffers' slices: written as they are
   struct Loaded {
     int unit = -1;
     at::Tensor exp_avg, exp_avg_sq;
@@ -276,7 +267,6 @@ void Trainer::streamed_slices(std::vector<TensorSpec>& specs, std::vector<FlatSl
   for (const auto& s : fsdp_->segments()) {
     const int64_t numel = s.param.numel();
     const at::Tensor param = s.param.detach();
-    fetchers.resize(slices.size());  // buffers: written as they are
     slices.push_back({s.name, s.offset, described(numel)});
     fetchers.push_back([bring, param, unit = s.unit] {
       bring(unit);

@@ -9,6 +9,7 @@
 #include "shardtrain/config.h"
 #include "support.h"
 #include "train/memory_check.h"
+#include "train/run_setup.h"
 
 namespace shardtrain {
 namespace {
@@ -130,11 +131,12 @@ TEST(MemoryCheck, ALimitTooSmallForAnyStrategyNamesTheBytesAndTheStrategy) {
   const TrainConfig config = parse_train_config(
       std::string(kModel) + "[data]\ncorpus = [\"x\"]\nseq_len = 16\n[train]\nmicro_batch = 1\n"
       "[parallel]\nstrategy = \"zero\"\nzero.stage = 3\n", "t.toml", {});
+  const int64_t held = detail::resident_bytes();
   detail::MemoryBudget budget;
   budget.bytes = 100000000;
   budget.source = "a test's budget";
   try {
-    detail::check_memory_fits(config, 4, budget);
+    detail::check_memory_fits(config, 4, budget, held);
     FAIL() << "a 71M-parameter model fitted in 100 MB per rank";
   } catch (const std::invalid_argument& e) {
     const std::string message = e.what();
@@ -146,9 +148,9 @@ TEST(MemoryCheck, ALimitTooSmallForAnyStrategyNamesTheBytesAndTheStrategy) {
         << message;
   }
   budget.bytes = 64LL << 30;  // room for anything
-  EXPECT_NO_THROW(detail::check_memory_fits(config, 4, budget));
+  EXPECT_NO_THROW(detail::check_memory_fits(config, 4, budget, held));
   budget.bytes = -1;  // nothing known limits it
-  EXPECT_NO_THROW(detail::check_memory_fits(config, 4, budget));
+  EXPECT_NO_THROW(detail::check_memory_fits(config, 4, budget, held));
 }
 
 }  // namespace

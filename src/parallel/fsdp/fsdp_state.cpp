@@ -8,7 +8,7 @@ namespace shardtrain {
 
 void FullyShardedDataParallel::zero_grad() {
   for (auto& unit : units_) {
-    if (unit->grad_swap && !unit->grad_resident) {
+    if (unit->grad_in_file()) {
       // The file is not touched: the next reduction starts from zeros instead of reading it.
       unit->grad_zero = true;
       unit->grad_factor = 1.0;
@@ -24,7 +24,7 @@ double FullyShardedDataParallel::clip_grad_norm(double max_norm) {
   at::Tensor squares = at::zeros({}, at::kDouble);
   for (auto& unit : units_) {
     // A shard in its file: the sum kept from when it was written (the same computation).
-    squares += unit->grad_swap && !unit->grad_resident ? unit->grad_squares
+    squares += unit->grad_in_file() ? unit->grad_squares
                                                        : unit->grad_shard.to(at::kDouble).pow(2).sum();
   }
   // Shards are disjoint inside the shard group and identical across replicas.
@@ -33,7 +33,7 @@ double FullyShardedDataParallel::clip_grad_norm(double max_norm) {
   if (max_norm > 0 && norm > max_norm) {
     const double factor = max_norm / (norm + 1e-6);
     for (auto& unit : units_) {
-      if (unit->grad_swap && !unit->grad_resident) {
+      if (unit->grad_in_file()) {
         unit->grad_factor = factor;  // applied as the shard is read
       } else {
         unit->grad_shard.mul_(factor);
@@ -46,7 +46,7 @@ double FullyShardedDataParallel::clip_grad_norm(double max_norm) {
 bool FullyShardedDataParallel::grads_finite() {
   bool finite = true;
   for (auto& unit : units_) {
-    finite = finite && (unit->grad_swap && !unit->grad_resident
+    finite = finite && (unit->grad_in_file()
                             ? unit->grad_finite
                             : unit->grad_shard.isfinite().all().item<bool>());
   }
@@ -57,7 +57,7 @@ bool FullyShardedDataParallel::grads_finite() {
 
 void FullyShardedDataParallel::unscale(double scale) {
   for (auto& unit : units_) {
-    const bool on_file = unit->grad_swap && !unit->grad_resident;
+    const bool on_file = unit->grad_in_file();
     bring_grad(*unit);
     unit->grad_shard.div_(scale);
     if (on_file) drop_grad(*unit, /*write=*/true);

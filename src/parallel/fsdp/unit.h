@@ -55,6 +55,7 @@ struct FullyShardedDataParallel::Unit {
   at::Tensor grad_squares;   // fp64 sum of squares of the shard as last written
   bool grad_finite = true;   // and whether it was finite
   double grad_factor = 1.0;  // clip_grad_norm's scaling, applied when the shard is read
+  bool grad_in_file() const { return grad_swap && !grad_resident; }
 
   // Per backward.
   bool in_backward = false;
