@@ -162,6 +162,23 @@ TEST(Zero, UnsupportedSettingsAreClearErrors) {
                   "/nonexistent/shardtrain"))
                   .find("'/nonexistent/shardtrain' does not exist"),
               std::string::npos);
+    // Gradient shards in files: a directory that is missing, or ZeRO-1's whole gradients.
+    EXPECT_NE(message(ZeroOptions().stage(2).offload_optimizer(OffloadDevice::kNvme).nvme_path(
+                  "/nonexistent/shardtrain"))
+                  .find("gradient shards '/nonexistent/shardtrain' does not exist"),
+              std::string::npos);
+    try {
+      FullyShardedDataParallel(make_model(small_config()), mesh,
+                               FSDPOptions().zero([] {
+                                 ZeroBehaviour b;
+                                 b.stage = 1;
+                                 return b;
+                               }()).grad_swap_dir(std::filesystem::temp_directory_path()));
+      ADD_FAILURE() << "ZeRO-1 with gradient shards in files was accepted";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find("stage 1 keeps whole gradients"), std::string::npos)
+          << e.what();
+    }
     try {
       FullyShardedDataParallel(make_model(small_config()), mesh,
                                FSDPOptions()
