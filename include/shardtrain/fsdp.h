@@ -204,6 +204,10 @@ struct FSDPMemory {
   int64_t grad_shards_on_file = 0;   // gradient shards kept in files (grad_swap_dir)
 };
 
+namespace detail {
+class IoThread;
+}
+
 class FullyShardedDataParallel {
  public:
   // Collective over the mesh's data-parallel ranks (dp_replicate x dp_shard; kFullShard and
@@ -240,8 +244,13 @@ class FullyShardedDataParallel {
   // them outside forward and backward (the optimizer step, checkpoints) goes between the two.
   // With grad_swap_dir and `gradients`, the gradient shards are brought in too (and dropped
   // by store_shards()). Without either directory both do nothing.
+  // Shards in files are read on an I/O thread, written back on it (store_shards() returns
+  // before the write ends), and read ahead of their use in forward and backward.
   void load_shards(int unit = -1, bool gradients = true);
   void store_shards(int unit = -1);
+  // Starts reading a unit's shards (master and gradient) on the I/O thread, for a
+  // load_shards(unit) soon after: an optimizer walking the units calls it for the next one.
+  void prefetch_shards(int unit);
   bool shards_on_file() const { return !options_.param_swap_dir_.empty(); }
   // The full value of every parameter, gathered (collective; for checkpoints and tests).
   std::vector<std::pair<std::string, at::Tensor>> full_parameters();
@@ -286,6 +295,13 @@ class FullyShardedDataParallel {
   // zero_grad(), scaled by a pending clip), or written back (`write`) and freed.
   void bring_grad(Unit& unit);
   void drop_grad(Unit& unit, bool write);
+  // The first half of bring_master() / bring_grad(): memory allocated, the read queued on the
+  // I/O thread. Whatever uses the values waits for it (bring_*), as does freeing the memory.
+  void read_master_async(Unit& unit);
+  void read_grad_async(Unit& unit);
+  // With param_swap_dir: queues the reads of the master shards of the units after those
+  // prefetch_ahead() gathers, so that their gathers find them in memory.
+  void read_ahead(int index, int step);
   void release(Unit& unit);
   void wait_gathered(Unit& unit);
   void prefetch(int index);
@@ -323,6 +339,9 @@ class FullyShardedDataParallel {
   int64_t gathered_elements_ = 0;
   int64_t gathered_bytes_ = 0;
   int64_t gathered_peak_ = 0;
+  // Transfers of shards in files (param_swap_dir, grad_swap_dir), in the order queued. Declared
+  // after units_ so that it finishes them before the units' files and memory go.
+  std::unique_ptr<detail::IoThread> io_;
 };
 
 // PyTorch's spelling: shards `model` over the mesh's data-parallel ranks.

@@ -35,9 +35,11 @@ struct StepResult {
   double tokens_per_s = 0;
   int64_t activations_peak = 0;  // resident-memory rise during forward+backward, bytes
   // State in files (ZeRO offload to nvme): bytes read and written during the step, and the
-  // seconds spent in those transfers, summed over the threads doing them.
+  // seconds spent in those transfers, summed over the threads doing them; of the step's time,
+  // the seconds the training thread waited for them (the rest of the step overlapped them).
   int64_t file_read_bytes = 0, file_written_bytes = 0;
   double file_io_s = 0;
+  double file_wait_s = 0;
 };
 
 class Trainer {

@@ -36,6 +36,14 @@ void release_storage(const at::Tensor& tensor) {
   storage->set_nbytes(0);
 }
 
+std::shared_ptr<at::DataPtr> take_storage(const at::Tensor& tensor) {
+  c10::StorageImpl* storage = tensor.storage().unsafeGetStorageImpl();
+  auto taken = std::make_shared<at::DataPtr>(
+      storage->set_data_ptr(at::DataPtr(nullptr, storage->device())));
+  storage->set_nbytes(0);
+  return taken;
+}
+
 void restore_storage(const at::Tensor& tensor, int64_t nbytes) {
   c10::StorageImpl* storage = tensor.storage().unsafeGetStorageImpl();
   storage->set_data_ptr_noswap(storage->allocator()->allocate(static_cast<size_t>(nbytes)));

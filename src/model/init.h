@@ -5,6 +5,7 @@
 #include <ATen/ATen.h>
 
 #include <cstdint>
+#include <memory>
 #include <string>
 
 #include "shardtrain/model.h"
@@ -15,6 +16,8 @@ namespace shardtrain::detail {
 // including the ones autograd saved for backward); restore_storage allocates it again.
 void release_storage(const at::Tensor& tensor);
 void restore_storage(const at::Tensor& tensor, int64_t nbytes);
+// Like release_storage, but hands the memory to the caller (for a write that frees it when done).
+std::shared_ptr<at::DataPtr> take_storage(const at::Tensor& tensor);
 
 // Fills every parameter of `module` through `init` (allocating the ones without memory), or with
 // `only_missing` just the ones without memory.

@@ -168,10 +168,10 @@ void NvmeAdamW::run_step(float* p, const float* g, const AdamWStep& hyper, uint1
     if (i + 1 < chunks) {
       const int next = static_cast<int>((i + 1) % 3);
       // That slot last held chunk i-2: its write must finish before it is refilled.
-      if (w[next].valid()) w[next].get();
+      detail::wait_for_io(w[next]);
       r[next] = io.reader.submit(io_job(false, i + 1, next));
     }
-    r[slot].get();
+    detail::wait_for_io(r[slot]);
     const int64_t begin = i * io.chunk;
     const int64_t len = std::min(io.chunk, numel_ - begin);
     float* param = p ? p + begin : io.buf[slot][2].get();
@@ -179,9 +179,7 @@ void NvmeAdamW::run_step(float* p, const float* g, const AdamWStep& hyper, uint1
                            bf16 ? bf16 + begin : nullptr, len);
     w[slot] = io.writer.submit(io_job(true, i, slot));
   }
-  for (auto& f : w) {
-    if (f.valid()) f.get();
-  }
+  for (auto& f : w) detail::wait_for_io(f);
 }
 
 // Whole-file copies go through the first buffer (O_DIRECT needs aligned memory); not while a

@@ -18,7 +18,13 @@ std::string system_error(const std::string& what, const std::string& path) {
   return "NVMe offload: " + what + " '" + path + "': " + std::strerror(errno);
 }
 
-std::atomic<int64_t> read_bytes{0}, written_bytes{0}, io_nanoseconds{0};
+std::atomic<int64_t> read_bytes{0}, written_bytes{0}, io_nanoseconds{0}, wait_nanoseconds{0};
+
+int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
 
 void transfer(bool write, int fd, const std::string& path, char* buffer, int64_t bytes,
               int64_t offset) {
@@ -51,8 +57,12 @@ void transfer(bool write, int fd, const std::string& path, char* buffer, int64_t
 }  // namespace
 
 SwapIoTotals swap_io_totals() {
-  return {read_bytes.load(), written_bytes.load(), static_cast<double>(io_nanoseconds.load()) * 1e-9};
+  return {read_bytes.load(), written_bytes.load(), static_cast<double>(io_nanoseconds.load()) * 1e-9,
+          static_cast<double>(wait_nanoseconds.load()) * 1e-9};
 }
+
+IoWaitTimer::IoWaitTimer() : start_ns_(now_ns()) {}
+IoWaitTimer::~IoWaitTimer() { wait_nanoseconds += now_ns() - start_ns_; }
 
 std::string unique_swap_stem(const std::string& dir, const std::string& what) {
   static std::atomic<int64_t> counter{0};

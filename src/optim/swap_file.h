@@ -8,13 +8,29 @@
 namespace shardtrain::detail {
 
 // Bytes every swap file of this process has read and written, and the seconds spent in those
-// transfers (summed over the threads doing them), since the process started.
+// transfers (summed over the threads doing them), since the process started. `wait_seconds`
+// is the part of it the training thread spent blocked: in its own transfers, or waiting for
+// the I/O threads' (IoWaitTimer).
 struct SwapIoTotals {
   int64_t read_bytes = 0;
   int64_t written_bytes = 0;
   double seconds = 0;
+  double wait_seconds = 0;
 };
 SwapIoTotals swap_io_totals();
+
+// Adds its lifetime to swap_io_totals().wait_seconds: put one around each place the training
+// thread waits for a transfer.
+class IoWaitTimer {
+ public:
+  IoWaitTimer();
+  ~IoWaitTimer();
+  IoWaitTimer(const IoWaitTimer&) = delete;
+  IoWaitTimer& operator=(const IoWaitTimer&) = delete;
+
+ private:
+  int64_t start_ns_;
+};
 
 // A name under `dir` no other live swap file has: dir/shardtrain_<what>_<pid>_<n>.
 std::string unique_swap_stem(const std::string& dir, const std::string& what);

@@ -1,5 +1,6 @@
 // `plan --validate`: the estimate for a finished run's exact configuration beside what it measured.
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -96,6 +97,37 @@ double ValidationResult::peak_error() const {
 
 namespace detail {
 
+namespace {
+
+// What this engine holds on a CPU host beyond the planner's per-device model, each term
+// measured (bench/results/memory.md):
+// - Stage 3 / full_shard: the root unit (embeddings, final norm) stays gathered with its whole
+//   gradient through backward (the planner's largest layer), and at the end that gradient is
+//   reduced from a flat fp32 buffer of its own; blocks are gathered ahead of use: one more
+//   under FSDP, under ZeRO-3 as many as prefetch_bucket_size elements hold.
+// - The C library's heap: the trainer keeps freed blocks for speed (cli/main.cpp), and what a
+//   step allocates and frees (activations, gathered units, reduction buffers) then stays
+//   resident about twice over, since blocks freed in backward serve the next forward's
+//   differently sized requests only in part. With state in files memory is returned at once
+//   instead (return_memory_promptly) and this term is left out.
+void this_engine_on_cpu(Candidate& c, const PlanModel& model, const WorkloadOptions& w,
+                        bool zero_prefetch, int64_t prefetch_elements, bool heap_kept) {
+  if (c.strategy == PlanStrategy::kFullShard || c.strategy == PlanStrategy::kHybridShard) {
+    const double block = static_cast<double>(model.block_parameters);
+    const double gathered_dtype = w.precision_ == "fp32" ? 4.0 : 2.0;
+    double ahead = 1;  // beyond the one block the planner counts
+    if (zero_prefetch) {
+      ahead = std::floor(static_cast<double>(prefetch_elements) / std::max(block, 1.0));
+      ahead = std::min(ahead, static_cast<double>(model.n_layers - 1));
+    }
+    c.memory.temporary += 4.0 * static_cast<double>(model.root_parameters) +
+                          ahead * gathered_dtype * block;
+  }
+  if (heap_kept) c.memory.temporary += c.memory.activations + c.memory.temporary;
+}
+
+}  // namespace
+
 RunEstimate estimate_run(const nlohmann::json& run, const HardwareSpec& host,
                          const std::string& run_file) {
   const int world = required<int>(run, "world_size", run_file);
@@ -158,9 +190,13 @@ RunEstimate estimate_run(const nlohmann::json& run, const HardwareSpec& host,
   }
   RunEstimate out;
   const PlanModel model = PlanModel::from_config(mc);
+  const int64_t prefetch_elements = zero.value("prefetch_bucket_size", int64_t{50000000});
+  const bool heap_kept = !optimizer_in_files && !params_in_files;
   out.run = evaluate_candidate(shape, model, hw, cluster, w);
   if (!out.run.valid) throw std::invalid_argument("run '" + run_file + "': " + out.run.note);
   to_files(out.run, optimizer_in_files, params_in_files);
+  this_engine_on_cpu(out.run, model, w, parallel.value("strategy", std::string()) == "zero",
+                     prefetch_elements, heap_kept);
   // The data-parallel strategies at the same world size, least sharded first; the last one is
   // ZeRO-3 with parameters and optimizer state in files.
   for (const auto& [strategy, files] :
@@ -172,6 +208,8 @@ RunEstimate estimate_run(const nlohmann::json& run, const HardwareSpec& host,
     c = evaluate_candidate(c, model, hw, cluster, w);
     if (!c.valid) continue;
     to_files(c, files, files);
+    this_engine_on_cpu(c, model, w, strategy != PlanStrategy::kFullShard || files,
+                       prefetch_elements, !files);
     c.offload = files;
     out.alternatives.push_back(c);
   }

@@ -44,7 +44,8 @@ nlohmann::ordered_json run_manifest(const TrainConfig& config, int world_size) {
                      {"zero",
                       {{"stage", config.zero_stage},
                        {"offload_optimizer", config.zero_offload_optimizer},
-                       {"offload_param", config.zero_offload_param}}}};
+                       {"offload_param", config.zero_offload_param},
+                       {"prefetch_bucket_size", config.zero_prefetch_bucket_size}}}};
   // Masters stay fp32; param_dtype is the dtype FSDP/ZeRO gather and compute in, autocast the
   // compute dtype otherwise.
   run["precision"] = {{"param_dtype", config.param_dtype},

@@ -255,6 +255,7 @@ StepResult Trainer::train_step() {
   result.file_read_bytes = io.read_bytes - io_before.read_bytes;
   result.file_written_bytes = io.written_bytes - io_before.written_bytes;
   result.file_io_s = io.seconds - io_before.seconds;
+  result.file_wait_s = io.wait_seconds - io_before.wait_seconds;
   result.tokens_per_s =
       static_cast<double>(loader_->global_batch_size() * config_.seq_len) / result.step_time_s;
   peak_rss_ = std::max(peak_rss_, detail::peak_resident_bytes());

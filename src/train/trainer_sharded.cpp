@@ -19,6 +19,7 @@ void Trainer::nvme_step(double lr) {
     const int unit = static_cast<int>(u);
     // With the parameter shards in files too, one unit's shard is in memory at a time.
     fsdp_->load_shards(unit);
+    fsdp_->prefetch_shards(unit + 1);  // read while this unit steps
     // AdamW's decoupled decay comes first and is elementwise, so applying it per piece and
     // then stepping the whole shard with no decay is the same update.
     if (config_.weight_decay != 0.0) {

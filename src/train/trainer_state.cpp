@@ -437,7 +437,8 @@ void Trainer::write_metrics(const StepResult& result, double eval_loss) {
   if (result.file_read_bytes + result.file_written_bytes > 0) {
     line["file_io"] = {{"read_bytes", result.file_read_bytes},
                        {"written_bytes", result.file_written_bytes},
-                       {"seconds", result.file_io_s}};
+                       {"seconds", result.file_io_s},
+                       {"wait_seconds", result.file_wait_s}};
   }
   if (!std::isnan(eval_loss)) line["eval_loss"] = eval_loss;
   std::ofstream out(fs::path(config_.dir) / "metrics.jsonl", std::ios::app);

@@ -136,6 +136,46 @@ TEST(Zero, GradientShardsInFilesTrainExactlyAsInMemory) {
   std::filesystem::remove_all(dir);
 }
 
+TEST(Zero, AShardFileCutShortFailsTheStepNamingIt) {
+  // Shards in files are read ahead on an I/O thread: a read that fails there (a file truncated
+  // behind the run's back) must fail the step on the training thread, naming the file, and
+  // the wrapper must still go away cleanly.
+  const auto dir = fresh_test_dir("shardtrain_zero_cut_short");
+  run_local_ranks(1, [&](ProcessGroup& group) {
+    auto shared = std::shared_ptr<ProcessGroup>(&group, [](ProcessGroup*) {});
+    DeviceMesh mesh(shared, MeshShape());
+    Transformer model = make_model(small_config());
+    const ZeroOptions options = ZeroOptions()
+                                    .stage(3)
+                                    .offload_param(OffloadDevice::kNvme)
+                                    .offload_optimizer(OffloadDevice::kNvme)
+                                    .nvme_path(dir.string());
+    auto zero = zero_shard(model, mesh, options);
+    // One step through the files works.
+    zero->zero_grad();
+    loss_of(model, tokens(0)).backward();
+    EXPECT_TRUE(zero->grads_finite());
+    std::string cut;
+    for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+      const std::string name = entry.path().filename().string();
+      if (name.rfind("shardtrain_param_", 0) == 0 && name.find("blocks.2") != std::string::npos) {
+        cut = entry.path().string();
+      }
+    }
+    ASSERT_FALSE(cut.empty());
+    std::filesystem::resize_file(cut, 16);
+    zero->zero_grad();
+    try {
+      loss_of(model, tokens(1)).backward();
+      ADD_FAILURE() << "a step over a truncated shard file ran";
+    } catch (const std::exception& e) {
+      EXPECT_NE(std::string(e.what()).find(cut), std::string::npos) << e.what();
+    }
+  });
+  EXPECT_TRUE(std::filesystem::is_empty(dir));  // the files went with the wrapper
+  std::filesystem::remove_all(dir);
+}
+
 TEST(Zero, UnsupportedSettingsAreClearErrors) {
   run_local_ranks(1, [&](ProcessGroup& group) {
     auto shared = std::shared_ptr<ProcessGroup>(&group, [](ProcessGroup*) {});

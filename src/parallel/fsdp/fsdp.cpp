@@ -10,6 +10,7 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "optim/io_thread.h"
 #include "parallel/fsdp/unit.h"
 
 namespace shardtrain {
@@ -87,6 +88,8 @@ FullyShardedDataParallel::FullyShardedDataParallel(Transformer model, const Devi
                                   options_.grad_swap_dir_ + "' does not exist");
     }
   }
+
+  if (on_file || grads_on_file) io_ = std::make_unique<detail::IoThread>();
 
   // Units: the policy's groups of blocks in forward order, then the root with the rest.
   const auto points = model_->hook_points();
@@ -300,6 +303,7 @@ FullyShardedDataParallel::FullyShardedDataParallel(Transformer model, const Devi
 }
 
 FullyShardedDataParallel::~FullyShardedDataParallel() {
+  io_.reset();  // transfers still queued use the units' files and memory
   model_->set_forward_hooks(nullptr);
   for (auto& [accumulator, hook] : grad_hooks_) {
     auto& hooks = accumulator->post_hooks();
@@ -363,43 +367,73 @@ void FullyShardedDataParallel::wait_gathered(Unit& unit) {
   }
 }
 
-void FullyShardedDataParallel::bring_master(Unit& unit) {
+void FullyShardedDataParallel::read_master_async(Unit& unit) {
   if (!unit.swap || unit.master_resident) return;
+  detail::wait_for_io(unit.master_io);  // the shard's last write
   const int64_t bytes = unit.shard_numel * 4;
   detail::restore_storage(unit.master, bytes);
   unit.master_resident = true;
-  unit.swap->read(unit.master.data_ptr(), bytes, 0);
+  detail::SwapFile* file = unit.swap.get();
+  void* data = unit.master.data_ptr();
+  unit.master_io = io_->submit([file, data, bytes] { file->read(data, bytes, 0); });
 }
 
-void FullyShardedDataParallel::bring_grad(Unit& unit) {
-  if (!unit.grad_swap || unit.grad_resident) return;
+void FullyShardedDataParallel::bring_master(Unit& unit) {
+  read_master_async(unit);
+  detail::wait_for_io(unit.master_io);
+}
+
+void FullyShardedDataParallel::read_grad_async(Unit& unit) {
+  if (!unit.grad_swap || unit.grad_resident || unit.grad_zero) return;
+  detail::wait_for_io(unit.grad_io);
   const int64_t bytes = unit.shard_numel * 4;
   detail::restore_storage(unit.grad_shard, bytes);
   unit.grad_resident = true;
-  if (unit.grad_zero) {
+  detail::SwapFile* file = unit.grad_swap.get();
+  at::Tensor shard = unit.grad_shard;
+  const double factor = unit.grad_factor;  // a pending clip applies as the shard is read
+  unit.grad_factor = 1.0;
+  unit.grad_io = io_->submit([file, shard, bytes, factor]() mutable {
+    const at::Tensor into = std::move(shard);  // not kept by the job once it ends
+    file->read(into.data_ptr(), bytes, 0);
+    if (factor != 1.0) into.mul_(factor);
+  });
+}
+
+void FullyShardedDataParallel::bring_grad(Unit& unit) {
+  if (!unit.grad_swap) return;
+  if (!unit.grad_resident && unit.grad_zero) {
+    detail::restore_storage(unit.grad_shard, unit.shard_numel * 4);
+    unit.grad_resident = true;
     unit.grad_shard.zero_();
     return;
   }
-  unit.grad_swap->read(unit.grad_shard.data_ptr(), bytes, 0);
-  if (unit.grad_factor != 1.0) unit.grad_shard.mul_(unit.grad_factor);
+  read_grad_async(unit);
+  detail::wait_for_io(unit.grad_io);
 }
 
 void FullyShardedDataParallel::drop_grad(Unit& unit, bool write) {
   if (!unit.grad_swap || !unit.grad_resident || unit.grad_held) return;
-  if (write) {
-    // What clip_grad_norm() and grads_finite() need, from the values as they are written.
-    unit.grad_squares = unit.grad_shard.to(at::kDouble).pow(2).sum();
-    unit.grad_finite = unit.grad_shard.isfinite().all().item<bool>();
-    unit.grad_swap->write(unit.grad_shard.data_ptr(), unit.shard_numel * 4, 0);
-    unit.grad_zero = false;
-    unit.grad_factor = 1.0;
-  }
-  detail::release_storage(unit.grad_shard);
+  detail::wait_for_io(unit.grad_io);  // a read still filling it
   unit.grad_resident = false;
+  if (!write) {
+    detail::release_storage(unit.grad_shard);
+    return;
+  }
+  // What clip_grad_norm() and grads_finite() need, from the values as they are written.
+  unit.grad_squares = unit.grad_shard.to(at::kDouble).pow(2).sum();
+  unit.grad_finite = unit.grad_shard.isfinite().all().item<bool>();
+  unit.grad_zero = false;
+  unit.grad_factor = 1.0;
+  detail::SwapFile* file = unit.grad_swap.get();
+  const int64_t bytes = unit.shard_numel * 4;
+  auto memory = detail::take_storage(unit.grad_shard);
+  unit.grad_io = io_->submit(write_job(file, std::move(memory), bytes));
 }
 
 void FullyShardedDataParallel::drop_master(Unit& unit) {
   if (!unit.swap || !unit.master_resident || unit.held || unit.gather_work) return;
+  detail::wait_for_io(unit.master_io);
   detail::release_storage(unit.master);
   unit.master_resident = false;
 }
@@ -455,6 +489,7 @@ void FullyShardedDataParallel::prefetch(int index) {
 void FullyShardedDataParallel::prefetch_ahead(int index, int step) {
   if (options_.zero_.stage != 3) {
     prefetch(index + step);
+    read_ahead(index, step);
     return;
   }
   // DeepSpeed's stage3_prefetch_bucket_size: units ahead, up to that many elements.
@@ -466,6 +501,24 @@ void FullyShardedDataParallel::prefetch_ahead(int index, int step) {
     if (unit.padded > budget) break;
     budget -= unit.padded;
     prefetch(i);
+  }
+  read_ahead(index, step);
+}
+
+void FullyShardedDataParallel::read_ahead(int index, int step) {
+  if (options_.param_swap_dir_.empty()) return;
+  // The units after the ones being gathered, up to prefetch_bucket_size elements (one unit at
+  // least): the shards a gather reads one or two units from now.
+  int64_t budget = options_.zero_.prefetch_bucket_size;
+  bool any = false;
+  for (int i = index + step; i >= 0 && i < static_cast<int>(units_.size()); i += step) {
+    Unit& unit = *units_[i];
+    if (unit.root) break;
+    if (unit.gathered || unit.master_resident) continue;
+    if (any && unit.padded > budget) break;
+    budget -= unit.padded;
+    any = true;
+    read_master_async(unit);
   }
 }
 

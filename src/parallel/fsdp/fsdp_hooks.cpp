@@ -184,6 +184,8 @@ void FullyShardedDataParallel::reduction_issued(Unit& unit) {
       other->pending.clear();
       drop_grad(*other, /*write=*/true);
     }
+    // This unit's shard is read while the next unit's backward computes.
+    read_grad_async(unit);
   }
   const Unit::PendingReduce& pending = unit.pending.back();
   if (pending.scatter) {

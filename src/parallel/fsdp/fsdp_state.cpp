@@ -2,6 +2,7 @@
 // loss scaling over shards, full tensors for checkpoints, and memory accounting.
 #include <cmath>
 
+#include "optim/io_thread.h"
 #include "parallel/fsdp/unit.h"
 
 namespace shardtrain {
@@ -85,17 +86,35 @@ void FullyShardedDataParallel::after_optimizer_step() {
 }
 
 void FullyShardedDataParallel::load_shards(int unit, bool gradients) {
-  for (auto& u : units_) {
-    if (unit >= 0 && u->index != unit) continue;
-    if (u->swap) {
-      bring_master(*u);
-      u->held = true;
-    }
-    if (u->grad_swap && gradients) {
-      bring_grad(*u);
-      u->grad_held = true;
+  // Every read is queued first, then each is waited for: the I/O thread works through them
+  // while the first ones are taken.
+  for (int pass = 0; pass < 2; ++pass) {
+    for (auto& u : units_) {
+      if (unit >= 0 && u->index != unit) continue;
+      if (u->swap) {
+        if (pass == 0) {
+          read_master_async(*u);
+        } else {
+          bring_master(*u);
+          u->held = true;
+        }
+      }
+      if (u->grad_swap && gradients) {
+        if (pass == 0) {
+          read_grad_async(*u);
+        } else {
+          bring_grad(*u);
+          u->grad_held = true;
+        }
+      }
     }
   }
+}
+
+void FullyShardedDataParallel::prefetch_shards(int unit) {
+  if (unit < 0 || unit >= static_cast<int>(units_.size())) return;
+  read_master_async(*units_[unit]);
+  read_grad_async(*units_[unit]);
 }
 
 void FullyShardedDataParallel::store_shards(int unit) {
@@ -108,9 +127,20 @@ void FullyShardedDataParallel::store_shards(int unit) {
       drop_grad(*u, /*write=*/false);
     }
     if (!u->swap || !u->held) continue;
-    u->swap->write(u->master.data_ptr(), u->shard_numel * 4, 0);
     u->held = false;
-    drop_master(*u);  // or when the gather reading it completes
+    const int64_t bytes = u->shard_numel * 4;
+    if (u->gather_work) {
+      // A gather still sends from the shard: written now, freed when the gather completes.
+      detail::IoWaitTimer waiting;
+      u->swap->write(u->master.data_ptr(), bytes, 0);
+      continue;
+    }
+    // The memory goes with the write on the I/O thread; a read of this shard queues after it.
+    detail::wait_for_io(u->master_io);
+    detail::SwapFile* file = u->swap.get();
+    auto memory = detail::take_storage(u->master);
+    u->master_resident = false;
+    u->master_io = io_->submit(write_job(file, std::move(memory), bytes));
   }
 }
 

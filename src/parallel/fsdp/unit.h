@@ -4,6 +4,7 @@
 
 #include <ATen/ATen.h>
 
+#include <future>
 #include <string>
 #include <vector>
 
@@ -45,6 +46,7 @@ struct FullyShardedDataParallel::Unit {
   std::unique_ptr<detail::SwapFile> swap;
   bool master_resident = true;
   bool held = false;  // loaded by load_shards(), until store_shards()
+  std::future<void> master_io;  // the master shard's transfer on the I/O thread, if any
 
   // grad_swap_dir: the gradient shard's file; its memory exists only while a reduction adds
   // into it or load_shards() holds it.
@@ -55,6 +57,7 @@ struct FullyShardedDataParallel::Unit {
   at::Tensor grad_squares;   // fp64 sum of squares of the shard as last written
   bool grad_finite = true;   // and whether it was finite
   double grad_factor = 1.0;  // clip_grad_norm's scaling, applied when the shard is read
+  std::future<void> grad_io;  // the gradient shard's transfer on the I/O thread, if any
   bool grad_in_file() const { return grad_swap && !grad_resident; }
 
   // Per backward.
