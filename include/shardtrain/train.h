@@ -94,7 +94,6 @@ class Trainer {
   void write_metrics(const StepResult& result, double eval_loss);
   // The optimizer step with ZeRO's NVMe-offloaded state.
   void nvme_step(double lr);
-  void nvme_state_from_optimizer();
   // Checkpoint pieces under FSDP/ZeRO, and the restore paths by strategy.
   // What a sharded checkpoint holds (fp32 parameters, buffers, with `has_state` AdamW's state),
   // and rank 0's slices of the buffers.
@@ -105,6 +104,9 @@ class Trainer {
   void streamed_slices(std::vector<TensorSpec>& specs, std::vector<FlatSlice>& slices,
                        std::vector<std::function<at::Tensor()>>& fetchers);
   void restore_sharded(const ShardedCheckpointReader& reader);
+  // restore_sharded() with ZeRO's optimizer state in files: one unit's shards and moments in
+  // memory at a time, each written to its files before the next is read.
+  void restore_streamed(const ShardedCheckpointReader& reader);
   void restore_replicated(const ShardedCheckpointReader& reader, const NamedTensors& model_tensors);
   void restore_training_state(const ShardedCheckpointReader& reader, const std::string& dir);
   std::vector<at::Tensor> parameters() const;

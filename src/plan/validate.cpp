@@ -106,13 +106,16 @@ namespace {
 //   reduced from a flat fp32 buffer of its own; blocks are gathered ahead of use: one more
 //   under FSDP, under ZeRO-3 as many as prefetch_bucket_size elements hold.
 // - The C library's heap: the trainer keeps freed blocks for speed (cli/main.cpp), and what a
-//   step allocates and frees (activations, gathered units, reduction buffers) then stays
-//   resident about twice over, since blocks freed in backward serve the next forward's
-//   differently sized requests only in part. With state in files memory is returned at once
-//   instead (return_memory_promptly) and this term is left out.
+//   step allocates and frees in different sizes and orders (activations; under stage 3 the
+//   gathered units, the root's gradient and the reduction buffers) then stays resident about
+//   twice over, since blocks freed in backward serve the next forward's requests only in part.
+//   With state in files memory is returned at once instead (return_memory_promptly) and this
+//   term is left out.
 void this_engine_on_cpu(Candidate& c, const PlanModel& model, const WorkloadOptions& w,
                         bool zero_prefetch, int64_t prefetch_elements, bool heap_kept) {
-  if (c.strategy == PlanStrategy::kFullShard || c.strategy == PlanStrategy::kHybridShard) {
+  const bool stage3 =
+      c.strategy == PlanStrategy::kFullShard || c.strategy == PlanStrategy::kHybridShard;
+  if (stage3) {
     const double block = static_cast<double>(model.block_parameters);
     const double gathered_dtype = w.precision_ == "fp32" ? 4.0 : 2.0;
     double ahead = 1;  // beyond the one block the planner counts
@@ -120,10 +123,12 @@ void this_engine_on_cpu(Candidate& c, const PlanModel& model, const WorkloadOpti
       ahead = std::floor(static_cast<double>(prefetch_elements) / std::max(block, 1.0));
       ahead = std::min(ahead, static_cast<double>(model.n_layers - 1));
     }
+    // One rank holds everything: nothing is gathered, nothing prefetched.
+    if (c.shard == 1) ahead = 0;
     c.memory.temporary += 4.0 * static_cast<double>(model.root_parameters) +
                           ahead * gathered_dtype * block;
   }
-  if (heap_kept) c.memory.temporary += c.memory.activations + c.memory.temporary;
+  if (heap_kept) c.memory.temporary += c.memory.activations + (stage3 ? c.memory.temporary : 0.0);
 }
 
 }  // namespace

@@ -32,23 +32,32 @@ void Trainer::nvme_step(double lr) {
   }
 }
 
-void Trainer::nvme_state_from_optimizer() {
-  // After a load: the files hold the state again, the optimizer none.
-  auto& states = optimizer_->state();
-  for (size_t u = 0; u < nvme_.size(); ++u) {
-    at::Tensor avg = at::zeros_like(fsdp_->flat_shards()[u].first);
+void Trainer::restore_streamed(const ShardedCheckpointReader& reader) {
+  torch::NoGradGuard no_grad;
+  const auto shards = fsdp_->flat_shards();
+  for (size_t u = 0; u < shards.size(); ++u) {
+    const int unit = static_cast<int>(u);
+    fsdp_->load_shards(unit, /*gradients=*/false);
+    fsdp_->prefetch_shards(unit + 1);
+    // A checkpoint without optimizer state starts the moments from zeros, as a fresh run does.
+    at::Tensor avg = at::zeros_like(shards[u].first);
     at::Tensor avg_sq = at::zeros_like(avg);
     for (const auto& s : fsdp_->segments()) {
-      auto it = states.find(detail::optimizer_state_key(s.param));
-      if (s.unit != static_cast<int>(u) || it == states.end()) continue;
-      const auto& state = static_cast<const torch::optim::AdamWParamState&>(*it->second);
-      avg.narrow(0, s.shard_offset, s.param.numel()).copy_(state.exp_avg());
-      avg_sq.narrow(0, s.shard_offset, s.param.numel()).copy_(state.exp_avg_sq());
-      nvme_steps_ = state.step();
-      states.erase(it);
+      if (s.unit != unit) continue;
+      reader.read_flat_into(s.name, s.offset, s.param.detach());
+      const std::string prefix = "optim." + s.name;
+      if (!reader.find(prefix + ".exp_avg")) continue;
+      const int64_t numel = s.param.numel();
+      reader.read_flat_into(prefix + ".exp_avg", s.offset, avg.narrow(0, s.shard_offset, numel));
+      reader.read_flat_into(prefix + ".exp_avg_sq", s.offset,
+                            avg_sq.narrow(0, s.shard_offset, numel));
+      nvme_steps_ = reader.read(prefix + ".step").item<int64_t>();
     }
     nvme_[u]->load(avg, avg_sq);
+    fsdp_->store_shards(unit);
   }
+  for (const auto& item : model_->named_buffers()) item.value().copy_(reader.read(item.key()));
+  fsdp_->after_optimizer_step();
 }
 
 }  // namespace shardtrain

@@ -292,6 +292,10 @@ void Trainer::streamed_slices(std::vector<TensorSpec>& specs, std::vector<FlatSl
 
 void Trainer::restore_sharded(const ShardedCheckpointReader& reader) {
   // Each rank reads only the ranges its shards hold.
+  if (!nvme_.empty()) {
+    restore_streamed(reader);
+    return;
+  }
   torch::NoGradGuard no_grad;
   fsdp_->load_shards(-1, /*gradients=*/false);  // after_optimizer_step writes them back
   for (const auto& s : fsdp_->segments()) {
@@ -308,7 +312,6 @@ void Trainer::restore_sharded(const ShardedCheckpointReader& reader) {
   }
   for (const auto& item : model_->named_buffers()) item.value().copy_(reader.read(item.key()));
   fsdp_->after_optimizer_step();
-  if (!nvme_.empty()) nvme_state_from_optimizer();
 }
 
 void Trainer::load_checkpoint(const std::string& dir) {
