@@ -6,8 +6,8 @@
 #include <condition_variable>
 #include <deque>
 #include <functional>
-#include <memory>
 #include <future>
+#include <memory>
 #include <mutex>
 #include <thread>
 
