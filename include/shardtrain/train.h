@@ -104,7 +104,7 @@ class Trainer {
   void streamed_slices(std::vector<TensorSpec>& specs, std::vector<FlatSlice>& slices,
                        std::vector<std::function<at::Tensor()>>& fetchers);
   void restore_sharded(const ShardedCheckpointReader& reader);
-  // restore_sharded() with ZeRO's optimizer state in files: one unit's shards and moments in
+  // restore_sharded()'s shards and moments with ZeRO's optimizer state in files: one unit's in
   // memory at a time, each written to its files before the next is read.
   void restore_streamed(const ShardedCheckpointReader& reader);
   void restore_replicated(const ShardedCheckpointReader& reader, const NamedTensors& model_tensors);

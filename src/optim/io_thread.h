@@ -1,13 +1,10 @@
 // A thread that runs submitted jobs in order; each submit returns a future for its job.
 #pragma once
 
-#include <c10/core/Allocator.h>
-
 #include <condition_variable>
 #include <deque>
 #include <functional>
 #include <future>
-#include <memory>
 #include <mutex>
 #include <thread>
 
@@ -63,16 +60,6 @@ class IoThread {
   bool stop_ = false;
   std::thread thread_;  // last: starts after the members it uses exist
 };
-
-// A job that writes `bytes` of `memory` at the start of `file`, then frees the memory. A job's
-// function lives as long as its future is not read, so the memory must leave it as it ends.
-inline std::function<void()> write_job(const SwapFile* file, std::shared_ptr<c10::DataPtr> memory,
-                                       int64_t bytes) {
-  return [file, memory = std::move(memory), bytes]() mutable {
-    const std::shared_ptr<c10::DataPtr> owned = std::move(memory);
-    file->write(owned->get(), bytes, 0);
-  };
-}
 
 // Waits for a submitted job (rethrowing its error), timed as the training thread's wait for
 // file I/O; an empty future is no wait.

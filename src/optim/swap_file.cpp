@@ -28,16 +28,11 @@ int64_t now_ns() {
 
 void transfer(bool write, int fd, const std::string& path, char* buffer, int64_t bytes,
               int64_t offset) {
-  const auto start = std::chrono::steady_clock::now();
   (write ? written_bytes : read_bytes) += bytes;
   struct Timed {
-    std::chrono::steady_clock::time_point start;
-    ~Timed() {
-      io_nanoseconds += std::chrono::duration_cast<std::chrono::nanoseconds>(
-                            std::chrono::steady_clock::now() - start)
-                            .count();
-    }
-  } timed{start};
+    int64_t start = now_ns();
+    ~Timed() { io_nanoseconds += now_ns() - start; }
+  } timed;
   while (bytes > 0) {
     const ssize_t done =
         write ? ::pwrite(fd, buffer, bytes, offset) : ::pread(fd, buffer, bytes, offset);

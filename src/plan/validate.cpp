@@ -10,6 +10,7 @@
 
 #include "plan/run_estimate.h"
 #include "plan/text.h"
+#include "shardtrain/config.h"
 #include "shardtrain/plan.h"
 
 namespace shardtrain {
@@ -195,7 +196,8 @@ RunEstimate estimate_run(const nlohmann::json& run, const HardwareSpec& host,
   }
   RunEstimate out;
   const PlanModel model = PlanModel::from_config(mc);
-  const int64_t prefetch_elements = zero.value("prefetch_bucket_size", int64_t{50000000});
+  const int64_t prefetch_elements =
+      zero.value("prefetch_bucket_size", TrainConfig().zero_prefetch_bucket_size);
   const bool heap_kept = !optimizer_in_files && !params_in_files;
   out.run = evaluate_candidate(shape, model, hw, cluster, w);
   if (!out.run.valid) throw std::invalid_argument("run '" + run_file + "': " + out.run.note);
@@ -213,8 +215,7 @@ RunEstimate estimate_run(const nlohmann::json& run, const HardwareSpec& host,
     c = evaluate_candidate(c, model, hw, cluster, w);
     if (!c.valid) continue;
     to_files(c, files, files);
-    this_engine_on_cpu(c, model, w, strategy != PlanStrategy::kFullShard || files,
-                       prefetch_elements, !files);
+    this_engine_on_cpu(c, model, w, /*zero_prefetch=*/files, prefetch_elements, !files);
     c.offload = files;
     out.alternatives.push_back(c);
   }

@@ -33,7 +33,6 @@ void Trainer::nvme_step(double lr) {
 }
 
 void Trainer::restore_streamed(const ShardedCheckpointReader& reader) {
-  torch::NoGradGuard no_grad;
   const auto shards = fsdp_->flat_shards();
   for (size_t u = 0; u < shards.size(); ++u) {
     const int unit = static_cast<int>(u);
@@ -56,8 +55,6 @@ void Trainer::restore_streamed(const ShardedCheckpointReader& reader) {
     nvme_[u]->load(avg, avg_sq);
     fsdp_->store_shards(unit);
   }
-  for (const auto& item : model_->named_buffers()) item.value().copy_(reader.read(item.key()));
-  fsdp_->after_optimizer_step();
 }
 
 }  // namespace shardtrain

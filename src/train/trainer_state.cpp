@@ -292,23 +292,23 @@ void Trainer::streamed_slices(std::vector<TensorSpec>& specs, std::vector<FlatSl
 
 void Trainer::restore_sharded(const ShardedCheckpointReader& reader) {
   // Each rank reads only the ranges its shards hold.
+  torch::NoGradGuard no_grad;
   if (!nvme_.empty()) {
     restore_streamed(reader);
-    return;
-  }
-  torch::NoGradGuard no_grad;
-  fsdp_->load_shards(-1, /*gradients=*/false);  // after_optimizer_step writes them back
-  for (const auto& s : fsdp_->segments()) {
-    reader.read_flat_into(s.name, s.offset, s.param.detach());
-    const std::string prefix = "optim." + s.name;
-    if (!reader.find(prefix + ".exp_avg")) continue;
-    auto state = std::make_unique<torch::optim::AdamWParamState>();
-    state->exp_avg(at::zeros({s.param.numel()}, at::kFloat));
-    state->exp_avg_sq(at::zeros({s.param.numel()}, at::kFloat));
-    reader.read_flat_into(prefix + ".exp_avg", s.offset, state->exp_avg());
-    reader.read_flat_into(prefix + ".exp_avg_sq", s.offset, state->exp_avg_sq());
-    state->step(reader.read(prefix + ".step").item<int64_t>());
-    optimizer_->state()[detail::optimizer_state_key(s.param)] = std::move(state);
+  } else {
+    fsdp_->load_shards(-1, /*gradients=*/false);  // after_optimizer_step writes them back
+    for (const auto& s : fsdp_->segments()) {
+      reader.read_flat_into(s.name, s.offset, s.param.detach());
+      const std::string prefix = "optim." + s.name;
+      if (!reader.find(prefix + ".exp_avg")) continue;
+      auto state = std::make_unique<torch::optim::AdamWParamState>();
+      state->exp_avg(at::zeros({s.param.numel()}, at::kFloat));
+      state->exp_avg_sq(at::zeros({s.param.numel()}, at::kFloat));
+      reader.read_flat_into(prefix + ".exp_avg", s.offset, state->exp_avg());
+      reader.read_flat_into(prefix + ".exp_avg_sq", s.offset, state->exp_avg_sq());
+      state->step(reader.read(prefix + ".step").item<int64_t>());
+      optimizer_->state()[detail::optimizer_state_key(s.param)] = std::move(state);
+    }
   }
   for (const auto& item : model_->named_buffers()) item.value().copy_(reader.read(item.key()));
   fsdp_->after_optimizer_step();

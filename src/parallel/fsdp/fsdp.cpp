@@ -10,7 +10,6 @@
 #include <sstream>
 #include <stdexcept>
 
-#include "optim/io_thread.h"
 #include "parallel/fsdp/unit.h"
 
 namespace shardtrain {
@@ -367,6 +366,16 @@ void FullyShardedDataParallel::wait_gathered(Unit& unit) {
   }
 }
 
+std::future<void> detail::write_behind(IoThread& io, const SwapFile& file,
+                                       const at::Tensor& shard) {
+  const auto bytes = static_cast<int64_t>(shard.nbytes());
+  // A job's function lives as long as its future is not read: the memory leaves it as it ends.
+  return io.submit([file = &file, memory = take_storage(shard), bytes]() mutable {
+    const std::shared_ptr<at::DataPtr> owned = std::move(memory);
+    file->write(owned->get(), bytes, 0);
+  });
+}
+
 void FullyShardedDataParallel::read_master_async(Unit& unit) {
   if (!unit.swap || unit.master_resident) return;
   detail::wait_for_io(unit.master_io);  // the shard's last write
@@ -425,10 +434,7 @@ void FullyShardedDataParallel::drop_grad(Unit& unit, bool write) {
   unit.grad_finite = unit.grad_shard.isfinite().all().item<bool>();
   unit.grad_zero = false;
   unit.grad_factor = 1.0;
-  detail::SwapFile* file = unit.grad_swap.get();
-  const int64_t bytes = unit.shard_numel * 4;
-  auto memory = detail::take_storage(unit.grad_shard);
-  unit.grad_io = io_->submit(write_job(file, std::move(memory), bytes));
+  unit.grad_io = detail::write_behind(*io_, *unit.grad_swap, unit.grad_shard);
 }
 
 void FullyShardedDataParallel::drop_master(Unit& unit) {

@@ -2,7 +2,6 @@
 // loss scaling over shards, full tensors for checkpoints, and memory accounting.
 #include <cmath>
 
-#include "optim/io_thread.h"
 #include "parallel/fsdp/unit.h"
 
 namespace shardtrain {
@@ -88,25 +87,20 @@ void FullyShardedDataParallel::after_optimizer_step() {
 void FullyShardedDataParallel::load_shards(int unit, bool gradients) {
   // Every read is queued first, then each is waited for: the I/O thread works through them
   // while the first ones are taken.
-  for (int pass = 0; pass < 2; ++pass) {
-    for (auto& u : units_) {
-      if (unit >= 0 && u->index != unit) continue;
-      if (u->swap) {
-        if (pass == 0) {
-          read_master_async(*u);
-        } else {
-          bring_master(*u);
-          u->held = true;
-        }
-      }
-      if (u->grad_swap && gradients) {
-        if (pass == 0) {
-          read_grad_async(*u);
-        } else {
-          bring_grad(*u);
-          u->grad_held = true;
-        }
-      }
+  for (auto& u : units_) {
+    if (unit >= 0 && u->index != unit) continue;
+    read_master_async(*u);
+    if (gradients) read_grad_async(*u);
+  }
+  for (auto& u : units_) {
+    if (unit >= 0 && u->index != unit) continue;
+    if (u->swap) {
+      bring_master(*u);
+      u->held = true;
+    }
+    if (u->grad_swap && gradients) {
+      bring_grad(*u);
+      u->grad_held = true;
     }
   }
 }
@@ -128,19 +122,16 @@ void FullyShardedDataParallel::store_shards(int unit) {
     }
     if (!u->swap || !u->held) continue;
     u->held = false;
-    const int64_t bytes = u->shard_numel * 4;
     if (u->gather_work) {
       // A gather still sends from the shard: written now, freed when the gather completes.
       detail::IoWaitTimer waiting;
-      u->swap->write(u->master.data_ptr(), bytes, 0);
+      u->swap->write(u->master.data_ptr(), u->shard_numel * 4, 0);
       continue;
     }
     // The memory goes with the write on the I/O thread; a read of this shard queues after it.
     detail::wait_for_io(u->master_io);
-    detail::SwapFile* file = u->swap.get();
-    auto memory = detail::take_storage(u->master);
+    u->master_io = detail::write_behind(*io_, *u->swap, u->master);
     u->master_resident = false;
-    u->master_io = io_->submit(write_job(file, std::move(memory), bytes));
   }
 }
 

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "model/init.h"
+#include "optim/io_thread.h"
 #include "optim/swap_file.h"
 #include "shardtrain/fsdp.h"
 
@@ -76,6 +77,11 @@ struct FullyShardedDataParallel::Unit {
 };
 
 namespace detail {
+// Queues on `io` a write of the whole of `shard` to the start of `file`. The memory leaves the
+// tensor with the job (the tensor then holds none, as after release_storage) and is freed when
+// the write ends.
+std::future<void> write_behind(IoThread& io, const SwapFile& file, const at::Tensor& shard);
+
 // Groups of hook points (indices), one per unit, as the policy decides; throws
 // std::invalid_argument for a policy that makes no unit.
 std::vector<std::vector<size_t>> plan_units(
