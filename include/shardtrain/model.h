@@ -9,7 +9,9 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 namespace shardtrain {
@@ -110,7 +112,53 @@ class ForwardHooks {
   // After it computed `output`; returns the tensor the model continues with (the hook may
   // register a gradient hook on it). Also called after a recomputation in backward.
   virtual at::Tensor post_forward(torch::nn::Module& module, at::Tensor output) = 0;
+  // The dtype shardtrain::call casts the floating-point tensor arguments to (a mixed-precision
+  // policy's compute dtype), or none.
+  virtual std::optional<at::ScalarType> input_dtype() const { return std::nullopt; }
 };
+
+namespace detail {
+template <typename T>
+decltype(auto) cast_input(T&& value, std::optional<at::ScalarType> dtype) {
+  if constexpr (std::is_same_v<std::decay_t<T>, at::Tensor>) {
+    if (dtype && value.defined() && value.is_floating_point() && value.scalar_type() != *dtype) {
+      return value.to(*dtype);
+    }
+    return at::Tensor(value);
+  } else {
+    return std::forward<T>(value);
+  }
+}
+}  // namespace detail
+
+// Hooks attached to one module of any kind (fully_shard attaches its own), or null to detach
+// them. Thread-safe; the entry is keyed by the module's address.
+void set_module_hooks(const torch::nn::Module& module, std::shared_ptr<ForwardHooks> hooks);
+std::shared_ptr<ForwardHooks> module_hooks(const torch::nn::Module& module);
+
+// module->forward(args...) between the hooks attached to `module` (fully_shard: gather before,
+// free after), or a plain forward call when none are. LibTorch C++ has no forward hooks, so a
+// module calls its sharded children, and the training loop a sharded root, through this.
+// `module` is a ModuleHolder (torch::nn::Linear, ...) or a std::shared_ptr to a module. A
+// forward that returns something other than one tensor gets no backward hook: its module's
+// parameters then stay gathered until the end of backward. Floating-point tensor arguments are
+// cast to the hooks' input_dtype() (FSDP's mixed-precision compute dtype).
+template <typename ModulePtr, typename... Args>
+auto call(ModulePtr& module, Args&&... args)
+    -> decltype(module->forward(std::forward<Args>(args)...)) {
+  torch::nn::Module& target = *module;
+  const std::shared_ptr<ForwardHooks> hooks = module_hooks(target);
+  if (!hooks) return module->forward(std::forward<Args>(args)...);
+  hooks->pre_forward(target);
+  const std::optional<at::ScalarType> dtype = hooks->input_dtype();
+  auto output = module->forward(detail::cast_input(std::forward<Args>(args), dtype)...);
+  if constexpr (std::is_same_v<std::decay_t<decltype(output)>, at::Tensor>) {
+    return hooks->post_forward(target, std::move(output));
+  } else {
+    hooks->post_forward(target, at::Tensor());
+    return output;
+  }
+}
 
 // The decoder. forward(tokens [B, T] int64) -> logits [B, T, vocab] in the parameters' dtype.
 // T must not exceed context_length (throws naming both).

@@ -7,6 +7,7 @@
 #include "shardtrain/data.h"
 #include "shardtrain/dist.h"
 #include "shardtrain/fsdp.h"
+#include "shardtrain/fully_shard.h"
 #include "shardtrain/fused_adamw.h"
 #include "shardtrain/hf.h"
 #include "shardtrain/launch.h"

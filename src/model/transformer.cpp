@@ -101,7 +101,8 @@ std::vector<std::shared_ptr<torch::nn::Module>> TransformerImpl::hook_points() c
 at::Tensor TransformerImpl::forward(const at::Tensor& tokens) {
   check_tokens(tokens, config_);
   // Held for the call, so hooks removed meanwhile still see their post_forward.
-  const std::shared_ptr<ForwardHooks> hooks = hooks_;
+  // The model's own hooks (the flat-parameter FSDP), or those fully_shard attached to it.
+  const std::shared_ptr<ForwardHooks> hooks = hooks_ ? hooks_ : module_hooks(*this);
   if (hooks) hooks->pre_forward(*this);
   const int64_t length = tokens.size(1);
   const bool gpt2 = config_.family == ModelFamily::kGpt2;
@@ -134,19 +135,20 @@ at::Tensor TransformerImpl::forward(const at::Tensor& tokens) {
       throw std::logic_error("Transformer: blocks." + std::to_string(index) +
                              " is not a transformer block (was the ModuleList modified?)");
     }
+    const std::shared_ptr<ForwardHooks> block_hooks = hooks_ ? hooks_ : module_hooks(*block);
     if (checkpoint) {
       // The hooks go inside, so that the recomputation in backward finds the parameters too.
       x = detail::checkpoint(
-          [block, ctx, hooks](const at::Tensor& in) {
-            if (hooks) hooks->pre_forward(*block);
+          [block, ctx, block_hooks](const at::Tensor& in) {
+            if (block_hooks) block_hooks->pre_forward(*block);
             at::Tensor out = block->forward(in, ctx);
-            return hooks ? hooks->post_forward(*block, out) : out;
+            return block_hooks ? block_hooks->post_forward(*block, out) : out;
           },
           x, block->parameters());
     } else {
-      if (hooks) hooks->pre_forward(*block);
+      if (block_hooks) block_hooks->pre_forward(*block);
       x = block->forward(x, ctx);
-      if (hooks) x = hooks->post_forward(*block, x);
+      if (block_hooks) x = block_hooks->post_forward(*block, x);
     }
     ++index;
   }
