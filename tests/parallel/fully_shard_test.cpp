@@ -212,6 +212,7 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"shard_grad_op_2", 2, 1, 0, false},
                       Case{"shard_grad_op_3", 3, 1, 0, false},
                       Case{"shard_grad_op_4", 4, 1, 0, false}, Case{"hybrid_4", 4, 2, 0, true},
+                      Case{"replicated_2", 2, 2, 0, true},
                       Case{"zero1_2", 2, 1, 1, true}, Case{"zero1_3", 3, 1, 1, true},
                       Case{"zero2_2", 2, 1, 2, true}, Case{"zero2_4", 4, 1, 2, true},
                       Case{"zero3_3", 3, 1, 3, false}, Case{"zero3_4", 4, 1, 3, false}),
@@ -310,6 +311,24 @@ TEST(FullyShardTest, WrongUsesAreRefusedNamingWhatIsWrong) {
   });
   EXPECT_NE(shared.find("parameter 'tied'"), std::string::npos) << shared;
   EXPECT_NE(shared.find("common parent"), std::string::npos) << shared;
+}
+
+TEST(FullyShardTest, ABlockCalledOutsideItsParentsForwardIsAnError) {
+  run_local_ranks(1, [&](ProcessGroup& group) {
+    Net net = make_net();
+    auto world = std::shared_ptr<ProcessGroup>(&group, [](ProcessGroup*) {});
+    DeviceMesh mesh(world, resolve_mesh(MeshShape(), 1));
+    fully_shard(net->b1.ptr(), mesh);
+    fully_shard(net->b2.ptr(), mesh);
+    auto root = fully_shard(net.ptr(), mesh);
+    // The block alone, not inside call(net, ...): its parent's parameters were never gathered.
+    try {
+      call(net->b1, at::ones({2, 10}));
+      ADD_FAILURE() << "no error";
+    } catch (const std::logic_error& e) {
+      EXPECT_NE(std::string(e.what()).find("shardtrain::call"), std::string::npos) << e.what();
+    }
+  });
 }
 
 TEST(FullyShardTest, ParametersHaveMemoryOnlyWhileTheirModuleNeedsThem) {
