@@ -17,18 +17,12 @@
 #include <string>
 #include <vector>
 
+#include "bench_common.h"
 #include "shardtrain/ddp.h"
 #include "shardtrain/rendezvous.h"
 #include "shardtrain/threads.h"
 
-namespace {
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
-}
-
-}  // namespace
+using shardtrain::bench::median;
 
 int main(int argc, char** argv) {
   int layers = 8, width = 1024, batch = 32, steps = 30, warmup = 5;

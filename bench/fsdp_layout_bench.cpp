@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_common.h"
 #include "shardtrain/fsdp.h"
 #include "shardtrain/fully_shard.h"
 #include "shardtrain/fused_adamw.h"
@@ -27,14 +28,7 @@
 #include "shardtrain/rendezvous.h"
 #include "shardtrain/threads.h"
 
-namespace {
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
-}
-
-}  // namespace
+using shardtrain::bench::median;
 
 int main(int argc, char** argv) {
   shardtrain::ModelConfig config;  // GPT-2 124M's shape by default

@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_common.h"
 #include "shardtrain/ddp.h"
 #include "shardtrain/fused_adamw.h"
 #include "shardtrain/mesh.h"
@@ -28,10 +29,7 @@
 
 namespace {
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
-}
+using shardtrain::bench::median;
 
 // Seconds since the previous call (or construction).
 class Lap {

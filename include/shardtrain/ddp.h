@@ -11,11 +11,10 @@
 
 #include "shardtrain/dist.h"
 
-namespace torch::autograd {
-struct Node;
-}
-
 namespace shardtrain {
+namespace detail {
+class GradAccumulatedHook;
+}
 
 // How a bucket travels: as is, or compressed to a 16-bit float for the all-reduce (half the
 // bytes; the average is taken in that precision and copied back into the fp32 gradients).
@@ -116,8 +115,8 @@ class DistributedDataParallel {
   std::vector<size_t> bucket_of_;   // parameter -> bucket
   std::vector<int64_t> offset_of_;  // parameter -> offset in its bucket
   std::vector<std::unique_ptr<Bucket>> buckets_;
-  // Each parameter's gradient accumulator (kept alive) and the hook we added to it.
-  std::vector<std::pair<std::shared_ptr<torch::autograd::Node>, void*>> hooks_;
+  // A hook after each parameter's gradient accumulation, taken off with this object.
+  std::vector<detail::GradAccumulatedHook> hooks_;
   std::vector<bool> ready_;
   size_t next_to_launch_ = 0;
   bool in_backward_ = false;

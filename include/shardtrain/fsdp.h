@@ -16,10 +16,6 @@
 #include "shardtrain/mesh.h"
 #include "shardtrain/model.h"
 
-namespace torch::autograd {
-struct Node;
-}
-
 namespace shardtrain {
 
 // What is sharded, as PyTorch FSDP names it:
@@ -206,6 +202,7 @@ struct FSDPMemory {
 
 namespace detail {
 class IoThread;
+class GradAccumulatedHook;
 }
 
 class FullyShardedDataParallel {
@@ -330,10 +327,10 @@ class FullyShardedDataParallel {
   int shard_rank_ = 0, shard_size_ = 1;
   std::vector<std::unique_ptr<Unit>> units_;  // forward order; the root last
   std::vector<ShardSegment> segments_;
-  std::shared_ptr<Hooks> hooks_;
+  std::shared_ptr<ForwardHooks> hooks_;  // attached to the model and each unit's blocks
   std::map<const torch::nn::Module*, HookPoint> hook_points_;
   std::set<const torch::nn::Module*> ran_;  // hook points run in the current forward
-  std::vector<std::pair<std::shared_ptr<torch::autograd::Node>, void*>> grad_hooks_;
+  std::vector<detail::GradAccumulatedHook> grad_hooks_;  // one per parameter
   enum class Phase { kIdle, kForward, kBackward } phase_ = Phase::kIdle;
   std::vector<std::pair<WorkHandle, int64_t>> reductions_in_flight_;
   int64_t gathered_elements_ = 0;

@@ -145,9 +145,9 @@ class FSDPModule {
  private:
   friend std::shared_ptr<FSDPModule> fully_shard(std::shared_ptr<torch::nn::Module>,
                                                  const DeviceMesh&, FullyShardOptions);
-  explicit FSDPModule(std::unique_ptr<detail::ShardGroup> group);
-  std::unique_ptr<detail::ShardGroup> group_;
-  std::shared_ptr<ForwardHooks> hooks_;  // what the module's calls run
+  explicit FSDPModule(std::shared_ptr<detail::ShardGroup> group);
+  // Also the hooks the module's calls run (shared with the hook table while attached).
+  std::shared_ptr<detail::ShardGroup> group_;
 };
 
 // Shards `module`'s parameters that no sharded module inside it holds already, per parameter on

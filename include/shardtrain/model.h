@@ -100,9 +100,10 @@ struct ModelInit {
 // for a sharded strategy's parameter while its unit is not gathered.
 bool is_materialized(const at::Tensor& tensor);
 
-// Calls a module makes around the computation of its parts, so that a wrapper such as FSDP can
-// act just in time (gather a unit's parameters before it computes, free them after) without
-// replacing modules. `module` is the model itself or one of its hook_points().
+// Calls made around a module's computation, so that a wrapper such as FSDP can act just in time
+// (gather a unit's parameters before it computes, free them after) without replacing modules.
+// Attached per module with set_module_hooks; shardtrain::call runs them, and the Transformer runs
+// those of itself and of its hook_points(). `module` is the module they are attached to.
 class ForwardHooks {
  public:
   virtual ~ForwardHooks() = default;
@@ -188,11 +189,10 @@ class TransformerImpl : public torch::nn::Module {
   const ModelConfig& config() const { return config_; }
   // The transformer blocks, in order (the units FSDP wraps).
   torch::nn::ModuleList blocks() const { return blocks_; }
-  // The submodules forward reports to the hooks, in forward order: the blocks. Each is called
-  // exactly once per forward, and its parameters are used by no other part of the model.
+  // The submodules whose hooks (set_module_hooks) forward runs, in forward order: the blocks.
+  // Each is called exactly once per forward, and its parameters are used by no other part of
+  // the model. Forward runs the model's own hooks around the whole of it.
   std::vector<std::shared_ptr<torch::nn::Module>> hook_points() const;
-  // Installs (or, with null, removes) hooks around the whole forward and each hook point.
-  void set_forward_hooks(std::shared_ptr<ForwardHooks> hooks) { hooks_ = std::move(hooks); }
 
  private:
   ModelConfig config_;
@@ -205,7 +205,6 @@ class TransformerImpl : public torch::nn::Module {
   // base pointers so that this header needs no module headers. pos_emb_ is null in the Llama
   // family, lm_head_ when the head is tied to the token embedding.
   std::shared_ptr<torch::nn::Module> tok_emb_, pos_emb_, final_norm_, lm_head_;
-  std::shared_ptr<ForwardHooks> hooks_;
   // Rotary tables for the whole context (Llama), kept for the device and dtype last used so that
   // forward does not rebuild them and copy them to the device each call.
   at::Tensor rope_cos_, rope_sin_;

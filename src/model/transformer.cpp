@@ -101,8 +101,7 @@ std::vector<std::shared_ptr<torch::nn::Module>> TransformerImpl::hook_points() c
 at::Tensor TransformerImpl::forward(const at::Tensor& tokens) {
   check_tokens(tokens, config_);
   // Held for the call, so hooks removed meanwhile still see their post_forward.
-  // The model's own hooks (the flat-parameter FSDP), or those fully_shard attached to it.
-  const std::shared_ptr<ForwardHooks> hooks = hooks_ ? hooks_ : module_hooks(*this);
+  const std::shared_ptr<ForwardHooks> hooks = module_hooks(*this);
   if (hooks) hooks->pre_forward(*this);
   const int64_t length = tokens.size(1);
   const bool gpt2 = config_.family == ModelFamily::kGpt2;
@@ -135,7 +134,7 @@ at::Tensor TransformerImpl::forward(const at::Tensor& tokens) {
       throw std::logic_error("Transformer: blocks." + std::to_string(index) +
                              " is not a transformer block (was the ModuleList modified?)");
     }
-    const std::shared_ptr<ForwardHooks> block_hooks = hooks_ ? hooks_ : module_hooks(*block);
+    const std::shared_ptr<ForwardHooks> block_hooks = module_hooks(*block);
     if (checkpoint) {
       // The hooks go inside, so that the recomputation in backward finds the parameters too.
       x = detail::checkpoint(

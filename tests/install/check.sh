@@ -6,8 +6,6 @@ build="$1"
 here="$2"
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
-cmake --install "$build" --prefix "$work/prefix" >/dev/null
-cmake -S "$here" -B "$work/consumer" -G Ninja -DCMAKE_BUILD_TYPE=Release \
-  -DCMAKE_PREFIX_PATH="$work/prefix" >/dev/null
-cmake --build "$work/consumer" >/dev/null
-"$work/consumer/consumer"
+source "$(dirname "$0")/build_against_install.sh"
+build_against_install "$build" "$here" "$work"
+"$work/project/consumer"

@@ -7,12 +7,10 @@ build="$1"
 example="$2"
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
-cmake --install "$build" --prefix "$work/prefix" >/dev/null
-cmake -S "$example" -B "$work/example" -G Ninja -DCMAKE_BUILD_TYPE=Release \
-  -DCMAKE_PREFIX_PATH="$work/prefix" >/dev/null
-cmake --build "$work/example" >/dev/null
+source "$(dirname "$0")/build_against_install.sh"
+build_against_install "$build" "$example" "$work"
 for n in 1 2; do
-  "$work/prefix/bin/shardtrain" launch --nproc "$n" -- "$work/example/fully_shard_mlp" \
+  "$work/prefix/bin/shardtrain" launch --nproc "$n" -- "$work/project/fully_shard_mlp" \
     > "$work/out.$n"
   cat "$work/out.$n"
   grep -o 'step [0-9]* loss [-0-9.]*' "$work/out.$n" > "$work/losses.$n" || true

@@ -103,6 +103,25 @@ TrainingRun reference(int steps) {
   return run;
 }
 
+// The mesh dp_replicate x dp_shard over the ranks of `group` (a thread's group, not owned).
+DeviceMesh mesh_of(ProcessGroup& group, int replicate = 1) {
+  auto world = std::shared_ptr<ProcessGroup>(&group, [](ProcessGroup*) {});
+  return DeviceMesh(world, resolve_mesh(MeshShape().dp_replicate(replicate), group.size()));
+}
+
+// fully_shard on b1 and b2, then on the root, as a user applies it.
+struct ShardedNet {
+  std::shared_ptr<FSDPModule> b1, b2, root;
+};
+ShardedNet shard_blocks_then_root(Net& net, const DeviceMesh& mesh,
+                                  const FullyShardOptions& options = {}) {
+  ShardedNet out;
+  out.b1 = fully_shard(net->b1.ptr(), mesh, options);
+  out.b2 = fully_shard(net->b2.ptr(), mesh, options);
+  out.root = fully_shard(net.ptr(), mesh, options);
+  return out;
+}
+
 struct ShardSetup {
   int world = 1;
   int replicate = 1;
@@ -124,11 +143,8 @@ TrainingRun sharded(const ShardSetup& setup, int steps,
           torch::NoGradGuard no_grad;
           for (auto& p : net->parameters()) p.add_(1.0);
         }
-        auto world = std::shared_ptr<ProcessGroup>(&group, [](ProcessGroup*) {});
-        DeviceMesh mesh(world, resolve_mesh(MeshShape().dp_replicate(setup.replicate), setup.world));
-        auto b1 = fully_shard(net->b1.ptr(), mesh, setup.options);
-        auto b2 = fully_shard(net->b2.ptr(), mesh, setup.options);
-        auto root = fully_shard(net.ptr(), mesh, setup.options);
+        auto [b1, b2, root] =
+            shard_blocks_then_root(net, mesh_of(group, setup.replicate), setup.options);
         if (setup.explicit_prefetch) {
           b1->set_modules_to_forward_prefetch({b2});
           b2->set_modules_to_backward_prefetch({b1});
@@ -253,11 +269,7 @@ TEST(FullyShardTest, CheckpointSavedAtTwoRanksLoadsAtThree) {
   });
   run_local_ranks(3, [&](ProcessGroup& group) {
     Net net = make_net();
-    auto world = std::shared_ptr<ProcessGroup>(&group, [](ProcessGroup*) {});
-    DeviceMesh mesh(world, resolve_mesh(MeshShape(), 3));
-    fully_shard(net->b1.ptr(), mesh);
-    fully_shard(net->b2.ptr(), mesh);
-    auto root = fully_shard(net.ptr(), mesh);
+    auto root = shard_blocks_then_root(net, mesh_of(group)).root;
     root->load_checkpoint(ShardedCheckpointReader((dir / "step_3").string()));
     const auto state = root->full_state_dict();
     if (group.rank() != 0) return;
@@ -273,10 +285,8 @@ TEST(FullyShardTest, CheckpointSavedAtTwoRanksLoadsAtThree) {
 std::string refusal(const std::function<void(const DeviceMesh&)>& f) {
   std::string message;
   run_local_ranks(1, [&](ProcessGroup& group) {
-    auto world = std::shared_ptr<ProcessGroup>(&group, [](ProcessGroup*) {});
-    DeviceMesh mesh(world, resolve_mesh(MeshShape(), 1));
     try {
-      f(mesh);
+      f(mesh_of(group));
     } catch (const std::invalid_argument& e) {
       message = e.what();
     }
@@ -316,11 +326,7 @@ TEST(FullyShardTest, WrongUsesAreRefusedNamingWhatIsWrong) {
 TEST(FullyShardTest, ABlockCalledOutsideItsParentsForwardIsAnError) {
   run_local_ranks(1, [&](ProcessGroup& group) {
     Net net = make_net();
-    auto world = std::shared_ptr<ProcessGroup>(&group, [](ProcessGroup*) {});
-    DeviceMesh mesh(world, resolve_mesh(MeshShape(), 1));
-    fully_shard(net->b1.ptr(), mesh);
-    fully_shard(net->b2.ptr(), mesh);
-    auto root = fully_shard(net.ptr(), mesh);
+    const ShardedNet sharded = shard_blocks_then_root(net, mesh_of(group));
     // The block alone, not inside call(net, ...): its parent's parameters were never gathered.
     try {
       call(net->b1, at::ones({2, 10}));
@@ -335,12 +341,9 @@ TEST(FullyShardTest, ParametersHaveMemoryOnlyWhileTheirModuleNeedsThem) {
   for (const bool reshard : {true, false}) {
     run_local_ranks(2, [&](ProcessGroup& group) {
       Net net = make_net();
-      auto world = std::shared_ptr<ProcessGroup>(&group, [](ProcessGroup*) {});
-      DeviceMesh mesh(world, resolve_mesh(MeshShape(), 2));
-      const auto options = FullyShardOptions().reshard_after_forward(reshard);
-      fully_shard(net->b1.ptr(), mesh, options);
-      fully_shard(net->b2.ptr(), mesh, options);
-      auto root = fully_shard(net.ptr(), mesh, options);
+      auto root = shard_blocks_then_root(net, mesh_of(group),
+                                         FullyShardOptions().reshard_after_forward(reshard))
+                      .root;
       EXPECT_FALSE(is_materialized(net->b1->fc->weight));
       EXPECT_FALSE(is_materialized(net->head->weight));
       at::Tensor loss = call(net, inputs()).pow(2).mean();
@@ -366,9 +369,7 @@ TEST(FullyShardTest, ParameterSharedInsideOneShardedModuleIsShardedOnce) {
   run_local_ranks(2, [&](ProcessGroup& group) {
     Net net = make_net();
     net->register_parameter("tied", net->head->weight);
-    auto world = std::shared_ptr<ProcessGroup>(&group, [](ProcessGroup*) {});
-    DeviceMesh mesh(world, resolve_mesh(MeshShape(), 2));
-    auto root = fully_shard(net.ptr(), mesh);
+    auto root = fully_shard(net.ptr(), mesh_of(group));
     int heads = 0;
     for (const auto& p : root->sharded_parameters()) heads += p.name == "head.weight" || p.name == "tied";
     EXPECT_EQ(heads, 1);

@@ -2,11 +2,12 @@
 
 #include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/function.h>
-#include <torch/csrc/autograd/utils/lambda_post_hook.h>
 #include <torch/csrc/autograd/variable.h>
 
 #include <algorithm>
 #include <sstream>
+
+#include "parallel/grad_hook.h"
 
 namespace shardtrain {
 
@@ -104,27 +105,13 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Modu
 
   // A hook after each parameter's gradient accumulation marks it ready.
   for (size_t k = 0; k < params_.size(); ++k) {
-    auto accumulator = torch::autograd::impl::grad_accumulator(params_[k]);
-    accumulator->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(
-        [this, k](const torch::autograd::variable_list& outputs,
-                  const torch::autograd::variable_list&) {
-          mark_ready(k);
-          return outputs;
-        }));
-    hooks_.push_back({accumulator, accumulator->post_hooks().back().get()});
+    hooks_.emplace_back(params_[k], [this, k] { mark_ready(k); });
   }
   ready_.assign(params_.size(), false);
   reset_for_next_backward();
 }
 
 DistributedDataParallel::~DistributedDataParallel() {
-  // The module outlives this object: take our hooks off its gradient accumulators.
-  for (auto& [accumulator, hook] : hooks_) {
-    auto& hooks = accumulator->post_hooks();
-    hooks.erase(std::remove_if(hooks.begin(), hooks.end(),
-                               [hook = hook](const auto& h) { return h.get() == hook; }),
-                hooks.end());
-  }
   for (auto& bucket : buckets_) {
     if (bucket->work) {
       try {

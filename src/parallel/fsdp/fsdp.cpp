@@ -1,7 +1,6 @@
 // FSDP construction: units from the wrap policy, flat parameters and their shards, and the
 // gathering and releasing of a unit's full parameters.
 #include <torch/csrc/autograd/function.h>
-#include <torch/csrc/autograd/utils/lambda_post_hook.h>
 #include <torch/csrc/autograd/variable.h>
 
 #include <algorithm>
@@ -10,7 +9,9 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "model/module_hooks.h"
 #include "parallel/fsdp/unit.h"
+#include "parallel/grad_hook.h"
 
 namespace shardtrain {
 
@@ -284,18 +285,13 @@ FullyShardedDataParallel::FullyShardedDataParallel(Transformer model, const Devi
 
     unit.ready_flags.assign(unit.params.size(), false);
     for (size_t k = 0; k < unit.params.size(); ++k) {
-      auto accumulator = torch::autograd::impl::grad_accumulator(unit.params[k]);
       Unit* target = &unit;
-      accumulator->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(
-          [this, target, k](const torch::autograd::variable_list& outputs,
-                            const torch::autograd::variable_list&) {
-            if (!target->ready_flags[k]) {
-              target->ready_flags[k] = true;
-              if (++target->ready == target->params.size()) reduce(*target);
-            }
-            return outputs;
-          }));
-      grad_hooks_.push_back({accumulator, accumulator->post_hooks().back().get()});
+      grad_hooks_.emplace_back(unit.params[k], [this, target, k] {
+        if (!target->ready_flags[k]) {
+          target->ready_flags[k] = true;
+          if (++target->ready == target->params.size()) reduce(*target);
+        }
+      });
     }
   }
   install_hooks();
@@ -303,13 +299,8 @@ FullyShardedDataParallel::FullyShardedDataParallel(Transformer model, const Devi
 
 FullyShardedDataParallel::~FullyShardedDataParallel() {
   io_.reset();  // transfers still queued use the units' files and memory
-  model_->set_forward_hooks(nullptr);
-  for (auto& [accumulator, hook] : grad_hooks_) {
-    auto& hooks = accumulator->post_hooks();
-    hooks.erase(std::remove_if(hooks.begin(), hooks.end(),
-                               [hook = hook](const auto& h) { return h.get() == hook; }),
-                hooks.end());
-  }
+  detail::clear_module_hooks(model_.get(), hooks_.get());
+  for (const auto& [module, point] : hook_points_) detail::clear_module_hooks(module, hooks_.get());
   for (auto& unit : units_) {
     try {
       if (unit->gather_work) unit->gather_work->wait();

@@ -28,7 +28,8 @@ void FullyShardedDataParallel::install_hooks() {
     }
   }
   hooks_ = std::make_shared<Hooks>(*this);
-  model_->set_forward_hooks(hooks_);
+  set_module_hooks(*model_, hooks_);
+  for (const auto& [module, point] : hook_points_) set_module_hooks(*module, hooks_);
 }
 
 bool FullyShardedDataParallel::reshard_after_forward() const {

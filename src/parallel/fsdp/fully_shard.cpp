@@ -4,6 +4,7 @@
 #include <mutex>
 #include <stdexcept>
 #include <unordered_map>
+#include <unordered_set>
 
 #include "model/init.h"
 #include "model/module_hooks.h"
@@ -41,19 +42,16 @@ std::string path_in(const torch::nn::Module& outer, const torch::nn::Module& inn
   return inner.name();
 }
 
-// Forwards the module's hooks to its group; detached when the handle goes.
-class Hooks : public ForwardHooks {
- public:
-  explicit Hooks(detail::ShardGroup& group) : group_(group) {}
-  void pre_forward(torch::nn::Module& module) override { group_.pre_forward(module); }
-  at::Tensor post_forward(torch::nn::Module& module, at::Tensor output) override {
-    return group_.post_forward(module, std::move(output));
-  }
-  std::optional<at::ScalarType> input_dtype() const override { return group_.input_dtype(); }
+bool starts_with(const std::string& name, const std::string& prefix) {
+  return name.compare(0, prefix.size(), prefix) == 0;
+}
 
- private:
-  detail::ShardGroup& group_;
-};
+// The first element of a shard in its parameter's row-major flattening.
+int64_t flat_begin(const ShardedParameter& p) {
+  int64_t row_numel = 1;
+  for (size_t d = 1; d < p.shape.size(); ++d) row_numel *= p.shape[d];
+  return p.row_begin * row_numel;
+}
 
 }  // namespace
 
@@ -80,8 +78,9 @@ std::shared_ptr<FSDPModule> fully_shard(std::shared_ptr<torch::nn::Module> modul
     }
   }
   gone.clear();
-  auto group = std::make_unique<detail::ShardGroup>(*module, mesh, options);
+  auto group = std::make_shared<detail::ShardGroup>(*module, mesh, options);
   std::vector<std::pair<std::string, at::Tensor>> own;
+  std::vector<at::Tensor> own_buffers;
   struct Inner {
     std::string prefix;
     std::shared_ptr<FSDPModule> handle;
@@ -104,27 +103,33 @@ std::shared_ptr<FSDPModule> fully_shard(std::shared_ptr<torch::nn::Module> modul
             "parent");
       }
     }
-    // The sharded modules inside this one, and the prefix of their parameters' names.
-    std::vector<std::pair<std::string, const torch::nn::Module*>> prefixes;
+    // The sharded modules inside this one, and the prefix of their tensors' names.
     for (const auto& item : module->named_modules(/*name_prefix=*/"", /*include_self=*/false)) {
       const auto found = reg.modules.find(item.value().get());
       if (found == reg.modules.end()) continue;
-      prefixes.emplace_back(item.key() + ".", item.value().get());
       inner.push_back({item.key() + ".", found->second.handle, found->second.group});
     }
-    std::unordered_map<const c10::TensorImpl*, std::string> taken;  // by this module, first name
+    // The sharded module inside this one that `name` lies in, or null.
+    auto inner_module_of = [&inner](const std::string& name) -> const torch::nn::Module* {
+      const torch::nn::Module* under = nullptr;
+      for (const auto& item : inner) {
+        if (starts_with(name, item.prefix)) under = item.group->module_address();
+      }
+      return under;
+    };
+    for (const auto& item : module->named_buffers(/*recurse=*/true)) {
+      if (!inner_module_of(item.key())) own_buffers.push_back(item.value());
+    }
+    std::unordered_set<const c10::TensorImpl*> taken;  // by this module
     for (const auto& item : module->named_parameters(/*recurse=*/true)) {
       const std::string& pname = item.key();
       const at::Tensor& tensor = item.value();
-      const torch::nn::Module* under = nullptr;
-      for (const auto& [prefix, inner_module] : prefixes) {
-        if (pname.compare(0, prefix.size(), prefix) == 0) under = inner_module;
-      }
+      const torch::nn::Module* under = inner_module_of(pname);
       const auto owner = reg.params.find(tensor.unsafeGetTensorImpl());
       if (under) {
         if (owner != reg.params.end() && owner->second == under) continue;  // the inner one's
       } else if (owner == reg.params.end()) {
-        if (taken.emplace(tensor.unsafeGetTensorImpl(), pname).second && tensor.numel() > 0) {
+        if (taken.insert(tensor.unsafeGetTensorImpl()).second && tensor.numel() > 0) {
           own.emplace_back(pname, tensor);
         }
         continue;
@@ -139,7 +144,7 @@ std::shared_ptr<FSDPModule> fully_shard(std::shared_ptr<torch::nn::Module> modul
     }
   }
 
-  group->shard(std::move(own));
+  group->shard(std::move(own), std::move(own_buffers));
   for (auto& item : inner) group->adopt(item.prefix, std::move(item.handle), *item.group);
   auto handle = std::shared_ptr<FSDPModule>(new FSDPModule(std::move(group)));
   {
@@ -150,17 +155,16 @@ std::shared_ptr<FSDPModule> fully_shard(std::shared_ptr<torch::nn::Module> modul
       reg.params[p.param.unsafeGetTensorImpl()] = module.get();
     }
   }
-  handle->hooks_ = std::make_shared<Hooks>(*handle->group_);
-  set_module_hooks(*module, handle->hooks_);
+  set_module_hooks(*module, handle->group_);
   return handle;
 }
 
-FSDPModule::FSDPModule(std::unique_ptr<detail::ShardGroup> group) : group_(std::move(group)) {}
+FSDPModule::FSDPModule(std::shared_ptr<detail::ShardGroup> group) : group_(std::move(group)) {}
 
 FSDPModule::~FSDPModule() {
   // The module may be gone and its address taken by another: only this handle's entries go.
   const torch::nn::Module* module = group_->module_address();
-  if (hooks_) detail::clear_module_hooks(module, hooks_.get());
+  detail::clear_module_hooks(module, group_.get());
   Registry& reg = registry();
   std::lock_guard<std::mutex> lock(reg.mutex);
   const auto it = reg.modules.find(module);
@@ -246,8 +250,7 @@ std::pair<std::vector<TensorSpec>, std::vector<FlatSlice>> FSDPModule::checkpoin
   for (const auto& p : sharded_parameters()) {
     out.first.push_back({p.name, p.shape, at::kFloat});
     if (group_->writes_checkpoint() && p.local.numel() > 0) {
-      out.second.push_back({p.name, p.row_begin * (p.local.numel() / p.local.size(0)),
-                            p.local.detach().reshape({-1})});
+      out.second.push_back({p.name, flat_begin(p), p.local.detach().reshape({-1})});
     }
   }
   for (const auto& item : module().named_buffers()) {
@@ -259,27 +262,25 @@ std::pair<std::vector<TensorSpec>, std::vector<FlatSlice>> FSDPModule::checkpoin
 }
 
 void FSDPModule::load_checkpoint(const ShardedCheckpointReader& reader) {
-  auto spec_of = [&reader](const std::string& name, const std::vector<int64_t>& shape) {
+  auto check_shape = [&reader](const std::string& name, const std::vector<int64_t>& shape) {
     const TensorSpec* spec = reader.find(name);
     if (!spec) {
       throw std::invalid_argument("checkpoint " + reader.dir() + " has no tensor '" + name + "'");
     }
     if (spec->shape != shape) {
       throw std::invalid_argument("checkpoint " + reader.dir() + ": tensor '" + name +
-                                  "' has another shape than the module's parameter");
+                                  "' has another shape than the module's");
     }
-    return spec;
   };
   torch::NoGradGuard no_grad;
   for (const auto& p : sharded_parameters()) {
-    spec_of(p.name, p.shape);
+    check_shape(p.name, p.shape);
     if (p.local.numel() == 0) continue;
-    const int64_t begin = p.row_begin * (p.local.numel() / p.local.size(0));
-    at::Tensor values = reader.read_flat(p.name, begin, p.local.numel());
+    at::Tensor values = reader.read_flat(p.name, flat_begin(p), p.local.numel());
     p.local.detach().view({-1}).copy_(values.to(at::kFloat));
   }
   for (const auto& item : module().named_buffers()) {
-    spec_of(item.key(), item.value().sizes().vec());
+    check_shape(item.key(), item.value().sizes().vec());
     item.value().copy_(reader.read(item.key()));
   }
   // A gathered copy would hold the old values.

@@ -2,9 +2,6 @@
 // the layout that maps each parameter's dim-0 rows onto the ranks.
 #include "parallel/fsdp/shard_group.h"
 
-#include <torch/csrc/autograd/functions/accumulate_grad.h>
-#include <torch/csrc/autograd/utils/lambda_post_hook.h>
-
 #include <algorithm>
 #include <stdexcept>
 
@@ -58,24 +55,16 @@ ShardGroup::ShardGroup(torch::nn::Module& module, const DeviceMesh& mesh, FullyS
 }
 
 ShardGroup::~ShardGroup() {
-  for (auto& p : params_) {
-    if (!p.accumulator) continue;
-    auto& hooks = p.accumulator->post_hooks();
-    hooks.erase(std::remove_if(hooks.begin(), hooks.end(),
-                               [&p](const auto& h) { return h.get() == p.hook; }),
-                hooks.end());
-  }
   try {
     for (auto& work : gather_works_) work->wait();
-    for (auto& pending : pending_) {
-      if (pending.work) pending.work->wait();
-    }
+    if (pending_ && pending_->work) pending_->work->wait();
   } catch (const std::exception&) {
     // A failed collective was reported where it was awaited; nothing is left to do with it.
   }
 }
 
-void ShardGroup::shard(std::vector<std::pair<std::string, at::Tensor>> params) {
+void ShardGroup::shard(std::vector<std::pair<std::string, at::Tensor>> params,
+                       std::vector<at::Tensor> buffers) {
   torch::NoGradGuard no_grad;
   for (auto& [name, tensor] : params) {
     ShardParam p;
@@ -111,11 +100,11 @@ void ShardGroup::shard(std::vector<std::pair<std::string, at::Tensor>> params) {
     for (auto& p : params_) {
       if (is_materialized(p.param)) pending.push_back(dp_group_->broadcast(p.param.detach(), 0));
     }
-    for (auto& b : module_->buffers()) pending.push_back(dp_group_->broadcast(b, 0));
+    for (auto& b : buffers) pending.push_back(dp_group_->broadcast(b, 0));
     for (auto& w : pending) w->wait();
   }
   const at::ScalarType buffer_dtype = options_.mixed_precision_.buffer_dtype_;
-  for (auto& b : module_->buffers()) {
+  for (auto& b : buffers) {
     if (at::isFloatingType(b.scalar_type()) && b.scalar_type() != buffer_dtype) {
       b.set_data(b.to(buffer_dtype));
     }
@@ -160,20 +149,14 @@ void ShardGroup::adopt(const std::string& prefix, std::shared_ptr<FSDPModule> in
 
 void ShardGroup::hook_gradients() {
   for (size_t k = 0; k < params_.size(); ++k) {
-    ShardParam& p = params_[k];
-    if (!p.trainable) continue;
-    p.accumulator = torch::autograd::impl::grad_accumulator(p.param);
-    p.accumulator->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(
-        [this, k](const torch::autograd::variable_list& outputs,
-                  const torch::autograd::variable_list&) {
-          ShardParam& ready = params_[k];
-          if (!ready.ready) {
-            ready.ready = true;
-            if (++ready_ == trainable_) post_backward();
-          }
-          return outputs;
-        }));
-    p.hook = p.accumulator->post_hooks().back().get();
+    if (!params_[k].trainable) continue;
+    grad_hooks_.emplace_back(params_[k].param, [this, k] {
+      ShardParam& p = params_[k];
+      if (!p.ready) {
+        p.ready = true;
+        if (++ready_ == trainable_) post_backward();
+      }
+    });
   }
 }
 
@@ -264,30 +247,29 @@ void ShardGroup::reduce() {
   } else {
     pending.output = flat;
   }
-  pending_.push_back(std::move(pending));
+  pending_ = std::move(pending);
 }
 
 void ShardGroup::finish_reduce() {
-  for (auto& pending : pending_) {
-    if (pending.work) pending.work->wait();
-    if (replicate_group_ && options_.zero_stage_ != 1) {
-      // Hybrid sharding: the replicas' shards of the same rows are averaged too.
-      replicate_group_->all_reduce(pending.output, ReduceOp::kAvg)->wait();
-    }
-    torch::NoGradGuard no_grad;
-    for (auto& p : params_) {
-      if (!p.trainable) continue;
-      at::Tensor& grad = p.local.mutable_grad();
-      at::Tensor rows = pending.output.narrow(0, p.offset, p.local_numel()).view(p.local.sizes());
-      // The optimizer may have set the gradient to none (zero_grad).
-      if (grad.defined()) {
-        grad.add_(rows);
-      } else {
-        grad = rows.to(at::kFloat, /*non_blocking=*/false, /*copy=*/true);
-      }
+  if (!pending_) return;
+  if (pending_->work) pending_->work->wait();
+  if (replicate_group_ && options_.zero_stage_ != 1) {
+    // Hybrid sharding: the replicas' shards of the same rows are averaged too.
+    replicate_group_->all_reduce(pending_->output, ReduceOp::kAvg)->wait();
+  }
+  torch::NoGradGuard no_grad;
+  for (auto& p : params_) {
+    if (!p.trainable) continue;
+    at::Tensor& grad = p.local.mutable_grad();
+    at::Tensor rows = pending_->output.narrow(0, p.offset, p.local_numel()).view(p.local.sizes());
+    // The optimizer may have set the gradient to none (zero_grad).
+    if (grad.defined()) {
+      grad.add_(rows);
+    } else {
+      grad = rows.to(at::kFloat, /*non_blocking=*/false, /*copy=*/true);
     }
   }
-  pending_.clear();
+  pending_.reset();
 }
 
 }  // namespace shardtrain::detail

@@ -5,16 +5,14 @@
 #include <ATen/ATen.h>
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <unordered_set>
 #include <utility>
 #include <vector>
 
+#include "parallel/grad_hook.h"
 #include "shardtrain/fully_shard.h"
-
-namespace torch::autograd {
-struct Node;
-}
 
 namespace shardtrain::detail {
 
@@ -32,8 +30,6 @@ struct ShardParam {
   int64_t offset = 0;         // where its padded shard starts in the group's buffers
   bool trainable = false;
   at::Tensor local;  // the shard the optimizer sees: a leaf view into the group's master
-  std::shared_ptr<torch::autograd::Node> accumulator;  // where the gradient hook sits
-  void* hook = nullptr;
   bool ready = false;  // its gradient arrived in this backward
 
   int64_t padded_numel() const { return rows_per_rank * row_numel; }
@@ -50,9 +46,11 @@ class ShardGroup : public ForwardHooks {
   at::Tensor post_forward(torch::nn::Module& module, at::Tensor output) override;
   std::optional<at::ScalarType> input_dtype() const override;
 
-  // Fills the shards from the module's values (or options.init), then frees the module's
-  // parameter memory. Collective over the data-parallel ranks when sync_module_states.
-  void shard(std::vector<std::pair<std::string, at::Tensor>> params);
+  // Fills the shards of `params` from the module's values (or options.init), then frees the
+  // module's parameter memory; casts `buffers` to the buffer dtype. Collective over the
+  // data-parallel ranks when sync_module_states (rank 0's values of both are broadcast).
+  void shard(std::vector<std::pair<std::string, at::Tensor>> params,
+             std::vector<at::Tensor> buffers);
   // Adopts an inner sharded module found at `prefix` ("blocks.0.") of this one.
   void adopt(const std::string& prefix, std::shared_ptr<FSDPModule> inner, ShardGroup& group);
 
@@ -130,7 +128,8 @@ class ShardGroup : public ForwardHooks {
   bool in_backward_ = false;
   bool reduced_ = false;
   size_t ready_ = 0;
-  std::vector<PendingReduce> pending_;
+  std::optional<PendingReduce> pending_;  // the reduction issued in this backward
+  std::vector<GradAccumulatedHook> grad_hooks_;  // one per trainable parameter
 };
 
 }  // namespace shardtrain::detail

@@ -116,7 +116,7 @@ void ShardGroup::post_backward() {
     // holds about one group's reduced output beside the shards rather than one per group.
     if (root_) {
       for (auto& [prefix, group] : root_->tree_) {
-        if (group != this && !group->pending_.empty()) group->finish_reduce();
+        if (group != this) group->finish_reduce();
       }
     }
   }
