@@ -137,6 +137,8 @@ void add_ckpt_command(CLI::App& app) {
     std::string dir;
     std::string out;
     std::string format;
+    std::string lora;
+    std::string base;
     bool force = false;
   };
   auto export_args = std::make_shared<ExportArgs>();
@@ -148,11 +150,32 @@ void add_ckpt_command(CLI::App& app) {
       ->required()
       ->check(CLI::IsMember({"hf"}));
   export_cmd->add_flag("--force", export_args->force,
-                       "replace model.safetensors and config.json in a non-empty OUT");
+                       "replace the files it writes in a non-empty OUT");
+  export_cmd
+      ->add_option("--lora", export_args->lora,
+                   "for a LoRA run's checkpoint: \"adapters\" (PEFT's adapter_model.safetensors "
+                   "and adapter_config.json) or \"merged\" (the base model with the adapters "
+                   "merged in)")
+      ->check(CLI::IsMember({"adapters", "merged"}));
+  export_cmd->add_option("--base", export_args->base,
+                         "with --lora merged: the base model's Hugging Face weights (default: "
+                         "the run's model.init_from, or its seed's initialization)");
   export_cmd->callback([a = export_args] {
-    export_hf_checkpoint(checkpoint_dir(a->dir), a->out, a->force);
-    std::printf("wrote %s/model.safetensors and %s/config.json\n", a->out.c_str(),
-                a->out.c_str());
+    if (!a->base.empty() && a->lora != "merged") {
+      throw std::invalid_argument("ckpt export: --base is the base model of --lora merged");
+    }
+    if (a->lora.empty()) {
+      export_hf_checkpoint(checkpoint_dir(a->dir), a->out, a->force);
+      std::printf("wrote %s/model.safetensors and %s/config.json\n", a->out.c_str(),
+                  a->out.c_str());
+      return;
+    }
+    const bool merged = a->lora == "merged";
+    export_lora_checkpoint(checkpoint_dir(a->dir), a->out,
+                           merged ? LoraExport::kMerged : LoraExport::kAdapters, a->base, a->force);
+    std::printf("wrote %s/%s and %s/%s\n", a->out.c_str(),
+                merged ? "model.safetensors" : "adapter_model.safetensors", a->out.c_str(),
+                merged ? "config.json" : "adapter_config.json");
   });
 
   auto* reshard_cmd = ckpt->add_subcommand(

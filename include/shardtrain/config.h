@@ -1,5 +1,5 @@
 // The training configuration: TOML sections [model] [data] [train] [parallel] [precision]
-// [run], with
+// [lora] [run], with
 // `section.key=value` overrides. Every key is known; an unknown key or a wrong type is an error
 // that names it.
 #pragma once
@@ -93,6 +93,15 @@ struct TrainConfig {
   int64_t zero_prefetch_bucket_size = 50000000;       // stage 3
   int64_t zero_param_persistence_threshold = 100000;  // stage 3
   int64_t zero_max_live_parameters = 1000000000;      // stage 3
+
+  // [lora]: low-rank adapters (lora.h) on the chosen linear layers; every other parameter is
+  // frozen, and only the adapters are trained, communicated and checkpointed. rank 0: off
+  // (every parameter trains).
+  int64_t lora_rank = 0;
+  double lora_alpha = 16.0;    // the update is scaled by alpha / rank
+  double lora_dropout = 0.0;   // on the adapters' input
+  std::vector<std::string> lora_target_modules = {"all-linear"};  // PEFT's target_modules
+  std::string lora_base_dtype = "fp32";  // the frozen base weights' storage dtype
 
   // [run]
   std::string dir = "runs/default";

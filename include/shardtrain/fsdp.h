@@ -299,7 +299,11 @@ class FullyShardedDataParallel {
   // With param_swap_dir: queues the reads of the master shards of the units after those
   // prefetch_ahead() gathers, so that their gathers find them in memory.
   void read_ahead(int index, int step);
-  void release(Unit& unit);
+  // Frees the unit's gathered parameters (and its companion's, unless `companion` is false).
+  void release(Unit& unit, bool companion = true);
+  // When backward reaches unit `index`, the units after it are done with their frozen
+  // parameters (the gradient of their input is complete): those are freed.
+  void release_frozen_after(int index);
   void wait_gathered(Unit& unit);
   void prefetch(int index);
   // Prefetches the units after `index` in direction `step` (+1 forward, -1 backward), as the

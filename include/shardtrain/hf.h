@@ -60,4 +60,23 @@ void load_hf_weights(Transformer& model, const std::string& path);
 void export_hf_checkpoint(const std::string& checkpoint_dir, const std::string& out_dir,
                           bool overwrite = false);
 
+// What ckpt export writes for a checkpoint of a LoRA run ([lora]): the adapters alone, as
+// PEFT saves them, or the base model with every adapter merged into its weight.
+enum class LoraExport { kAdapters, kMerged };
+
+// kAdapters: OUT/adapter_model.safetensors (PEFT's names,
+// "base_model.model.<Hugging Face module>.lora_A.weight" [rank, in] and ".lora_B.weight"
+// [out, rank], fp32) and OUT/adapter_config.json (peft_type LORA, r, lora_alpha, lora_dropout,
+// target_modules, fan_in_fan_out for GPT-2's Conv1D layers, base_model_name_or_path).
+// kMerged: OUT/model.safetensors and OUT/config.json as export_hf_checkpoint writes them, with
+// each adapted weight W replaced by W + (alpha / rank) B A in fp32. The base weights come from
+// `base` (Hugging Face weights, as model.init_from takes them; empty: the run's
+// model.init_from, or its seed's random initialization when it had none); the whole base model
+// is held in memory. Files appear complete or not at all; OUT must be empty or absent unless
+// `overwrite`. Throws std::invalid_argument for a checkpoint that holds no adapters, or a base
+// whose tensors do not fit the checkpoint's model.
+void export_lora_checkpoint(const std::string& checkpoint_dir, const std::string& out_dir,
+                            LoraExport what, const std::string& base = "",
+                            bool overwrite = false);
+
 }  // namespace shardtrain

@@ -132,6 +132,28 @@ decltype(auto) cast_input(T&& value, std::optional<at::ScalarType> dtype) {
 }
 }  // namespace detail
 
+namespace detail {
+// `output` plus the LoRA update of the torch::nn::Linear `module` for `input` when add_lora gave
+// it an adapter (lora.h); `output` otherwise.
+at::Tensor add_lora_output(const torch::nn::Module& module, const at::Tensor& input,
+                           at::Tensor output);
+
+// module->forward(args...), with the module's LoRA adapter applied to a one-tensor call.
+template <typename ModulePtr, typename... Args>
+auto forward_adapted(ModulePtr& module, const torch::nn::Module& target, Args&&... args)
+    -> decltype(module->forward(std::forward<Args>(args)...)) {
+  if constexpr (sizeof...(Args) == 1 &&
+                (std::is_same_v<std::decay_t<Args>, at::Tensor> && ...) &&
+                std::is_same_v<decltype(module->forward(std::forward<Args>(args)...)),
+                               at::Tensor>) {
+    const at::Tensor input(args...);
+    return add_lora_output(target, input, module->forward(input));
+  } else {
+    return module->forward(std::forward<Args>(args)...);
+  }
+}
+}  // namespace detail
+
 // Hooks attached to one module of any kind (fully_shard attaches its own), or null to detach
 // them. Thread-safe; the entry is keyed by the module's address.
 void set_module_hooks(const torch::nn::Module& module, std::shared_ptr<ForwardHooks> hooks);
@@ -141,6 +163,7 @@ std::shared_ptr<ForwardHooks> module_hooks(const torch::nn::Module& module);
 // free after), or a plain forward call when none are. LibTorch C++ has no forward hooks, so a
 // module calls its sharded children, and the training loop a sharded root, through this.
 // `module` is a ModuleHolder (torch::nn::Linear, ...) or a std::shared_ptr to a module. A
+// torch::nn::Linear that add_lora adapted adds its adapter's update to a one-tensor call. A
 // forward that returns something other than one tensor gets no backward hook: its module's
 // parameters then stay gathered until the end of backward. Floating-point tensor arguments are
 // cast to the hooks' input_dtype() (FSDP's mixed-precision compute dtype).
@@ -149,10 +172,11 @@ auto call(ModulePtr& module, Args&&... args)
     -> decltype(module->forward(std::forward<Args>(args)...)) {
   torch::nn::Module& target = *module;
   const std::shared_ptr<ForwardHooks> hooks = module_hooks(target);
-  if (!hooks) return module->forward(std::forward<Args>(args)...);
+  if (!hooks) return detail::forward_adapted(module, target, std::forward<Args>(args)...);
   hooks->pre_forward(target);
   const std::optional<at::ScalarType> dtype = hooks->input_dtype();
-  auto output = module->forward(detail::cast_input(std::forward<Args>(args), dtype)...);
+  auto output =
+      detail::forward_adapted(module, target, detail::cast_input(std::forward<Args>(args), dtype)...);
   if constexpr (std::is_same_v<std::decay_t<decltype(output)>, at::Tensor>) {
     return hooks->post_forward(target, std::move(output));
   } else {
@@ -169,8 +193,10 @@ class TransformerImpl : public torch::nn::Module {
   at::Tensor forward(const at::Tensor& tokens);
 
   // The initialization of every parameter (see ParameterInitializer): ModelInit's values, or
-  // the random one, a copy that stays valid after the model is gone. GPT-2's scheme: N(0, 0.02) for matrices, 0.02 / sqrt(2 n_layers)
-  // for the projections that write into the residual stream, norm weights one, biases zero.
+  // the random one, a copy that stays valid after the model is gone. GPT-2's scheme: N(0, 0.02)
+  // for matrices, 0.02 / sqrt(2 n_layers) for the projections that write into the residual
+  // stream, norm weights one, biases zero. LoRA adapters (add_lora) present when it is called
+  // are initialized as lora.h says.
   ParameterInitializer initializer() const;
   uint64_t seed() const { return seed_; }
   // Whether every parameter has memory; materialize() allocates and initializes the ones that
@@ -195,6 +221,8 @@ class TransformerImpl : public torch::nn::Module {
   std::vector<std::shared_ptr<torch::nn::Module>> hook_points() const;
 
  private:
+  ParameterInitializer base_initializer() const;  // the random initialization
+
   ModelConfig config_;
   uint64_t seed_ = 0;
   ParameterInitializer values_;  // from ModelInit; empty for the random initialization

@@ -11,6 +11,7 @@
 #include "shardtrain/fused_adamw.h"
 #include "shardtrain/hf.h"
 #include "shardtrain/launch.h"
+#include "shardtrain/lora.h"
 #include "shardtrain/memory.h"
 #include "shardtrain/mesh.h"
 #include "shardtrain/model.h"

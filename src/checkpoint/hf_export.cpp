@@ -4,6 +4,7 @@
 #include <fstream>
 #include <stdexcept>
 
+#include "checkpoint/export_files.h"
 #include "checkpoint/model_description.h"
 #include "checkpoint/safetensors_detail.h"
 #include "shardtrain/hf.h"
@@ -32,6 +33,56 @@ void write_transposed(detail::SafetensorsStreamWriter& writer, const at::Tensor&
 
 }  // namespace
 
+void detail::write_export(const std::string& out_dir, bool overwrite,
+                          const std::string& weights_name,
+                          const std::vector<ExportTensor>& tensors, const std::string& json_name,
+                          const std::string& json_text) {
+  std::vector<detail::SafetensorsStreamWriter::Entry> entries;
+  for (const auto& t : tensors) {
+    std::vector<int64_t> shape = t.shape;
+    if (t.transposed) std::reverse(shape.begin(), shape.end());
+    entries.push_back({t.key, t.dtype, shape});
+  }
+  if (fs::exists(out_dir) && !fs::is_empty(out_dir) && !overwrite) {
+    throw std::invalid_argument("ckpt export: '" + out_dir + "' is not empty (pass --force to "
+                                "replace its " + weights_name + " and " + json_name + ")");
+  }
+  fs::create_directories(out_dir);
+  const fs::path weights_partial = fs::path(out_dir) / ("." + weights_name + ".partial");
+  const fs::path json_partial = fs::path(out_dir) / ("." + json_name + ".partial");
+  try {
+    // Both files are written in full under hidden names first, then renamed into place.
+    {
+      detail::SafetensorsStreamWriter writer(weights_partial.string(), entries,
+                                             {{"format", "pt"}});
+      for (const auto& t : tensors) {
+        const at::Tensor values = t.values();
+        if (t.transposed) {
+          write_transposed(writer, values);
+        } else {
+          writer.write(values);
+        }
+      }
+      writer.finish();
+    }
+    {
+      std::ofstream out(json_partial, std::ios::trunc);
+      out << json_text;
+      out.close();
+      if (!out) throw std::runtime_error("writing '" + json_partial.string() + "' failed");
+    }
+    detail::fsync_path(json_partial.string());
+  } catch (...) {
+    std::error_code ignored;  // a failed export leaves nothing behind
+    fs::remove(weights_partial, ignored);
+    fs::remove(json_partial, ignored);
+    throw;
+  }
+  fs::rename(weights_partial, fs::path(out_dir) / weights_name);
+  fs::rename(json_partial, fs::path(out_dir) / json_name);
+  detail::fsync_path(out_dir);
+}
+
 void export_hf_checkpoint(const std::string& checkpoint_dir, const std::string& out_dir,
                           bool overwrite) {
   const ShardedCheckpointReader reader(checkpoint_dir);
@@ -41,60 +92,26 @@ void export_hf_checkpoint(const std::string& checkpoint_dir, const std::string& 
                                 "' has no model description in its metadata (it was not written "
                                 "by the trainer), so its Hugging Face names are unknown");
   }
+  if (metadata.contains("lora")) {
+    throw std::invalid_argument("checkpoint '" + checkpoint_dir +
+                                "' holds LoRA adapters, not a whole model: export them with "
+                                "--lora adapters, or the model with them merged with --lora "
+                                "merged");
+  }
   const ModelConfig config =
       detail::model_from_description(metadata.at("model"), "checkpoint '" + checkpoint_dir + "'");
-  const auto names = hf_parameter_names(config);
-
-  std::vector<detail::SafetensorsStreamWriter::Entry> entries;
-  for (const auto& n : names) {
+  std::vector<detail::ExportTensor> tensors;
+  for (const auto& n : hf_parameter_names(config)) {
     const TensorSpec* spec = reader.find(n.name);
     if (!spec) {
       throw std::invalid_argument("checkpoint '" + checkpoint_dir + "' has no tensor '" + n.name +
                                   "', which its " + to_string(config.family) + " model needs");
     }
-    std::vector<int64_t> shape = spec->shape;
-    if (n.transposed) std::reverse(shape.begin(), shape.end());
-    entries.push_back({n.hf_name, spec->dtype, shape});
+    tensors.push_back({n.hf_name, spec->dtype, spec->shape, n.transposed,
+                       [&reader, name = n.name] { return reader.read(name); }});
   }
-  if (fs::exists(out_dir) && !fs::is_empty(out_dir) && !overwrite) {
-    throw std::invalid_argument("ckpt export: '" + out_dir +
-                                "' is not empty (pass --force to replace its model.safetensors "
-                                "and config.json)");
-  }
-  fs::create_directories(out_dir);
-  const fs::path model_partial = fs::path(out_dir) / ".model.safetensors.partial";
-  const fs::path config_partial = fs::path(out_dir) / ".config.json.partial";
-  try {
-    // Both files are written in full under hidden names first, then renamed into place.
-    {
-      detail::SafetensorsStreamWriter writer(model_partial.string(), entries,
-                                             {{"format", "pt"}});
-      for (const auto& n : names) {
-        at::Tensor tensor = reader.read(n.name);
-        if (n.transposed) {
-          write_transposed(writer, tensor);
-        } else {
-          writer.write(tensor);
-        }
-      }
-      writer.finish();
-    }
-    {
-      std::ofstream out(config_partial, std::ios::trunc);
-      out << hf_config_json(config, reader.find(names.front().name)->dtype);
-      out.close();
-      if (!out) throw std::runtime_error("writing '" + config_partial.string() + "' failed");
-    }
-    detail::fsync_path(config_partial.string());
-  } catch (...) {
-    std::error_code ignored;  // a failed export leaves nothing behind
-    fs::remove(model_partial, ignored);
-    fs::remove(config_partial, ignored);
-    throw;
-  }
-  fs::rename(model_partial, fs::path(out_dir) / "model.safetensors");
-  fs::rename(config_partial, fs::path(out_dir) / "config.json");
-  detail::fsync_path(out_dir);
+  detail::write_export(out_dir, overwrite, "model.safetensors", tensors, "config.json",
+                       hf_config_json(config, tensors.front().dtype));
 }
 
 }  // namespace shardtrain

@@ -197,6 +197,20 @@ const std::map<std::string, Setter>& known_keys() {
       {"precision.param_dtype", field(&TrainConfig::param_dtype)},
       {"precision.reduce_dtype", field(&TrainConfig::reduce_dtype)},
       {"precision.buffer_dtype", field(&TrainConfig::buffer_dtype)},
+      {"lora.rank", field(&TrainConfig::lora_rank)},
+      {"lora.alpha", field(&TrainConfig::lora_alpha)},
+      {"lora.dropout", field(&TrainConfig::lora_dropout)},
+      {"lora.target_modules",
+       [](TrainConfig& c, const toml::node& n, const std::string& name) {
+         c.lora_target_modules.clear();
+         if (n.is_string()) {
+           c.lora_target_modules.push_back(*n.value<std::string>());
+           return;
+         }
+         if (!n.is_array()) wrong_type(name, "a module name pattern or an array of them", n);
+         for (const auto& item : *n.as_array()) c.lora_target_modules.push_back(as_string(item, name));
+       }},
+      {"lora.base_dtype", field(&TrainConfig::lora_base_dtype)},
       {"run.dir", field(&TrainConfig::dir)},
       {"run.log_every", field(&TrainConfig::log_every)},
       {"run.resume", field(&TrainConfig::resume)},
@@ -480,6 +494,24 @@ void TrainConfig::validate() const {
   require(ddp_comm_hook == "none" || ddp_comm_hook == "bf16" || ddp_comm_hook == "fp16",
           "parallel.ddp.comm_hook must be \"none\", \"bf16\" or \"fp16\", got \"" + ddp_comm_hook +
               "\"");
+  require(lora_rank >= 0, "lora.rank must be positive (0 trains every parameter, no adapters), "
+                          "got " + std::to_string(lora_rank));
+  if (lora_rank > 0) {
+    require(std::isfinite(lora_alpha) && lora_alpha >= 0,
+            "lora.alpha must be a finite number >= 0, got " + std::to_string(lora_alpha));
+    require(lora_dropout >= 0 && lora_dropout < 1,
+            "lora.dropout must be in [0, 1), got " + std::to_string(lora_dropout));
+    require(!lora_target_modules.empty(),
+            "lora.target_modules is empty: name the linear layers to adapt (e.g. [\"attn.q\", "
+            "\"attn.v\"]) or \"all-linear\"");
+    require(lora_base_dtype == "fp32" || lora_base_dtype == "bf16",
+            "lora.base_dtype must be \"fp32\" or \"bf16\", got \"" + lora_base_dtype + "\"");
+    require(strategy != "zero",
+            "lora.rank > 0 with parallel.strategy = \"zero\": ZeRO keeps optimizer state for "
+            "every parameter and cannot hold a frozen base; use parallel.strategy = \"fsdp\" "
+            "(sharding = \"shard_grad_op\" is ZeRO-2's layout, \"full_shard\" ZeRO-3's) or "
+            "\"ddp\"");
+  }
   require(max_skipped >= 1, "train.max_skipped must be at least 1");
   require(weight_decay >= 0 && eps > 0, "train.weight_decay must be >= 0 and train.eps positive");
   require(log_every >= 1, "run.log_every must be at least 1");

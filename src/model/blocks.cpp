@@ -1,7 +1,9 @@
 // Norms, MLPs and the pre-norm blocks of both families.
 #include "model/layers.h"
 
+#include "model/autocast.h"
 #include "model/init.h"
+#include "shardtrain/lora.h"
 
 namespace shardtrain::detail {
 
@@ -16,6 +18,18 @@ at::Tensor new_parameter(at::IntArrayRef shape, bool deferred) {
 LinearImpl::LinearImpl(int64_t in, int64_t out, bool bias, bool deferred) {
   weight = register_parameter("weight", new_parameter({out, in}, deferred));
   if (bias) this->bias = register_parameter("bias", new_parameter({out}, deferred));
+}
+
+at::Tensor LinearImpl::forward(const at::Tensor& x) {
+  const bool frozen = !weight.requires_grad() && !(bias.defined() && bias.requires_grad());
+  // Under autocast the product runs in the autocast dtype whatever W's; outside it a frozen W of
+  // another dtype goes through frozen_linear rather than a cast autograd would keep.
+  const AutocastState autocast = autocast_state();
+  at::Tensor y = frozen && weight.scalar_type() != x.scalar_type() && !autocast.cpu && !autocast.cuda
+                     ? frozen_linear(x, weight, bias)
+                     : at::linear(x, weight, bias);
+  if (!lora_a) return y;
+  return y + lora_delta(x, lora_a->weight, lora_b->weight, lora_scale, lora_dropout, is_training());
 }
 
 LayerNormImpl::LayerNormImpl(int64_t dim, double eps, bool deferred) : eps_(eps) {

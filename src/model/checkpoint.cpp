@@ -6,6 +6,7 @@
 #include <ATen/Context.h>
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/custom_function.h>
+#include <torch/csrc/autograd/engine.h>
 
 #include <mutex>
 
@@ -83,6 +84,23 @@ struct CheckpointState : torch::CustomClassHolder {
   AutocastState autocast;
 };
 
+// Callbacks queued during a recomputation's nested backward, per nesting level of this thread
+// (the engine runs a nested backward on the thread that started it).
+thread_local std::vector<std::vector<std::function<void()>>> deferred_callbacks;
+
+// Around a nested backward: the callbacks queued inside it go to the enclosing backward.
+class NestedBackward {
+ public:
+  NestedBackward() { deferred_callbacks.emplace_back(); }
+  ~NestedBackward() {
+    std::vector<std::function<void()>> mine = std::move(deferred_callbacks.back());
+    deferred_callbacks.pop_back();
+    for (auto& fn : mine) queue_backward_callback(std::move(fn));
+  }
+  NestedBackward(const NestedBackward&) = delete;
+  NestedBackward& operator=(const NestedBackward&) = delete;
+};
+
 class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> {
  public:
   static at::Tensor forward(AutogradContext* ctx, c10::intrusive_ptr<CheckpointState> state,
@@ -113,7 +131,10 @@ class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> 
     }
     // A nested backward: parameter gradients accumulate into .grad exactly as they would have
     // through the original graph; the input's gradient is handed back to the outer pass.
-    torch::autograd::backward({output}, {grad_outputs[0]});
+    {
+      NestedBackward nested;
+      torch::autograd::backward({output}, {grad_outputs[0]});
+    }
     // One entry per forward argument: the state (not a tensor), the input, then each parameter,
     // whose gradient has already been accumulated.
     const auto num_params = static_cast<size_t>(ctx->saved_data["num_params"].toInt());
@@ -124,6 +145,14 @@ class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> 
 };
 
 }  // namespace
+
+void queue_backward_callback(std::function<void()> fn) {
+  if (!deferred_callbacks.empty()) {
+    deferred_callbacks.back().push_back(std::move(fn));
+    return;
+  }
+  torch::autograd::Engine::get_default_engine().queue_callback(std::move(fn));
+}
 
 at::Tensor checkpoint(BlockFunction fn, const at::Tensor& input,
                       const std::vector<at::Tensor>& params) {

@@ -25,4 +25,10 @@ using BlockFunction = std::function<at::Tensor(const at::Tensor&)>;
 at::Tensor checkpoint(BlockFunction fn, const at::Tensor& input,
                       const std::vector<at::Tensor>& params);
 
+// The autograd engine's queue_callback (run `fn` when the backward pass ends), except that from
+// inside checkpoint()'s nested backward the callback is handed to the enclosing backward: a
+// strategy that finishes its reductions there must not run when one recomputed block is done
+// (the first gradients of a LoRA model, whose head is frozen, come from inside a block).
+void queue_backward_callback(std::function<void()> fn);
+
 }  // namespace shardtrain::detail

@@ -90,14 +90,69 @@ void fill_normal(uint64_t key, int64_t begin, double mean, double std, at::Tenso
   if (!values.is_same(out)) out.copy_(values);
 }
 
+void fill_uniform(uint64_t key, int64_t begin, double low, double high, at::Tensor out) {
+  if (out.dim() != 1 || !out.is_contiguous()) {
+    throw std::invalid_argument("fill_uniform: out must be a contiguous 1-D tensor");
+  }
+  at::Tensor values = out.scalar_type() == at::kFloat ? out : at::empty_like(out, at::kFloat);
+  float* data = values.data_ptr<float>();
+  constexpr double kUnit = 1.0 / 9007199254740992.0;  // 2^-53
+  at::parallel_for(0, values.numel(), 1 << 15, [&](int64_t lo, int64_t hi) {
+    for (int64_t j = lo; j < hi; ++j) {
+      const double u = static_cast<double>(mix(key + static_cast<uint64_t>(begin + j)) >> 11) * kUnit;
+      data[j] = static_cast<float>(low + (high - low) * u);
+    }
+  });
+  if (!values.is_same(out)) out.copy_(values);
+}
+
 }  // namespace detail
 
 bool is_materialized(const at::Tensor& tensor) {
   return !tensor.defined() || tensor.numel() == 0 || tensor.storage().nbytes() > 0;
 }
 
+namespace {
+
+// The LoRA adapters' initialization (add_lora): A uniform in +-1/sqrt(in) (what
+// torch::nn::Linear and PEFT draw), B zero, as functions of (seed, name, index) like the rest.
+// Other names go to `base`.
+ParameterInitializer with_adapters(const TransformerImpl& model, uint64_t seed,
+                                   ParameterInitializer base) {
+  std::map<std::string, std::pair<int64_t, int64_t>> adapters;  // name -> numel, fan-in (A)
+  for (const auto& item : model.named_parameters()) {
+    const bool a = detail::ends_with(item.key(), ".lora_A.weight");
+    if (a || detail::ends_with(item.key(), ".lora_B.weight")) {
+      adapters[item.key()] = {item.value().numel(), a ? item.value().size(1) : 0};
+    }
+  }
+  if (adapters.empty()) return base;
+  return [adapters = std::move(adapters), seed, base = std::move(base)](
+             const std::string& name, int64_t begin, at::Tensor out) {
+    const auto it = adapters.find(name);
+    if (it == adapters.end()) return base(name, begin, out);
+    if (begin < 0 || begin + out.numel() > it->second.first) {
+      throw std::invalid_argument("elements [" + std::to_string(begin) + ", " +
+                                  std::to_string(begin + out.numel()) +
+                                  ") are outside parameter '" + name + "'");
+    }
+    at::NoGradGuard no_grad;
+    if (it->second.second == 0) {
+      out.zero_();
+      return;
+    }
+    const double bound = 1.0 / std::sqrt(static_cast<double>(it->second.second));
+    detail::fill_uniform(detail::init_stream_key(seed, name), begin, -bound, bound, out);
+  };
+}
+
+}  // namespace
+
 ParameterInitializer TransformerImpl::initializer() const {
-  if (values_) return values_;
+  return with_adapters(*this, seed_, values_ ? values_ : base_initializer());
+}
+
+ParameterInitializer TransformerImpl::base_initializer() const {
   struct Described {
     int64_t numel;
     size_t dims;

@@ -30,5 +30,7 @@ uint64_t init_stream_key(uint64_t seed, const std::string& name);
 // (index / 2) of counter-based uniforms, so any element range comes out the same whoever fills
 // it. Computed in double, stored in out's dtype.
 void fill_normal(uint64_t key, int64_t begin, double mean, double std, at::Tensor out);
+// out[j] uniform in [low, high) from the counter-based stream `key` at index begin + j.
+void fill_uniform(uint64_t key, int64_t begin, double low, double high, at::Tensor out);
 
 }  // namespace shardtrain::detail

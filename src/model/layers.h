@@ -43,10 +43,23 @@ at::Tensor new_parameter(at::IntArrayRef shape, bool deferred);
 class LinearImpl : public torch::nn::Module {
  public:
   LinearImpl(int64_t in, int64_t out, bool bias, bool deferred);
-  at::Tensor forward(const at::Tensor& x) { return at::linear(x, weight, bias); }
+  // x W^T + b, plus the LoRA update when the layer has an adapter (add_lora).
+  at::Tensor forward(const at::Tensor& x);
   at::Tensor weight, bias;  // [out, in], [out] or undefined
+  // The adapter's A [rank, in] and B [out, rank] layers (submodules "lora_A", "lora_B"), or null.
+  std::shared_ptr<LinearImpl> lora_a, lora_b;
+  double lora_scale = 0.0, lora_dropout = 0.0;
 };
 TORCH_MODULE(Linear);
+
+// x W^T + b for a frozen W stored in another dtype than x (a LoRA base kept in bf16): W is cast
+// to x's dtype for the product, and again in backward for x's gradient, so no copy of it in the
+// activations' dtype outlives the call. W and b get no gradient.
+at::Tensor frozen_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias);
+
+// Stores the frozen weights of the model's linear layers (not its output head, not LoRA
+// adapters) in `dtype`: materialized ones are converted, deferred ones described in it.
+void store_frozen_linears(torch::nn::Module& model, at::ScalarType dtype);
 
 class LayerNormImpl : public torch::nn::Module {
  public:

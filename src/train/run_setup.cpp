@@ -113,4 +113,12 @@ std::string optimizer_state_key(const at::Tensor& parameter) {
   return key.str();
 }
 
+LoraOptions lora_options(const TrainConfig& config) {
+  return LoraOptions()
+      .rank(config.lora_rank)
+      .alpha(config.lora_alpha)
+      .dropout(config.lora_dropout)
+      .target_modules(config.lora_target_modules);
+}
+
 }  // namespace shardtrain::detail

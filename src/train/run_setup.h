@@ -6,6 +6,7 @@
 
 #include "shardtrain/config.h"
 #include "shardtrain/data.h"
+#include "shardtrain/lora.h"
 #include "shardtrain/tokenizer.h"
 
 namespace shardtrain::detail {
@@ -33,6 +34,9 @@ int64_t peak_resident_bytes();
 bool return_memory_promptly(const TrainConfig& config);
 // Hands free heap pages back to the system (glibc's malloc_trim); a no-op elsewhere.
 void trim_heap();
+
+// The [lora] section as add_lora's options.
+LoraOptions lora_options(const TrainConfig& config);
 
 // LibTorch's optimizers key per-parameter state by the TensorImpl address, printed.
 std::string optimizer_state_key(const at::Tensor& parameter);

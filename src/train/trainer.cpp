@@ -10,11 +10,13 @@
 #include <cstdlib>
 
 #include "model/autocast.h"
+#include "model/layers.h"
 #include "optim/swap_file.h"
 #include "parallel/parallelize.h"
 #include "shardtrain/checkpoint.h"
 #include "shardtrain/fused_adamw.h"
 #include "shardtrain/hf.h"
+#include "shardtrain/lora.h"
 #include "shardtrain/memory.h"
 #include "shardtrain/threads.h"
 #include "shardtrain/train.h"
@@ -107,6 +109,13 @@ Trainer::Trainer(TrainConfig config, std::shared_ptr<ProcessGroup> world)
     ModelInit init = ModelInit().seed(static_cast<uint64_t>(config_.seed)).deferred();
     if (!config_.init_from.empty()) init.values(hf_initializer(config_.model, config_.init_from));
     model_ = Transformer(config_.model, std::move(init));
+    // Fine-tuning with adapters: the base is frozen before any strategy sees the model, so
+    // that only the adapters are in the optimizer, the gradient reductions and checkpoints.
+    if (config_.lora_rank > 0) {
+      add_lora(*model_, detail::lora_options(config_));
+      // The frozen base's linear weights in lora.base_dtype: stored, gathered and sent so.
+      if (config_.lora_base_dtype == "bf16") detail::store_frozen_linears(*model_, at::kBFloat16);
+    }
   }
   const bool prompt = detail::return_memory_promptly(config_);
   {
@@ -125,7 +134,7 @@ Trainer::Trainer(TrainConfig config, std::shared_ptr<ProcessGroup> world)
       (s.shape.size() >= 2 ? decay : no_decay).push_back(s.param);
     }
   } else {
-    for (const auto& p : model_->parameters()) (p.dim() >= 2 ? decay : no_decay).push_back(p);
+    for (const auto& p : parameters()) (p.dim() >= 2 ? decay : no_decay).push_back(p);
   }
   auto options = torch::optim::AdamWOptions(config_.lr)
                      .betas({config_.beta1, config_.beta2})
@@ -163,8 +172,13 @@ void Trainer::check_vocabulary() const {
 }
 
 std::vector<at::Tensor> Trainer::parameters() const {
-  if (!fsdp_) return model_->parameters();
   std::vector<at::Tensor> pieces;
+  if (!fsdp_) {
+    for (const auto& p : model_->parameters()) {
+      if (p.requires_grad()) pieces.push_back(p);  // not a LoRA run's frozen base
+    }
+    return pieces;
+  }
   for (const auto& s : fsdp_->segments()) pieces.push_back(s.param);
   return pieces;
 }
@@ -326,6 +340,21 @@ void Trainer::fit() {
         static_cast<long long>(shard_->size()), shard_->path().c_str(),
         static_cast<long long>(config_.steps), static_cast<long long>(loader_->global_batch_size()),
         static_cast<long long>(config_.seq_len));
+    if (config_.lora_rank > 0) {
+      int64_t trainable = 0, layers = 0;
+      for (const auto& item : model_->named_parameters()) {
+        if (!item.value().requires_grad()) continue;
+        trainable += item.value().numel();
+        layers += item.key().find(".lora_A.") != std::string::npos ? 1 : 0;
+      }
+      std::printf("lora rank %lld on %lld layers: %.3fM trainable parameters (%.2f%%), base "
+                  "frozen in %s\n",
+                  static_cast<long long>(config_.lora_rank), static_cast<long long>(layers),
+                  static_cast<double>(trainable) / 1e6,
+                  100.0 * static_cast<double>(trainable) /
+                      static_cast<double>(config_.model.num_parameters()),
+                  config_.lora_base_dtype.c_str());
+    }
     if (fsdp_ && config_.strategy == "zero") {
       std::printf("zero stage %lld over %d rank(s), %zu units, optimizer offload %s, parameter "
                   "offload %s\n",

@@ -59,17 +59,27 @@ int64_t bytes_of(const std::vector<at::Tensor>& tensors) {
 // then AdamW's state of each parameter that has one ("optim.NAME.exp_avg", ".exp_avg_sq", and
 // ".step" as a 0-dim int64), each as the full tensor whatever the strategy, so that it reshards
 // like the parameters.
+// Parameters that train: every one, or a LoRA run's adapters (its frozen base comes from
+// model.init_from or the seed again on resume, and is not written).
+std::vector<std::pair<std::string, at::Tensor>> trained_parameters(Transformer& model) {
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  for (const auto& item : model->named_parameters()) {
+    if (item.value().requires_grad()) out.emplace_back(item.key(), item.value());
+  }
+  return out;
+}
+
 NamedTensors logical_tensors(Transformer& model, const torch::optim::AdamW& optimizer) {
   NamedTensors tensors;
-  for (const auto& item : model->named_parameters()) tensors.emplace_back(item.key(), item.value());
+  const auto trained = trained_parameters(model);
+  for (const auto& [name, value] : trained) tensors.emplace_back(name, value);
   for (const auto& item : model->named_buffers()) tensors.emplace_back(item.key(), item.value());
-  for (const auto& item : model->named_parameters()) {
-    const auto* state = adam_state(optimizer, item.value());
+  for (const auto& [key, value] : trained) {
+    const auto* state = adam_state(optimizer, value);
     if (!state) continue;
-    tensors.emplace_back("optim." + item.key() + ".exp_avg", state->exp_avg());
-    tensors.emplace_back("optim." + item.key() + ".exp_avg_sq", state->exp_avg_sq());
-    tensors.emplace_back("optim." + item.key() + ".step",
-                         at::scalar_tensor(state->step(), at::kLong));
+    tensors.emplace_back("optim." + key + ".exp_avg", state->exp_avg());
+    tensors.emplace_back("optim." + key + ".exp_avg_sq", state->exp_avg_sq());
+    tensors.emplace_back("optim." + key + ".step", at::scalar_tensor(state->step(), at::kLong));
   }
   return tensors;
 }
@@ -166,8 +176,18 @@ std::string Trainer::save_checkpoint() {
                                      {"steps", schedule_.total_steps},
                                      {"kind", schedule_.kind}}},
                                    {"tokenizer", tokenizer_->name()}};
-  const nlohmann::json metadata = {{"model", detail::describe_model(config_.model)},
-                                   {"training", training}};
+  nlohmann::json metadata = {{"model", detail::describe_model(config_.model)},
+                             {"training", training}};
+  if (config_.lora_rank > 0) {
+    // What export needs to rebuild the adapted model: the adapters' settings and the base.
+    metadata["lora"] = {{"rank", config_.lora_rank},
+                        {"alpha", config_.lora_alpha},
+                        {"dropout", config_.lora_dropout},
+                        {"target_modules", config_.lora_target_modules},
+                        {"base_dtype", config_.lora_base_dtype},
+                        {"init_from", config_.init_from},
+                        {"seed", config_.seed}};
+  }
   auto options = ShardedSaveOptions()
                      .strategy(config_.strategy)
                      .keep(static_cast<int>(config_.keep_checkpoints))
@@ -188,18 +208,17 @@ std::string Trainer::save_checkpoint() {
 
 void Trainer::model_specs(std::vector<TensorSpec>& specs, std::vector<FlatSlice>& slices,
                           bool has_state) {
-  for (const auto& item : model_->named_parameters()) {
-    specs.push_back({item.key(), item.value().sizes().vec(), at::kFloat});
-  }
+  const auto trained = trained_parameters(model_);
+  for (const auto& [name, value] : trained) specs.push_back({name, value.sizes().vec(), at::kFloat});
   for (const auto& item : model_->named_buffers()) {
     specs.push_back({item.key(), item.value().sizes().vec(), item.value().scalar_type()});
     if (rank() == 0) slices.push_back({item.key(), 0, item.value().detach().reshape({-1})});
   }
   if (!has_state) return;
-  for (const auto& item : model_->named_parameters()) {
-    const std::string prefix = "optim." + item.key();
-    specs.push_back({prefix + ".exp_avg", item.value().sizes().vec(), at::kFloat});
-    specs.push_back({prefix + ".exp_avg_sq", item.value().sizes().vec(), at::kFloat});
+  for (const auto& [name, value] : trained) {
+    const std::string prefix = "optim." + name;
+    specs.push_back({prefix + ".exp_avg", value.sizes().vec(), at::kFloat});
+    specs.push_back({prefix + ".exp_avg_sq", value.sizes().vec(), at::kFloat});
     specs.push_back({prefix + ".step", {}, at::kLong});
   }
 }
@@ -325,12 +344,12 @@ void Trainer::load_checkpoint(const std::string& dir) {
                                 "trainer)");
   }
   NamedTensors model_tensors;
-  for (const auto& item : model_->named_parameters()) {
+  for (const auto& [name, value] : trained_parameters(model_)) {
     // Under FSDP/ZeRO the module's tensors are views of gathered buffers (perhaps freed, perhaps
     // bf16); the checkpoint holds their fp32 values: compare shapes on meta tensors.
     model_tensors.emplace_back(
-        item.key(), fsdp_ ? at::empty(item.value().sizes(), at::TensorOptions(at::kFloat).device(at::kMeta))
-                          : item.value());
+        name, fsdp_ ? at::empty(value.sizes(), at::TensorOptions(at::kFloat).device(at::kMeta))
+                    : value);
   }
   for (const auto& item : model_->named_buffers()) {
     model_tensors.emplace_back(item.key(), item.value());
@@ -350,18 +369,18 @@ void Trainer::restore_replicated(const ShardedCheckpointReader& reader,
   // AdamW state is created for the parameters the checkpoint has state for, then filled.
   NamedTensors targets = model_tensors;
   std::vector<std::pair<at::Tensor, at::Tensor>> steps;  // parameter, its step read back
-  for (const auto& item : model_->named_parameters()) {
-    const std::string prefix = "optim." + item.key();
+  for (const auto& [name, value] : trained_parameters(model_)) {
+    const std::string prefix = "optim." + name;
     if (!reader.find(prefix + ".exp_avg")) continue;
     auto state = std::make_unique<torch::optim::AdamWParamState>();
-    state->exp_avg(at::zeros_like(item.value()));
-    state->exp_avg_sq(at::zeros_like(item.value()));
+    state->exp_avg(at::zeros_like(value));
+    state->exp_avg_sq(at::zeros_like(value));
     at::Tensor step = at::zeros({}, at::kLong);
     targets.emplace_back(prefix + ".exp_avg", state->exp_avg());
     targets.emplace_back(prefix + ".exp_avg_sq", state->exp_avg_sq());
     targets.emplace_back(prefix + ".step", step);
-    steps.emplace_back(item.value(), step);
-    optimizer_->state()[detail::optimizer_state_key(item.value())] = std::move(state);
+    steps.emplace_back(value, step);
+    optimizer_->state()[detail::optimizer_state_key(value)] = std::move(state);
   }
   restore_tensors(config_.strategy, reader, targets);
   for (const auto& [param, step] : steps) {

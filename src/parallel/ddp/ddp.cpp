@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <sstream>
 
+#include "model/checkpoint.h"
 #include "parallel/grad_hook.h"
 
 namespace shardtrain {
@@ -159,7 +160,7 @@ void DistributedDataParallel::mark_ready(size_t k) {
     backward_start_ = std::chrono::steady_clock::now();
     timeline_ = DDPTimeline();
     // Runs when the autograd engine has finished this backward pass.
-    torch::autograd::Engine::get_default_engine().queue_callback([this] { finish_backward(); });
+    detail::queue_backward_callback([this] { finish_backward(); });
   }
   if (ready_[k]) return;  // a parameter used twice: its accumulator fires again
   ready_[k] = true;

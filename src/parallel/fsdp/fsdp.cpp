@@ -143,6 +143,60 @@ FullyShardedDataParallel::FullyShardedDataParallel(Transformer model, const Devi
     add_params(*units_.back(), rest);
   }
 
+  // Frozen parameters leave their unit's flat parameter for companions, one per dtype (unit.h).
+  bool any_frozen = false;
+  for (auto& unit : units_) {
+    std::vector<at::Tensor> trained;
+    std::vector<std::string> trained_names;
+    std::vector<std::unique_ptr<Unit>> frozen;  // by dtype, in order of first appearance
+    for (size_t k = 0; k < unit->params.size(); ++k) {
+      const at::Tensor& p = unit->params[k];
+      if (p.requires_grad()) {
+        trained.push_back(p);
+        trained_names.push_back(unit->names[k]);
+        continue;
+      }
+      auto group = std::find_if(frozen.begin(), frozen.end(), [&p](const auto& f) {
+        return f->params.front().scalar_type() == p.scalar_type();
+      });
+      if (group == frozen.end()) {
+        auto companion = std::make_unique<Unit>();
+        companion->index = unit->index;
+        companion->name = unit->name + " (frozen " + c10::toString(p.scalar_type()) + ")";
+        companion->root = unit->root;
+        companion->modules = unit->modules;
+        companion->frozen = true;
+        frozen.push_back(std::move(companion));
+        group = frozen.end() - 1;
+      }
+      (*group)->params.push_back(p);
+      (*group)->names.push_back(unit->names[k]);
+    }
+    if (frozen.empty()) continue;
+    any_frozen = true;
+    unit->params = std::move(trained);
+    unit->names = std::move(trained_names);
+    if (unit->params.empty()) {
+      // A unit of frozen parameters only: the first group is the unit itself.
+      unit->params = std::move(frozen.front()->params);
+      unit->names = std::move(frozen.front()->names);
+      unit->frozen = true;
+      frozen.erase(frozen.begin());
+    }
+    // Each companion hangs off the one before: gather, wait and release follow the chain.
+    Unit* tail = unit.get();
+    for (auto& f : frozen) {
+      tail->companion = std::move(f);
+      tail = tail->companion.get();
+    }
+  }
+  if (any_frozen && stage != 0) {
+    throw std::invalid_argument(
+        "ZeRO stage " + std::to_string(stage) + " keeps optimizer state for every parameter; "
+        "the model has frozen parameters (requires_grad false, e.g. a LoRA base): shard it with "
+        "FSDP (shard_grad_op is ZeRO-2's layout, full_shard ZeRO-3's)");
+  }
+
   torch::NoGradGuard no_grad;
   // A deferred model (ModelInit().deferred()) has no parameter memory: each rank initializes
   // just the elements it holds, bit-identical to the same slice of a whole model.
@@ -154,7 +208,7 @@ FullyShardedDataParallel::FullyShardedDataParallel(Transformer model, const Devi
     for (auto& b : model_->buffers()) pending.push_back(dp_group_->broadcast(b, 0));
     for (auto& w : pending) w->wait();
   }
-  const at::ScalarType param_dtype = options_.mixed_precision_.param_dtype_;
+  const at::ScalarType policy_dtype = options_.mixed_precision_.param_dtype_;
   for (auto& b : model_->buffers()) b.set_data(b.to(options_.mixed_precision_.buffer_dtype_));
 
   // Elements [begin, begin + out.numel()) of a unit's flat parameter: the parameters' values,
@@ -177,7 +231,11 @@ FullyShardedDataParallel::FullyShardedDataParallel(Transformer model, const Devi
     if (pad < end) out.narrow(0, pad - begin, end - pad).zero_();
   };
 
-  for (auto& unit_ptr : units_) {
+  std::vector<Unit*> every_unit;  // the units, each followed by its companions
+  for (auto& unit : units_) {
+    for (Unit* u = unit.get(); u; u = u->companion.get()) every_unit.push_back(u);
+  }
+  for (Unit* unit_ptr : every_unit) {
     Unit& unit = *unit_ptr;
     for (const auto& p : unit.params) {
       unit.offsets.push_back(unit.numel);
@@ -186,10 +244,15 @@ FullyShardedDataParallel::FullyShardedDataParallel(Transformer model, const Devi
     }
     unit.padded = (unit.numel + shard_size_ - 1) / shard_size_ * shard_size_;
     unit.shard_numel = unit.padded / shard_size_;
+    // What trains keeps an fp32 master and computes in the policy's dtype. Frozen parameters
+    // keep the dtype they were given (a LoRA base in bf16 stays bf16 on the wire and gathered);
+    // frozen fp32 ones follow the policy.
+    const at::ScalarType stored =
+        unit.frozen && !unit.params.empty() ? unit.params.front().scalar_type() : at::kFloat;
+    const at::ScalarType param_dtype = stored == at::kFloat ? policy_dtype : stored;
     const at::TensorOptions options =
-        (unit.params.empty() ? at::TensorOptions() : unit.params.front().options())
-            .dtype(at::kFloat);
-    unit.aliased = shard_size_ == 1 && param_dtype == at::kFloat && !on_file;
+        (unit.params.empty() ? at::TensorOptions() : unit.params.front().options()).dtype(stored);
+    unit.aliased = shard_size_ == 1 && param_dtype == stored && !on_file;
     unit.master_in_full = (stage == 1 || stage == 2) && param_dtype == at::kFloat && !unit.aliased;
     if (unit.master_in_full) {
       // ZeRO-1/2 keep the whole parameters on every rank: the fp32 master is a slice of them,
@@ -204,7 +267,7 @@ FullyShardedDataParallel::FullyShardedDataParallel(Transformer model, const Devi
       // Only a unit that stays gathered needs its full values now; the others are released
       // below and gathered from the shards when they compute.
       if (!unit.aliased && keeps_gathered(unit)) {
-        if (param_dtype == at::kFloat) {
+        if (param_dtype == stored) {
           fill_flat(unit, 0, unit.full);
         } else {
           at::Tensor wide = at::empty({unit.padded}, options);
@@ -214,12 +277,14 @@ FullyShardedDataParallel::FullyShardedDataParallel(Transformer model, const Devi
       }
     }
     // On file in half precision, the all-gather's input is cast from the master as it is read.
-    if (param_dtype == at::kFloat) {
+    if (param_dtype == stored) {
       unit.wire = unit.master;
     } else if (!on_file) {
       unit.wire = unit.master.to(param_dtype);
     }
-    if (stage == 1) {
+    if (unit.frozen) {
+      // no gradient shard
+    } else if (stage == 1) {
       unit.grad_full = at::zeros({unit.padded}, unit.master.options());
       unit.grad_shard = unit.grad_full.narrow(0, shard_rank_ * unit.shard_numel, unit.shard_numel);
       unit.grads_in_full = param_dtype == at::kFloat &&
@@ -246,6 +311,7 @@ FullyShardedDataParallel::FullyShardedDataParallel(Transformer model, const Devi
     }
     release(unit);  // start sharded, unless it stays gathered
 
+    if (unit.frozen) continue;  // nothing for the optimizer or the gradient hooks
     // The optimizer's pieces: where each parameter meets this rank's shard.
     const int64_t begin = shard_rank_ * unit.shard_numel;
     const int64_t end = begin + unit.shard_numel;
@@ -303,7 +369,9 @@ FullyShardedDataParallel::~FullyShardedDataParallel() {
   for (const auto& [module, point] : hook_points_) detail::clear_module_hooks(module, hooks_.get());
   for (auto& unit : units_) {
     try {
-      if (unit->gather_work) unit->gather_work->wait();
+      for (Unit* u = unit.get(); u; u = u->companion.get()) {
+        if (u->gather_work) u->gather_work->wait();
+      }
       for (auto& pending : unit->pending) {
         if (pending.scatter) pending.scatter->wait();
         if (pending.replicate) pending.replicate->wait();
@@ -328,6 +396,7 @@ void FullyShardedDataParallel::gather(Unit& unit, bool wait) {
     gathered_elements_ += unit.padded;
     gathered_peak_ = std::max(gathered_peak_, gathered_bytes_);
   }
+  if (unit.companion) gather(*unit.companion, /*wait=*/false);
   if (wait) wait_gathered(unit);
 }
 
@@ -355,6 +424,7 @@ void FullyShardedDataParallel::wait_gathered(Unit& unit) {
     unit.gather_input = at::Tensor();
     drop_master(unit);
   }
+  if (unit.companion) wait_gathered(*unit.companion);
 }
 
 std::future<void> detail::write_behind(IoThread& io, const SwapFile& file,
@@ -441,13 +511,22 @@ bool FullyShardedDataParallel::keeps_gathered(const Unit& unit) const {
          (zero.stage == 3 && unit.numel < zero.persistence_threshold);
 }
 
-void FullyShardedDataParallel::release(Unit& unit) {
+void FullyShardedDataParallel::release(Unit& unit, bool companion) {
+  if (unit.companion && companion) release(*unit.companion);
   if (unit.aliased || !unit.gathered || keeps_gathered(unit)) return;
   wait_gathered(unit);  // the collective still writes into the memory
   detail::release_storage(unit.full);
   unit.gathered = false;
   gathered_bytes_ -= unit.full_bytes();
   gathered_elements_ -= unit.padded;
+}
+
+void FullyShardedDataParallel::release_frozen_after(int index) {
+  for (auto& unit : units_) {
+    if (unit->index <= index || unit->root || !unit->in_backward) continue;
+    if (unit->companion) release(*unit->companion);
+    if (unit->frozen) release(*unit);
+  }
 }
 
 void FullyShardedDataParallel::refresh(Unit& unit) {

@@ -4,6 +4,7 @@
 
 #include <stdexcept>
 
+#include "model/checkpoint.h"
 #include "parallel/fsdp/unit.h"
 
 namespace shardtrain {
@@ -96,7 +97,7 @@ void FullyShardedDataParallel::start_backward() {
   phase_ = Phase::kBackward;
   // Queued from the outer backward (the gradient of the model's output), so it runs when the
   // whole backward is done, after the nested ones activation checkpointing starts.
-  torch::autograd::Engine::get_default_engine().queue_callback([this] { finish_backward(); });
+  detail::queue_backward_callback([this] { finish_backward(); });
   units_.back()->in_backward = true;
   if (options_.backward_prefetch_ == BackwardPrefetch::kBackwardPre) {
     prefetch_ahead(static_cast<int>(units_.size()) - 1, -1);
@@ -109,6 +110,7 @@ void FullyShardedDataParallel::pre_backward(Unit& unit) {
     return;
   }
   unit.in_backward = true;
+  release_frozen_after(unit.index);
   gather(unit, /*wait=*/true);
   if (options_.backward_prefetch_ == BackwardPrefetch::kBackwardPre) {
     prefetch_ahead(unit.index, -1);
@@ -118,6 +120,7 @@ void FullyShardedDataParallel::pre_backward(Unit& unit) {
 void FullyShardedDataParallel::reduce(Unit& unit) {
   if (unit.reduced) return;
   unit.reduced = true;
+  if (unit.frozen) return;  // no gradient: nothing to communicate
   Unit::PendingReduce pending;
   if (unit.grads_in_full) {
     // Backward accumulated into grad_full, which also holds the average of earlier backward
@@ -197,8 +200,10 @@ void FullyShardedDataParallel::reduction_issued(Unit& unit) {
       bound_reductions();
     }
   }
-  // Backward is done with this unit's parameters.
-  if (!unit.aliased && shard_group_) release(unit);
+  // Backward is done with this unit's trained parameters. Its frozen ones may still be needed
+  // for the gradient of the unit's input (a LoRA base layer computes it after its adapter's
+  // gradients are in): release_frozen_after() frees them.
+  if (!unit.aliased && shard_group_) release(unit, /*companion=*/false);
   if (options_.backward_prefetch_ == BackwardPrefetch::kBackwardPost) {
     prefetch_ahead(unit.index, -1);
   }

@@ -8,6 +8,7 @@ namespace shardtrain {
 
 void FullyShardedDataParallel::zero_grad() {
   for (auto& unit : units_) {
+    if (unit->frozen) continue;
     if (unit->grad_in_file()) {
       // The file is not touched: the next reduction starts from zeros instead of reading it.
       unit->grad_zero = true;
@@ -23,6 +24,7 @@ void FullyShardedDataParallel::zero_grad() {
 double FullyShardedDataParallel::clip_grad_norm(double max_norm) {
   at::Tensor squares = at::zeros({}, at::kDouble);
   for (auto& unit : units_) {
+    if (unit->frozen) continue;
     // A shard in its file: the sum kept from when it was written (the same computation).
     squares += unit->grad_in_file() ? unit->grad_squares
                                                        : unit->grad_shard.to(at::kDouble).pow(2).sum();
@@ -33,6 +35,7 @@ double FullyShardedDataParallel::clip_grad_norm(double max_norm) {
   if (max_norm > 0 && norm > max_norm) {
     const double factor = max_norm / (norm + 1e-6);
     for (auto& unit : units_) {
+      if (unit->frozen) continue;
       if (unit->grad_in_file()) {
         unit->grad_factor = factor;  // applied as the shard is read
       } else {
@@ -46,6 +49,7 @@ double FullyShardedDataParallel::clip_grad_norm(double max_norm) {
 bool FullyShardedDataParallel::grads_finite() {
   bool finite = true;
   for (auto& unit : units_) {
+    if (unit->frozen) continue;
     finite = finite && (unit->grad_in_file()
                             ? unit->grad_finite
                             : unit->grad_shard.isfinite().all().item<bool>());
@@ -57,6 +61,7 @@ bool FullyShardedDataParallel::grads_finite() {
 
 void FullyShardedDataParallel::unscale(double scale) {
   for (auto& unit : units_) {
+    if (unit->frozen) continue;
     const bool on_file = unit->grad_in_file();
     bring_grad(*unit);
     unit->grad_shard.div_(scale);
@@ -157,6 +162,7 @@ std::vector<std::pair<std::string, at::Tensor>> FullyShardedDataParallel::full_p
     bring_master(*unit);
     split_full(*unit, unit->master, out);
     drop_master(*unit);
+    for (Unit* c = unit->companion.get(); c; c = c->companion.get()) split_full(*c, c->master, out);
   }
   return out;
 }
@@ -173,7 +179,9 @@ std::vector<std::pair<std::string, at::Tensor>> FullyShardedDataParallel::full_s
     }
   }
   std::vector<std::pair<std::string, at::Tensor>> out;
-  for (size_t u = 0; u < units_.size(); ++u) split_full(*units_[u], shards[u], out);
+  for (size_t u = 0; u < units_.size(); ++u) {
+    if (!units_[u]->frozen) split_full(*units_[u], shards[u], out);
+  }
   return out;
 }
 
@@ -191,7 +199,17 @@ std::vector<std::vector<std::string>> FullyShardedDataParallel::unit_layout() co
 
 FSDPMemory FullyShardedDataParallel::memory() const {
   FSDPMemory memory;
-  for (const auto& unit : units_) {
+  for (const auto& top : units_) {
+    // A unit with companions counts their bytes with its own.
+    int64_t companion_full = 0;
+    for (const Unit* c = top->companion.get(); c; c = c->companion.get()) {
+      memory.param_shards += static_cast<int64_t>(c->master.nbytes());
+      if (c->wire.defined() && !c->wire.is_same(c->master)) {
+        memory.param_shards += static_cast<int64_t>(c->wire.nbytes());
+      }
+      companion_full += c->full_bytes();
+    }
+    const Unit* unit = top.get();
     // With master_in_full the master is part of the gathered parameters, counted there.
     const auto master_bytes = static_cast<int64_t>(unit->master.nbytes());
     if (unit->swap) memory.param_shards_on_file += master_bytes;
@@ -199,15 +217,15 @@ FSDPMemory FullyShardedDataParallel::memory() const {
     if (unit->wire.defined() && !unit->wire.is_same(unit->master)) {
       memory.param_shards += static_cast<int64_t>(unit->wire.nbytes());
     }
-    const auto grad_bytes = static_cast<int64_t>(
-        (unit->grad_full.defined() ? unit->grad_full : unit->grad_shard).nbytes());
+    const at::Tensor& grad = unit->grad_full.defined() ? unit->grad_full : unit->grad_shard;
+    const int64_t grad_bytes = grad.defined() ? static_cast<int64_t>(grad.nbytes()) : 0;
     if (unit->grad_swap) memory.grad_shards_on_file += grad_bytes;
     if (!unit->grad_swap || unit->grad_resident) memory.grad_shards += grad_bytes;
     if (keeps_gathered(*unit)) memory.resident_full += unit->full_bytes();
     if (unit->root) {
-      memory.root_unit = unit->full_bytes();
+      memory.root_unit = unit->full_bytes() + companion_full;
     } else {
-      memory.largest_unit = std::max(memory.largest_unit, unit->full_bytes());
+      memory.largest_unit = std::max(memory.largest_unit, unit->full_bytes() + companion_full);
     }
   }
   memory.gathered = gathered_bytes_;

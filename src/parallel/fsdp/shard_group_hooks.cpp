@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <stdexcept>
 
+#include "model/checkpoint.h"
 #include "parallel/fsdp/shard_group.h"
 
 namespace shardtrain::detail {
@@ -85,7 +86,7 @@ void ShardGroup::start_backward() {
   phase_ = Phase::kBackward;
   // Queued from the outer backward, so it runs when the whole backward is done (after the
   // nested ones activation checkpointing starts).
-  torch::autograd::Engine::get_default_engine().queue_callback([this] { finish_backward(); });
+  detail::queue_backward_callback([this] { finish_backward(); });
   in_backward_ = true;
   if (!backward_prefetch.empty()) {
     prefetch(backward_prefetch);

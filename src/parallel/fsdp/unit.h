@@ -5,6 +5,7 @@
 #include <ATen/ATen.h>
 
 #include <future>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -19,6 +20,14 @@ struct FullyShardedDataParallel::Unit {
   std::string name;  // "blocks.0", "blocks.0-1" or "root"
   int index = 0;     // forward order; the root is last
   bool root = false;
+  // Parameters that take no gradient (requires_grad false: a LoRA base). A unit of only those
+  // is `frozen`; they never share a flat parameter with trained ones, nor with frozen ones of
+  // another dtype: those go to `companion`, a frozen unit of its own (which may have a companion
+  // in turn) that is gathered and released with this one. A frozen unit has no gradient shard,
+  // is never reduced and gives the optimizer nothing, so gradient traffic and optimizer state
+  // cover only what trains.
+  bool frozen = false;
+  std::unique_ptr<Unit> companion;
   std::vector<torch::nn::Module*> modules;  // the hook points it covers (none for the root)
   std::vector<at::Tensor> params;           // the model's parameters, views into `full`
   std::vector<std::string> names;

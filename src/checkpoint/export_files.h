@@ -1,0 +1,29 @@
+// Writing an export folder: one safetensors file and one JSON file, each complete or absent.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace shardtrain::detail {
+
+// One tensor of an exported safetensors file: its key and dtype there, its shape as `values`
+// returns it, and whether the file stores its transpose (GPT-2's Conv1D weights).
+struct ExportTensor {
+  std::string key;
+  at::ScalarType dtype;
+  std::vector<int64_t> shape;
+  bool transposed = false;
+  std::function<at::Tensor()> values;  // called once, when the tensor is written
+};
+
+// Writes OUT/weights_name (the tensors in order, one in memory at a time) and OUT/json_name,
+// each under a hidden name first and renamed when complete; a failure removes both. OUT must be
+// empty or absent unless `overwrite`. Throws std::invalid_argument for a non-empty OUT.
+void write_export(const std::string& out_dir, bool overwrite, const std::string& weights_name,
+                  const std::vector<ExportTensor>& tensors, const std::string& json_name,
+                  const std::string& json_text);
+
+}  // namespace shardtrain::detail
