@@ -64,19 +64,7 @@ for ranks in $ranks_list; do
         $(flags_of "$strategy") >"$dir.log" 2>&1 || { echo "| $strategy | $ranks | failed: $(tail -1 "$dir.log") |"; continue; }
     fi
     estimate="$("$bin" plan --validate "$dir" | sed -n 's/^peak memory per rank: estimate \([0-9]*\) bytes.*/\1/p')"
-    python3 - "$dir/metrics.jsonl" "$strategy" "$ranks" "$estimate" <<'PY'
-import json, statistics, sys
-path, strategy, ranks, estimate = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4])
-rows = [json.loads(l) for l in open(path)]
-last = max(r["step"] for r in rows)
-peak = max(r["mem"]["peak_rss"] for r in rows if r["step"] == last)
-state = max(r["mem"]["params"] + r["mem"]["grads"] + r["mem"]["optim"] for r in rows)
-steps = sorted({r["step"] for r in rows})[1:] or [last]
-median = statistics.median(max(r["step_time_s"] for r in rows if r["step"] == s) for s in steps)
-mib = 1 << 20
-print(f"| {strategy} | {ranks} | {peak / mib:,.0f} | {state / mib:,.0f} | {estimate / mib:,.0f} | "
-      f"{100 * (estimate - peak) / peak:+.1f}% | {median:.2f} |")
-PY
+    python3 "$root/bench/peak_row.py" "$dir/metrics.jsonl" "$estimate" "$strategy" "$ranks"
     rm -rf "$dir/checkpoints" "$work/swap"/*
   done
 done

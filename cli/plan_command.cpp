@@ -14,6 +14,8 @@ struct PlanArgs {
   int64_t layers = 0, d_model = 0, heads = 0, kv_heads = 0, ffn = 0, vocab = 32000;
   bool gated = false;
   std::string gpu = "h100-80gb", intra, inter = "ib", precision = "bf16", optimizer = "adamw";
+  int64_t lora = 0;
+  std::string lora_base = "bf16";
   int gpus = 8, nodes = 1, threads = 1;
   double inter_gbps = 0, host_mem_gb = 0, efficiency = 0, margin = 0.1;
   int64_t seq_len = 2048, micro_batch = 1, global_batch = 0;
@@ -93,7 +95,8 @@ void run_plan(const PlanArgs& a) {
       .activation_checkpointing(a.checkpointing)
       .fused_attention(!a.unfused_attention)
       .efficiency(a.efficiency)
-      .safety_margin(a.margin);
+      .safety_margin(a.margin)
+      .lora(a.lora, a.lora_base);
   const Plan plan = make_plan(plan_model(a), cluster, workload);
   std::cout << (a.json ? plan_to_json(plan) : format_plan(plan));
   if (!a.chart.empty()) write_file(a.chart, memory_chart_svg(plan));
@@ -148,6 +151,11 @@ void add_plan_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--optimizer", a->optimizer, "adamw or sgd")->capture_default_str();
   cmd->add_flag("--checkpointing", a->checkpointing, "full activation checkpointing per block");
+  cmd->add_option("--lora", a->lora,
+                  "LoRA fine-tuning with adapters of this rank on every linear layer (the base "
+                  "frozen): estimates and recommends DDP, FSDP shard_grad_op or full_shard");
+  cmd->add_option("--lora-base", a->lora_base, "the frozen base's dtype with --lora: bf16, fp32 or nf4 (QLoRA)")
+      ->capture_default_str();
   cmd->add_flag("--unfused-attention", a->unfused_attention,
                 "attention keeps its [seq x seq] scores (no FlashAttention-style kernel)");
   cmd->add_option("--efficiency", a->efficiency,

@@ -68,6 +68,8 @@ struct PlanModel {
   static PlanModel from_config(const ModelConfig& config);
   // A bare parameter count with layer shapes (ffn_hidden 0: 4 d_model; n_kv_heads 0: n_heads).
   // Throws std::invalid_argument when the shapes need more parameters than `num_parameters`.
+  // LoRA adapters of rank `rank` on every linear layer of one block: rank x (in + out) summed.
+  int64_t block_lora_parameters(int64_t rank) const;
   static PlanModel from_shapes(int64_t num_parameters, int64_t n_layers, int64_t d_model,
                                int64_t n_heads, int64_t n_kv_heads, int64_t ffn_hidden,
                                int64_t vocab_size, bool gated_mlp);
@@ -169,6 +171,15 @@ struct WorkloadOptions {
     safety_margin_ = v;
     return *this;
   }
+  // LoRA fine-tuning: adapters of this rank on every linear layer of the blocks train, the rest
+  // is frozen, its blocks' weights stored in `base` ("fp32", "bf16" or "nf4": QLoRA), embeddings
+  // and head in fp32; 0: every parameter trains. Candidates are
+  // then the LoRA branch of the decision tree: DDP, FSDP shard_grad_op, FSDP full_shard.
+  WorkloadOptions& lora(int64_t rank, std::string base = "bf16") {
+    lora_rank_ = rank;
+    lora_base_ = std::move(base);
+    return *this;
+  }
 
   int64_t seq_len_ = 2048, micro_batch_ = 1, global_batch_ = 0;
   std::string precision_ = "bf16";
@@ -177,6 +188,8 @@ struct WorkloadOptions {
   bool fused_attention_ = true;
   double efficiency_ = 0;
   double safety_margin_ = 0.1;  // of device memory, for the CUDA context, fragmentation, ...
+  int64_t lora_rank_ = 0;
+  std::string lora_base_ = "bf16";
 };
 
 // ---- Memory math ----------------------------------------------------------------------------
@@ -243,6 +256,7 @@ struct StepTime {
 struct Candidate {
   PlanStrategy strategy = PlanStrategy::kDdp;
   bool offload = false;  // optimizer state (ZeRO-1/2) or optimizer state and params (ZeRO-3/FSDP)
+  bool lora = false;     // LoRA fine-tuning: ZeRO-2 is FSDP shard_grad_op, ZeRO-3 full_shard
   int tp = 1, pp = 1, dp = 1;  // dp = dp_replicate x dp_shard
   int shard = 1;               // devices model states are partitioned over
   int64_t grad_accum = 1;

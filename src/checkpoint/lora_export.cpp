@@ -8,6 +8,7 @@
 
 #include "checkpoint/export_files.h"
 #include "checkpoint/model_description.h"
+#include "model/nf4.h"
 #include "shardtrain/hf.h"
 #include "shardtrain/lora.h"
 #include "shardtrain/sharded_checkpoint.h"
@@ -117,10 +118,14 @@ void export_lora_checkpoint(const std::string& checkpoint_dir, const std::string
   ModelInit init = ModelInit().seed(static_cast<uint64_t>(lora.value("seed", int64_t{0})));
   if (!weights.empty()) init.values(hf_initializer(config, weights));
   Transformer model(config, std::move(init));
-  if (lora.value("base_dtype", std::string("fp32")) == "bf16") {
-    // The run computed with its base's linear weights rounded to bf16: so does the merge.
+  const std::string base_dtype = lora.value("base_dtype", std::string("fp32"));
+  if (base_dtype != "fp32") {
+    // The run computed with its base's linear weights rounded to bf16 or NF4: so does the merge.
     torch::NoGradGuard no_grad;
-    for (const auto& layer : detail_linear_weights(model)) layer.set_data(layer.to(at::kBFloat16));
+    for (const auto& layer : detail_linear_weights(model)) {
+      layer.set_data(base_dtype == "nf4" ? detail::nf4_dequantize(detail::nf4_quantize(layer))
+                                         : layer.to(at::kBFloat16));
+    }
   }
   auto params = model->named_parameters();
   const std::set<std::string> adapted(layers.begin(), layers.end());

@@ -504,8 +504,9 @@ void TrainConfig::validate() const {
     require(!lora_target_modules.empty(),
             "lora.target_modules is empty: name the linear layers to adapt (e.g. [\"attn.q\", "
             "\"attn.v\"]) or \"all-linear\"");
-    require(lora_base_dtype == "fp32" || lora_base_dtype == "bf16",
-            "lora.base_dtype must be \"fp32\" or \"bf16\", got \"" + lora_base_dtype + "\"");
+    require(lora_base_dtype == "fp32" || lora_base_dtype == "bf16" || lora_base_dtype == "nf4",
+            "lora.base_dtype must be \"fp32\", \"bf16\" or \"nf4\", got \"" +
+                lora_base_dtype + "\"");
     require(strategy != "zero",
             "lora.rank > 0 with parallel.strategy = \"zero\": ZeRO keeps optimizer state for "
             "every parameter and cannot hold a frozen base; use parallel.strategy = \"fsdp\" "

@@ -25,8 +25,10 @@ at::Tensor LinearImpl::forward(const at::Tensor& x) {
   // Under autocast the product runs in the autocast dtype whatever W's; outside it a frozen W of
   // another dtype goes through frozen_linear rather than a cast autograd would keep.
   const AutocastState autocast = autocast_state();
-  at::Tensor y = frozen && weight.scalar_type() != x.scalar_type() && !autocast.cpu && !autocast.cuda
-                     ? frozen_linear(x, weight, bias)
+  const bool packed = !nf4_shape.empty();
+  at::Tensor y = frozen && (packed || (weight.scalar_type() != x.scalar_type() && !autocast.cpu &&
+                                       !autocast.cuda))
+                     ? frozen_linear(x, weight, bias, nf4_shape)
                      : at::linear(x, weight, bias);
   if (!lora_a) return y;
   return y + lora_delta(x, lora_a->weight, lora_b->weight, lora_scale, lora_dropout, is_training());

@@ -3,6 +3,7 @@
 
 #include "model/init.h"
 #include "model/layers.h"
+#include "model/nf4.h"
 
 namespace shardtrain::detail {
 namespace {
@@ -13,27 +14,43 @@ using torch::autograd::variable_list;
 class FrozenLinearFunction : public torch::autograd::Function<FrozenLinearFunction> {
  public:
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
-                            const at::Tensor& bias) {
+                            const at::Tensor& bias, std::vector<int64_t> nf4_shape) {
     // The stored weight is saved, not its cast: backward casts again.
     ctx->save_for_backward({weight});
-    const at::Tensor w = weight.to(x.scalar_type());
+    ctx->saved_data["nf4_shape"] = nf4_shape;
+    const at::Tensor w = unpacked(weight, nf4_shape, x.scalar_type());
     return at::linear(x, w, bias.defined() ? bias.to(x.scalar_type()) : bias);
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
     const at::Tensor weight = ctx->get_saved_variables()[0];
+    const std::vector<int64_t> nf4_shape = ctx->saved_data["nf4_shape"].toIntVector();
     const at::Tensor& grad = grad_outputs[0];
-    return {at::matmul(grad, weight.to(grad.scalar_type())), at::Tensor(), at::Tensor()};
+    return {at::matmul(grad, unpacked(weight, nf4_shape, grad.scalar_type())), at::Tensor(),
+            at::Tensor(), at::Tensor()};
+  }
+
+ private:
+  static at::Tensor unpacked(const at::Tensor& weight, const std::vector<int64_t>& nf4_shape,
+                             at::ScalarType dtype) {
+    if (nf4_shape.empty()) return weight.to(dtype);
+    return nf4_dequantize(nf4_unpack(weight, nf4_shape), dtype);
   }
 };
 
 }  // namespace
 
-at::Tensor frozen_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
-  return FrozenLinearFunction::apply(x, weight, bias);
+at::Tensor frozen_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
+                         at::IntArrayRef nf4_shape) {
+  return FrozenLinearFunction::apply(x, weight, bias, nf4_shape.vec());
 }
 
-void store_frozen_linears(torch::nn::Module& model, at::ScalarType dtype) {
+void store_frozen_linears(torch::nn::Module& model, const std::string& storage) {
+  const bool nf4 = storage == "nf4";
+  if (!nf4 && storage != "bf16") {
+    throw std::invalid_argument("frozen weights are stored as \"bf16\" or \"nf4\", not \"" +
+                                storage + "\"");
+  }
   torch::NoGradGuard no_grad;
   for (const auto& item : model.named_modules("", /*include_self=*/false)) {
     auto* linear = dynamic_cast<LinearImpl*>(item.value().get());
@@ -47,13 +64,17 @@ void store_frozen_linears(torch::nn::Module& model, at::ScalarType dtype) {
       continue;
     }
     at::Tensor& w = linear->weight;
+    if (!linear->nf4_shape.empty()) continue;  // stored so already
+    const std::vector<int64_t> shape = w.sizes().vec();
     if (is_materialized(w)) {
-      w.set_data(w.detach().to(dtype));
+      w.set_data(nf4 ? nf4_pack(nf4_quantize(w)) : w.detach().to(at::kBFloat16));
     } else {
-      at::Tensor described = at::empty(w.sizes(), w.options().dtype(dtype));
+      at::Tensor described = nf4 ? at::empty({nf4_packed_bytes(shape)}, w.options().dtype(at::kByte))
+                                 : at::empty(shape, w.options().dtype(at::kBFloat16));
       release_storage(described);
       w.set_data(described);
     }
+    if (nf4) linear->nf4_shape = shape;
   }
 }
 

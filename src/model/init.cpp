@@ -6,9 +6,11 @@
 
 #include <cmath>
 #include <map>
+#include <mutex>
 #include <stdexcept>
 
 #include "model/layers.h"
+#include "model/nf4.h"
 #include "shardtrain/model.h"
 
 namespace shardtrain {
@@ -146,10 +148,47 @@ ParameterInitializer with_adapters(const TransformerImpl& model, uint64_t seed,
   };
 }
 
+// Weights stored as packed NF4 (store_frozen_linears): the whole weight is initialized by
+// `base` in fp32 (read from Hugging Face files one weight at a time, or drawn), quantized and
+// packed, and the bytes asked for copied out. The last packed weight is kept, as a rank's
+// shards ask for consecutive ranges of the same weight.
+ParameterInitializer with_nf4(const TransformerImpl& model, ParameterInitializer base) {
+  std::map<std::string, std::vector<int64_t>> packed_shapes;
+  for (const auto& item : model.named_modules("", /*include_self=*/false)) {
+    const auto* linear = dynamic_cast<const detail::LinearImpl*>(item.value().get());
+    if (linear && !linear->nf4_shape.empty()) packed_shapes[item.key() + ".weight"] = linear->nf4_shape;
+  }
+  if (packed_shapes.empty()) return base;
+  struct Last {
+    std::mutex mutex;
+    std::string name;
+    at::Tensor packed;
+  };
+  auto last = std::make_shared<Last>();
+  return [packed_shapes = std::move(packed_shapes), base = std::move(base), last](
+             const std::string& name, int64_t begin, at::Tensor out) {
+    const auto it = packed_shapes.find(name);
+    if (it == packed_shapes.end()) return base(name, begin, out);
+    std::lock_guard<std::mutex> lock(last->mutex);
+    if (last->name != name) {
+      at::Tensor values = at::empty(it->second, at::kFloat);
+      base(name, 0, values.view({-1}));
+      last->packed = detail::nf4_pack(detail::nf4_quantize(values));
+      last->name = name;
+    }
+    if (begin < 0 || begin + out.numel() > last->packed.numel()) {
+      throw std::invalid_argument("bytes [" + std::to_string(begin) + ", " +
+                                  std::to_string(begin + out.numel()) +
+                                  ") are outside the packed weight '" + name + "'");
+    }
+    out.copy_(last->packed.narrow(0, begin, out.numel()));
+  };
+}
+
 }  // namespace
 
 ParameterInitializer TransformerImpl::initializer() const {
-  return with_adapters(*this, seed_, values_ ? values_ : base_initializer());
+  return with_adapters(*this, seed_, with_nf4(*this, values_ ? values_ : base_initializer()));
 }
 
 ParameterInitializer TransformerImpl::base_initializer() const {

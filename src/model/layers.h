@@ -8,6 +8,8 @@
 #include <torch/nn/pimpl.h>
 
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "shardtrain/model.h"
 
@@ -49,17 +51,23 @@ class LinearImpl : public torch::nn::Module {
   // The adapter's A [rank, in] and B [out, rank] layers (submodules "lora_A", "lora_B"), or null.
   std::shared_ptr<LinearImpl> lora_a, lora_b;
   double lora_scale = 0.0, lora_dropout = 0.0;
+  // A frozen weight stored in NF4 (lora.base_dtype "nf4"): `weight` is then the packed bytes
+  // (nf4.h) and this its shape [out, in]; empty otherwise.
+  std::vector<int64_t> nf4_shape;
 };
 TORCH_MODULE(Linear);
 
-// x W^T + b for a frozen W stored in another dtype than x (a LoRA base kept in bf16): W is cast
-// to x's dtype for the product, and again in backward for x's gradient, so no copy of it in the
-// activations' dtype outlives the call. W and b get no gradient.
-at::Tensor frozen_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias);
+// x W^T + b for a frozen W stored in another dtype than x (a LoRA base kept in bf16, or packed
+// NF4 bytes of shape `nf4_shape`): W is cast (dequantized) to x's dtype for the product, and
+// again in backward for x's gradient, so no copy of it in the activations' dtype outlives the
+// call. W and b get no gradient.
+at::Tensor frozen_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
+                         at::IntArrayRef nf4_shape = {});
 
 // Stores the frozen weights of the model's linear layers (not its output head, not LoRA
-// adapters) in `dtype`: materialized ones are converted, deferred ones described in it.
-void store_frozen_linears(torch::nn::Module& model, at::ScalarType dtype);
+// adapters) as `storage` says, "bf16" or "nf4" (packed bytes, nf4.h): materialized ones are
+// converted, deferred ones described so (the model's initializer then fills them).
+void store_frozen_linears(torch::nn::Module& model, const std::string& storage);
 
 class LayerNormImpl : public torch::nn::Module {
  public:

@@ -1,6 +1,8 @@
 // NF4 quantization, block-wise, with double-quantized scales (see nf4.h).
 #include "model/nf4.h"
 
+#include <cstring>
+
 #include <cmath>
 #include <stdexcept>
 #include <string>
@@ -98,6 +100,68 @@ at::Tensor nf4_dequantize(const Nf4Tensor& q, at::ScalarType dtype) {
   at::Tensor values = nf4_codebook().index_select(0, index).view({-1, q.block});
   values = values * nf4_block_scales(q).unsqueeze(1);
   return values.reshape({-1}).narrow(0, 0, q.numel()).reshape(q.shape).to(dtype);
+}
+
+namespace {
+
+struct PackedLayout {
+  int64_t blocks = 0, groups = 0;
+  int64_t codes = 0, scales = 0, absmax = 0, mean = 0, total = 0;  // byte offsets and size
+};
+
+PackedLayout packed_layout(at::IntArrayRef shape, int64_t block, int64_t scale_block) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  PackedLayout l;
+  l.blocks = (n + block - 1) / block;
+  l.groups = (l.blocks + scale_block - 1) / scale_block;
+  l.codes = 0;
+  l.scales = l.blocks * block / 2;
+  l.absmax = (l.scales + l.blocks + 3) / 4 * 4;
+  l.mean = l.absmax + 4 * l.groups;
+  l.total = l.mean + 4;
+  return l;
+}
+
+}  // namespace
+
+int64_t nf4_packed_bytes(at::IntArrayRef shape, int64_t block, int64_t scale_block) {
+  return packed_layout(shape, block, scale_block).total;
+}
+
+at::Tensor nf4_pack(const Nf4Tensor& q) {
+  const PackedLayout l = packed_layout(q.shape, q.block, q.scale_block);
+  at::Tensor packed = at::zeros({l.total}, at::kByte);
+  packed.narrow(0, l.codes, l.scales).copy_(q.codes);
+  packed.narrow(0, l.scales, l.blocks).copy_(q.scale_codes.view(at::kByte));
+  std::memcpy(packed.data_ptr<uint8_t>() + l.absmax, q.scale_absmax.data_ptr<float>(),
+              static_cast<size_t>(4 * l.groups));
+  std::memcpy(packed.data_ptr<uint8_t>() + l.mean, &q.scale_mean, 4);
+  return packed;
+}
+
+Nf4Tensor nf4_unpack(const at::Tensor& packed, at::IntArrayRef shape, int64_t block,
+                     int64_t scale_block) {
+  const PackedLayout l = packed_layout(shape, block, scale_block);
+  if (packed.scalar_type() != at::kByte || packed.dim() != 1 || packed.numel() != l.total ||
+      !packed.is_contiguous()) {
+    throw std::invalid_argument("nf4: a packed tensor of shape " + c10::str(shape) + " is " +
+                                std::to_string(l.total) + " contiguous uint8 bytes, got " +
+                                c10::toString(packed.scalar_type()) + " " +
+                                c10::str(packed.sizes()));
+  }
+  Nf4Tensor q;
+  q.shape = shape.vec();
+  q.block = block;
+  q.scale_block = scale_block;
+  q.codes = packed.narrow(0, l.codes, l.scales);
+  q.scale_codes = packed.narrow(0, l.scales, l.blocks).view(at::kChar);
+  // The fp32 parts may sit at any address inside a gathered buffer: copied out.
+  q.scale_absmax = at::empty({l.groups}, at::kFloat);
+  std::memcpy(q.scale_absmax.data_ptr<float>(), packed.data_ptr<uint8_t>() + l.absmax,
+              static_cast<size_t>(4 * l.groups));
+  std::memcpy(&q.scale_mean, packed.data_ptr<uint8_t>() + l.mean, 4);
+  return q;
 }
 
 }  // namespace shardtrain::detail

@@ -36,4 +36,15 @@ at::Tensor nf4_block_scales(const Nf4Tensor& q);
 // The values back, shaped as quantized, in `dtype`.
 at::Tensor nf4_dequantize(const Nf4Tensor& q, at::ScalarType dtype = at::kFloat);
 
+// The quantized form of a tensor of `shape` as one byte buffer, what a frozen parameter stores:
+// the codes, the 8-bit scales, zero padding to a multiple of 4 bytes, the second-level scales
+// (fp32) and the mean (fp32). Its size depends only on the shape and block sizes.
+int64_t nf4_packed_bytes(at::IntArrayRef shape, int64_t block = 64, int64_t scale_block = 256);
+at::Tensor nf4_pack(const Nf4Tensor& q);  // uint8 [nf4_packed_bytes(q.shape)]
+// The quantized tensor a packed buffer holds: codes and scales are views of `packed` (any
+// storage offset), the second-level scales and the mean copies. Throws std::invalid_argument
+// when `packed` is not uint8 of nf4_packed_bytes(shape).
+Nf4Tensor nf4_unpack(const at::Tensor& packed, at::IntArrayRef shape, int64_t block = 64,
+                     int64_t scale_block = 256);
+
 }  // namespace shardtrain::detail

@@ -72,10 +72,10 @@ std::string Candidate::label() const {
       s = "ZeRO-1";
       break;
     case PlanStrategy::kZero2:
-      s = "ZeRO-2";
+      s = lora ? "FSDP shard_grad_op" : "ZeRO-2";
       break;
     case PlanStrategy::kFullShard:
-      s = "ZeRO-3 / FSDP full_shard";
+      s = lora ? "FSDP full_shard" : "ZeRO-3 / FSDP full_shard";
       break;
     case PlanStrategy::kHybridShard:
       s = "FSDP hybrid_shard " + std::to_string(shard) + "x" +
@@ -85,6 +85,7 @@ std::string Candidate::label() const {
       s = "TP" + std::to_string(tp) + " x PP" + std::to_string(pp) + " x DP" + std::to_string(dp);
       break;
   }
+  if (lora) s = "LoRA " + s;
   return offload ? s + " + offload" : s;
 }
 
@@ -141,13 +142,44 @@ Candidate evaluate_candidate(Candidate c, const PlanModel& model, const Hardware
   zi.largest_layer = std::max(block, root);  // FSDP gathers a whole unit
   zi.offload_optimizer = c.offload;
   zi.offload_params = c.offload && stage == 3;
-  c.memory = zero_model_states(zi, b, ZeroAccounting::kEngine);
-  if (stage == 3) {
-    c.memory.temporary += b.param * block;  // the next unit, prefetched
-  } else if (stage == 0) {
-    c.memory.temporary += std::min(2 * kDdpBucketBytes, b.grad * replica);
+  // LoRA: the adapters are the model states that train; the frozen base is parameters alone,
+  // in its own dtype, sharded by FSDP (stages 2 and 3 here) and gathered a unit at a time
+  // (full_shard) or for the whole step (shard_grad_op keeps every unit gathered from its
+  // forward to the end of backward).
+  c.lora = w.lora_rank_ > 0;
+  const double adapters =
+      c.lora ? blocks * static_cast<double>(model.block_lora_parameters(w.lora_rank_)) / c.tp : 0;
+  // NF4: a 4-bit code per value, an 8-bit scale per 64 and an fp32 scale per 64 x 256.
+  const double base_bytes = w.lora_base_ == "fp32"  ? 4.0
+                            : w.lora_base_ == "nf4" ? 33.0 / 64.0 + 4.0 / (64.0 * 256.0)
+                                                    : 2.0;
+  const double trained = c.lora ? adapters : replica;  // what has gradients and optimizer state
+  const double base_replica = blocks * block * base_bytes + root * 4.0;  // LoRA's frozen bytes
+  if (c.lora) {
+    ZeroMemoryInputs za = zi;
+    za.parameters = adapters;
+    za.sharded_parameters = blocks * ceil_div(adapters / blocks, c.shard);
+    za.largest_layer = adapters / blocks;
+    c.memory = zero_model_states(za, b, ZeroAccounting::kEngine);
+    // lora.base_dtype stores the blocks' linear weights; embeddings and head stay fp32.
+    const double shard_of_base =
+        blocks * ceil_div(block, c.shard) * base_bytes + ceil_div(root, c.shard) * 4.0;
+    if (stage == 0) {
+      c.memory.params += base_replica;
+    } else if (stage == 3) {
+      c.memory.params += shard_of_base + std::max(base_bytes * block, 4.0 * root);  // one unit
+    } else {
+      c.memory.params += shard_of_base + base_replica;
+    }
   } else {
-    c.memory.temporary += std::min(2 * kZeroBucketElements, replica) * b.grad;
+    c.memory = zero_model_states(zi, b, ZeroAccounting::kEngine);
+  }
+  if (stage == 3) {
+    c.memory.temporary += (c.lora ? base_bytes : b.param) * block;  // the next unit, prefetched
+  } else if (stage == 0) {
+    c.memory.temporary += std::min(2 * kDdpBucketBytes, b.grad * trained);
+  } else {
+    c.memory.temporary += std::min(2 * kZeroBucketElements, trained) * b.grad;
   }
   const double act_scale = w.precision_ == "fp32" ? 2.0 : 1.0;  // 4-byte activations
   const int in_flight = c.pp > 1 ? static_cast<int>(std::min<int64_t>(c.pp, c.grad_accum)) : 1;
@@ -182,12 +214,17 @@ Candidate evaluate_candidate(Candidate c, const PlanModel& model, const Hardware
   const LinkSpec inter = link_spec(cluster.inter_);
   const double eff = w.efficiency_ > 0 ? w.efficiency_ : hw.default_efficiency;
   const double peak = (w.precision_ == "fp32" ? hw.peak_fp32_flops : hw.peak_bf16_flops) * eff;
-  const double flops_token = detail::training_flops_per_token(model, w.seq_len_, w.checkpointing_);
+  double flops_token = detail::training_flops_per_token(model, w.seq_len_, w.checkpointing_);
+  // LoRA computes no weight gradients of the base: backward is the input gradients alone, about
+  // half of it (adapters' own FLOPs are rank / d of that and left out).
+  if (c.lora) flops_token *= w.checkpointing_ ? 3.0 / 4.0 : 2.0 / 3.0;
   const double t_mb = sb * flops_token / (c.tp * c.pp) / peak;
   const double t_bwd = t_mb * (w.checkpointing_ ? 0.75 : 2.0 / 3.0);
   const double t_fwd = t_mb - t_bwd;
   const double ga = static_cast<double>(c.grad_accum);
-  const double shard_params = stage == 0 ? replica : zi.sharded_parameters;
+  const double shard_params =
+      c.lora ? (stage == 0 ? adapters : adapters / c.shard)
+             : (stage == 0 ? replica : zi.sharded_parameters);
   const double g_opt = b.master > 0 ? 4.0 : b.grad;
   const double opt_bytes =
       (b.param + g_opt + b.optimizer_total()) + (b.param + b.optimizer_total());
@@ -206,7 +243,10 @@ Candidate evaluate_candidate(Candidate c, const PlanModel& model, const Hardware
   // Mesh order, innermost first: tp, dp, pp. A data-parallel group has k / tp ranks per node.
   const auto dp_link =
       detail::group_link(c.dp, std::min(c.dp, std::max(1, k / c.tp)), cluster, intra, inter);
-  const double P = b.param * replica, G = b.grad * replica;
+  // Under LoRA only adapter gradients are reduced; the frozen base is gathered but never
+  // updated, so gathering it again after the step is not needed (ZeRO-2's all-gather).
+  const double G = b.grad * trained;
+  const double P = c.lora ? base_replica + b.param * adapters : b.param * replica;
   double comm = 0, exposed = 0;
   switch (c.strategy) {
     case PlanStrategy::kDdp: {
@@ -227,8 +267,11 @@ Candidate evaluate_candidate(Candidate c, const PlanModel& model, const Hardware
     case PlanStrategy::kZero2: {
       const double rs = detail::all_gather_time(G, c.dp, dp_link);
       const double ag = detail::all_gather_time(P, c.dp, dp_link);
-      comm = ga * rs + ag;
-      exposed = ga * std::max(0.0, rs - t_bwd) + ag;
+      // A LoRA base is gathered for every forward (shard_grad_op frees it when backward ends);
+      // ZeRO-2 gathers the updated parameters once, after the step.
+      const double gathers = c.lora ? ga : 1.0;
+      comm = ga * rs + gathers * ag;
+      exposed = ga * std::max(0.0, rs - t_bwd) + gathers * ag;
       break;
     }
     case PlanStrategy::kFullShard:

@@ -49,8 +49,10 @@ std::string shardtrain_toml(const Plan& plan, const Candidate& c) {
     case PlanStrategy::kDdp:
       out << "strategy = \"ddp\"\n";
       break;
-    case PlanStrategy::kZero1:
     case PlanStrategy::kZero2:
+      out << (c.lora ? "strategy = \"fsdp\"\n" : "strategy = \"zero\"\n");
+      break;
+    case PlanStrategy::kZero1:
     case PlanStrategy::kTpPp:
       out << "strategy = \"zero\"\n";
       break;
@@ -69,6 +71,8 @@ std::string shardtrain_toml(const Plan& plan, const Candidate& c) {
     out << "\n[parallel.fsdp]\nsharding = \"" << (hybrid ? "hybrid_shard" : "full_shard") << "\"\n";
     if (hybrid) out << "replicate = " << c.dp / c.shard << "\n";
     out << "cpu_offload = " << (c.offload ? "true" : "false") << "\nwrap = \"block\"\n";
+  } else if (c.lora && c.strategy == PlanStrategy::kZero2) {
+    out << "\n[parallel.fsdp]\nsharding = \"shard_grad_op\"\nwrap = \"block\"\n";
   } else if (c.strategy != PlanStrategy::kDdp) {
     const int stage = c.strategy == PlanStrategy::kZero2 ? 2 : 1;
     out << "\n[parallel.zero]\nstage = " << stage << "\noffload_optimizer = \""
@@ -79,6 +83,10 @@ std::string shardtrain_toml(const Plan& plan, const Candidate& c) {
   out << "\n[precision]\nparam_dtype = \"" << (mixed ? "bf16" : "fp32") << "\"\nreduce_dtype = \""
       << (mixed ? "bf16" : "fp32") << "\"\nautocast = \"" << (bf16(plan) ? "bf16" : "none")
       << "\"\n";
+  if (c.lora) {
+    out << "\n[lora]\nrank = " << w.lora_rank_ << "\nalpha = " << 2 * w.lora_rank_
+        << "\ntarget_modules = \"all-linear\"\nbase_dtype = \"" << w.lora_base_ << "\"\n";
+  }
   return out.str();
 }
 

@@ -29,6 +29,14 @@ PlanModel PlanModel::from_config(const ModelConfig& config) {
   return m;
 }
 
+int64_t PlanModel::block_lora_parameters(int64_t rank) const {
+  const int64_t d = d_model, f = ffn_hidden;
+  if (!gated_mlp) return rank * (8 * d + 2 * f);  // qkv d->3d, proj d->d, fc d->f, proj f->d
+  const int64_t kv = d * n_kv_heads / std::max<int64_t>(1, n_heads);
+  // q and o d->d, k and v d->kv, gate and up d->f, down f->d
+  return rank * (4 * d + 2 * (d + kv) + 2 * (d + f) + (f + d));
+}
+
 PlanModel PlanModel::from_shapes(int64_t num_parameters, int64_t n_layers, int64_t d_model,
                                  int64_t n_heads, int64_t n_kv_heads, int64_t ffn_hidden,
                                  int64_t vocab_size, bool gated_mlp) {

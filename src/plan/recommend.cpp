@@ -23,13 +23,17 @@ void check_inputs(const ClusterOptions& c, const WorkloadOptions& w) {
           "global_batch must be >= 0, got " + std::to_string(w.global_batch_));
   require(w.safety_margin_ >= 0 && w.safety_margin_ < 1,
           "safety margin must be in [0, 1), got " + std::to_string(w.safety_margin_));
+  require(w.lora_rank_ >= 0, "LoRA rank must be >= 0 (0: full training), got " +
+                                std::to_string(w.lora_rank_));
+  require(w.lora_base_ == "fp32" || w.lora_base_ == "bf16" || w.lora_base_ == "nf4",
+          "LoRA base dtype must be fp32, bf16 or nf4, got '" + w.lora_base_ + "'");
   require(w.efficiency_ >= 0 && w.efficiency_ <= 1,
           "efficiency must be in (0, 1] (0: the hardware's default), got " +
               std::to_string(w.efficiency_));
   PrecisionBytes::of(w.precision_, w.optimizer_);  // throws for unknown names
 }
 
-std::vector<Candidate> shapes(const ClusterOptions& cluster) {
+std::vector<Candidate> shapes(const ClusterOptions& cluster, const WorkloadOptions& workload) {
   std::vector<Candidate> out;
   auto add = [&](PlanStrategy s, bool offload, int tp = 1, int pp = 1) {
     Candidate c;
@@ -40,6 +44,15 @@ std::vector<Candidate> shapes(const ClusterOptions& cluster) {
     out.push_back(c);
   };
   add(PlanStrategy::kDdp, false);
+  if (workload.lora_rank_ > 0) {
+    // The decision tree's LoRA branch: the adapters are small, so DDP when the frozen base fits
+    // on every device, else FSDP shard_grad_op, else full_shard; nothing to offload.
+    for (PlanStrategy s : {PlanStrategy::kZero2, PlanStrategy::kFullShard,
+                           PlanStrategy::kHybridShard}) {
+      if (s != PlanStrategy::kHybridShard || cluster.nodes_ >= 2) add(s, false);
+    }
+    return out;
+  }
   for (PlanStrategy s : {PlanStrategy::kZero1, PlanStrategy::kZero2, PlanStrategy::kFullShard,
                          PlanStrategy::kHybridShard}) {
     if (s == PlanStrategy::kHybridShard && cluster.nodes_ < 2) continue;
@@ -80,6 +93,23 @@ std::string explain(const Plan& plan, double usable) {
         " usable per device" +
         detail::format(", scaling efficiency %.0f%%.", 100 * rec->scaling_efficiency);
   const Candidate& ddp = cs.front();
+  if (rec->lora) {
+    const auto& w = plan.workload;
+    const double adapters = static_cast<double>(plan.model.n_layers) *
+                            static_cast<double>(plan.model.block_lora_parameters(w.lora_rank_));
+    out += detail::format(
+        " LoRA rank %lld: %.2fM adapter parameters train (%.2f%% of the model), the base is "
+        "frozen in %s, so the optimizer state and the gradient traffic are the adapters' alone;",
+        static_cast<long long>(w.lora_rank_), adapters / 1e6,
+        100.0 * adapters / static_cast<double>(plan.model.num_parameters),
+        w.lora_base_.c_str());
+    out += rec->strategy == PlanStrategy::kDdp
+               ? " the frozen base fits on every device, so DDP (replicate it, all-reduce the "
+                 "adapters' gradients) is the simplest and fastest."
+               : " the frozen base (" + detail::gb(ddp.memory.params) +
+                     " per device under DDP) does not fit replicated, so FSDP shards it.";
+    return out;
+  }
   if (rec->strategy == PlanStrategy::kDdp) {
     out += " The replicated model states (" + detail::gb(ddp.memory.model_states()) +
            ") fit on every device, so sharding them would only add communication.";
@@ -146,7 +176,7 @@ Plan make_plan(const PlanModel& model, const ClusterOptions& cluster,
   plan.cluster = cluster;
   plan.workload = workload;
   plan.hardware = cluster.has_custom_ ? cluster.custom_ : hardware_spec(cluster.gpu_);
-  for (const Candidate& shape : shapes(cluster)) {
+  for (const Candidate& shape : shapes(cluster, workload)) {
     plan.candidates.push_back(evaluate_candidate(shape, model, plan.hardware, cluster, workload));
   }
   // The fastest that fits; within 10% of it, the simpler (earlier in the list) wins: the estimates

@@ -176,6 +176,9 @@ RunEstimate estimate_run(const nlohmann::json& run, const HardwareSpec& host,
       .precision(bf16_params || autocast ? "bf16-autocast" : "fp32")
       .safety_margin(0.0);
   w.global_batch(w.micro_batch_ * required<int64_t>(train, "grad_accum", run_file) * world);
+  const json lora = field<json>(run, "lora", json::object());
+  const int64_t lora_rank = field<int64_t>(lora, "rank", 0);
+  if (lora_rank > 0) w.lora(lora_rank, field<std::string>(lora, "base_dtype", "fp32"));
 
   // One device per rank, with the rank's threads (0: an equal share of the cores).
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
@@ -210,6 +213,8 @@ RunEstimate estimate_run(const nlohmann::json& run, const HardwareSpec& host,
        {std::pair{PlanStrategy::kDdp, false}, {PlanStrategy::kZero1, false},
         {PlanStrategy::kZero2, false}, {PlanStrategy::kFullShard, false},
         {PlanStrategy::kFullShard, true}}) {
+    // LoRA's alternatives are its decision tree's: DDP, FSDP shard_grad_op and full_shard.
+    if (lora_rank > 0 && (strategy == PlanStrategy::kZero1 || files)) continue;
     Candidate c;
     c.strategy = strategy;
     c = evaluate_candidate(c, model, hw, cluster, w);

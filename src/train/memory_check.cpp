@@ -116,6 +116,12 @@ namespace {
 
 // The setting that selects `c` (a data-parallel candidate of estimate_run's alternatives).
 std::string setting_of(const Candidate& c) {
+  if (c.lora && c.strategy == PlanStrategy::kZero2) {
+    return "parallel.strategy = \"fsdp\" with parallel.fsdp.sharding = \"shard_grad_op\"";
+  }
+  if (c.lora && c.strategy == PlanStrategy::kFullShard) {
+    return "parallel.strategy = \"fsdp\" (full_shard)";
+  }
   switch (c.strategy) {
     case PlanStrategy::kDdp: return "parallel.strategy = \"ddp\"";
     case PlanStrategy::kZero1: return "parallel.strategy = \"zero\" with parallel.zero.stage = 1";

@@ -52,6 +52,9 @@ nlohmann::ordered_json run_manifest(const TrainConfig& config, int world_size) {
                       {"reduce_dtype", config.reduce_dtype},
                       {"autocast", config.autocast},
                       {"loss_scale", config.loss_scale}};
+  if (config.lora_rank > 0) {
+    run["lora"] = {{"rank", config.lora_rank}, {"base_dtype", config.lora_base_dtype}};
+  }
   return run;
 }
 

@@ -114,7 +114,9 @@ Trainer::Trainer(TrainConfig config, std::shared_ptr<ProcessGroup> world)
     if (config_.lora_rank > 0) {
       add_lora(*model_, detail::lora_options(config_));
       // The frozen base's linear weights in lora.base_dtype: stored, gathered and sent so.
-      if (config_.lora_base_dtype == "bf16") detail::store_frozen_linears(*model_, at::kBFloat16);
+      if (config_.lora_base_dtype != "fp32") {
+        detail::store_frozen_linears(*model_, config_.lora_base_dtype);
+      }
     }
   }
   const bool prompt = detail::return_memory_promptly(config_);

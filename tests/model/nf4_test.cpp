@@ -86,5 +86,23 @@ TEST(Nf4Test, BadInputIsRefused) {
   EXPECT_THROW(nf4_quantize(bad), std::invalid_argument);
 }
 
+TEST(Nf4Test, PackedBytesHoldTheQuantizedTensorAtAnyOffset) {
+  const at::Tensor w = at::randn({96, 40}) * 0.05;
+  const Nf4Tensor q = nf4_quantize(w);
+  const at::Tensor packed = nf4_pack(q);
+  EXPECT_EQ(packed.numel(), nf4_packed_bytes(w.sizes()));
+  EXPECT_GE(packed.numel(), q.bytes());
+  EXPECT_LE(packed.numel() - q.bytes(), 3);  // alignment padding only
+  // Inside a gathered buffer a packed weight may start at any byte.
+  at::Tensor buffer = at::zeros({packed.numel() + 7}, at::kByte);
+  buffer.narrow(0, 3, packed.numel()).copy_(packed);
+  const at::Tensor back =
+      nf4_dequantize(nf4_unpack(buffer.narrow(0, 3, packed.numel()), w.sizes()));
+  EXPECT_TRUE(at::equal(back, nf4_dequantize(q)));
+  EXPECT_THROW(nf4_unpack(packed.narrow(0, 0, packed.numel() - 1), w.sizes()),
+               std::invalid_argument);
+  EXPECT_LE(static_cast<double>(packed.numel()) / static_cast<double>(w.numel()), 0.6);
+}
+
 }  // namespace
 }  // namespace shardtrain::detail

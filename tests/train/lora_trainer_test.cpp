@@ -6,6 +6,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "model/nf4.h"
 #include "shardtrain/checkpoint.h"
 #include "shardtrain/hf.h"
 #include "shardtrain/rendezvous.h"
@@ -142,6 +143,74 @@ TEST_F(LoraTrainerTest, ABf16BaseIsStoredSoAndTrainsAlikeEverywhere) {
       want, 1e-5);
 }
 
+TEST_F(LoraTrainerTest, QLoraStoresTheBaseInNf4AndTrainsAlikeEverywhere) {
+  Trainer fp32(config({}, "fp32"));
+  const double fp32_first = fp32.train_step().loss;
+  Trainer nf4(config({"lora.base_dtype=\"nf4\""}, "nf4"));
+  auto params = nf4.model()->named_parameters();
+  const at::Tensor packed = params["blocks.0.mlp.fc.weight"];
+  EXPECT_EQ(packed.scalar_type(), at::kByte);
+  const int64_t d = nf4.config().model.d_model, f = nf4.config().model.ffn_hidden;
+  EXPECT_LE(static_cast<double>(packed.numel()) / static_cast<double>(d * f), 0.6);
+  EXPECT_EQ(params["tok_emb.weight"].scalar_type(), at::kFloat);
+  // The 4-bit base computes close to, not exactly, the fp32 base's loss.
+  EXPECT_NEAR(nf4.train_step().loss, fp32_first, 0.05 * fp32_first);
+
+  const std::vector<double> want = losses({"lora.base_dtype=\"nf4\""}, 1, "single");
+  testing::expect_same_losses(
+      losses({"lora.base_dtype=\"nf4\"", "parallel.strategy=\"ddp\"", "train.micro_batch=4"},
+             2, "ddp"),
+      want, 1e-5);
+  testing::expect_same_losses(
+      losses({"lora.base_dtype=\"nf4\"", "parallel.strategy=\"fsdp\"", "train.micro_batch=4",
+              "train.activation_checkpointing=true"},
+             2, "fsdp2"),
+      want, 1e-5);
+  testing::expect_same_losses(
+      losses({"lora.base_dtype=\"nf4\"", "parallel.strategy=\"fsdp\"", "train.micro_batch=2",
+              "parallel.fsdp.sharding=\"shard_grad_op\""},
+             4, "fsdp4"),
+      want, 1e-5);
+}
+
+TEST_F(LoraTrainerTest, QLoraQuantizesHuggingFaceWeightsAsTheyAreRead) {
+  Trainer full(config({"lora.rank=0", "train.steps=2"}, "full"));
+  full.fit();
+  export_hf_checkpoint((dir_ / "full" / "checkpoints" / "step_000002").string(),
+                       (dir_ / "hf").string());
+  const auto want = full.model()->named_parameters();
+  run_local_ranks(2, [&](ProcessGroup& group) {
+    auto shared = std::shared_ptr<ProcessGroup>(&group, [](ProcessGroup*) {});
+    // Each rank reads the weights one at a time and keeps only their packed NF4 bytes.
+    Trainer qlora(config({"lora.base_dtype=\"nf4\"", "parallel.strategy=\"ddp\"",
+                          "train.micro_batch=4", "model.init_from=\"" + (dir_ / "hf").string() + "\""},
+                         "qlora"),
+                  shared);
+    const auto got = qlora.model()->named_parameters();
+    for (const std::string name : {"blocks.0.attn.qkv.weight", "blocks.1.mlp.proj.weight"}) {
+      EXPECT_TRUE(at::equal(got[name], detail::nf4_pack(detail::nf4_quantize(want[name]))))
+          << name;
+    }
+    EXPECT_TRUE(at::equal(got["tok_emb.weight"], want["tok_emb.weight"]));
+  });
+}
+
+TEST_F(LoraTrainerTest, QLoraLossFallsOnTheDemoCorpus) {
+  const fs::path fortunes = "/usr/share/games/fortunes/fortunes";
+  if (!fs::exists(fortunes)) GTEST_SKIP() << fortunes << " is missing (Debian's fortunes package)";
+  Trainer trainer(testing::tiny_run_config(
+      fortunes, dir_ / "fortunes",
+      {"train.micro_batch=8", "train.steps=30", "train.lr=0.02", "train.warmup=3",
+       "lora.rank=8", "lora.alpha=16", "lora.base_dtype=\"nf4\""}));
+  double first = 0, last = 0;
+  for (int i = 0; i < 30; ++i) {
+    const double loss = trainer.train_step().loss;
+    if (i < 5) first += loss / 5;
+    if (i >= 25) last += loss / 5;
+  }
+  EXPECT_LT(last, first - 0.1) << "mean loss of the first 5 steps " << first << ", last 5 " << last;
+}
+
 TEST_F(LoraTrainerTest, CheckpointsHoldTheAdaptersAndResumeExactly) {
   Trainer straight(config({"train.steps=6"}, "straight"));
   std::vector<double> want;
@@ -222,20 +291,24 @@ TEST_F(LoraTrainerTest, ExportsTheAdaptersAsPeftAndTheMergedModelComputesTheSame
   EXPECT_FALSE(fs::exists(dir_ / "plain" / "model.safetensors"));
 }
 
-TEST_F(LoraTrainerTest, AMergedBf16BaseComputesWhatTheRunDid) {
-  Trainer trainer(config({"train.steps=4", "lora.base_dtype=\"bf16\""}));
-  trainer.fit();
-  export_lora_checkpoint((dir_ / "run" / "checkpoints" / "step_000004").string(),
-                         (dir_ / "merged").string(), LoraExport::kMerged);
-  Transformer merged(model_config_from_hf_json((dir_ / "merged" / "config.json").string()),
-                     ModelInit().seed(1));
-  load_hf_weights(merged, (dir_ / "merged").string());
-  const at::Tensor tokens = at::randint(0, 200, {2, 24}, at::kLong);
-  torch::NoGradGuard no_grad;
-  trainer.model()->eval();
-  merged->eval();
-  const at::Tensor want = trainer.model()->forward(tokens);
-  EXPECT_LE((merged->forward(tokens) - want).abs().max().item<double>(), 1e-5);
+TEST_F(LoraTrainerTest, AMergedBf16OrNf4BaseComputesWhatTheRunDid) {
+  for (const std::string base : {"bf16", "nf4"}) {
+    SCOPED_TRACE(base);
+    Trainer trainer(config({"train.steps=4", "lora.base_dtype=\"" + base + "\""}, base));
+    trainer.fit();
+    export_lora_checkpoint((dir_ / base / "checkpoints" / "step_000004").string(),
+                           (dir_ / ("merged_" + base)).string(), LoraExport::kMerged);
+    Transformer merged(
+        model_config_from_hf_json((dir_ / ("merged_" + base) / "config.json").string()),
+        ModelInit().seed(1));
+    load_hf_weights(merged, (dir_ / ("merged_" + base)).string());
+    const at::Tensor tokens = at::randint(0, 200, {2, 24}, at::kLong);
+    torch::NoGradGuard no_grad;
+    trainer.model()->eval();
+    merged->eval();
+    const at::Tensor want = trainer.model()->forward(tokens);
+    EXPECT_LE((merged->forward(tokens) - want).abs().max().item<double>(), 1e-5);
+  }
 }
 
 TEST_F(LoraTrainerTest, BadSettingsAreRefusedByName) {
