@@ -71,14 +71,21 @@ for strategy in ddp full_shard; do
   done
 done
 
-# The NF4 base from the outside (DDP: every rank holds the whole base).
-python3 - "$work/lora_bf16-ddp/metrics.jsonl.peak" "$work/qlora_nf4-ddp/metrics.jsonl.peak" <<'PY'
+# The base's bytes per weight from the outside: the process's resident memory before and after
+# the base is materialized (heap trimmed), once per storage; embeddings, norms and biases are fp32
+# in all three, so the differences are the blocks' linear weights alone.
+for storage in fp32 bf16 nf4; do "$root/build/bench_lora_base" "$storage"; done >"$work/base.txt"
+python3 - "$work/base.txt" <<'PY'
 import sys
-bf16, nf4 = (float(open(p).read()) for p in sys.argv[1:3])
-d, f, layers = 768, 3072, 12
-weights = layers * (d * 3 * d + d * d + d * f + f * d)  # qkv, proj, fc, proj per block
-per_weight = 2 - (bf16 - nf4) / weights
-print(f"\nNF4 base, measured: peak RSS bf16 base - NF4 base = {(bf16 - nf4) / (1 << 20):,.1f} MiB over "
-      f"{weights / 1e6:.1f}M quantized weights: {per_weight:.3f} bytes per weight "
-      f"(bf16 is 2; the packed format is 33/64 + 4/16384 = 0.516)")
+rows = {f[0]: (int(f[1]), int(f[2]), int(f[3])) for f in (l.split() for l in open(sys.argv[1]))}
+held = {k: after - before for k, (before, after, _) in rows.items()}
+weights = rows["fp32"][2]
+mib = 1 << 20
+print(f"\nBase held in memory (VmRSS after - before materializing, GPT-2 124M, {weights / 1e6:.1f}M "
+      f"linear weights in the blocks): fp32 {held['fp32'] / mib:,.1f} MiB, bf16 {held['bf16'] / mib:,.1f} MiB, "
+      f"nf4 {held['nf4'] / mib:,.1f} MiB.")
+for ref, width in (("fp32", 4), ("bf16", 2)):
+    per = width - (held[ref] - held["nf4"]) / weights
+    print(f"NF4 bytes per weight from {ref} - nf4: {per:.3f}")
+print("(bf16 against fp32: %.3f bytes per weight)" % (4 - (held["fp32"] - held["bf16"]) / weights))
 PY

@@ -31,10 +31,33 @@ class FrozenLinearFunction : public torch::autograd::Function<FrozenLinearFuncti
   }
 
  private:
+  // The weight in `dtype`, for one product. On the CPU it is written into a buffer of this
+  // thread's that every frozen layer reuses: a temporary per layer would leave holes of the
+  // layers' sizes in the heap between the activations forward keeps, and the process would grow
+  // by about what the stored dtype saves. Safe because no caller keeps the result past the
+  // product it is computed for.
   static at::Tensor unpacked(const at::Tensor& weight, const std::vector<int64_t>& nf4_shape,
                              at::ScalarType dtype) {
-    if (nf4_shape.empty()) return weight.to(dtype);
-    return nf4_dequantize(nf4_unpack(weight, nf4_shape), dtype);
+    const std::vector<int64_t> shape = nf4_shape.empty() ? weight.sizes().vec() : nf4_shape;
+    if (!weight.is_cpu()) {
+      return nf4_shape.empty() ? weight.to(dtype) : nf4_dequantize(nf4_unpack(weight, shape), dtype);
+    }
+    int64_t numel = 1;
+    for (int64_t d : shape) numel *= d;
+    thread_local at::Tensor buffer;
+    if (!buffer.defined() || buffer.numel() < numel || buffer.scalar_type() != dtype) {
+      buffer = at::Tensor();  // the old one goes first
+      buffer = at::empty({numel}, at::TensorOptions().dtype(dtype));
+    }
+    at::Tensor w = buffer.narrow(0, 0, numel).view(shape);
+    if (nf4_shape.empty()) {
+      w.copy_(weight);
+    } else if (dtype == at::kFloat) {
+      nf4_dequantize_into(nf4_unpack(weight, shape), w);
+    } else {
+      w.copy_(nf4_dequantize(nf4_unpack(weight, shape), at::kFloat));
+    }
+    return w;
   }
 };
 

@@ -4,6 +4,7 @@
 
 #include <ATen/Parallel.h>
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 #include <mutex>
@@ -24,6 +25,8 @@ uint64_t mix(uint64_t x) {
   x = (x ^ (x >> 27)) * 0x94D049BB133111EBULL;
   return x ^ (x >> 31);
 }
+
+constexpr int64_t kFillChunk = 1 << 16;  // elements filled through one fp32 temporary
 
 bool ends_with(const std::string& s, const std::string& suffix) {
   return s.size() >= suffix.size() &&
@@ -74,6 +77,14 @@ void fill_normal(uint64_t key, int64_t begin, double mean, double std, at::Tenso
   if (out.dim() != 1 || !out.is_contiguous()) {
     throw std::invalid_argument("fill_normal: out must be a contiguous 1-D tensor");
   }
+  if (out.scalar_type() != at::kFloat && out.numel() > kFillChunk) {
+    // Through an fp32 chunk at a time: a whole-tensor fp32 temporary would cost, at its peak,
+    // the memory a bf16 parameter saves.
+    for (int64_t at = 0; at < out.numel(); at += kFillChunk) {
+      fill_normal(key, begin + at, mean, std, out.narrow(0, at, std::min(kFillChunk, out.numel() - at)));
+    }
+    return;
+  }
   at::Tensor values = out.scalar_type() == at::kFloat ? out : at::empty_like(out, at::kFloat);
   float* data = values.data_ptr<float>();
   constexpr double kTwoPi = 6.283185307179586476925286766559;
@@ -95,6 +106,14 @@ void fill_normal(uint64_t key, int64_t begin, double mean, double std, at::Tenso
 void fill_uniform(uint64_t key, int64_t begin, double low, double high, at::Tensor out) {
   if (out.dim() != 1 || !out.is_contiguous()) {
     throw std::invalid_argument("fill_uniform: out must be a contiguous 1-D tensor");
+  }
+  if (out.scalar_type() != at::kFloat && out.numel() > kFillChunk) {
+    // Through an fp32 chunk at a time: a whole-tensor fp32 temporary would cost, at its peak,
+    // the memory a bf16 parameter saves.
+    for (int64_t at = 0; at < out.numel(); at += kFillChunk) {
+      fill_uniform(key, begin + at, low, high, out.narrow(0, at, std::min(kFillChunk, out.numel() - at)));
+    }
+    return;
   }
   at::Tensor values = out.scalar_type() == at::kFloat ? out : at::empty_like(out, at::kFloat);
   float* data = values.data_ptr<float>();

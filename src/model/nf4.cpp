@@ -1,6 +1,8 @@
 // NF4 quantization, block-wise, with double-quantized scales (see nf4.h).
 #include "model/nf4.h"
 
+#include <ATen/Parallel.h>
+
 #include <cstring>
 
 #include <cmath>
@@ -93,7 +95,42 @@ at::Tensor nf4_block_scales(const Nf4Tensor& q) {
   return scales.reshape({-1}).narrow(0, 0, blocks);
 }
 
+void nf4_dequantize_into(const Nf4Tensor& q, const at::Tensor& out) {
+  if (!q.codes.is_cpu() || !q.codes.is_contiguous() || !out.is_cpu() || !out.is_contiguous() ||
+      out.scalar_type() != at::kFloat || out.numel() != q.numel()) {
+    throw std::invalid_argument("nf4_dequantize_into: needs contiguous CPU codes and a contiguous "
+                                "fp32 CPU output of " + std::to_string(q.numel()) + " elements");
+  }
+  // One pass from the codes into the output, with no index or intermediate tensors; the same
+  // single fp32 product per value as the tensor expression in nf4_dequantize.
+  {
+    const at::Tensor scales = nf4_block_scales(q).contiguous();
+    const at::Tensor codebook = nf4_codebook().contiguous();
+    const int64_t n = q.numel();
+    const uint8_t* codes = q.codes.data_ptr<uint8_t>();
+    const float* scale = scales.data_ptr<float>();
+    const float* value = codebook.data_ptr<float>();
+    float* o = out.data_ptr<float>();
+    const int64_t half = q.block / 2;
+    at::parallel_for(0, scales.numel(), 64, [&](int64_t lo, int64_t hi) {
+      for (int64_t b = lo; b < hi; ++b) {
+        for (int64_t j = 0; j < half; ++j) {
+          const int64_t i = 2 * (b * half + j);
+          const uint8_t byte = codes[b * half + j];
+          if (i < n) o[i] = value[byte & 0x0F] * scale[b];
+          if (i + 1 < n) o[i + 1] = value[byte >> 4] * scale[b];
+        }
+      }
+    });
+  }
+}
+
 at::Tensor nf4_dequantize(const Nf4Tensor& q, at::ScalarType dtype) {
+  if (q.codes.is_cpu() && q.codes.is_contiguous()) {
+    at::Tensor out = at::empty({q.numel()}, at::kFloat);
+    nf4_dequantize_into(q, out);
+    return out.view(q.shape).to(dtype);
+  }
   at::Tensor low = at::bitwise_and(q.codes, 0x0F);
   at::Tensor high = at::bitwise_right_shift(q.codes, 4);
   at::Tensor index = at::stack({low, high}, 1).reshape({-1}).to(at::kLong);

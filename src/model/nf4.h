@@ -35,6 +35,8 @@ Nf4Tensor nf4_quantize(const at::Tensor& values, int64_t block = 64, int64_t sca
 at::Tensor nf4_block_scales(const Nf4Tensor& q);
 // The values back, shaped as quantized, in `dtype`.
 at::Tensor nf4_dequantize(const Nf4Tensor& q, at::ScalarType dtype = at::kFloat);
+// The same values written into `out`: a contiguous fp32 CPU tensor of q.numel() elements.
+void nf4_dequantize_into(const Nf4Tensor& q, const at::Tensor& out);
 
 // The quantized form of a tensor of `shape` as one byte buffer, what a frozen parameter stores:
 // the codes, the 8-bit scales, zero padding to a multiple of 4 bytes, the second-level scales

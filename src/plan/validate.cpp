@@ -126,7 +126,8 @@ void this_engine_on_cpu(Candidate& c, const PlanModel& model, const WorkloadOpti
     }
     // One rank holds everything: nothing is gathered, nothing prefetched.
     if (c.shard == 1) ahead = 0;
-    c.memory.temporary += 4.0 * static_cast<double>(model.root_parameters) +
+    // The gathered root unit (fp32 here), which a LoRA candidate already counts with its base.
+    c.memory.temporary += (c.lora ? 0.0 : 4.0 * static_cast<double>(model.root_parameters)) +
                           ahead * gathered_dtype * block;
   }
   if (heap_kept) c.memory.temporary += c.memory.activations + (stage3 ? c.memory.temporary : 0.0);
