@@ -73,58 +73,52 @@ uint64_t init_stream_key(uint64_t seed, const std::string& name) {
   return mix(seed ^ mix(hash));
 }
 
-void fill_normal(uint64_t key, int64_t begin, double mean, double std, at::Tensor out) {
+namespace {
+
+constexpr double kUnit = 1.0 / 9007199254740992.0;  // 2^-53
+
+// out[j] = value(begin + j), computed in fp32 and stored in out's dtype. Another dtype goes
+// through an fp32 chunk at a time: a whole-tensor fp32 temporary would cost, at its peak, the
+// memory a bf16 parameter saves.
+template <typename Value>
+void fill_by_index(const char* who, int64_t begin, const at::Tensor& out, const Value& value) {
   if (out.dim() != 1 || !out.is_contiguous()) {
-    throw std::invalid_argument("fill_normal: out must be a contiguous 1-D tensor");
+    throw std::invalid_argument(std::string(who) + ": out must be a contiguous 1-D tensor");
   }
   if (out.scalar_type() != at::kFloat && out.numel() > kFillChunk) {
-    // Through an fp32 chunk at a time: a whole-tensor fp32 temporary would cost, at its peak,
-    // the memory a bf16 parameter saves.
     for (int64_t at = 0; at < out.numel(); at += kFillChunk) {
-      fill_normal(key, begin + at, mean, std, out.narrow(0, at, std::min(kFillChunk, out.numel() - at)));
+      fill_by_index(who, begin + at, out.narrow(0, at, std::min(kFillChunk, out.numel() - at)),
+                    value);
     }
     return;
   }
   at::Tensor values = out.scalar_type() == at::kFloat ? out : at::empty_like(out, at::kFloat);
   float* data = values.data_ptr<float>();
-  constexpr double kTwoPi = 6.283185307179586476925286766559;
-  constexpr double kUnit = 1.0 / 9007199254740992.0;  // 2^-53
   at::parallel_for(0, values.numel(), 1 << 15, [&](int64_t lo, int64_t hi) {
-    for (int64_t j = lo; j < hi; ++j) {
-      const uint64_t index = static_cast<uint64_t>(begin + j);
-      const uint64_t pair = index >> 1;
-      const double u1 = static_cast<double>((mix(key + 2 * pair) >> 11) + 1) * kUnit;  // (0, 1]
-      const double u2 = static_cast<double>(mix(key + 2 * pair + 1) >> 11) * kUnit;
-      const double radius = std::sqrt(-2.0 * std::log(u1));
-      const double z = (index & 1) ? radius * std::sin(kTwoPi * u2) : radius * std::cos(kTwoPi * u2);
-      data[j] = static_cast<float>(mean + std * z);
-    }
+    for (int64_t j = lo; j < hi; ++j) data[j] = value(static_cast<uint64_t>(begin + j));
   });
   if (!values.is_same(out)) out.copy_(values);
 }
 
-void fill_uniform(uint64_t key, int64_t begin, double low, double high, at::Tensor out) {
-  if (out.dim() != 1 || !out.is_contiguous()) {
-    throw std::invalid_argument("fill_uniform: out must be a contiguous 1-D tensor");
-  }
-  if (out.scalar_type() != at::kFloat && out.numel() > kFillChunk) {
-    // Through an fp32 chunk at a time: a whole-tensor fp32 temporary would cost, at its peak,
-    // the memory a bf16 parameter saves.
-    for (int64_t at = 0; at < out.numel(); at += kFillChunk) {
-      fill_uniform(key, begin + at, low, high, out.narrow(0, at, std::min(kFillChunk, out.numel() - at)));
-    }
-    return;
-  }
-  at::Tensor values = out.scalar_type() == at::kFloat ? out : at::empty_like(out, at::kFloat);
-  float* data = values.data_ptr<float>();
-  constexpr double kUnit = 1.0 / 9007199254740992.0;  // 2^-53
-  at::parallel_for(0, values.numel(), 1 << 15, [&](int64_t lo, int64_t hi) {
-    for (int64_t j = lo; j < hi; ++j) {
-      const double u = static_cast<double>(mix(key + static_cast<uint64_t>(begin + j)) >> 11) * kUnit;
-      data[j] = static_cast<float>(low + (high - low) * u);
-    }
+}  // namespace
+
+void fill_normal(uint64_t key, int64_t begin, double mean, double std, at::Tensor out) {
+  constexpr double kTwoPi = 6.283185307179586476925286766559;
+  fill_by_index("fill_normal", begin, out, [=](uint64_t index) {
+    const uint64_t pair = index >> 1;
+    const double u1 = static_cast<double>((mix(key + 2 * pair) >> 11) + 1) * kUnit;  // (0, 1]
+    const double u2 = static_cast<double>(mix(key + 2 * pair + 1) >> 11) * kUnit;
+    const double radius = std::sqrt(-2.0 * std::log(u1));
+    const double z = (index & 1) ? radius * std::sin(kTwoPi * u2) : radius * std::cos(kTwoPi * u2);
+    return static_cast<float>(mean + std * z);
   });
-  if (!values.is_same(out)) out.copy_(values);
+}
+
+void fill_uniform(uint64_t key, int64_t begin, double low, double high, at::Tensor out) {
+  fill_by_index("fill_uniform", begin, out, [=](uint64_t index) {
+    const double u = static_cast<double>(mix(key + index) >> 11) * kUnit;
+    return static_cast<float>(low + (high - low) * u);
+  });
 }
 
 }  // namespace detail
