@@ -68,7 +68,7 @@ at::Tensor merge_lora_weight(const at::Tensor& weight, const at::Tensor& a, cons
 namespace detail {
 // An adapter of a torch::nn::Linear, or null: what shardtrain::call adds to its output.
 struct LoraAdapter {
-  std::shared_ptr<torch::nn::Module> a, b;  // each holding "weight"
+  at::Tensor a, b;  // the weights of the layer's lora_A and lora_B submodules
   double scale = 1.0;
   double dropout = 0.0;
 };

@@ -6,6 +6,7 @@
 #include <set>
 #include <stdexcept>
 
+#include "model/names.h"
 #include "checkpoint/safetensors_detail.h"
 #include "model/init.h"
 #include "shardtrain/checkpoint.h"
@@ -18,12 +19,9 @@ namespace {
 
 // Buffers HF models carry that are not weights: GPT-2's causal masks, Llama's rotary frequencies.
 bool is_ignored_buffer(const std::string& name) {
-  auto ends_with = [&](const std::string& suffix) {
-    return name.size() >= suffix.size() &&
-           name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
-  };
-  return ends_with(".attn.bias") || ends_with(".attn.masked_bias") ||
-         ends_with("rotary_emb.inv_freq");
+  using detail::ends_with;
+  return ends_with(name, ".attn.bias") || ends_with(name, ".attn.masked_bias") ||
+         ends_with(name, "rotary_emb.inv_freq");
 }
 
 }  // namespace

@@ -8,7 +8,8 @@
 
 #include "checkpoint/export_files.h"
 #include "checkpoint/model_description.h"
-#include "model/nf4.h"
+#include "model/layers.h"
+#include "model/names.h"
 #include "shardtrain/hf.h"
 #include "shardtrain/lora.h"
 #include "shardtrain/sharded_checkpoint.h"
@@ -18,27 +19,13 @@ namespace {
 
 const std::string kA = ".lora_A.weight", kB = ".lora_B.weight";
 
-bool ends_with(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() &&
-         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
-
 // The adapted layers of the checkpoint (ours, e.g. "blocks.0.attn.qkv"), in checkpoint order.
 std::vector<std::string> adapted_layers(const ShardedCheckpointReader& reader) {
   std::vector<std::string> layers;
   for (const auto& spec : reader.tensors()) {
-    if (ends_with(spec.name, kA)) layers.push_back(spec.name.substr(0, spec.name.size() - kA.size()));
+    if (detail::ends_with(spec.name, kA)) layers.push_back(spec.name.substr(0, spec.name.size() - kA.size()));
   }
   return layers;
-}
-
-// The weights of the model's linear layers in its blocks: those lora.base_dtype stores.
-std::vector<at::Tensor> detail_linear_weights(Transformer& model) {
-  std::vector<at::Tensor> weights;
-  for (const auto& item : model->named_parameters()) {
-    if (item.key().rfind("blocks.", 0) == 0 && item.value().dim() == 2) weights.push_back(item.value());
-  }
-  return weights;
 }
 
 }  // namespace
@@ -118,35 +105,45 @@ void export_lora_checkpoint(const std::string& checkpoint_dir, const std::string
   ModelInit init = ModelInit().seed(static_cast<uint64_t>(lora.value("seed", int64_t{0})));
   if (!weights.empty()) init.values(hf_initializer(config, weights));
   Transformer model(config, std::move(init));
+  // The base stored as the run stored it (lora.base_dtype), so that the merge starts from the
+  // weights the run computed with.
   const std::string base_dtype = lora.value("base_dtype", std::string("fp32"));
   if (base_dtype != "fp32") {
-    // The run computed with its base's linear weights rounded to bf16 or NF4: so does the merge.
-    torch::NoGradGuard no_grad;
-    for (const auto& layer : detail_linear_weights(model)) {
-      layer.set_data(base_dtype == "nf4" ? detail::nf4_dequantize(detail::nf4_quantize(layer))
-                                         : layer.to(at::kBFloat16));
-    }
+    for (auto& p : model->parameters()) p.requires_grad_(false);
+    detail::store_frozen_linears(*model, base_dtype);
+  }
+  std::map<std::string, std::vector<int64_t>> packed;  // weight name -> shape, for NF4 ones
+  for (const auto& item : model->named_modules("", /*include_self=*/false)) {
+    const auto* linear = dynamic_cast<const detail::LinearImpl*>(item.value().get());
+    if (linear && !linear->nf4_shape.empty()) packed[item.key() + ".weight"] = linear->nf4_shape;
   }
   auto params = model->named_parameters();
   const std::set<std::string> adapted(layers.begin(), layers.end());
   std::vector<detail::ExportTensor> tensors;
   for (const auto& n : hf_parameter_names(config)) {
-    const at::Tensor weight = params[n.name];
+    const auto it = packed.find(n.name);
+    const std::vector<int64_t> nf4_shape = it == packed.end() ? std::vector<int64_t>() : it->second;
+    const at::Tensor stored = params[n.name];
+    // Unpacked to fp32 only as it is written: one weight at a time beside the stored base.
+    std::function<at::Tensor()> values = [stored, nf4_shape] {
+      return detail::stored_weight_values(stored, nf4_shape, at::kFloat);
+    };
     const std::string layer = n.name.substr(0, n.name.size() - std::string(".weight").size());
-    std::function<at::Tensor()> values = [weight] { return weight.detach().to(at::kFloat); };
-    if (ends_with(n.name, ".weight") && adapted.count(layer)) {
+    if (detail::ends_with(n.name, ".weight") && adapted.count(layer)) {
       const double scale = alpha / static_cast<double>(rank);
-      values = [&reader, weight, layer, scale, &source] {
+      values = [&reader, unpacked = values, layer, scale, &source] {
+        const at::Tensor weight = unpacked();
         const at::Tensor a = reader.read(layer + kA), b = reader.read(layer + kB);
         if (a.size(1) != weight.size(1) || b.size(0) != weight.size(0) || a.size(0) != b.size(1)) {
           throw std::invalid_argument(source + ": the adapter of '" + layer + "' (A " +
                                       c10::str(a.sizes()) + ", B " + c10::str(b.sizes()) +
                                       ") does not fit its weight " + c10::str(weight.sizes()));
         }
-        return merge_lora_weight(weight.detach(), a, b, scale);
+        return merge_lora_weight(weight, a, b, scale);
       };
     }
-    tensors.push_back({n.hf_name, at::kFloat, weight.sizes().vec(), n.transposed, values});
+    tensors.push_back({n.hf_name, at::kFloat, nf4_shape.empty() ? stored.sizes().vec() : nf4_shape,
+                       n.transposed, values});
   }
   detail::write_export(out_dir, overwrite, "model.safetensors", tensors, "config.json",
                        hf_config_json(config, at::kFloat));

@@ -21,15 +21,17 @@ LinearImpl::LinearImpl(int64_t in, int64_t out, bool bias, bool deferred) {
 }
 
 at::Tensor LinearImpl::forward(const at::Tensor& x) {
-  const bool frozen = !weight.requires_grad() && !(bias.defined() && bias.requires_grad());
-  // Under autocast the product runs in the autocast dtype whatever W's; outside it a frozen W of
-  // another dtype goes through frozen_linear rather than a cast autograd would keep.
-  const AutocastState autocast = autocast_state();
-  const bool packed = !nf4_shape.empty();
-  at::Tensor y = frozen && (packed || (weight.scalar_type() != x.scalar_type() && !autocast.cpu &&
-                                       !autocast.cuda))
-                     ? frozen_linear(x, weight, bias, nf4_shape)
-                     : at::linear(x, weight, bias);
+  // Packed NF4 always, and outside autocast (under it the product runs in the autocast dtype
+  // whatever W's) a frozen W of another dtype, go through frozen_linear rather than a cast
+  // autograd would keep.
+  bool through_frozen = !nf4_shape.empty();
+  if (!through_frozen && weight.scalar_type() != x.scalar_type() && !weight.requires_grad() &&
+      !(bias.defined() && bias.requires_grad())) {
+    const AutocastState autocast = autocast_state();
+    through_frozen = !autocast.cpu && !autocast.cuda;
+  }
+  at::Tensor y = through_frozen ? frozen_linear(x, weight, bias, nf4_shape)
+                                : at::linear(x, weight, bias);
   if (!lora_a) return y;
   return y + lora_delta(x, lora_a->weight, lora_b->weight, lora_scale, lora_dropout, is_training());
 }

@@ -3,6 +3,7 @@
 
 #include "model/init.h"
 #include "model/layers.h"
+#include "model/names.h"
 #include "model/nf4.h"
 
 namespace shardtrain::detail {
@@ -38,10 +39,8 @@ class FrozenLinearFunction : public torch::autograd::Function<FrozenLinearFuncti
   // product it is computed for.
   static at::Tensor unpacked(const at::Tensor& weight, const std::vector<int64_t>& nf4_shape,
                              at::ScalarType dtype) {
+    if (!weight.is_cpu()) return stored_weight_values(weight, nf4_shape, dtype);
     const std::vector<int64_t> shape = nf4_shape.empty() ? weight.sizes().vec() : nf4_shape;
-    if (!weight.is_cpu()) {
-      return nf4_shape.empty() ? weight.to(dtype) : nf4_dequantize(nf4_unpack(weight, shape), dtype);
-    }
     int64_t numel = 1;
     for (int64_t d : shape) numel *= d;
     thread_local at::Tensor buffer;
@@ -63,6 +62,12 @@ class FrozenLinearFunction : public torch::autograd::Function<FrozenLinearFuncti
 
 }  // namespace
 
+at::Tensor stored_weight_values(const at::Tensor& weight, at::IntArrayRef nf4_shape,
+                                at::ScalarType dtype) {
+  if (nf4_shape.empty()) return weight.detach().to(dtype);
+  return nf4_dequantize(nf4_unpack(weight.detach(), nf4_shape), dtype);
+}
+
 at::Tensor frozen_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
                          at::IntArrayRef nf4_shape) {
   return FrozenLinearFunction::apply(x, weight, bias, nf4_shape.vec());
@@ -78,12 +83,8 @@ void store_frozen_linears(torch::nn::Module& model, const std::string& storage) 
   for (const auto& item : model.named_modules("", /*include_self=*/false)) {
     auto* linear = dynamic_cast<LinearImpl*>(item.value().get());
     const std::string& name = item.key();
-    const auto ends_with = [&name](const std::string& suffix) {
-      return name.size() >= suffix.size() &&
-             name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
-    };
-    if (!linear || linear->weight.requires_grad() || name == "lm_head" || ends_with(".lm_head") ||
-        ends_with("lora_A") || ends_with("lora_B")) {
+    if (!linear || linear->weight.requires_grad() || is_output_head(name) ||
+        is_adapter_layer(name)) {
       continue;
     }
     at::Tensor& w = linear->weight;

@@ -11,6 +11,7 @@
 #include <stdexcept>
 
 #include "model/layers.h"
+#include "model/names.h"
 #include "model/nf4.h"
 #include "shardtrain/model.h"
 
@@ -28,10 +29,6 @@ uint64_t mix(uint64_t x) {
 
 constexpr int64_t kFillChunk = 1 << 16;  // elements filled through one fp32 temporary
 
-bool ends_with(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() &&
-         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
 
 }  // namespace
 

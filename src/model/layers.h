@@ -64,6 +64,11 @@ TORCH_MODULE(Linear);
 at::Tensor frozen_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
                          at::IntArrayRef nf4_shape = {});
 
+// The values a layer computes with from its stored weight (bf16, fp32, or packed NF4 bytes of
+// shape `nf4_shape`), as a new tensor in `dtype`.
+at::Tensor stored_weight_values(const at::Tensor& weight, at::IntArrayRef nf4_shape,
+                                at::ScalarType dtype);
+
 // Stores the frozen weights of the model's linear layers (not its output head, not LoRA
 // adapters) as `storage` says, "bf16" or "nf4" (packed bytes, nf4.h): materialized ones are
 // converted, deferred ones described so (the model's initializer then fills them).

@@ -12,6 +12,7 @@
 
 #include "model/init.h"
 #include "model/layers.h"
+#include "model/names.h"
 #include "shardtrain/model.h"
 
 namespace shardtrain {
@@ -34,16 +35,8 @@ AdapterTable& table() {
 
 bool matches(const std::string& name, const std::vector<std::string>& targets) {
   for (const auto& target : targets) {
-    if (target == "all-linear") {
-      if (name != "lm_head" && !(name.size() > 8 && name.compare(name.size() - 8, 8, ".lm_head") == 0)) {
-        return true;
-      }
-      continue;
-    }
-    if (name == target) return true;
-    if (name.size() > target.size() &&
-        name.compare(name.size() - target.size(), target.size(), target) == 0 &&
-        name[name.size() - target.size() - 1] == '.') {
+    if (target == "all-linear" ? !detail::is_output_head(name)
+                               : detail::last_component_is(name, target)) {
       return true;
     }
   }
@@ -73,18 +66,6 @@ bool is_linear(const torch::nn::Module& module) {
          dynamic_cast<const torch::nn::LinearImpl*>(&module);
 }
 
-// The adapters' own A and B layers are linear layers too, but never targets.
-bool is_adapter_layer(const std::string& name) {
-  for (const std::string suffix : {"lora_A", "lora_B"}) {
-    if (name == suffix || (name.size() > suffix.size() &&
-                           name.compare(name.size() - suffix.size() - 1, suffix.size() + 1,
-                                        "." + suffix) == 0)) {
-      return true;
-    }
-  }
-  return false;
-}
-
 bool has_adapter(const torch::nn::Module& module) {
   return module.named_children().contains("lora_A");
 }
@@ -94,7 +75,7 @@ bool has_adapter(const torch::nn::Module& module) {
 std::vector<std::string> lora_candidate_layers(const torch::nn::Module& model) {
   std::vector<std::string> names;
   for (const auto& item : model.named_modules("", /*include_self=*/false)) {
-    if (is_linear(*item.value()) && !is_adapter_layer(item.key())) names.push_back(item.key());
+    if (is_linear(*item.value()) && !detail::is_adapter_layer(item.key())) names.push_back(item.key());
   }
   return names;
 }
@@ -103,7 +84,7 @@ std::vector<std::string> add_lora(torch::nn::Module& model, const LoraOptions& o
   check_options(options);
   std::vector<std::pair<std::string, std::shared_ptr<torch::nn::Module>>> chosen;
   for (const auto& item : model.named_modules("", /*include_self=*/false)) {
-    if (is_linear(*item.value()) && !is_adapter_layer(item.key()) &&
+    if (is_linear(*item.value()) && !detail::is_adapter_layer(item.key()) &&
         matches(item.key(), options.target_modules_)) {
       chosen.emplace_back(item.key(), item.value());
     }
@@ -167,8 +148,8 @@ std::vector<std::string> add_lora(torch::nn::Module& model, const LoraOptions& o
       adapters.insert(a->weight.unsafeGetTensorImpl());
       adapters.insert(b->weight.unsafeGetTensorImpl());
       auto adapter = std::make_shared<detail::LoraAdapter>();
-      adapter->a = a;
-      adapter->b = b;
+      adapter->a = a->weight;
+      adapter->b = b->weight;
       adapter->scale = options.scale();
       adapter->dropout = options.dropout_;
       AdapterTable& t = table();
@@ -224,9 +205,8 @@ at::Tensor add_lora_output(const torch::nn::Module& module, const at::Tensor& in
                            at::Tensor output) {
   const auto adapter = lora_adapter(module);
   if (!adapter) return output;
-  const at::Tensor a = adapter->a->named_parameters(false)["weight"];
-  const at::Tensor b = adapter->b->named_parameters(false)["weight"];
-  return output + lora_delta(input, a, b, adapter->scale, adapter->dropout, module.is_training());
+  return output + lora_delta(input, adapter->a, adapter->b, adapter->scale, adapter->dropout,
+                             module.is_training());
 }
 
 }  // namespace detail
