@@ -32,6 +32,8 @@ int run(std::vector<std::string> args, std::ostream& out, std::ostream& err) {
   add_bench_command(app, exit_code);
   add_plan_command(app);
   add_ckpt_command(app);
+  add_trace_command(app);
+  add_report_command(app);
   try {
     app.parse(args);
   } catch (const CLI::ParseError& e) {

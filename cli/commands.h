@@ -14,9 +14,15 @@ void add_launch_command(CLI::App& app, const std::vector<std::string>& command, 
 void add_bench_command(CLI::App& app, int& exit_code);
 // `bench adam`, under the `bench` subcommand.
 void add_bench_adam_command(CLI::App& bench);
+// `bench scaling`, under the `bench` subcommand.
+void add_bench_scaling_command(CLI::App& bench);
 void add_train_command(CLI::App& app);
 void add_data_command(CLI::App& app);
 void add_plan_command(CLI::App& app);
 void add_ckpt_command(CLI::App& app);
+// `trace merge`.
+void add_trace_command(CLI::App& app);
+// `report RUN_DIR`: one self-contained HTML page of a run (docs/report.md).
+void add_report_command(CLI::App& app);
 
 }  // namespace shardtrain::cli

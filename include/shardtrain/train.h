@@ -4,6 +4,7 @@
 
 #include <torch/optim/adamw.h>
 
+#include <chrono>
 #include <cmath>
 #include <functional>
 #include <memory>
@@ -23,6 +24,9 @@
 #include "shardtrain/tokenizer.h"
 
 namespace shardtrain {
+namespace detail {
+class Telemetry;
+}
 
 // What one optimizer step measured.
 struct StepResult {
@@ -40,6 +44,12 @@ struct StepResult {
   int64_t file_read_bytes = 0, file_written_bytes = 0;
   double file_io_s = 0;
   double file_wait_s = 0;
+  // This rank's collectives during the step: the seconds they ran (on their groups' threads),
+  // the bytes of their tensors, and the seconds the training thread waited for them (the part
+  // not hidden behind computation).
+  double comm_s = 0;
+  double comm_exposed_s = 0;
+  int64_t comm_bytes = 0;
 };
 
 class Trainer {
@@ -56,6 +66,8 @@ class Trainer {
   // and every rank writes its share of each checkpoint. FSDP and ZeRO without a world run on a
   // group of one rank. model.init_from (Hugging Face weights) is applied before training starts.
   explicit Trainer(TrainConfig config, std::shared_ptr<ProcessGroup> world = nullptr);
+  // Writes the trace of traced steps not written yet (run.trace).
+  ~Trainer();
 
   // Trains until train.steps, printing one progress line per run.log_every steps, appending
   // RUN_DIR/metrics.jsonl, evaluating and checkpointing as configured, and saving a final
@@ -117,6 +129,14 @@ class Trainer {
   void check_vocabulary() const;
   // Waits for every rank (no-op on one process).
   void barrier() const;
+  // run.trace: whether step `step` (1-based) is recorded.
+  bool traces(int64_t step) const;
+  // Starts or stops recording for step `step`; returns traces(step).
+  bool trace_step(int64_t step);
+  // Writes RUN_DIR/trace/rank_N.json with what was recorded, if anything is new.
+  void write_trace();
+  // The progress line printed every run.log_every steps (rank 0), and the bar on a terminal.
+  void print_progress(const StepResult& result, double eval_loss);
 
   TrainConfig config_;
   std::shared_ptr<ProcessGroup> world_;
@@ -140,6 +160,12 @@ class Trainer {
   double last_finite_loss_ = NAN;
   int64_t last_good_step_ = 0;
   std::function<void(int64_t)> after_backward_;
+  std::shared_ptr<detail::Telemetry> telemetry_;  // this rank's communication times and trace
+  bool trace_unwritten_ = false;
+  // For the ETA: when this process's first step began, and how many steps it has taken.
+  std::chrono::steady_clock::time_point first_step_at_;
+  int64_t steps_this_process_ = 0;
+  bool progress_bar_ = false;  // rank 0 on a terminal
 };
 
 }  // namespace shardtrain

@@ -158,14 +158,17 @@ std::string GlooProcessGroup::describe(const char* op) const {
   return out.str();
 }
 
-WorkHandle GlooProcessGroup::enqueue(const char* op, std::function<void(uint32_t)> run) {
-  auto work = std::make_shared<CompletionWork>();
+WorkHandle GlooProcessGroup::enqueue(const char* op, int64_t bytes,
+                                     std::function<void(uint32_t)> run) {
+  auto work = std::make_shared<CompletionWork>(op);
+  const std::shared_ptr<Telemetry>& telemetry = current_telemetry();
+  const bool traced = telemetry && telemetry->tracing();
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (!broken_.empty()) {
       throw std::runtime_error(describe(op) + " refused: the group failed earlier: " + broken_);
     }
-    queue_.push_back(Task{work, std::move(run), op, next_tag_++});
+    queue_.push_back(Task{work, std::move(run), op, next_tag_++, bytes, telemetry, traced});
   }
   queue_cv_.notify_one();
   return work;
@@ -200,8 +203,24 @@ void GlooProcessGroup::worker_loop() {
         error = std::make_exception_ptr(std::runtime_error(message));
       }
     }
+    // Counted before the waiter wakes, so that a step's totals hold every operation it waited on.
+    if (task.telemetry && !error) record(task, std::chrono::steady_clock::now());
     task.work->finish(error);
   }
+}
+
+void GlooProcessGroup::record(const Task& task, std::chrono::steady_clock::time_point end) const {
+  const auto start = task.work->started_at();
+  task.telemetry->add_communication(std::chrono::duration<double>(end - start).count(), task.bytes);
+  if (!task.traced) return;
+  // The sequence number is the group's operation count, the same on every member, so a trace
+  // shows which operations of different ranks are one collective.
+  task.telemetry->add_span_on("comm " + name_, task.op, "comm", start, end,
+                              {{"op", task.op},
+                               {"bytes", task.bytes},
+                               {"group", name_},
+                               {"group_size", size()},
+                               {"seq", task.tag}});
 }
 
 WorkHandle GlooProcessGroup::all_reduce(at::Tensor tensor, ReduceOp op) {
@@ -212,14 +231,16 @@ WorkHandle GlooProcessGroup::all_reduce(at::Tensor tensor, ReduceOp op) {
   // A ring reduce-scatter into this rank's own slice (the average folded into its last step),
   // then an in-place all-gather of the slices: the bytes of a ring all-reduce, with every
   // segment of the reduce-scatter in flight at once and no pass of its own for the average.
-  return enqueue("all_reduce", [this, tensor, fn, average](uint32_t tag) mutable {
-    const size_t elem_size = tensor.element_size();
-    char* data = static_cast<char*>(tensor.data_ptr());
-    const ShardRange mine = shard_range(tensor.numel(), size(), rank_);
-    ring_reduce_scatter(context_, data, data + mine.offset * elem_size, tensor.numel(), elem_size,
-                        fn, average, tag, options_.timeout_, ring_workspace_);
-    gather_slices(nullptr, data, tensor.numel(), elem_size, tag);
-  });
+  return enqueue("all_reduce", static_cast<int64_t>(tensor.nbytes()),
+                 [this, tensor, fn, average](uint32_t tag) mutable {
+                   const size_t elem_size = tensor.element_size();
+                   char* data = static_cast<char*>(tensor.data_ptr());
+                   const ShardRange mine = shard_range(tensor.numel(), size(), rank_);
+                   ring_reduce_scatter(context_, data, data + mine.offset * elem_size,
+                                       tensor.numel(), elem_size, fn, average, tag,
+                                       options_.timeout_, ring_workspace_);
+                   gather_slices(nullptr, data, tensor.numel(), elem_size, tag);
+                 });
 }
 
 void GlooProcessGroup::gather_slices(const void* input, void* output, int64_t numel,
@@ -247,13 +268,15 @@ WorkHandle GlooProcessGroup::all_gather(at::Tensor input, at::Tensor output) {
               mine.numel, " of the output's ", output.numel(), " elements but its input has ",
               input.numel());
   if (output.numel() == 0) return std::make_shared<CompletedWork>();
-  return enqueue("all_gather", [this, input, output](uint32_t tag) mutable {
-    if (size() == 1) {
-      output.copy_(input.view_as(output));
-      return;
-    }
-    gather_slices(input.data_ptr(), output.data_ptr(), output.numel(), output.element_size(), tag);
-  });
+  return enqueue("all_gather", static_cast<int64_t>(output.nbytes()),
+                 [this, input, output](uint32_t tag) mutable {
+                   if (size() == 1) {
+                     output.copy_(input.view_as(output));
+                     return;
+                   }
+                   gather_slices(input.data_ptr(), output.data_ptr(), output.numel(),
+                                 output.element_size(), tag);
+                 });
 }
 
 WorkHandle GlooProcessGroup::reduce_scatter(at::Tensor input, at::Tensor output, ReduceOp op) {
@@ -268,28 +291,30 @@ WorkHandle GlooProcessGroup::reduce_scatter(at::Tensor input, at::Tensor output,
   const ReduceFn fn = reduce_fn(input.scalar_type(), op);
   const AverageFn average = op == ReduceOp::kAvg ? average_fn(input.scalar_type()) : nullptr;
   if (input.numel() == 0) return std::make_shared<CompletedWork>();
-  return enqueue("reduce_scatter", [this, input, output, fn, average](uint32_t tag) mutable {
-    ring_reduce_scatter(context_, input.data_ptr(), output.data_ptr(), input.numel(),
-                        input.element_size(), fn, average, tag, options_.timeout_,
-                        ring_workspace_);
-  });
+  return enqueue("reduce_scatter", static_cast<int64_t>(input.nbytes()),
+                 [this, input, output, fn, average](uint32_t tag) mutable {
+                   ring_reduce_scatter(context_, input.data_ptr(), output.data_ptr(), input.numel(),
+                                       input.element_size(), fn, average, tag, options_.timeout_,
+                                       ring_workspace_);
+                 });
 }
 
 WorkHandle GlooProcessGroup::broadcast(at::Tensor tensor, int root) {
   check_tensor("broadcast", tensor);
   check_peer("broadcast", root);
   if (tensor.numel() == 0 || size() == 1) return std::make_shared<CompletedWork>();
-  return enqueue("broadcast", [this, tensor, root](uint32_t tag) mutable {
-    gloo::BroadcastOptions opts(context_);
-    with_element_size(tensor.element_size(), [&](auto element) {
-      using T = decltype(element);
-      opts.setOutput(static_cast<T*>(tensor.data_ptr()), tensor.numel());
-    });
-    opts.setRoot(root);
-    opts.setTag(tag);
-    opts.setTimeout(options_.timeout_);
-    gloo::broadcast(opts);
-  });
+  return enqueue("broadcast", static_cast<int64_t>(tensor.nbytes()),
+                 [this, tensor, root](uint32_t tag) mutable {
+                   gloo::BroadcastOptions opts(context_);
+                   with_element_size(tensor.element_size(), [&](auto element) {
+                     using T = decltype(element);
+                     opts.setOutput(static_cast<T*>(tensor.data_ptr()), tensor.numel());
+                   });
+                   opts.setRoot(root);
+                   opts.setTag(tag);
+                   opts.setTimeout(options_.timeout_);
+                   gloo::broadcast(opts);
+                 });
 }
 
 WorkHandle GlooProcessGroup::send(at::Tensor tensor, int dst, int tag) {
@@ -315,7 +340,7 @@ WorkHandle GlooProcessGroup::recv(at::Tensor tensor, int src, int tag) {
 WorkHandle GlooProcessGroup::barrier() { return barrier_within(options_.timeout_); }
 
 WorkHandle GlooProcessGroup::barrier_within(std::chrono::milliseconds timeout) {
-  return enqueue("barrier", [this, timeout](uint32_t tag) {
+  return enqueue("barrier", 0, [this, timeout](uint32_t tag) {
     if (size() == 1) return;
     gloo::BarrierOptions opts(context_);
     opts.setTag(tag);

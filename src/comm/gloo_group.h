@@ -14,6 +14,7 @@
 
 #include "comm/work.h"
 #include "shardtrain/dist.h"
+#include "trace/telemetry.h"
 
 namespace shardtrain::detail {
 
@@ -38,8 +39,9 @@ class GlooProcessGroup : public ProcessGroup {
 
  private:
   // Queues `run` for the worker thread; its exception fails the returned handle, named after
-  // `op`, and breaks the group: later operations fail at once with the same cause.
-  WorkHandle enqueue(const char* op, std::function<void(uint32_t tag)> run);
+  // `op`, and breaks the group: later operations fail at once with the same cause. `bytes` (the
+  // size of the operation's tensor) and its time go to the caller's telemetry, if any.
+  WorkHandle enqueue(const char* op, int64_t bytes, std::function<void(uint32_t tag)> run);
   // Gloo's ring all-gather of every rank's shard_range slice of the flat `output` (numel
   // elements); `input` is this rank's slice, or null when it is in `output` already. Worker only.
   void gather_slices(const void* input, void* output, int64_t numel, size_t elem_size,
@@ -57,7 +59,12 @@ class GlooProcessGroup : public ProcessGroup {
     std::function<void(uint32_t)> run;
     std::string op;
     uint32_t tag;
+    int64_t bytes;
+    std::shared_ptr<Telemetry> telemetry;  // of the rank that issued it; may be null
+    bool traced;                           // issued while that rank was tracing
   };
+  // Adds a task that ran until `end` to the telemetry it was issued under.
+  void record(const Task& task, std::chrono::steady_clock::time_point end) const;
   std::mutex mutex_;
   std::condition_variable queue_cv_;
   std::deque<Task> queue_;

@@ -1,10 +1,16 @@
 #include "comm/work.h"
 
+#include "trace/telemetry.h"
+
 namespace shardtrain::detail {
 
 void CompletionWork::wait() {
   std::unique_lock<std::mutex> lock(mutex_);
-  done_cv_.wait(lock, [this] { return done_; });
+  if (!done_) {
+    // Communication the caller could not hide behind its own work.
+    CommWaitTimer waiting(op_);
+    done_cv_.wait(lock, [this] { return done_; });
+  }
   if (error_) std::rethrow_exception(error_);
 }
 

@@ -14,6 +14,8 @@ namespace shardtrain::detail {
 // A handle that another thread completes with finish(). wait() rethrows the stored error.
 class CompletionWork : public Work {
  public:
+  // `op` names the operation in traces of the time spent waiting for it.
+  explicit CompletionWork(const char* op = "communication") : op_(op) {}
   void wait() override;
   bool is_completed() override;
   std::chrono::steady_clock::time_point finished_at() override;
@@ -24,6 +26,7 @@ class CompletionWork : public Work {
   void finish(std::exception_ptr error = nullptr);
 
  private:
+  const char* op_;
   std::chrono::steady_clock::time_point started_at_;
   std::chrono::steady_clock::time_point finished_at_;
   std::mutex mutex_;

@@ -218,6 +218,16 @@ const std::map<std::string, Setter>& known_keys() {
       {"run.threads", field(&TrainConfig::threads)},
       {"run.timeout", field(&TrainConfig::timeout)},
       {"run.memory_check", field(&TrainConfig::memory_check)},
+      {"run.trace", field(&TrainConfig::trace)},
+      {"run.trace_steps",
+       [](TrainConfig& c, const toml::node& n, const std::string& name) {
+         const toml::array* range = n.as_array();
+         if (!range || range->size() != 2) {
+           wrong_type(name, "[first, last], the steps to trace (1-based, inclusive)", n);
+         }
+         c.trace_first = as_int(*range->get(0), name);
+         c.trace_last = as_int(*range->get(1), name);
+       }},
   };
   return keys;
 }
@@ -518,6 +528,14 @@ void TrainConfig::validate() const {
   require(log_every >= 1, "run.log_every must be at least 1");
   require(threads >= 0, "run.threads must be >= 0");
   require(timeout > 0, "run.timeout must be a positive number of seconds");
+  if (trace) {
+    const std::string range = "run.trace_steps [" + std::to_string(trace_first) + ", " +
+                              std::to_string(trace_last) + "]";
+    require(trace_first >= 1 && trace_last >= 0 && (trace_last == 0 || trace_last >= trace_first),
+            range + " is not a range of steps: steps count from 1 and last >= first");
+    require(trace_first <= steps && trace_last <= steps,
+            range + " is outside the run, which has train.steps = " + std::to_string(steps));
+  }
   model.validate();
 }
 

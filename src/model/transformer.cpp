@@ -3,6 +3,7 @@
 
 #include <cmath>
 #include <mutex>
+#include <optional>
 #include <sstream>
 #include <stdexcept>
 
@@ -10,6 +11,7 @@
 #include "model/init.h"
 #include "model/layers.h"
 #include "shardtrain/model.h"
+#include "trace/telemetry.h"
 
 namespace shardtrain {
 namespace {
@@ -53,14 +55,15 @@ void check_tokens(const at::Tensor& tokens, const ModelConfig& config) {
   }
 }
 
+std::string block_name(size_t index) { return "blocks." + std::to_string(index); }
+
 at::Tensor weight_of(const std::shared_ptr<torch::nn::Module>& module) {
   return module->named_parameters(/*recurse=*/false)["weight"];
 }
 
 }  // namespace
 
-TransformerImpl::TransformerImpl(ModelConfig config, ModelInit init)
-    : config_(std::move(config)) {
+TransformerImpl::TransformerImpl(ModelConfig config, ModelInit init) : config_(std::move(config)) {
   config_.validate();
   if (init.has_seed_) {
     seed_ = init.seed_;
@@ -88,8 +91,8 @@ TransformerImpl::TransformerImpl(ModelConfig config, ModelInit init)
     final_norm_ = register_module("norm", detail::RMSNorm(d, config_.norm_eps, deferred));
   }
   if (!config_.tie_embeddings) {
-    lm_head_ = register_module("lm_head",
-                               detail::Linear(d, config_.vocab_size, /*bias=*/false, deferred));
+    lm_head_ =
+        register_module("lm_head", detail::Linear(d, config_.vocab_size, /*bias=*/false, deferred));
   }
   if (!deferred) detail::initialize_parameters(*this, initializer(), /*only_missing=*/false);
 }
@@ -127,8 +130,20 @@ at::Tensor TransformerImpl::forward(const at::Tensor& tokens) {
 
   // Checkpointing only pays off when a graph is recorded; under NoGradGuard run blocks plainly.
   const bool checkpoint = checkpointing_ && at::GradMode::is_enabled();
+  // While a trace is recorded: a span per block in forward and, through hooks on the tensors
+  // between blocks, in backward.
+  const bool traced = detail::tracing_now();
+  std::shared_ptr<detail::BackwardSpans> backward_spans;
+  if (traced && at::GradMode::is_enabled()) {
+    std::vector<std::string> names;
+    for (size_t i = 0; i < blocks_->size(); ++i) names.push_back(block_name(i) + " backward");
+    backward_spans = detail::BackwardSpans::create(std::move(names));
+  }
   int64_t index = 0;
   for (const auto& module : *blocks_) {
+    if (backward_spans) detail::BackwardSpans::mark(backward_spans, x, static_cast<size_t>(index));
+    std::optional<detail::TraceSpan> span;
+    if (traced) span.emplace(block_name(static_cast<size_t>(index)) + " forward", "forward");
     auto block = std::dynamic_pointer_cast<detail::BlockImpl>(module);
     if (!block) {
       throw std::logic_error("Transformer: blocks." + std::to_string(index) +
@@ -151,6 +166,7 @@ at::Tensor TransformerImpl::forward(const at::Tensor& tokens) {
     }
     ++index;
   }
+  if (backward_spans) detail::BackwardSpans::mark(backward_spans, x, blocks_->size());
 
   // Module is a virtual base of LibTorch's modules, hence dynamic_cast.
   if (gpt2) {

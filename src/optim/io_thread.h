@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "optim/swap_file.h"
+#include "trace/telemetry.h"
 
 namespace shardtrain::detail {
 
@@ -28,8 +29,12 @@ class IoThread {
   IoThread& operator=(const IoThread&) = delete;
 
   // The future holds the job's exception, if it throws.
+  // The job runs under the submitting thread's telemetry, so its transfers are that rank's.
   std::future<void> submit(std::function<void()> job) {
-    std::packaged_task<void()> task(std::move(job));
+    std::packaged_task<void()> task([telemetry = current_telemetry(), job = std::move(job)] {
+      TelemetryScope scope(telemetry);
+      job();
+    });
     auto done = task.get_future();
     {
       std::lock_guard<std::mutex> lock(mutex_);

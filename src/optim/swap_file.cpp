@@ -29,6 +29,7 @@ int64_t now_ns() {
 void transfer(bool write, int fd, const std::string& path, char* buffer, int64_t bytes,
               int64_t offset) {
   (write ? written_bytes : read_bytes) += bytes;
+  TraceSpan span(write ? "file write" : "file read", "offload", {{"bytes", bytes}});
   struct Timed {
     int64_t start = now_ns();
     ~Timed() { io_nanoseconds += now_ns() - start; }
@@ -52,17 +53,18 @@ void transfer(bool write, int fd, const std::string& path, char* buffer, int64_t
 }  // namespace
 
 SwapIoTotals swap_io_totals() {
-  return {read_bytes.load(), written_bytes.load(), static_cast<double>(io_nanoseconds.load()) * 1e-9,
+  return {read_bytes.load(), written_bytes.load(),
+          static_cast<double>(io_nanoseconds.load()) * 1e-9,
           static_cast<double>(wait_nanoseconds.load()) * 1e-9};
 }
 
-IoWaitTimer::IoWaitTimer() : start_ns_(now_ns()) {}
+IoWaitTimer::IoWaitTimer() : start_ns_(now_ns()), span_("wait for files", "wait") {}
 IoWaitTimer::~IoWaitTimer() { wait_nanoseconds += now_ns() - start_ns_; }
 
 std::string unique_swap_stem(const std::string& dir, const std::string& what) {
   static std::atomic<int64_t> counter{0};
-  return (std::filesystem::path(dir) / ("shardtrain_" + what + "_" + std::to_string(getpid()) +
-                                        "_" + std::to_string(counter++)))
+  return (std::filesystem::path(dir) /
+          ("shardtrain_" + what + "_" + std::to_string(getpid()) + "_" + std::to_string(counter++)))
       .string();
 }
 

@@ -5,6 +5,8 @@
 #include <cstdint>
 #include <string>
 
+#include "trace/telemetry.h"
+
 namespace shardtrain::detail {
 
 // Bytes every swap file of this process has read and written, and the seconds spent in those
@@ -30,6 +32,7 @@ class IoWaitTimer {
 
  private:
   int64_t start_ns_;
+  TraceSpan span_;  // the wait, in a trace
 };
 
 // A name under `dir` no other live swap file has: dir/shardtrain_<what>_<pid>_<n>.

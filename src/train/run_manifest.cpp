@@ -28,7 +28,10 @@ nlohmann::ordered_json run_manifest(const TrainConfig& config, int world_size) {
                   {"grad_accum", config.grad_accum},
                   {"seq_len", config.seq_len},
                   {"activation_checkpointing", config.activation_checkpointing},
-                  {"threads", config.threads}};
+                  {"threads", config.threads},
+                  {"steps", config.steps},
+                  {"lr", config.lr},
+                  {"eval_every", config.eval_every}};
   run["parallel"] = {{"strategy", config.strategy},
                      {"ddp",
                       {{"bucket_cap_mb", config.ddp_bucket_cap_mb},
@@ -52,6 +55,10 @@ nlohmann::ordered_json run_manifest(const TrainConfig& config, int world_size) {
                       {"reduce_dtype", config.reduce_dtype},
                       {"autocast", config.autocast},
                       {"loss_scale", config.loss_scale}};
+  if (config.trace) {
+    const int64_t last = config.trace_last ? config.trace_last : config.steps;
+    run["trace"] = {{"steps", {config.trace_first, last}}};
+  }
   if (config.lora_rank > 0) {
     run["lora"] = {{"rank", config.lora_rank}, {"base_dtype", config.lora_base_dtype}};
   }

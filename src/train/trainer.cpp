@@ -1,13 +1,14 @@
+#include <unistd.h>
+
 #include <chrono>
-#include <csignal>
 #include <cmath>
+#include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <mutex>
-
+#include <optional>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
-
-#include <cstdlib>
 
 #include "model/autocast.h"
 #include "model/layers.h"
@@ -20,6 +21,7 @@
 #include "shardtrain/memory.h"
 #include "shardtrain/threads.h"
 #include "shardtrain/train.h"
+#include "trace/telemetry.h"
 #include "train/memory_check.h"
 #include "train/run_dir.h"
 #include "train/run_manifest.h"
@@ -57,6 +59,8 @@ Trainer::Trainer(TrainConfig config, std::shared_ptr<ProcessGroup> world)
   }
   if (config_.threads > 0) set_num_threads(static_cast<int>(config_.threads));
   install_cpu_memory_tracking();
+  telemetry_ = std::make_shared<detail::Telemetry>(rank());
+  progress_bar_ = rank() == 0 && isatty(STDOUT_FILENO);
 
   // Inputs first: nothing under run.dir changes until the config, the tokenizer and the
   // corpus have been checked and every rank has decided how the run starts.
@@ -77,8 +81,7 @@ Trainer::Trainer(TrainConfig config, std::shared_ptr<ProcessGroup> world)
     detail::check_memory_fits(config_, world_size(), detail::rank_memory_budget(world_.get()),
                               resident_at_start_);
   }
-  const detail::RunStart start =
-      detail::plan_run_start(config_, detail::restarted_by_launcher());
+  const detail::RunStart start = detail::plan_run_start(config_, detail::restarted_by_launcher());
   barrier();  // every rank has looked before rank 0 changes the directory
   if (rank() == 0) detail::prepare_run_dir(config_, start);
   barrier();
@@ -151,8 +154,8 @@ Trainer::Trainer(TrainConfig config, std::shared_ptr<ProcessGroup> world)
   if (config_.strategy == "zero" && config_.zero_offload_optimizer == "nvme") {
     // The moments of each unit's shard live in files; optimizer_ then holds no state.
     for (const auto& [master, grad] : fsdp_->flat_shards()) {
-      nvme_.push_back(std::make_unique<NvmeAdamW>(
-          master.numel(), NvmeAdamWOptions().dir(config_.zero_nvme_path)));
+      nvme_.push_back(std::make_unique<NvmeAdamW>(master.numel(),
+                                                  NvmeAdamWOptions().dir(config_.zero_nvme_path)));
     }
   }
   schedule_ =
@@ -189,8 +192,21 @@ void Trainer::barrier() const {
   if (world_size() > 1) world_->barrier()->wait();
 }
 
+Trainer::~Trainer() {
+  try {
+    write_trace();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "shardtrain: rank %d could not write its trace: %s\n", rank(), e.what());
+  }
+}
+
 StepResult Trainer::train_step() {
+  detail::TelemetryScope telemetry(telemetry_);
+  const bool traced = trace_step(step_ + 1);
+  if (!traced) write_trace();  // a traced range that ended (when steps are called one by one)
   const auto start = std::chrono::steady_clock::now();
+  if (steps_this_process_++ == 0) first_step_at_ = start;
+  const detail::Telemetry::Totals comm_before = telemetry_->totals();
   const detail::SwapIoTotals io_before = detail::swap_io_totals();
   model_->train();
   if (fsdp_) {
@@ -208,9 +224,11 @@ StepResult Trainer::train_step() {
     const Batch batch = loader_->micro_batch(samples_, a);
     at::Tensor loss;
     {
+      detail::TraceSpan span("forward", "forward", {{"micro_batch", a}});
       detail::AutocastScope autocast(detail::cpu_bf16_autocast(config_.autocast == "bf16"));
       loss = token_loss(model_, batch);
     }
+    detail::TraceSpan backward_span("backward", "backward", {{"micro_batch", a}});
     // Every micro-batch has the same number of tokens, so the mean over the global batch is
     // the mean of the micro-batch means: each contributes 1/grad_accum of the gradient (and
     // DDP averages over the ranks). Only the last micro-batch's backward communicates.
@@ -235,6 +253,7 @@ StepResult Trainer::train_step() {
   result.activations_peak = cpu_memory_stats().peak_bytes - before;
   if (after_backward_) after_backward_(step_);
 
+  std::optional<detail::TraceSpan> update_span(std::in_place, "optimizer", "optimizer");
   const auto params = parameters();
   bool finite = true;
   if (fsdp_) {
@@ -246,8 +265,8 @@ StepResult Trainer::train_step() {
   result.lr = schedule_.at(step_);
   result.grad_norm = NAN;  // none when the gradients are not finite (null in metrics.jsonl)
   if (finite) {
-    result.grad_norm = fsdp_ ? fsdp_->clip_grad_norm(config_.clip)
-                             : clip_grad_norm(params, config_.clip);
+    result.grad_norm =
+        fsdp_ ? fsdp_->clip_grad_norm(config_.clip) : clip_grad_norm(params, config_.clip);
   }
   result.skipped = !scaler_.update(finite);
   if (!result.skipped) {
@@ -262,11 +281,18 @@ StepResult Trainer::train_step() {
     }
     if (fsdp_) fsdp_->after_optimizer_step();
   }
+  update_span.reset();
   // A skipped step still consumes its data and advances the schedule, as AMP and DeepSpeed do.
   ++step_;
   samples_ += loader_->global_batch_size();
-  result.step_time_s =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const auto end = std::chrono::steady_clock::now();
+  result.step_time_s = std::chrono::duration<double>(end - start).count();
+  const detail::Telemetry::Totals comm = telemetry_->totals();
+  result.comm_s = comm.comm_seconds - comm_before.comm_seconds;
+  result.comm_exposed_s = comm.wait_seconds - comm_before.wait_seconds;
+  result.comm_bytes = comm.comm_bytes - comm_before.comm_bytes;
+  telemetry_->add_span(("step " + std::to_string(result.step)).c_str(), "step", start, end,
+                       {{"step", result.step}});
   const detail::SwapIoTotals io = detail::swap_io_totals();
   result.file_read_bytes = io.read_bytes - io_before.read_bytes;
   result.file_written_bytes = io.written_bytes - io_before.written_bytes;
@@ -279,6 +305,8 @@ StepResult Trainer::train_step() {
 }
 
 double Trainer::evaluate() {
+  detail::TelemetryScope telemetry(telemetry_);
+  detail::TraceSpan span("eval", "eval");
   torch::NoGradGuard no_grad;
   model_->eval();
   double total = 0.0;
@@ -320,9 +348,9 @@ void Trainer::fail_if_injected() const {
   // last rank dies (SIGKILL) or hangs (SIGSTOP) right after the given step, as a crashed,
   // preempted or wedged rank would.
   if (detail::restarted_by_launcher() || rank() != world_size() - 1) return;
-  for (const auto& [variable, signal] : {std::pair<const char*, int>{"SHARDTRAIN_KILL_AFTER_STEP",
-                                                                     SIGKILL},
-                                         {"SHARDTRAIN_STOP_AFTER_STEP", SIGSTOP}}) {
+  for (const auto& [variable, signal] :
+       {std::pair<const char*, int>{"SHARDTRAIN_KILL_AFTER_STEP", SIGKILL},
+        {"SHARDTRAIN_STOP_AFTER_STEP", SIGSTOP}}) {
     const char* at = std::getenv(variable);
     if (at && std::atoll(at) == step_) {
       std::fflush(stdout);
@@ -332,6 +360,7 @@ void Trainer::fail_if_injected() const {
 }
 
 void Trainer::fit() {
+  detail::TelemetryScope telemetry(telemetry_);
   const bool talk = rank() == 0;
   if (talk) {
     std::printf(
@@ -349,20 +378,21 @@ void Trainer::fit() {
         trainable += item.value().numel();
         layers += item.key().find(".lora_A.") != std::string::npos ? 1 : 0;
       }
-      std::printf("lora rank %lld on %lld layers: %.3fM trainable parameters (%.2f%%), base "
-                  "frozen in %s\n",
-                  static_cast<long long>(config_.lora_rank), static_cast<long long>(layers),
-                  static_cast<double>(trainable) / 1e6,
-                  100.0 * static_cast<double>(trainable) /
-                      static_cast<double>(config_.model.num_parameters()),
-                  config_.lora_base_dtype.c_str());
+      std::printf(
+          "lora rank %lld on %lld layers: %.3fM trainable parameters (%.2f%%), base "
+          "frozen in %s\n",
+          static_cast<long long>(config_.lora_rank), static_cast<long long>(layers),
+          static_cast<double>(trainable) / 1e6,
+          100.0 * static_cast<double>(trainable) /
+              static_cast<double>(config_.model.num_parameters()),
+          config_.lora_base_dtype.c_str());
     }
     if (fsdp_ && config_.strategy == "zero") {
-      std::printf("zero stage %lld over %d rank(s), %zu units, optimizer offload %s, parameter "
-                  "offload %s\n",
-                  static_cast<long long>(config_.zero_stage), world_size(),
-                  fsdp_->unit_layout().size(), config_.zero_offload_optimizer.c_str(),
-                  config_.zero_offload_param.c_str());
+      std::printf(
+          "zero stage %lld over %d rank(s), %zu units, optimizer offload %s, parameter "
+          "offload %s\n",
+          static_cast<long long>(config_.zero_stage), world_size(), fsdp_->unit_layout().size(),
+          config_.zero_offload_optimizer.c_str(), config_.zero_offload_param.c_str());
     } else if (fsdp_) {
       std::printf("fsdp %s over %d rank(s), %zu units\n", config_.fsdp_sharding.c_str(),
                   world_size(), fsdp_->unit_layout().size());
@@ -397,28 +427,14 @@ void Trainer::fit() {
           ". No checkpoint was written since; lower train.lr or raise train.clip / "
           "train.max_skipped");
     }
-    if (talk && (step_ % config_.log_every == 0 || step_ == config_.steps || step_ == 1)) {
-      std::printf(
-          "step %5lld/%lld | loss %.4f | lr %.2e | %7.0f tok/s | %.3f s/step | rss %.1f MiB%s",
-          static_cast<long long>(step_), static_cast<long long>(config_.steps), result.loss,
-          result.lr, result.tokens_per_s, result.step_time_s,
-          static_cast<double>(detail::resident_bytes()) / (1 << 20),
-          result.skipped ? " | skipped (overflow)" : "");
-      if (fsdp_) {
-        const FSDPMemory m = fsdp_->memory();
-        std::printf(" | shards %.1f MiB, gathered peak %.1f MiB",
-                    static_cast<double>(m.param_shards + m.grad_shards) / (1 << 20),
-                    static_cast<double>(m.gathered_peak) / (1 << 20));
-      }
-      if (!std::isnan(eval_loss)) std::printf(" | eval loss %.4f", eval_loss);
-      std::printf("\n");
-      std::fflush(stdout);
-    }
+    print_progress(result, eval_loss);
     // A model whose last step was skipped may have diverged: it never replaces `latest`.
     if (config_.checkpoint_every > 0 && step_ % config_.checkpoint_every == 0 &&
         step_ != config_.steps && skipped_in_a_row_ == 0) {
       save_checkpoint();
     }
+    // Recorded until the next step is one not traced: this step's evaluation and checkpoint too.
+    if (!traces(step_ + 1)) write_trace();
     fail_if_injected();
   }
   if (skipped_in_a_row_ > 0) {

@@ -3,6 +3,7 @@
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -15,6 +16,7 @@
 #include "shardtrain/train.h"
 #include "model/init.h"
 #include "train/run_setup.h"
+#include "trace/telemetry.h"
 
 namespace fs = std::filesystem;
 
@@ -144,6 +146,8 @@ void check_model_tensors(const ShardedCheckpointReader& reader, const NamedTenso
 }  // namespace
 
 std::string Trainer::save_checkpoint() {
+  detail::TelemetryScope telemetry(telemetry_);
+  detail::TraceSpan span("checkpoint save", "checkpoint");
   char name[32];
   std::snprintf(name, sizeof(name), "step_%06lld", static_cast<long long>(step_));
   std::vector<TensorSpec> specs;
@@ -334,6 +338,8 @@ void Trainer::restore_sharded(const ShardedCheckpointReader& reader) {
 }
 
 void Trainer::load_checkpoint(const std::string& dir) {
+  detail::TelemetryScope telemetry(telemetry_);
+  detail::TraceSpan span("checkpoint load", "checkpoint");
   const ShardedCheckpointReader reader(dir);
   nlohmann::json training;
   try {
@@ -456,6 +462,14 @@ void Trainer::write_metrics(const StepResult& result, double eval_loss) {
     if (fsdp_->shards_on_file()) line["mem"]["params_on_file"] = m.param_shards_on_file;
     if (m.grad_shards_on_file > 0) line["mem"]["grads_on_file"] = m.grad_shards_on_file;
   }
+  if (world_size() > 1) {
+    line["comm"] = {{"seconds", result.comm_s},
+                    {"exposed_seconds", result.comm_exposed_s},
+                    {"bytes", result.comm_bytes}};
+  }
+  // Seconds since this process took its first step (a resumed run starts again from zero).
+  line["elapsed_s"] =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - first_step_at_).count();
   if (result.file_read_bytes + result.file_written_bytes > 0) {
     line["file_io"] = {{"read_bytes", result.file_read_bytes},
                        {"written_bytes", result.file_written_bytes},

@@ -107,6 +107,9 @@ class CliArgumentsTest : public ::testing::Test {
         {{"plan", "--validate", a}, 2, true},
         {{"bench", "collectives", "--op", a}, 2, true},
         {{"bench", "adam", "--params", a, "--nvme-dir", b}, 2, true},
+        {{"bench", "scaling", "--config", a, "--out", b}, 2, true},
+        {{"report", a, "--out", b}, 2, true},
+        {{"trace", "merge", a, "--out", b}, 2, true},
         {{"launch", "--nproc", a, "--", b}, 2, true},
         {{"launch", "--nproc", "1", "--master-addr", b, "--", "./" + a}, 127, false},
     };

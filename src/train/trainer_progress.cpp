@@ -1,0 +1,94 @@
+// What a run shows while it runs: the progress line with its ETA, the bar on a terminal, and
+// the timeline trace of the steps run.trace asks for.
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <string>
+
+#include "shardtrain/memory.h"
+#include "shardtrain/train.h"
+#include "trace/telemetry.h"
+#include "train/run_setup.h"
+
+namespace shardtrain {
+namespace {
+
+// "42s", "3m07s", "2h05m".
+std::string duration_text(double seconds) {
+  const auto total = static_cast<long long>(std::llround(std::max(0.0, seconds)));
+  char text[32];
+  if (total < 60) {
+    std::snprintf(text, sizeof(text), "%llds", total);
+  } else if (total < 3600) {
+    std::snprintf(text, sizeof(text), "%lldm%02llds", total / 60, total % 60);
+  } else {
+    std::snprintf(text, sizeof(text), "%lldh%02lldm", total / 3600, (total % 3600) / 60);
+  }
+  return text;
+}
+
+}  // namespace
+
+bool Trainer::traces(int64_t step) const {
+  return config_.trace && step >= config_.trace_first &&
+         (config_.trace_last == 0 || step <= config_.trace_last);
+}
+
+bool Trainer::trace_step(int64_t step) {
+  const bool on = traces(step);
+  if (on) {
+    telemetry_->start_tracing();
+    trace_unwritten_ = true;
+  } else {
+    telemetry_->stop_tracing();
+  }
+  return on;
+}
+
+void Trainer::write_trace() {
+  if (!telemetry_) return;
+  telemetry_->stop_tracing();
+  if (!trace_unwritten_) return;
+  trace_unwritten_ = false;
+  const std::filesystem::path path =
+      std::filesystem::path(config_.dir) / "trace" / ("rank_" + std::to_string(rank()) + ".json");
+  telemetry_->write_trace(path.string());
+}
+
+void Trainer::print_progress(const StepResult& result, double eval_loss) {
+  if (rank() != 0) return;
+  // The ETA assumes the remaining steps take as long as this process's steps took on average
+  // (the first one included: it is slower, so the estimate errs long early on).
+  const double elapsed =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - first_step_at_).count();
+  const double eta = elapsed / static_cast<double>(std::max<int64_t>(1, steps_this_process_)) *
+                     static_cast<double>(config_.steps - step_);
+  if (step_ % config_.log_every == 0 || step_ == config_.steps || step_ == 1) {
+    if (progress_bar_) std::printf("\r\033[K");  // the bar's line becomes the log line
+    std::printf(
+        "step %5lld/%lld | loss %.4f | lr %.2e | %7.0f tok/s | %.3f s/step | rss %.1f MiB%s",
+        static_cast<long long>(step_), static_cast<long long>(config_.steps), result.loss,
+        result.lr, result.tokens_per_s, result.step_time_s,
+        static_cast<double>(detail::resident_bytes()) / (1 << 20),
+        result.skipped ? " | skipped (overflow)" : "");
+    if (fsdp_) {
+      const FSDPMemory m = fsdp_->memory();
+      std::printf(" | shards %.1f MiB, gathered peak %.1f MiB",
+                  static_cast<double>(m.param_shards + m.grad_shards) / (1 << 20),
+                  static_cast<double>(m.gathered_peak) / (1 << 20));
+    }
+    if (!std::isnan(eval_loss)) std::printf(" | eval loss %.4f", eval_loss);
+    if (step_ < config_.steps) std::printf(" | eta %s", duration_text(eta).c_str());
+    std::printf("\n");
+  }
+  if (progress_bar_ && step_ < config_.steps) {
+    constexpr int kWidth = 30;
+    const int filled = static_cast<int>(kWidth * step_ / std::max<int64_t>(1, config_.steps));
+    std::printf("\r[%s%s] %lld/%lld eta %s", std::string(filled, '#').c_str(),
+                std::string(kWidth - filled, '.').c_str(), static_cast<long long>(step_),
+                static_cast<long long>(config_.steps), duration_text(eta).c_str());
+  }
+  std::fflush(stdout);
+}
+
+}  // namespace shardtrain
