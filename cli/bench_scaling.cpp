@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -109,7 +110,15 @@ void add_breakdown(const fs::path& trace_file, json& row) {
   row["other_s"] = other * per_step_s;
 }
 
-// One run's row from its metrics.jsonl (steps after the warmup) and rank 0's trace.
+double mean(const std::vector<double>& values) {
+  double sum = 0;
+  for (double v : values) sum += v;
+  return values.empty() ? 0 : sum / static_cast<double>(values.size());
+}
+
+// One run's row from rank 0's metrics.jsonl lines (steps after the warmup: the steps traced) and
+// its trace. Throughput from the median step; the split of the step and the communication
+// times as means over the same steps, so that they add up.
 json measure(const fs::path& run, const std::string& strategy, int ranks, int64_t global_batch,
              int64_t seq_len) {
   std::vector<double> times, comm, exposed;
@@ -119,11 +128,10 @@ json measure(const fs::path& run, const std::string& strategy, int ranks, int64_
     const json m = json::parse(line);
     if (m.at("step").get<int64_t>() <= kWarmupSteps) continue;
     peak_rss = std::max(peak_rss, m.at("mem").at("peak_rss").get<int64_t>());
-    if (m.contains("comm")) {
-      comm.push_back(m["comm"]["seconds"]);
-      exposed.push_back(m["comm"]["exposed_seconds"]);
-    }
-    if (m.at("rank") == 0) times.push_back(m.at("step_time_s"));
+    if (m.at("rank") != 0) continue;
+    times.push_back(m.at("step_time_s"));
+    comm.push_back(m.contains("comm") ? m["comm"]["seconds"].get<double>() : 0.0);
+    exposed.push_back(m.contains("comm") ? m["comm"]["exposed_seconds"].get<double>() : 0.0);
   }
   if (times.empty()) {
     throw std::runtime_error("bench scaling: " + run.string() + " recorded no timed step");
@@ -134,8 +142,8 @@ json measure(const fs::path& run, const std::string& strategy, int ranks, int64_
               {"global_batch", global_batch},
               {"step_time_s", step},
               {"tokens_per_s", static_cast<double>(global_batch * seq_len) / step},
-              {"comm_s", median(comm)},
-              {"comm_exposed_s", median(exposed)},
+              {"comm_s", mean(comm)},
+              {"comm_exposed_s", mean(exposed)},
               {"peak_rss", peak_rss}};
   add_breakdown(run / "trace" / "rank_0.json", row);
   return row;
@@ -143,27 +151,36 @@ json measure(const fs::path& run, const std::string& strategy, int ranks, int64_
 
 std::string markdown(const json& rows, const std::string& mode) {
   std::ostringstream out;
-  out << "| strategy | ranks | global batch | step (s) | tokens/s | efficiency | compute (s) | "
-         "exposed comm (s) | comm total (s) | other (s) | peak RSS/rank (MiB) |\n"
-      << "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n";
+  out << "| strategy | ranks | global batch | median step (s) | tokens/s | efficiency | mean step "
+         "(s) | compute (s) | exposed comm (s) | other (s) | comm total (s) | comm hidden | "
+         "peak RSS/rank (MiB) |\n"
+      << "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n";
   char line[512];
   for (const auto& r : rows) {
+    const double comm = r.at("comm_s");
+    const std::string hidden =
+        comm > 0 ? std::to_string(static_cast<int>(
+                       std::lround(100 * (1 - r.at("comm_exposed_s").get<double>() / comm)))) +
+                       "%"
+                 : "-";
     std::snprintf(line, sizeof(line),
-                  "| %s | %d | %lld | %.3f | %.0f | %.0f%% | %.3f | %.3f | %.3f | %.3f | %.0f |\n",
+                  "| %s | %d | %lld | %.3f | %.0f | %.0f%% | %.3f | %.3f | %.3f | %.3f | %.3f | "
+                  "%s | %.0f |\n",
                   r.at("strategy").get<std::string>().c_str(), r.at("ranks").get<int>(),
                   static_cast<long long>(r.at("global_batch").get<int64_t>()),
                   r.at("step_time_s").get<double>(), r.at("tokens_per_s").get<double>(),
-                  100 * r.at("efficiency").get<double>(), r.value("compute_s", 0.0),
-                  r.value("trace_exposed_comm_s", 0.0), r.at("comm_s").get<double>(),
-                  r.value("other_s", 0.0),
+                  100 * r.at("efficiency").get<double>(), r.value("traced_step_s", 0.0),
+                  r.value("compute_s", 0.0), r.value("trace_exposed_comm_s", 0.0),
+                  r.value("other_s", 0.0), comm, hidden.c_str(),
                   static_cast<double>(r.at("peak_rss").get<int64_t>()) / (1 << 20));
     out << line;
   }
-  out << "\n"
-      << mode << " scaling: efficiency = tokens/s at N ranks / (N x tokens/s at "
-      << "the fewest ranks). Step time, tokens/s and comm total are medians over the steps after "
-      << "the first " << kWarmupSteps << "; compute, exposed comm and other split rank 0's mean "
-      << "traced step (other: outside forward, backward, the optimizer and the waits).\n";
+  out << "\n" << mode << " scaling: efficiency = tokens/s at N ranks / (N x tokens/s at "
+      << "the fewest ranks), tokens/s from the median step. Over the same steps (all but the "
+      << "first " << kWarmupSteps << "), rank 0's mean step splits into compute (forward, "
+      << "backward and the optimizer less the waits in them), exposed comm (waits for "
+      << "collectives, from the trace) and other; comm total is the mean time its collectives "
+      << "ran, and hidden = 1 - exposed / total (both from metrics.jsonl).\n";
   return out.str();
 }
 

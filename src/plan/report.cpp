@@ -4,6 +4,7 @@
 #include <sstream>
 
 #include "plan/text.h"
+#include "report/html.h"
 #include "shardtrain/plan.h"
 
 namespace shardtrain {
@@ -22,29 +23,6 @@ Unit table_unit(const Plan& plan) {
     if (c.valid) top = std::max(top, c.memory.total());
   }
   return top < 1e9 ? Unit{"MB", 1e6} : Unit{"GB", 1e9};
-}
-
-std::string xml_escape(const std::string& s) {
-  std::string out;
-  for (char ch : s) {
-    switch (ch) {
-      case '&':
-        out += "&amp;";
-        break;
-      case '<':
-        out += "&lt;";
-        break;
-      case '>':
-        out += "&gt;";
-        break;
-      case '"':
-        out += "&quot;";
-        break;
-      default:
-        out += ch;
-    }
-  }
-  return out;
 }
 
 }  // namespace
@@ -171,7 +149,7 @@ std::string memory_chart_svg(const Plan& plan) {
   out << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << label_w + chart_w + 80
       << "\" height=\"" << height << "\" font-family=\"sans-serif\" font-size=\"12\">\n";
   out << "<text x=\"10\" y=\"18\" font-size=\"14\">"
-      << xml_escape("Memory per device: " + plan.model.name + " on " +
+      << detail::escape_html("Memory per device: " + plan.model.name + " on " +
                     std::to_string(plan.cluster.world_size()) + " x " + plan.hardware.name)
       << "</text>\n";
   for (int i = 0; i < 5; ++i) {
@@ -184,7 +162,7 @@ std::string memory_chart_svg(const Plan& plan) {
     const double parts[] = {c->memory.params, c->memory.grads, c->memory.optimizer,
                             c->memory.activations, c->memory.temporary};
     out << "<text x=\"10\" y=\"" << y + 13 << "\"" << (c->fits ? "" : " fill=\"#999\"") << ">"
-        << xml_escape(c->label()) << "</text>\n";
+        << detail::escape_html(c->label()) << "</text>\n";
     double x = label_w;
     for (int i = 0; i < 5; ++i) {
       const double wpx = std::min(parts[i] * scale, label_w + chart_w - x);

@@ -9,7 +9,7 @@
 
 namespace shardtrain::detail {
 
-// Text made safe for HTML element content and attribute values.
+// Text made safe for HTML and SVG (XML) element content and attribute values.
 std::string escape_html(const std::string& text);
 
 // "27.5 MiB" (GiB from 10 GiB up); "" for NaN.

@@ -14,8 +14,9 @@
 # --size sets the window (default 1280x2400).
 #
 # Exits 0 when the page passes, 1 when it does not, 77 (ctest's SKIP_RETURN_CODE) when
-# Chromium is not installed. tests/report/fixture_run is a synthetic 2-rank run with traces and
-# scaling.json that draws 8 charts.
+# Chromium is not installed. tests/report/fixture_run holds the files of a real run: the demo
+# (configs/demo.toml, 2 ranks, steps 100-102 traced) and the scaling.json of the run in
+# bench/results/scaling.md; its page draws 8 charts.
 set -uo pipefail
 
 expect=""
