@@ -216,6 +216,46 @@ TEST_F(TraceTest, FsdpRunTracesGathersAndReductionsOnEveryRank) {
   EXPECT_EQ(world[0], world[1]);
 }
 
+TEST_F(TraceTest, OffloadToFilesAndRecomputationNestAndShowTheirTransfers) {
+  const fs::path nvme = dir_ / "nvme";
+  fs::create_directories(nvme);
+  train(2, {"parallel.strategy=\"zero\"", "parallel.zero.stage=3",
+            "parallel.zero.offload_optimizer=\"nvme\"", "parallel.zero.offload_param=\"nvme\"",
+            "parallel.zero.nvme_path=\"" + nvme.string() + "\"",
+            "train.activation_checkpointing=true", "run.trace_steps=[2, 3]"});
+  for (int rank = 0; rank < 2; ++rank) {
+    SCOPED_TRACE("rank " + std::to_string(rank));
+    const json trace = read_trace(rank);
+    const std::vector<json> all = spans(trace);
+    expect_nested(all);
+    int64_t read = 0, written = 0;
+    std::map<std::string, int> names;
+    for (const auto& span : all) {
+      const std::string name = span.at("name");
+      ++names[name];
+      if (name == "file read") read += span.at("args").at("bytes").get<int64_t>();
+      if (name == "file write") written += span.at("args").at("bytes").get<int64_t>();
+    }
+    EXPECT_GT(read, 0);
+    EXPECT_GT(written, 0);
+    EXPECT_EQ(names["blocks.1 backward"], 4);  // recomputed inside, still one span each
+    // The transfers of the I/O threads are on rows of their own, named.
+    std::map<int, std::string> rows;
+    for (const auto& event : trace.at("traceEvents")) {
+      if (event.at("ph") == "M" && event.at("name") == "thread_name") {
+        rows[event.at("tid").get<int>()] = event.at("args").at("name");
+      }
+    }
+    EXPECT_EQ(rows.at(1), "train");
+    bool io_row = false;
+    for (const auto& span : all) {
+      if (span.at("cat") == "offload" && rows.at(span.at("tid").get<int>()) != "train")
+        io_row = true;
+    }
+    EXPECT_TRUE(io_row);
+  }
+}
+
 TEST_F(TraceTest, BadTraceSettingsAndMissingTracesAreNamed) {
   try {
     config({"run.trace_steps=[3, 9]"}).validate();
