@@ -121,7 +121,8 @@ struct TrainConfig {
   // run that cannot fit, naming a strategy that would.
   bool memory_check = true;
   // Each rank records a timeline of steps trace_first..trace_last (0: through the last step)
-  // as Chrome trace events in RUN_DIR/trace/rank_N.json (docs/trace.md).
+  // as Chrome trace events in RUN_DIR/trace/rank_N.json (docs/trace.md). The range is used and
+  // checked only with trace = true.
   bool trace = false;
   int64_t trace_first = 1;
   int64_t trace_last = 0;

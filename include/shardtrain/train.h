@@ -11,17 +11,17 @@
 #include <string>
 
 #include "shardtrain/config.h"
-#include "shardtrain/sharded_checkpoint.h"
 #include "shardtrain/data.h"
 #include "shardtrain/ddp.h"
 #include "shardtrain/dist.h"
 #include "shardtrain/fsdp.h"
 #include "shardtrain/fused_adamw.h"
 #include "shardtrain/mesh.h"
-#include "shardtrain/zero.h"
 #include "shardtrain/model.h"
 #include "shardtrain/optim.h"
+#include "shardtrain/sharded_checkpoint.h"
 #include "shardtrain/tokenizer.h"
+#include "shardtrain/zero.h"
 
 namespace shardtrain {
 namespace detail {
@@ -66,8 +66,11 @@ class Trainer {
   // and every rank writes its share of each checkpoint. FSDP and ZeRO without a world run on a
   // group of one rank. model.init_from (Hugging Face weights) is applied before training starts.
   explicit Trainer(TrainConfig config, std::shared_ptr<ProcessGroup> world = nullptr);
-  // Writes the trace of traced steps not written yet (run.trace).
+  // Writes the trace of traced steps not written yet (run.trace). Never throws: a trace that
+  // cannot be written is reported on stderr.
   ~Trainer();
+  Trainer(Trainer&&) = default;
+  Trainer& operator=(Trainer&&) = default;
 
   // Trains until train.steps, printing one progress line per run.log_every steps, appending
   // RUN_DIR/metrics.jsonl, evaluating and checkpointing as configured, and saving a final
@@ -156,11 +159,17 @@ class Trainer {
   int64_t samples_ = 0;  // sequences consumed, the data position
   int64_t peak_rss_ = 0;
   int64_t resident_at_start_ = 0;  // before the model existed: LibTorch, the groups, the data
-  int64_t skipped_in_a_row_ = 0;  // consecutive skipped steps, for train.max_skipped
+  int64_t skipped_in_a_row_ = 0;   // consecutive skipped steps, for train.max_skipped
   double last_finite_loss_ = NAN;
   int64_t last_good_step_ = 0;
   std::function<void(int64_t)> after_backward_;
   std::shared_ptr<detail::Telemetry> telemetry_;  // this rank's communication times and trace
+  // The communication totals where the last step's count ended.
+  struct CommTotals {
+    double comm_seconds = 0, wait_seconds = 0;
+    int64_t comm_bytes = 0;
+  };
+  CommTotals comm_totals_;
   bool trace_unwritten_ = false;
   // For the ETA: when this process's first step began, and how many steps it has taken.
   std::chrono::steady_clock::time_point first_step_at_;

@@ -161,7 +161,8 @@ std::string GlooProcessGroup::describe(const char* op) const {
 WorkHandle GlooProcessGroup::enqueue(const char* op, int64_t bytes,
                                      std::function<void(uint32_t)> run) {
   auto work = std::make_shared<CompletionWork>(op);
-  const std::shared_ptr<Telemetry>& telemetry = current_telemetry();
+  // A group of one rank only copies locally: nothing to count as communication.
+  const std::shared_ptr<Telemetry> telemetry = size() > 1 ? current_telemetry() : nullptr;
   const bool traced = telemetry && telemetry->tracing();
   {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -204,7 +205,13 @@ void GlooProcessGroup::worker_loop() {
       }
     }
     // Counted before the waiter wakes, so that a step's totals hold every operation it waited on.
-    if (task.telemetry && !error) record(task, std::chrono::steady_clock::now());
+    if (task.telemetry && !error) {
+      try {
+        record(task, std::chrono::steady_clock::now());
+      } catch (const std::exception&) {
+        // Out of memory for a span: the operation itself succeeded; its record is lost.
+      }
+    }
     task.work->finish(error);
   }
 }

@@ -5,13 +5,22 @@
 namespace shardtrain::detail {
 
 void CompletionWork::wait() {
-  std::unique_lock<std::mutex> lock(mutex_);
-  if (!done_) {
-    // Communication the caller could not hide behind its own work.
-    CommWaitTimer waiting(op_);
-    done_cv_.wait(lock, [this] { return done_; });
+  std::exception_ptr error;
+  {
+    std::unique_lock<std::mutex> lock(mutex_);
+    if (done_) {
+      error = error_;
+    } else {
+      // Communication the caller could not hide behind its own work; recorded after the lock
+      // is released, so that the worker finishing the next operation never waits on it.
+      const auto start = std::chrono::steady_clock::now();
+      done_cv_.wait(lock, [this] { return done_; });
+      error = error_;
+      lock.unlock();
+      record_comm_wait(op_, start, std::chrono::steady_clock::now());
+    }
   }
-  if (error_) std::rethrow_exception(error_);
+  if (error) std::rethrow_exception(error);
 }
 
 bool CompletionWork::is_completed() {

@@ -14,7 +14,8 @@ namespace shardtrain::detail {
 // A handle that another thread completes with finish(). wait() rethrows the stored error.
 class CompletionWork : public Work {
  public:
-  // `op` names the operation in traces of the time spent waiting for it.
+  // `op` (a string literal: it is kept as a pointer) names the operation in traces of the time
+  // spent waiting for it.
   explicit CompletionWork(const char* op = "communication") : op_(op) {}
   void wait() override;
   bool is_completed() override;

@@ -19,7 +19,7 @@ int merge_traces(const std::string& run_dir, const std::string& out_path) {
   }
   // Ranks in order, so the merged file lists them as the run numbered them.
   std::map<int, fs::path> files;
-  const std::regex name(R"(rank_(\d+)\.json)");
+  const std::regex name(R"(rank_(\d{1,9})\.json)");
   for (const auto& entry : fs::directory_iterator(dir)) {
     std::smatch match;
     const std::string file = entry.path().filename().string();

@@ -160,10 +160,11 @@ TraceSpan::TraceSpan(std::string name, const char* category, nlohmann::json args
 TraceSpan::~TraceSpan() {
   if (!telemetry_) return;
   const auto end = Telemetry::Clock::now();
-  if (owned_name_.empty()) {
-    telemetry_->add_span(name_, category_, start_, end, std::move(args_));
-  } else {
-    telemetry_->add_span(owned_name_.c_str(), category_, start_, end, std::move(args_));
+  try {
+    telemetry_->add_span(owned_name_.empty() ? name_ : owned_name_.c_str(), category_, start_, end,
+                         std::move(args_));
+  } catch (const std::exception&) {
+    // No memory for one more span: the trace misses it; the work it timed is unaffected.
   }
 }
 
@@ -192,14 +193,12 @@ void BackwardSpans::reached(size_t index) {
   start_ = now;
 }
 
-CommWaitTimer::CommWaitTimer(const char* what)
-    : telemetry_(current.get()), what_(what), start_(Telemetry::Clock::now()) {}
-
-CommWaitTimer::~CommWaitTimer() {
-  if (!telemetry_) return;
-  const auto end = Telemetry::Clock::now();
-  telemetry_->add_wait(std::chrono::duration<double>(end - start_).count());
-  telemetry_->add_span(what_, "wait", start_, end);
+void record_comm_wait(const char* what, Telemetry::Clock::time_point start,
+                      Telemetry::Clock::time_point end) {
+  Telemetry* telemetry = current.get();
+  if (!telemetry) return;
+  telemetry->add_wait(std::chrono::duration<double>(end - start).count());
+  telemetry->add_span(what, "wait", start, end);
 }
 
 }  // namespace shardtrain::detail

@@ -101,7 +101,8 @@ class TelemetryScope {
 };
 
 // A span from construction to destruction on this thread's row of the current Telemetry, when
-// it is tracing; otherwise nothing is read but one thread-local pointer.
+// it is tracing; otherwise nothing is read but one thread-local pointer. Lives on the stack
+// inside the TelemetryScope that made the Telemetry current (it keeps a plain pointer).
 class TraceSpan {
  public:
   TraceSpan(const char* name, const char* category, nlohmann::json args = nullptr);
@@ -145,19 +146,9 @@ class BackwardSpans {
   Telemetry::Clock::time_point start_;
 };
 
-// Time the calling thread spends blocked on communication: counted as exposed communication
-// and, while tracing, a "wait" span. `what` names the operation waited for.
-class CommWaitTimer {
- public:
-  explicit CommWaitTimer(const char* what);
-  ~CommWaitTimer();
-  CommWaitTimer(const CommWaitTimer&) = delete;
-  CommWaitTimer& operator=(const CommWaitTimer&) = delete;
-
- private:
-  Telemetry* telemetry_;
-  const char* what_;
-  Telemetry::Clock::time_point start_;
-};
+// The calling thread waited from `start` to `end` for the collective `what` (a string literal):
+// counted as exposed communication of its current Telemetry and, while tracing, a "wait" span.
+void record_comm_wait(const char* what, Telemetry::Clock::time_point start,
+                      Telemetry::Clock::time_point end);
 
 }  // namespace shardtrain::detail

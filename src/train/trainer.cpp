@@ -205,8 +205,15 @@ StepResult Trainer::train_step() {
   const bool traced = trace_step(step_ + 1);
   if (!traced) write_trace();  // a traced range that ended (when steps are called one by one)
   const auto start = std::chrono::steady_clock::now();
-  if (steps_this_process_++ == 0) first_step_at_ = start;
-  const detail::Telemetry::Totals comm_before = telemetry_->totals();
+  if (steps_this_process_++ == 0) {
+    first_step_at_ = start;
+    const detail::Telemetry::Totals now = telemetry_->totals();
+    comm_totals_ = {now.comm_seconds, now.wait_seconds, now.comm_bytes};
+  }
+  telemetry_->name_thread("train");  // the row of whichever thread trains
+  // Counted from where the previous step's count ended: a collective a step leaves running
+  // (ZeRO's gathers after the optimizer) is counted in the step it finishes in, never lost.
+  const CommTotals comm_before = comm_totals_;
   const detail::SwapIoTotals io_before = detail::swap_io_totals();
   model_->train();
   if (fsdp_) {
@@ -288,6 +295,7 @@ StepResult Trainer::train_step() {
   const auto end = std::chrono::steady_clock::now();
   result.step_time_s = std::chrono::duration<double>(end - start).count();
   const detail::Telemetry::Totals comm = telemetry_->totals();
+  comm_totals_ = {comm.comm_seconds, comm.wait_seconds, comm.comm_bytes};
   result.comm_s = comm.comm_seconds - comm_before.comm_seconds;
   result.comm_exposed_s = comm.wait_seconds - comm_before.wait_seconds;
   result.comm_bytes = comm.comm_bytes - comm_before.comm_bytes;

@@ -30,7 +30,7 @@ std::string duration_text(double seconds) {
 }  // namespace
 
 bool Trainer::traces(int64_t step) const {
-  return config_.trace && step >= config_.trace_first &&
+  return config_.trace && step >= config_.trace_first && step <= config_.steps &&
          (config_.trace_last == 0 || step <= config_.trace_last);
 }
 

@@ -116,7 +116,8 @@ TEST_F(TraceTest, TracedDdpRunHasNestedSpansMatchingCollectivesAndStepsWithinThe
       ASSERT_TRUE(m.contains("comm")) << line;
       EXPECT_GT(m["comm"]["seconds"].get<double>(), 0.0);
       EXPECT_GT(m["comm"]["bytes"].get<int64_t>(), 0);
-      EXPECT_GE(m["comm"]["exposed_seconds"].get<double>(), 0.0);
+      // The training thread cannot wait longer than the step took.
+      EXPECT_LE(m["comm"]["exposed_seconds"].get<double>(), m.at("step_time_s").get<double>());
     }
   }
   // Per group: the collectives each rank saw, in the group's order.
@@ -294,6 +295,10 @@ TEST_F(TraceTest, ProgressLineHasAnEtaAndATerminalGetsABar) {
   EXPECT_NE(piped.output.find("| eta "), std::string::npos) << piped.output;
   EXPECT_EQ(piped.output.find("[#"), std::string::npos) << piped.output;
   // On a terminal (script(1) gives the program one): the bar too.
+  if (!fs::exists("/dev/ptmx") ||
+      testing::run_command("script -qec true /dev/null").exit_code != 0) {
+    GTEST_SKIP() << "no pseudo-terminal here (script -qec true failed): the bar is not checked";
+  }
   const auto tty = testing::run_command("script -qec '" + train +
                                         " --set run.dir=" + (dir_ / "b").string() + "' /dev/null");
   ASSERT_EQ(tty.exit_code, 0) << tty.output;
