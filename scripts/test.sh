@@ -11,7 +11,8 @@ tree_state() {
   if git rev-parse --git-dir >/dev/null 2>&1; then git status --porcelain --untracked-files=all; fi
 }
 before="$(tree_state)"
-ctest --test-dir build --output-on-failure
+# Two test processes at a time, as many as the project's machines have cores.
+ctest --test-dir build --output-on-failure --parallel 2
 after="$(tree_state)"
 if [ "$before" != "$after" ]; then
   echo "test.sh: the tests changed the work tree (they must write under a temporary directory):"
