@@ -164,12 +164,6 @@ class Trainer {
   int64_t last_good_step_ = 0;
   std::function<void(int64_t)> after_backward_;
   std::shared_ptr<detail::Telemetry> telemetry_;  // this rank's communication times and trace
-  // The communication totals where the last step's count ended.
-  struct CommTotals {
-    double comm_seconds = 0, wait_seconds = 0;
-    int64_t comm_bytes = 0;
-  };
-  CommTotals comm_totals_;
   bool trace_unwritten_ = false;
   // For the ETA: when this process's first step began, and how many steps it has taken.
   std::chrono::steady_clock::time_point first_step_at_;

@@ -8,6 +8,7 @@
 #include <stdexcept>
 #include <thread>
 
+#include "common/stats.h"
 #include "plan/run_estimate.h"
 #include "plan/text.h"
 #include "shardtrain/config.h"
@@ -17,12 +18,6 @@ namespace shardtrain {
 namespace {
 
 using nlohmann::json;
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 json read_json(const std::filesystem::path& path) {
   std::ifstream in(path);
@@ -272,9 +267,9 @@ ValidationResult validate_run(const std::string& run_dir, const HardwareSpec& ho
   r.world_size = world;
   r.steps = static_cast<int64_t>(times.size());
   r.estimated_model_states = est.memory.model_states();
-  r.measured_model_states = median(bytes);
+  r.measured_model_states = detail::median(bytes);
   r.estimated_step_time = est.time.total;
-  r.measured_step_time = median(times);
+  r.measured_step_time = detail::median(times);
   r.estimated_peak = est.memory.total() +
                      field<json>(run, "process", json::object()).value("resident_at_start", 0.0);
   r.measured_peak_rss = peak_rss;

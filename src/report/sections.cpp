@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <map>
 
+#include "common/stats.h"
 #include "report/html.h"
 
 namespace shardtrain::detail {
@@ -10,15 +11,6 @@ namespace {
 
 std::string chart(const std::string& name) {
   return "<div class=\"chart\" data-chart=\"" + name + "\"></div>\n";
-}
-
-double median(std::vector<double> values) {
-  values.erase(std::remove_if(values.begin(), values.end(), [](double v) { return std::isnan(v); }),
-               values.end());
-  if (values.empty()) return NAN;
-  std::sort(values.begin(), values.end());
-  const size_t mid = values.size() / 2;
-  return values.size() % 2 ? values[mid] : (values[mid - 1] + values[mid]) / 2;
 }
 
 // The global (lowest-rank) value of `column` at every step.

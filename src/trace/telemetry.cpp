@@ -90,9 +90,12 @@ void Telemetry::add_wait(double seconds) {
   wait_ns_.fetch_add(nanoseconds(seconds), std::memory_order_relaxed);
 }
 
-Telemetry::Totals Telemetry::totals() const {
-  return {static_cast<double>(comm_ns_.load()) * 1e-9, static_cast<double>(wait_ns_.load()) * 1e-9,
-          comm_bytes_.load()};
+Telemetry::Totals Telemetry::interval() {
+  const int64_t comm = comm_ns_.load(), wait = wait_ns_.load(), bytes = comm_bytes_.load();
+  const Totals added = {static_cast<double>(comm - std::exchange(interval_comm_ns_, comm)) * 1e-9,
+                        static_cast<double>(wait - std::exchange(interval_wait_ns_, wait)) * 1e-9,
+                        bytes - std::exchange(interval_comm_bytes_, bytes)};
+  return added;
 }
 
 nlohmann::json Telemetry::trace() const {

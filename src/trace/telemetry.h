@@ -56,7 +56,10 @@ class Telemetry {
     double wait_seconds = 0;
     int64_t comm_bytes = 0;
   };
-  Totals totals() const;
+  // What was added since the previous call (or since construction), and starts the next
+  // interval. Consecutive intervals lose nothing: an operation is in the one it finished in.
+  // Called by one thread (the one that trains).
+  Totals interval();
 
   // Every span recorded so far, with a row-name event per row, as one Chrome trace object.
   nlohmann::json trace() const;
@@ -76,6 +79,7 @@ class Telemetry {
   const double wall_offset_us_;
   std::atomic<bool> tracing_{false};
   std::atomic<int64_t> comm_ns_{0}, wait_ns_{0}, comm_bytes_{0};
+  int64_t interval_comm_ns_ = 0, interval_wait_ns_ = 0, interval_comm_bytes_ = 0;
 
   mutable std::mutex mutex_;
   std::vector<nlohmann::json> events_;

@@ -207,13 +207,9 @@ StepResult Trainer::train_step() {
   const auto start = std::chrono::steady_clock::now();
   if (steps_this_process_++ == 0) {
     first_step_at_ = start;
-    const detail::Telemetry::Totals now = telemetry_->totals();
-    comm_totals_ = {now.comm_seconds, now.wait_seconds, now.comm_bytes};
+    telemetry_->interval();  // what the start-up communicated is no step's
   }
   telemetry_->name_thread("train");  // the row of whichever thread trains
-  // Counted from where the previous step's count ended: a collective a step leaves running
-  // (ZeRO's gathers after the optimizer) is counted in the step it finishes in, never lost.
-  const CommTotals comm_before = comm_totals_;
   const detail::SwapIoTotals io_before = detail::swap_io_totals();
   model_->train();
   if (fsdp_) {
@@ -294,11 +290,12 @@ StepResult Trainer::train_step() {
   samples_ += loader_->global_batch_size();
   const auto end = std::chrono::steady_clock::now();
   result.step_time_s = std::chrono::duration<double>(end - start).count();
-  const detail::Telemetry::Totals comm = telemetry_->totals();
-  comm_totals_ = {comm.comm_seconds, comm.wait_seconds, comm.comm_bytes};
-  result.comm_s = comm.comm_seconds - comm_before.comm_seconds;
-  result.comm_exposed_s = comm.wait_seconds - comm_before.wait_seconds;
-  result.comm_bytes = comm.comm_bytes - comm_before.comm_bytes;
+  // Counted from where the previous step's count ended: a collective a step leaves running
+  // (ZeRO's gathers after the optimizer) is counted in the step it finishes in, never lost.
+  const detail::Telemetry::Totals comm = telemetry_->interval();
+  result.comm_s = comm.comm_seconds;
+  result.comm_exposed_s = comm.wait_seconds;
+  result.comm_bytes = comm.comm_bytes;
   telemetry_->add_span(("step " + std::to_string(result.step)).c_str(), "step", start, end,
                        {{"step", result.step}});
   const detail::SwapIoTotals io = detail::swap_io_totals();
