@@ -205,10 +205,10 @@ StepResult Trainer::train_step() {
   const bool traced = trace_step(step_ + 1);
   if (!traced) write_trace();  // a traced range that ended (when steps are called one by one)
   const auto start = std::chrono::steady_clock::now();
-  if (steps_this_process_++ == 0) {
-    first_step_at_ = start;
-    telemetry_->interval();  // what the start-up communicated is no step's
-  }
+  if (steps_this_process_++ == 0) first_step_at_ = start;
+  // What was communicated and waited for between steps (start-up, evaluation, a checkpoint's
+  // barriers) is no step's: a wait there would otherwise be counted as this step's.
+  telemetry_->interval();
   telemetry_->name_thread("train");  // the row of whichever thread trains
   const detail::SwapIoTotals io_before = detail::swap_io_totals();
   model_->train();
@@ -290,8 +290,8 @@ StepResult Trainer::train_step() {
   samples_ += loader_->global_batch_size();
   const auto end = std::chrono::steady_clock::now();
   result.step_time_s = std::chrono::duration<double>(end - start).count();
-  // Counted from where the previous step's count ended: a collective a step leaves running
-  // (ZeRO's gathers after the optimizer) is counted in the step it finishes in, never lost.
+  // A collective started before the step (ZeRO's gathers after the previous optimizer step)
+  // counts here when it finishes during the step.
   const detail::Telemetry::Totals comm = telemetry_->interval();
   result.comm_s = comm.comm_seconds;
   result.comm_exposed_s = comm.wait_seconds;
