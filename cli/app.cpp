@@ -22,7 +22,9 @@ int run(std::vector<std::string> args, std::ostream& out, std::ostream& err) {
   }
   std::reverse(args.begin(), args.end());  // CLI11 takes a reversed vector
 
-  CLI::App app{"shardtrain: distributed training for LibTorch (DDP, FSDP, ZeRO)", "shardtrain"};
+  CLI::App app{
+      "shardtrain: distributed training for LibTorch (DDP, FSDP, ZeRO, tensor parallelism)",
+      "shardtrain"};
   app.require_subcommand(1);
   app.set_version_flag("--version", "shardtrain 0.1.0");
   int exit_code = 0;

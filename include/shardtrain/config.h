@@ -68,6 +68,10 @@ struct TrainConfig {
 
   // [parallel]
   std::string strategy = "none";  // "none" (one process), "ddp", "fsdp" or "zero"
+  // Tensor parallelism (docs/tp.md): layers split across groups of `tp` neighbouring ranks;
+  // the strategy runs across the world / tp data-parallel ranks ("none" when there is one).
+  int64_t tp = 1;
+  bool sequence_parallel = false;  // with tp > 1: norms and dropout on 1/tp of the sequence
   double ddp_bucket_cap_mb = 25.0;
   bool ddp_find_unused_parameters = false;
   std::string ddp_comm_hook = "none";  // "none", "bf16", "fp16"

@@ -185,8 +185,13 @@ auto call(ModulePtr& module, Args&&... args)
   }
 }
 
-// The decoder. forward(tokens [B, T] int64) -> logits [B, T, vocab] in the parameters' dtype.
-// T must not exceed context_length (throws naming both).
+namespace detail {
+struct TpState;
+}
+
+// The decoder. forward(tokens [B, T] int64) -> logits [B, T, vocab] in the parameters' dtype;
+// split by tensor parallelism (parallelize_module), this rank's slice of the vocabulary
+// [B, T, vocab / tp]. T must not exceed context_length (throws naming both).
 class TransformerImpl : public torch::nn::Module {
  public:
   explicit TransformerImpl(ModelConfig config, ModelInit init = ModelInit());
@@ -211,6 +216,10 @@ class TransformerImpl : public torch::nn::Module {
   // Attention through LibTorch's scaled-dot-product-attention kernel (default) or the exact
   // reference computation (softmax(QK^T/sqrt(d) + causal mask) V) beside it.
   void set_use_sdpa(bool enabled) { use_sdpa_ = enabled; }
+  // Set by parallelize_module (tensor_parallel.h): the group the model is split across and how
+  // its parameters are cut; null when it is not split.
+  const std::shared_ptr<detail::TpState>& tensor_parallel() const { return tp_; }
+  void set_tensor_parallel(std::shared_ptr<detail::TpState> state) { tp_ = std::move(state); }
 
   const ModelConfig& config() const { return config_; }
   // The transformer blocks, in order (the units FSDP wraps).
@@ -228,6 +237,7 @@ class TransformerImpl : public torch::nn::Module {
   ParameterInitializer values_;  // from ModelInit; empty for the random initialization
   bool checkpointing_ = false;
   bool use_sdpa_ = true;
+  std::shared_ptr<detail::TpState> tp_;
   torch::nn::ModuleList blocks_;
   // Embeddings, final norm and head are registered by the implementation (src/model/), held as
   // base pointers so that this header needs no module headers. pos_emb_ is null in the Llama

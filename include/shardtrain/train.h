@@ -50,6 +50,10 @@ struct StepResult {
   double comm_s = 0;
   double comm_exposed_s = 0;
   int64_t comm_bytes = 0;
+  // Of those, the tensor-parallel collectives inside forward and backward (run and waited for
+  // on the training thread, so all exposed), and their bytes.
+  double comm_tp_s = 0;
+  int64_t comm_tp_bytes = 0;
 };
 
 class Trainer {
@@ -97,6 +101,10 @@ class Trainer {
   int64_t step() const { return step_; }
   int rank() const { return world_ ? world_->rank() : 0; }
   int world_size() const { return world_ ? world_->size() : 1; }
+  // Ranks that see different data: tensor-parallel peers (parallel.tp neighbouring ranks) see
+  // the same batch.
+  int dp_rank() const { return rank() / static_cast<int>(config_.tp); }
+  int dp_size() const { return world_size() / static_cast<int>(config_.tp); }
   Transformer& model() { return model_; }
   const TrainConfig& config() const { return config_; }
   const LossScaler& loss_scaler() const { return scaler_; }

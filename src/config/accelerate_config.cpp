@@ -274,8 +274,8 @@ std::vector<std::string> accelerate_overrides_from_yaml(const std::string& yaml_
       out.set_string("parallel.strategy", "ddp");
     } else if (type != "DEEPSPEED") {
       bad_value("distributed_type", type,
-                "expected FSDP, DEEPSPEED, MULTI_GPU or MULTI_CPU (tensor and pipeline "
-                "parallelism, MEGATRON_LM, do not run in this version)");
+                "expected FSDP, DEEPSPEED, MULTI_GPU or MULTI_CPU (MEGATRON_LM's plugin is not "
+                "imported: set parallel.tp in the TOML for tensor parallelism)");
     }
     if (type == "DEEPSPEED" && !doc["deepspeed_config"]) {
       throw std::invalid_argument(

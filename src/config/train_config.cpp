@@ -164,6 +164,8 @@ const std::map<std::string, Setter>& known_keys() {
       {"precision.scale_window", field(&TrainConfig::scale_window)},
       {"precision.min_scale", field(&TrainConfig::min_scale)},
       {"parallel.strategy", field(&TrainConfig::strategy)},
+      {"parallel.tp", field(&TrainConfig::tp)},
+      {"parallel.sequence_parallel", field(&TrainConfig::sequence_parallel)},
       {"parallel.ddp.bucket_cap_mb", field(&TrainConfig::ddp_bucket_cap_mb)},
       {"parallel.ddp.find_unused_parameters", field(&TrainConfig::ddp_find_unused_parameters)},
       {"parallel.ddp.comm_hook", field(&TrainConfig::ddp_comm_hook)},
@@ -175,7 +177,8 @@ const std::map<std::string, Setter>& known_keys() {
        [](TrainConfig& c, const toml::node& n, const std::string& name) {
          c.fsdp_wrap_classes.clear();
          if (!n.is_array()) wrong_type(name, "an array of class names", n);
-         for (const auto& item : *n.as_array()) c.fsdp_wrap_classes.push_back(as_string(item, name));
+         for (const auto& item : *n.as_array())
+           c.fsdp_wrap_classes.push_back(as_string(item, name));
        }},
       {"parallel.fsdp.prefetch", field(&TrainConfig::fsdp_prefetch)},
       {"parallel.fsdp.forward_prefetch", field(&TrainConfig::fsdp_forward_prefetch)},
@@ -208,7 +211,8 @@ const std::map<std::string, Setter>& known_keys() {
            return;
          }
          if (!n.is_array()) wrong_type(name, "a module name pattern or an array of them", n);
-         for (const auto& item : *n.as_array()) c.lora_target_modules.push_back(as_string(item, name));
+         for (const auto& item : *n.as_array())
+           c.lora_target_modules.push_back(as_string(item, name));
        }},
       {"lora.base_dtype", field(&TrainConfig::lora_base_dtype)},
       {"run.dir", field(&TrainConfig::dir)},
@@ -454,6 +458,19 @@ void TrainConfig::validate() const {
               strategy + "\"");
   require(zero_stage >= 1 && zero_stage <= 3,
           "parallel.zero.stage must be 1, 2 or 3, got " + std::to_string(zero_stage));
+  require(tp >= 1, "parallel.tp must be at least 1, got " + std::to_string(tp));
+  require(!sequence_parallel || tp > 1,
+          "parallel.sequence_parallel splits the sequence across tensor-parallel ranks: it needs "
+          "parallel.tp > 1");
+  require(!sequence_parallel || seq_len % tp == 0,
+          "parallel.sequence_parallel: data.seq_len " + std::to_string(seq_len) +
+              " is not divisible by parallel.tp=" + std::to_string(tp));
+  require(tp == 1 || (zero_offload_optimizer != "nvme" && zero_offload_param != "nvme"),
+          "parallel.tp > 1 with ZeRO offload to nvme: state streamed from files is not split "
+          "by tensor parallelism in this build; offload to \"cpu\" or use tp = 1");
+  require(tp == 1 || lora_rank == 0,
+          "lora.rank > 0 with parallel.tp > 1: adapters are not split across tensor-parallel "
+          "ranks; use data parallelism (ddp or fsdp) for LoRA");
   for (const auto& [key, value] :
        {std::pair<std::string, std::string>{"offload_optimizer", zero_offload_optimizer},
         {"offload_param", zero_offload_param}}) {

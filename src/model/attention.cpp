@@ -52,8 +52,8 @@ at::Tensor apply_rope(const at::Tensor& x, const at::Tensor& cos, const at::Tens
 namespace {
 
 // [B, T, heads * head_dim] -> [B, heads, T, head_dim]
-at::Tensor split_heads(const at::Tensor& x, int64_t heads) {
-  return x.view({x.size(0), x.size(1), heads, x.size(2) / heads}).transpose(1, 2);
+at::Tensor split_heads(const at::Tensor& x, int64_t head_dim) {
+  return x.view({x.size(0), x.size(1), x.size(2) / head_dim, head_dim}).transpose(1, 2);
 }
 
 // [B, heads, T, head_dim] -> [B, T, heads * head_dim]
@@ -64,7 +64,7 @@ at::Tensor merge_heads(const at::Tensor& x) {
 }  // namespace
 
 Gpt2AttentionImpl::Gpt2AttentionImpl(const ModelConfig& config, bool deferred)
-    : n_heads_(config.n_heads), dropout_(config.dropout) {
+    : head_dim_(config.d_model / config.n_heads), dropout_(config.dropout) {
   const int64_t d = config.d_model;
   qkv = register_module("qkv", Linear(d, 3 * d, true, deferred));
   proj = register_module("proj", Linear(d, d, true, deferred));
@@ -73,13 +73,13 @@ Gpt2AttentionImpl::Gpt2AttentionImpl(const ModelConfig& config, bool deferred)
 at::Tensor Gpt2AttentionImpl::forward(const at::Tensor& x, const BlockContext& ctx) {
   const auto parts = qkv->forward(x).chunk(3, -1);
   const at::Tensor out = causal_attention(
-      split_heads(parts[0], n_heads_), split_heads(parts[1], n_heads_),
-      split_heads(parts[2], n_heads_), is_training() ? dropout_ : 0.0, ctx.use_sdpa);
+      split_heads(parts[0], head_dim_), split_heads(parts[1], head_dim_),
+      split_heads(parts[2], head_dim_), is_training() ? dropout_ : 0.0, ctx.use_sdpa);
   return proj->forward(merge_heads(out));
 }
 
 LlamaAttentionImpl::LlamaAttentionImpl(const ModelConfig& config, bool deferred)
-    : n_heads_(config.n_heads), n_kv_heads_(config.n_kv_heads), dropout_(config.dropout) {
+    : head_dim_(config.d_model / config.n_heads), dropout_(config.dropout) {
   const int64_t d = config.d_model;
   const int64_t kv_width = config.n_kv_heads * (d / config.n_heads);
   auto linear = [deferred](int64_t in, int64_t out) { return Linear(in, out, false, deferred); };
@@ -91,13 +91,14 @@ LlamaAttentionImpl::LlamaAttentionImpl(const ModelConfig& config, bool deferred)
 
 at::Tensor LlamaAttentionImpl::forward(const at::Tensor& x, const BlockContext& ctx) {
   const at::Tensor queries =
-      apply_rope(split_heads(q->forward(x), n_heads_), ctx.rope_cos, ctx.rope_sin);
-  at::Tensor keys = apply_rope(split_heads(k->forward(x), n_kv_heads_), ctx.rope_cos, ctx.rope_sin);
-  at::Tensor values = split_heads(v->forward(x), n_kv_heads_);
-  if (n_kv_heads_ != n_heads_) {
+      apply_rope(split_heads(q->forward(x), head_dim_), ctx.rope_cos, ctx.rope_sin);
+  at::Tensor keys = apply_rope(split_heads(k->forward(x), head_dim_), ctx.rope_cos, ctx.rope_sin);
+  at::Tensor values = split_heads(v->forward(x), head_dim_);
+  if (keys.size(1) != queries.size(1)) {
     // Query head h reads key/value head h / group, as HF's repeat_kv: expand, then fold the group
-    // into the head axis (a copy, which the attention kernels need anyway).
-    const int64_t group = n_heads_ / n_kv_heads_;
+    // into the head axis (a copy, which the attention kernels need anyway). Split by heads,
+    // a rank holds whole groups: its query heads and the key/value heads they read.
+    const int64_t group = queries.size(1) / keys.size(1);
     auto repeat = [&](const at::Tensor& t) {
       const auto s = t.sizes();
       return t.unsqueeze(2)

@@ -1,9 +1,9 @@
 // Norms, MLPs and the pre-norm blocks of both families.
-#include "model/layers.h"
-
 #include "model/autocast.h"
 #include "model/init.h"
+#include "model/layers.h"
 #include "shardtrain/lora.h"
+#include "shardtrain/tensor_parallel.h"
 
 namespace shardtrain::detail {
 
@@ -21,6 +21,7 @@ LinearImpl::LinearImpl(int64_t in, int64_t out, bool bias, bool deferred) {
 }
 
 at::Tensor LinearImpl::forward(const at::Tensor& x) {
+  if (tp) return tensor_parallel_forward(x);
   // Packed NF4 always, and outside autocast (under it the product runs in the autocast dtype
   // whatever W's) a frozen W of another dtype, go through frozen_linear rather than a cast
   // autograd would keep.
@@ -36,6 +37,41 @@ at::Tensor LinearImpl::forward(const at::Tensor& x) {
   return y + lora_delta(x, lora_a->weight, lora_b->weight, lora_scale, lora_dropout, is_training());
 }
 
+// Megatron-LM's split: a column-parallel layer takes the whole activation (its f: the input's
+// gradient is summed across the group) and yields this rank's features; a row-parallel one
+// takes those features and sums the partial products across the group (its g). Under sequence
+// parallelism f and g become an all-gather and a reduce-scatter along the sequence.
+at::Tensor LinearImpl::tensor_parallel_forward(const at::Tensor& x) {
+  ProcessGroup& group = *tp->group;
+  const bool sequence = tp->sequence_parallel_now;
+  if (!tp_rowwise) {
+    return at::linear(sequence ? gather_sequence(x, group) : copy_to_tensor_parallel(x, group),
+                      weight, bias);
+  }
+  const at::Tensor partial = at::linear(x, weight);
+  const at::Tensor y = sequence ? reduce_scatter_sequence(partial, group)
+                                : reduce_from_tensor_parallel(partial, group);
+  if (!bias.defined()) return y;
+  // The bias is added to this rank's part of the sequence: its gradient is partial.
+  return y + (sequence ? copy_to_tensor_parallel(bias, group) : bias);
+}
+
+namespace {
+
+// A replicated weight that, under sequence parallelism, meets only this rank's part of the
+// sequence: its gradient is summed across the group so every rank steps with the whole one.
+at::Tensor sequence_parallel_weight(const at::Tensor& weight, const std::shared_ptr<TpState>& tp) {
+  if (!tp || !tp->sequence_parallel_now || !weight.defined()) return weight;
+  return copy_to_tensor_parallel(weight, *tp->group);
+}
+
+}  // namespace
+
+at::Tensor LayerNormImpl::forward(const at::Tensor& x) {
+  return at::layer_norm(x, {weight.size(0)}, sequence_parallel_weight(weight, tp),
+                        sequence_parallel_weight(bias, tp), eps_);
+}
+
 LayerNormImpl::LayerNormImpl(int64_t dim, double eps, bool deferred) : eps_(eps) {
   weight = register_parameter("weight", new_parameter({dim}, deferred));
   bias = register_parameter("bias", new_parameter({dim}, deferred));
@@ -43,6 +79,19 @@ LayerNormImpl::LayerNormImpl(int64_t dim, double eps, bool deferred) : eps_(eps)
 
 EmbeddingImpl::EmbeddingImpl(int64_t count, int64_t dim, bool deferred) {
   weight = register_parameter("weight", new_parameter({count, dim}, deferred));
+}
+
+at::Tensor EmbeddingImpl::forward(const at::Tensor& ids) {
+  if (!tp) return at::embedding(weight, ids);
+  // This rank holds rows [start, start + rows): other ids look up row 0 and are zeroed, so the
+  // sum across the group holds each id's one row.
+  const int64_t rows = weight.size(0);
+  const int64_t start = static_cast<int64_t>(tp->rank()) * rows;
+  const at::Tensor other = (ids < start) | (ids >= start + rows);
+  const at::Tensor local = at::embedding(weight, (ids - start).masked_fill(other, 0))
+                               .masked_fill(other.unsqueeze(-1), 0.0);
+  return tp->sequence_parallel_now ? reduce_scatter_sequence(local, *tp->group)
+                                   : reduce_from_tensor_parallel(local, *tp->group);
 }
 
 RMSNormImpl::RMSNormImpl(int64_t dim, double eps, bool deferred) : eps_(eps) {
@@ -54,7 +103,7 @@ at::Tensor RMSNormImpl::forward(const at::Tensor& x) {
   // input dtype, so bf16 training matches the reference implementation.
   const at::Tensor wide = x.to(at::promote_types(x.scalar_type(), at::kFloat));
   const at::Tensor normed = wide * at::rsqrt(wide.pow(2).mean(-1, /*keepdim=*/true) + eps_);
-  return weight * normed.to(x.scalar_type());
+  return sequence_parallel_weight(weight, tp) * normed.to(x.scalar_type());
 }
 
 Gpt2MlpImpl::Gpt2MlpImpl(const ModelConfig& config, bool deferred) {

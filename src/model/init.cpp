@@ -13,6 +13,7 @@
 #include "model/layers.h"
 #include "model/names.h"
 #include "model/nf4.h"
+#include "parallel/tensor/tp_state.h"
 #include "shardtrain/model.h"
 
 namespace shardtrain {
@@ -198,7 +199,10 @@ ParameterInitializer with_nf4(const TransformerImpl& model, ParameterInitializer
 }  // namespace
 
 ParameterInitializer TransformerImpl::initializer() const {
-  return with_adapters(*this, seed_, with_nf4(*this, values_ ? values_ : base_initializer()));
+  ParameterInitializer init =
+      with_adapters(*this, seed_, with_nf4(*this, values_ ? values_ : base_initializer()));
+  // Split by tensor parallelism, a parameter's elements are this rank's slices of the whole.
+  return tp_ ? detail::tensor_parallel_initializer(tp_, std::move(init)) : init;
 }
 
 ParameterInitializer TransformerImpl::base_initializer() const {

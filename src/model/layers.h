@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "parallel/tensor/tp_state.h"
 #include "shardtrain/model.h"
 
 namespace shardtrain::detail {
@@ -54,6 +55,13 @@ class LinearImpl : public torch::nn::Module {
   // A frozen weight stored in NF4 (lora.base_dtype "nf4"): `weight` is then the packed bytes
   // (nf4.h) and this its shape [out, in]; empty otherwise.
   std::vector<int64_t> nf4_shape;
+  // Set by parallelize_module: the group this layer is split across (null: not split), and
+  // whether its input features (row-parallel) rather than its output features are split.
+  std::shared_ptr<TpState> tp;
+  bool tp_rowwise = false;
+
+ private:
+  at::Tensor tensor_parallel_forward(const at::Tensor& x);
 };
 TORCH_MODULE(Linear);
 
@@ -77,10 +85,11 @@ void store_frozen_linears(torch::nn::Module& model, const std::string& storage);
 class LayerNormImpl : public torch::nn::Module {
  public:
   LayerNormImpl(int64_t dim, double eps, bool deferred);
-  at::Tensor forward(const at::Tensor& x) {
-    return at::layer_norm(x, {weight.size(0)}, weight, bias, eps_);
-  }
+  at::Tensor forward(const at::Tensor& x);
   at::Tensor weight, bias;
+  // Set by parallelize_module (SequenceParallel): under sequence parallelism this rank sees
+  // part of the sequence, and the weights' gradients are summed across the group.
+  std::shared_ptr<TpState> tp;
 
  private:
   double eps_;
@@ -90,7 +99,12 @@ TORCH_MODULE(LayerNorm);
 class EmbeddingImpl : public torch::nn::Module {
  public:
   EmbeddingImpl(int64_t count, int64_t dim, bool deferred);
+  // The rows of `ids`. Split over the vocabulary (tp set, RowwiseParallel), each rank looks up
+  // the ids it holds and the rows are summed across the group: [B, T, dim] whole, or this
+  // rank's part of the sequence under sequence parallelism.
+  at::Tensor forward(const at::Tensor& ids);
   at::Tensor weight;  // [count, dim]
+  std::shared_ptr<TpState> tp;
 };
 TORCH_MODULE(Embedding);
 
@@ -99,6 +113,7 @@ class RMSNormImpl : public torch::nn::Module {
   RMSNormImpl(int64_t dim, double eps, bool deferred);
   at::Tensor forward(const at::Tensor& x);
   at::Tensor weight;
+  std::shared_ptr<TpState> tp;  // as LayerNormImpl's
 
  private:
   double eps_;
@@ -112,7 +127,9 @@ class Gpt2AttentionImpl : public torch::nn::Module {
   Linear qkv{nullptr}, proj{nullptr};
 
  private:
-  int64_t n_heads_;
+  // Heads are counted from the projections' widths, so a layer split by heads across
+  // tensor-parallel ranks computes with the heads it holds.
+  int64_t head_dim_;
   double dropout_;
 };
 TORCH_MODULE(Gpt2Attention);
@@ -124,7 +141,7 @@ class LlamaAttentionImpl : public torch::nn::Module {
   Linear q{nullptr}, k{nullptr}, v{nullptr}, o{nullptr};
 
  private:
-  int64_t n_heads_, n_kv_heads_;
+  int64_t head_dim_;  // as Gpt2AttentionImpl's
   double dropout_;
 };
 TORCH_MODULE(LlamaAttention);

@@ -11,6 +11,7 @@
 #include "model/init.h"
 #include "model/layers.h"
 #include "shardtrain/model.h"
+#include "shardtrain/tensor_parallel.h"
 #include "trace/telemetry.h"
 
 namespace shardtrain {
@@ -110,12 +111,23 @@ at::Tensor TransformerImpl::forward(const at::Tensor& tokens) {
   const bool gpt2 = config_.family == ModelFamily::kGpt2;
   const double dropout = is_training() ? config_.dropout : 0.0;
 
-  const at::Tensor& tok_weight = weight_of(tok_emb_);
-  at::Tensor x = at::embedding(tok_weight, tokens);
+  // Under sequence parallelism a rank carries length / tp positions between the layers that
+  // need the whole sequence (which gather it); a length that does not divide runs without.
+  const int tp_size = tp_ ? tp_->size() : 1;
+  if (tp_) tp_->sequence_parallel_now = tp_->sequence_parallel && length % tp_size == 0;
+  const bool sequence_parallel = tp_ && tp_->sequence_parallel_now;
+  auto& tok_emb = dynamic_cast<detail::EmbeddingImpl&>(*tok_emb_);
+  at::Tensor x = tok_emb.forward(tokens);
   detail::BlockContext ctx;
   ctx.use_sdpa = use_sdpa_;
   if (gpt2) {
-    x = x + at::embedding(weight_of(pos_emb_), at::arange(length, tokens.options()));
+    const int64_t local = length / (sequence_parallel ? tp_size : 1);
+    const int64_t first = sequence_parallel ? tp_->rank() * local : 0;
+    auto& pos_emb = dynamic_cast<detail::EmbeddingImpl&>(*pos_emb_);
+    // The positions of this rank's part of the sequence; their gradient is partial.
+    const at::Tensor pos_weight =
+        sequence_parallel ? copy_to_tensor_parallel(pos_emb.weight, *tp_->group) : pos_emb.weight;
+    x = x + at::embedding(pos_weight, at::arange(first, first + local, tokens.options()));
     if (dropout > 0.0) x = at::dropout(x, dropout, /*train=*/true);  // GPT-2's embedding dropout
   } else {
     if (!rope_cos_.defined() || rope_cos_.device() != x.device() ||
@@ -174,7 +186,13 @@ at::Tensor TransformerImpl::forward(const at::Tensor& tokens) {
   } else {
     x = dynamic_cast<detail::RMSNormImpl&>(*final_norm_).forward(x);
   }
-  x = at::linear(x, config_.tie_embeddings ? tok_weight : weight_of(lm_head_));
+  // Split, the head is column-parallel over the vocabulary: each rank computes the logits of
+  // the ids it holds (vocab_parallel_cross_entropy takes them as they are).
+  if (tp_) {
+    x = sequence_parallel ? gather_sequence(x, *tp_->group)
+                          : copy_to_tensor_parallel(x, *tp_->group);
+  }
+  x = at::linear(x, config_.tie_embeddings ? tok_emb.weight : weight_of(lm_head_));
   return hooks ? hooks->post_forward(*this, x) : x;
 }
 

@@ -1,5 +1,6 @@
 #include "parallel/parallelize.h"
 
+#include <cstdlib>
 #include <stdexcept>
 
 namespace shardtrain {
@@ -16,18 +17,55 @@ void apply_activation_checkpointing(Transformer& model, const TrainConfig& confi
   model->set_activation_checkpointing(config.activation_checkpointing);
 }
 
+MeshShape train_mesh_shape(const TrainConfig& config, int world_size) {
+  const int tp = static_cast<int>(config.tp);
+  if (world_size % tp != 0) {
+    throw std::invalid_argument("world size " + std::to_string(world_size) +
+                                " is not divisible by parallel.tp=" + std::to_string(tp));
+  }
+  int replicate = 1;
+  if (config.strategy == "fsdp" &&
+      sharding_strategy_from_string(config.fsdp_sharding) == ShardingStrategy::kHybridShard) {
+    replicate = static_cast<int>(config.fsdp_replicate);
+    if (replicate == 0) {
+      // One replica per node, sharding inside it, as PyTorch's hybrid_shard does.
+      const char* local = std::getenv("LOCAL_WORLD_SIZE");
+      const int per_node = local ? std::atoi(local) : 0;
+      if (per_node <= 0 || world_size % per_node != 0 || world_size == per_node) {
+        throw std::invalid_argument(
+            "parallel.fsdp.sharding = \"hybrid_shard\" needs parallel.fsdp.replicate (the "
+            "dp_replicate size) when the ranks are not on several nodes");
+      }
+      replicate = world_size / per_node;
+    }
+  }
+  return resolve_mesh(MeshShape().dp_replicate(replicate).tp(tp), world_size);
+}
+
 Parallelized parallelize(Transformer& model, const TrainConfig& config,
                          const std::shared_ptr<ProcessGroup>& world) {
   Parallelized out;
+  const bool sharded = config.strategy == "fsdp" || config.strategy == "zero";
+  if (!world && (config.tp > 1 || sharded)) {
+    throw std::invalid_argument("parallel.tp > 1 and parallel.strategy \"" + config.strategy +
+                                "\" need a process group");
+  }
+  // Plain DDP keeps the world as its group; everything else works on the mesh's axes.
+  if (world && (config.tp > 1 || sharded)) {
+    out.mesh = std::make_unique<DeviceMesh>(world, train_mesh_shape(config, world->size()));
+  }
+  if (config.tp > 1) apply_tp(model, config, *out.mesh);
   apply_activation_checkpointing(model, config);
   if (config.strategy == "fsdp") {
-    apply_fsdp(model, config, world, out);
+    apply_fsdp(model, config, *out.mesh, out);
   } else if (config.strategy == "zero") {
-    apply_zero(model, config, world, out);
+    apply_zero(model, config, *out.mesh, out);
   } else if (config.strategy == "ddp" && world) {
-    out.ddp = apply_ddp(model, config, world);
+    const auto dp = out.mesh ? out.mesh->dp_ptr() : world;
+    if (dp->size() > 1) out.ddp = apply_ddp(model, config, dp);
   }
-  // What no sharded step took over is held whole: "none", and DDP on one process.
+  // What no sharded step took over is held whole (each rank's slices of what tensor
+  // parallelism split): "none", and DDP on one data-parallel rank.
   if (!out.sharded) model->materialize();
   return out;
 }

@@ -12,8 +12,8 @@
 
 namespace shardtrain {
 
-// What parallelize() made of a model: the mesh, and at most one data-parallel wrapper (none for
-// strategy "none", or DDP on one process).
+// What parallelize() made of a model: the mesh (null for one process), and at most one
+// data-parallel wrapper (none for strategy "none", or DDP on one data-parallel rank).
 struct Parallelized {
   std::unique_ptr<DeviceMesh> mesh;
   std::unique_ptr<DistributedDataParallel> ddp;
@@ -21,9 +21,11 @@ struct Parallelized {
 };
 
 // Applies config's parallelisms to `model`, in this order (torchtitan's):
-//   1. tensor and pipeline parallelism (not part of this build yet);
+//   1. tensor parallelism (apply_tp, parallel.tp) on the mesh's tp axis; pipeline parallelism is
+//      not part of this build yet;
 //   2. activation checkpointing, per block;
-//   3. one data-parallel step on the data-parallel ranks: apply_ddp, apply_fsdp or apply_zero;
+//   3. one data-parallel step on the mesh's data-parallel ranks: apply_ddp, apply_fsdp or
+//      apply_zero;
 //   4. materialization: a sharded step allocates and initializes only this rank's shards of a
 //      deferred model; every other path materializes the whole model.
 // `model` may be deferred (ModelInit().deferred()). Collective over `world` (null: one process).
@@ -31,17 +33,24 @@ struct Parallelized {
 Parallelized parallelize(Transformer& model, const TrainConfig& config,
                          const std::shared_ptr<ProcessGroup>& world);
 
+// The trainer's mesh over `world`: tp = parallel.tp innermost, dp_replicate from hybrid_shard's
+// parallel.fsdp.replicate (one per node when 0), dp_shard the ranks left over. Throws
+// std::invalid_argument naming the sizes when they do not divide the world.
+MeshShape train_mesh_shape(const TrainConfig& config, int world_size);
+
 // The steps, each a no-op when its setting is off.
+// Splits the model's layers across the mesh's tp axis (transformer_tp_plan).
+void apply_tp(Transformer& model, const TrainConfig& config, const DeviceMesh& mesh);
 void apply_activation_checkpointing(Transformer& model, const TrainConfig& config);
-// DDP over every rank of `world` (materializes the model first).
+// DDP over the data-parallel ranks `dp` (materializes the model first).
 std::unique_ptr<DistributedDataParallel> apply_ddp(Transformer& model, const TrainConfig& config,
-                                                   const std::shared_ptr<ProcessGroup>& world);
-// FSDP (parallel.fsdp.*) on a dp_replicate x dp_shard mesh of `world`, stored in `out`.
-void apply_fsdp(Transformer& model, const TrainConfig& config,
-                const std::shared_ptr<ProcessGroup>& world, Parallelized& out);
-// ZeRO (parallel.zero.*) over every rank of `world`, stored in `out`.
-void apply_zero(Transformer& model, const TrainConfig& config,
-                const std::shared_ptr<ProcessGroup>& world, Parallelized& out);
+                                                   const std::shared_ptr<ProcessGroup>& dp);
+// FSDP (parallel.fsdp.*) on the mesh's dp_replicate x dp_shard axes, stored in `out`.
+void apply_fsdp(Transformer& model, const TrainConfig& config, const DeviceMesh& mesh,
+                Parallelized& out);
+// ZeRO (parallel.zero.*) over the mesh's data-parallel ranks, stored in `out`.
+void apply_zero(Transformer& model, const TrainConfig& config, const DeviceMesh& mesh,
+                Parallelized& out);
 
 // precision.param_dtype, reduce_dtype and buffer_dtype ("bf16" or "fp32").
 MixedPrecision mixed_precision_of(const TrainConfig& config);

@@ -29,14 +29,22 @@ std::string shardtrain_toml(const Plan& plan, const Candidate& c) {
   std::ostringstream out;
   out << header(plan, c, "#");
   out << "\n[model]\n";
-  if (!m.preset.empty()) {
-    out << "preset = \"" << m.preset << "\"\n";
-  } else if (!m.hf_config.empty()) {
-    out << "hf_config = \"" << m.hf_config << "\"\n";
+  // Tensor parallelism splits the vocabulary evenly: pad it to a multiple of tp, as
+  // Megatron-LM does (the extra ids are never seen in the data).
+  const int64_t tp = c.strategy == PlanStrategy::kTpPp ? c.tp : 1;
+  const int64_t vocab = (m.vocab_size + tp - 1) / tp * tp;
+  const char* padded = vocab != m.vocab_size ? "  # padded to a multiple of tp" : "";
+  if (!m.preset.empty() || !m.hf_config.empty()) {
+    if (!m.preset.empty()) {
+      out << "preset = \"" << m.preset << "\"\n";
+    } else {
+      out << "hf_config = \"" << m.hf_config << "\"\n";
+    }
+    if (*padded) out << "vocab_size = " << vocab << padded << "\n";
   } else {
     // A bare shape: the family comes from a preset, every size from the keys after it.
     out << "preset = \"" << (m.gated_mlp ? "tiny-llama" : "tiny") << "\"\n"
-        << "vocab_size = " << m.vocab_size << "\ncontext_length = " << w.seq_len_
+        << "vocab_size = " << vocab << padded << "\ncontext_length = " << w.seq_len_
         << "\nd_model = " << m.d_model << "\nn_layers = " << m.n_layers
         << "\nn_heads = " << m.n_heads << "\nn_kv_heads = " << m.n_kv_heads
         << "\nffn_hidden = " << m.ffn_hidden << "\n";
@@ -62,9 +70,13 @@ std::string shardtrain_toml(const Plan& plan, const Candidate& c) {
       break;
   }
   if (c.strategy == PlanStrategy::kTpPp) {
-    // Only the keys of features that run are written: the data-parallel part of this layout.
-    out << "# tensor parallel " << c.tp << " x pipeline parallel " << c.pp
-        << " do not run in this version: the keys below train\n# ZeRO-1 over every rank.\n";
+    // The planner's tensor-parallel layouts run with sequence parallelism (its memory model
+    // assumes it). Only keys of features that run are written: pipeline parallelism is not one.
+    out << "tp = " << c.tp << "\nsequence_parallel = " << (c.tp > 1 ? "true" : "false") << "\n";
+    if (c.pp > 1) {
+      out << "# pipeline parallel " << c.pp << " does not run in this version: the keys here "
+          << "train\n# tp=" << c.tp << " x ZeRO-1 over the remaining ranks.\n";
+    }
   }
   if (c.strategy == PlanStrategy::kFullShard || c.strategy == PlanStrategy::kHybridShard) {
     const bool hybrid = c.strategy == PlanStrategy::kHybridShard;

@@ -156,12 +156,12 @@ std::string explain(const Plan& plan, double usable) {
           best_offload->label() + ") " + percent_slower(*best_offload, *rec) + " slower.";
     }
   }
-  if (rec->strategy == PlanStrategy::kTpPp) {
+  if (rec->strategy == PlanStrategy::kTpPp && rec->pp > 1) {
     out +=
-        " The shardtrain trainer does not run tensor or pipeline parallelism yet: the TOML "
-        "records tp and pp, and this layout runs today under Megatron-LM or "
-        "Megatron-DeepSpeed (the ds_config.json covers its data-parallel part; the accelerate "
-        "YAML uses the Megatron-LM plugin).";
+        " The shardtrain trainer does not run pipeline parallelism yet: the TOML runs tensor "
+        "parallelism with ZeRO-1 over the remaining ranks, and the whole layout runs today "
+        "under Megatron-LM or Megatron-DeepSpeed (the ds_config.json covers its data-parallel "
+        "part; the accelerate YAML uses the Megatron-LM plugin).";
   }
   return out;
 }

@@ -76,6 +76,14 @@ Candidate candidate_of(const json& parallel, int world, const std::string& file)
   } else {
     throw std::invalid_argument("'" + file + "': unknown parallel.strategy '" + strategy + "'");
   }
+  // Tensor parallelism divides the blocks' and the vocabulary's states by tp; the strategy
+  // shards them further over the world / tp data-parallel ranks.
+  c.tp = parallel.value("tp", 1);
+  if (c.tp < 1 || world % c.tp != 0) {
+    throw std::invalid_argument("'" + file + "': parallel.tp=" + std::to_string(c.tp) +
+                                " does not divide the world size " + std::to_string(world));
+  }
+  if (c.strategy == PlanStrategy::kHybridShard) c.shard /= c.tp;
   return c;
 }
 
@@ -171,7 +179,8 @@ RunEstimate estimate_run(const nlohmann::json& run, const HardwareSpec& host,
       // shardtrain keeps fp32 parameters (the master weights) and computes in the autocast dtype.
       .precision(bf16_params || autocast ? "bf16-autocast" : "fp32")
       .safety_margin(0.0);
-  w.global_batch(w.micro_batch_ * required<int64_t>(train, "grad_accum", run_file) * world);
+  w.global_batch(w.micro_batch_ * required<int64_t>(train, "grad_accum", run_file) * world /
+                 shape.tp);
   const json lora = field<json>(run, "lora", json::object());
   const int64_t lora_rank = field<int64_t>(lora, "rank", 0);
   if (lora_rank > 0) w.lora(lora_rank, field<std::string>(lora, "base_dtype", "fp32"));

@@ -90,11 +90,20 @@ void Telemetry::add_wait(double seconds) {
   wait_ns_.fetch_add(nanoseconds(seconds), std::memory_order_relaxed);
 }
 
+void Telemetry::add_tensor_parallel(double seconds, int64_t bytes) {
+  tp_ns_.fetch_add(nanoseconds(seconds), std::memory_order_relaxed);
+  tp_bytes_.fetch_add(bytes, std::memory_order_relaxed);
+}
+
 Telemetry::Totals Telemetry::interval() {
   const int64_t comm = comm_ns_.load(), wait = wait_ns_.load(), bytes = comm_bytes_.load();
-  const Totals added = {static_cast<double>(comm - std::exchange(interval_comm_ns_, comm)) * 1e-9,
-                        static_cast<double>(wait - std::exchange(interval_wait_ns_, wait)) * 1e-9,
-                        bytes - std::exchange(interval_comm_bytes_, bytes)};
+  const int64_t tp = tp_ns_.load(), tp_bytes = tp_bytes_.load();
+  Totals added;
+  added.comm_seconds = static_cast<double>(comm - std::exchange(interval_comm_ns_, comm)) * 1e-9;
+  added.wait_seconds = static_cast<double>(wait - std::exchange(interval_wait_ns_, wait)) * 1e-9;
+  added.comm_bytes = bytes - std::exchange(interval_comm_bytes_, bytes);
+  added.tp_seconds = static_cast<double>(tp - std::exchange(interval_tp_ns_, tp)) * 1e-9;
+  added.tp_bytes = tp_bytes - std::exchange(interval_tp_bytes_, tp_bytes);
   return added;
 }
 

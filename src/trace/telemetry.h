@@ -51,10 +51,16 @@ class Telemetry {
   // A thread that needed a result waited `seconds` for communication or file transfers.
   void add_wait(double seconds);
 
+  // A tensor-parallel collective the calling thread ran and waited for (tensor_parallel.h):
+  // counted apart, as all of it is exposed.
+  void add_tensor_parallel(double seconds, int64_t bytes);
+
   struct Totals {
     double comm_seconds = 0;
     double wait_seconds = 0;
     int64_t comm_bytes = 0;
+    double tp_seconds = 0;
+    int64_t tp_bytes = 0;
   };
   // What was added since the previous call (or since construction), and starts the next
   // interval. Consecutive intervals lose nothing: an operation is in the one it finished in.
@@ -78,8 +84,9 @@ class Telemetry {
   // Chrome traces want one time base across processes: steady time shifted to the wall clock.
   const double wall_offset_us_;
   std::atomic<bool> tracing_{false};
-  std::atomic<int64_t> comm_ns_{0}, wait_ns_{0}, comm_bytes_{0};
+  std::atomic<int64_t> comm_ns_{0}, wait_ns_{0}, comm_bytes_{0}, tp_ns_{0}, tp_bytes_{0};
   int64_t interval_comm_ns_ = 0, interval_wait_ns_ = 0, interval_comm_bytes_ = 0;
+  int64_t interval_tp_ns_ = 0, interval_tp_bytes_ = 0;
 
   mutable std::mutex mutex_;
   std::vector<nlohmann::json> events_;

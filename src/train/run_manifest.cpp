@@ -33,6 +33,8 @@ nlohmann::ordered_json run_manifest(const TrainConfig& config, int world_size) {
                   {"lr", config.lr},
                   {"eval_every", config.eval_every}};
   run["parallel"] = {{"strategy", config.strategy},
+                     {"tp", config.tp},
+                     {"sequence_parallel", config.sequence_parallel},
                      {"ddp",
                       {{"bucket_cap_mb", config.ddp_bucket_cap_mb},
                        {"find_unused_parameters", config.ddp_find_unused_parameters},

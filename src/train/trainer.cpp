@@ -19,6 +19,7 @@
 #include "shardtrain/hf.h"
 #include "shardtrain/lora.h"
 #include "shardtrain/memory.h"
+#include "shardtrain/tensor_parallel.h"
 #include "shardtrain/threads.h"
 #include "shardtrain/train.h"
 #include "trace/telemetry.h"
@@ -32,8 +33,12 @@ namespace {
 
 at::Tensor token_loss(Transformer& model, const Batch& batch) {
   at::Tensor logits = model->forward(batch.inputs);
-  return at::cross_entropy_loss(logits.reshape({-1, logits.size(-1)}).to(at::kFloat),
-                                batch.targets.reshape({-1}));
+  const at::Tensor flat = logits.reshape({-1, logits.size(-1)}).to(at::kFloat);
+  // Split over the vocabulary: the loss is reduced across the group, never gathered.
+  if (const auto& tp = model->tensor_parallel()) {
+    return vocab_parallel_cross_entropy(flat, batch.targets.reshape({-1}), *tp->group);
+  }
+  return at::cross_entropy_loss(flat, batch.targets.reshape({-1}));
 }
 
 }  // namespace
@@ -41,11 +46,16 @@ at::Tensor token_loss(Transformer& model, const Batch& batch) {
 Trainer::Trainer(TrainConfig config, std::shared_ptr<ProcessGroup> world)
     : config_(std::move(config)), world_(std::move(world)) {
   config_.validate();
-  if (world_size() > 1 && config_.strategy == "none") {
+  if (world_size() % config_.tp != 0) {
+    throw std::invalid_argument("world size " + std::to_string(world_size()) +
+                                " is not divisible by parallel.tp=" + std::to_string(config_.tp));
+  }
+  if (dp_size() > 1 && config_.strategy == "none") {
     throw std::invalid_argument(
-        "parallel.strategy = \"none\" trains on one process, but the "
-        "world has " +
-        std::to_string(world_size()) + " ranks; set parallel.strategy = \"ddp\" or \"fsdp\"");
+        "parallel.strategy = \"none\" trains on one process" +
+        std::string(config_.tp > 1 ? " (or one tensor-parallel group)" : "") +
+        ", but the world has " + std::to_string(world_size()) +
+        " ranks; set parallel.strategy = \"ddp\" or \"fsdp\"");
   }
   if (!world_ && (config_.strategy == "fsdp" || config_.strategy == "zero")) {
     // FSDP's sharding, policy and accounting on one rank, so a single process can run it too.
@@ -73,6 +83,18 @@ Trainer::Trainer(TrainConfig config, std::shared_ptr<ProcessGroup> world)
                                 " tokenizer's vocabulary of " +
                                 std::to_string(tokenizer_->vocab_size()));
   }
+  if (config_.tp > 1 && config_.model.vocab_size % config_.tp != 0) {
+    const int64_t tp = config_.tp, vocab = config_.model.vocab_size;
+    throw std::invalid_argument(
+        "tensor parallelism splits the vocabulary: " +
+        std::string(config_.vocab_size_set ? "model.vocab_size"
+                                           : tokenizer_->name() + " tokenizer's vocabulary") +
+        " (" + std::to_string(vocab) + ") is not divisible by parallel.tp=" + std::to_string(tp) +
+        "; set model.vocab_size to a multiple of " + std::to_string(tp) + " that holds it, e.g. " +
+        std::to_string((vocab + tp - 1) / tp * tp));
+  }
+  // Heads, key/value heads and the FFN width too, before the run directory is touched.
+  if (config_.tp > 1) transformer_tp_plan(config_.model, static_cast<int>(config_.tp));
   shard_ = detail::open_token_shard_corpus(config_);  // null when the corpus is text
   if (shard_) check_vocabulary();
   // Before anything is allocated: a run that cannot fit says so instead of being killed.
@@ -100,7 +122,7 @@ Trainer::Trainer(TrainConfig config, std::shared_ptr<ProcessGroup> world)
                                              .grad_accum(config_.grad_accum)
                                              .seed(static_cast<uint64_t>(config_.seed))
                                              .eval_sequences(config_.eval_sequences),
-                                         rank(), world_size());
+                                         dp_rank(), dp_size());
   {
     // The seed fixes the initial weights (ModelInit); dropout draws from LibTorch's global
     // generator, which ranks that are threads of one process share: seeded one at a time.
@@ -264,12 +286,19 @@ StepResult Trainer::train_step() {
     finite = fsdp_->grads_finite();
   } else {
     finite = scaler_.unscale(params);
+    if (const auto& tp = model_->tensor_parallel()) {
+      // Each rank checked its own slices: the group skips a step together or not at all.
+      at::Tensor bad = at::tensor(finite ? 0.0 : 1.0, at::kDouble);
+      tp->group->all_reduce(bad, ReduceOp::kMax)->wait();
+      finite = bad.item<double>() == 0.0;
+    }
   }
   result.lr = schedule_.at(step_);
   result.grad_norm = NAN;  // none when the gradients are not finite (null in metrics.jsonl)
   if (finite) {
-    result.grad_norm =
-        fsdp_ ? fsdp_->clip_grad_norm(config_.clip) : clip_grad_norm(params, config_.clip);
+    result.grad_norm = fsdp_                       ? fsdp_->clip_grad_norm(config_.clip)
+                       : model_->tensor_parallel() ? clip_grad_norm(model_, config_.clip)
+                                                   : clip_grad_norm(params, config_.clip);
   }
   result.skipped = !scaler_.update(finite);
   if (!result.skipped) {
@@ -296,6 +325,8 @@ StepResult Trainer::train_step() {
   result.comm_s = comm.comm_seconds;
   result.comm_exposed_s = comm.wait_seconds;
   result.comm_bytes = comm.comm_bytes;
+  result.comm_tp_s = comm.tp_seconds;
+  result.comm_tp_bytes = comm.tp_bytes;
   telemetry_->add_span(("step " + std::to_string(result.step)).c_str(), "step", start, end,
                        {{"step", result.step}});
   const detail::SwapIoTotals io = detail::swap_io_totals();
@@ -335,7 +366,11 @@ std::string Trainer::generate(const std::string& prompt, int64_t tokens) {
         std::max<int64_t>(0, static_cast<int64_t>(ids.size()) - config_.model.context_length);
     at::Tensor context =
         at::tensor(std::vector<int64_t>(ids.begin() + start, ids.end()), at::kLong).unsqueeze(0);
-    at::Tensor logits = model_->forward(context)[0][-1].to(at::kFloat) / config_.sample_temperature;
+    at::Tensor logits = model_->forward(context)[0][-1].to(at::kFloat);
+    if (const auto& tp = model_->tensor_parallel()) logits = gather_vocabulary(logits, *tp->group);
+    // A vocabulary padded past the tokenizer's (model.vocab_size) has ids nothing decodes.
+    logits = logits.narrow(0, 0, std::min<int64_t>(logits.size(0), tokenizer_->vocab_size()));
+    logits = logits / config_.sample_temperature;
     if (config_.sample_top_k > 0 && config_.sample_top_k < logits.size(0)) {
       const at::Tensor kth = std::get<0>(logits.topk(config_.sample_top_k)).min();
       logits = logits.masked_fill(logits < kth, -INFINITY);
@@ -396,13 +431,18 @@ void Trainer::fit() {
       std::printf(
           "zero stage %lld over %d rank(s), %zu units, optimizer offload %s, parameter "
           "offload %s\n",
-          static_cast<long long>(config_.zero_stage), world_size(), fsdp_->unit_layout().size(),
+          static_cast<long long>(config_.zero_stage), dp_size(), fsdp_->unit_layout().size(),
           config_.zero_offload_optimizer.c_str(), config_.zero_offload_param.c_str());
     } else if (fsdp_) {
-      std::printf("fsdp %s over %d rank(s), %zu units\n", config_.fsdp_sharding.c_str(),
-                  world_size(), fsdp_->unit_layout().size());
-    } else if (world_size() > 1) {
-      std::printf("data parallel (%s) over %d ranks\n", config_.strategy.c_str(), world_size());
+      std::printf("fsdp %s over %d rank(s), %zu units\n", config_.fsdp_sharding.c_str(), dp_size(),
+                  fsdp_->unit_layout().size());
+    } else if (dp_size() > 1) {
+      std::printf("data parallel (%s) over %d ranks\n", config_.strategy.c_str(), dp_size());
+    }
+    if (config_.tp > 1) {
+      std::printf("tensor parallel over groups of %lld ranks%s, %d data-parallel rank(s)\n",
+                  static_cast<long long>(config_.tp),
+                  config_.sequence_parallel ? " with sequence parallelism" : "", dp_size());
     }
     std::fflush(stdout);
   }
@@ -453,8 +493,8 @@ void Trainer::fit() {
     const std::string dir = save_checkpoint();
     if (talk) std::printf("checkpoint: %s\n", dir.c_str());
   }
-  // Under FSDP every rank takes part in the forward passes of generation.
-  if ((talk || fsdp_) && config_.sample_tokens > 0) {
+  // Under FSDP and tensor parallelism every rank takes part in the forward passes.
+  if ((talk || fsdp_ || config_.tp > 1) && config_.sample_tokens > 0) {
     const std::string sample = generate(config_.sample_prompt, config_.sample_tokens);
     if (talk) std::printf("sample: %s\n", sample.c_str());
   }

@@ -1,9 +1,9 @@
 // The trainer's checkpoints (model, optimizer, data position, RNG, loss scale) and metrics.
+#include <chrono>
 #include <cmath>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
-#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -11,12 +11,13 @@
 #include <sstream>
 
 #include "checkpoint/model_description.h"
+#include "model/init.h"
+#include "parallel/tensor/tp_state.h"
 #include "shardtrain/checkpoint.h"
 #include "shardtrain/sharded_checkpoint.h"
 #include "shardtrain/train.h"
-#include "model/init.h"
-#include "train/run_setup.h"
 #include "trace/telemetry.h"
+#include "train/run_setup.h"
 
 namespace fs = std::filesystem;
 
@@ -88,18 +89,24 @@ NamedTensors logical_tensors(Transformer& model, const torch::optim::AdamW& opti
 
 // Strategy-specific: the flat slices of `tensors` this rank writes. Replicated strategies
 // ("none", "ddp") hold every tensor whole on every rank; each rank writes shard_range(numel,
-// world, rank) of each, so that all ranks write in parallel. Sharded strategies return the
-// slices of their flat parameters (and flat optimizer state) here.
+// world, rank) of each, so that all ranks write in parallel. A tensor split by tensor
+// parallelism (`tp`) is held whole by the data-parallel ranks of one group position: they
+// share it the same way, and its slices are written as ranges of the whole tensor. Sharded
+// strategies return the slices of their flat parameters (and flat optimizer state) here.
 std::vector<FlatSlice> owned_slices(const std::string& strategy, int rank, int world,
+                                    const detail::TpState* tp, int dp_rank, int dp_size,
                                     const NamedTensors& tensors) {
   TORCH_CHECK(strategy == "none" || strategy == "ddp", "checkpoints of parallel.strategy = \"",
               strategy, "\" are not implemented");
   std::vector<FlatSlice> slices;
   for (const auto& [name, tensor] : tensors) {
-    const ShardRange range = shard_range(tensor.numel(), world, rank);
+    const bool split = tp && tp->layout_of(name);
+    const ShardRange range =
+        shard_range(tensor.numel(), split ? dp_size : world, split ? dp_rank : rank);
     if (range.numel == 0) continue;
-    slices.push_back(
-        {name, range.offset, tensor.detach().reshape({-1}).narrow(0, range.offset, range.numel)});
+    const FlatSlice local{name, range.offset,
+                          tensor.detach().reshape({-1}).narrow(0, range.offset, range.numel)};
+    for (auto& slice : detail::whole_slices(tp, local)) slices.push_back(std::move(slice));
   }
   return slices;
 }
@@ -108,11 +115,17 @@ std::vector<FlatSlice> owned_slices(const std::string& strategy, int rank, int w
 // Replicated strategies read every tensor whole; a sharded strategy reads only the flat range
 // it owns with reader.read_flat_into().
 void restore_tensors(const std::string& strategy, const ShardedCheckpointReader& reader,
-                     const NamedTensors& targets) {
+                     const detail::TpState* tp, const NamedTensors& targets) {
   TORCH_CHECK(strategy == "none" || strategy == "ddp", "checkpoints of parallel.strategy = \"",
               strategy, "\" are not implemented");
   torch::NoGradGuard no_grad;
-  for (const auto& [name, target] : targets) target.copy_(reader.read(name));
+  for (const auto& [name, target] : targets) {
+    if (tp && tp->layout_of(name)) {
+      detail::read_local_into(reader, tp, name, 0, target.view({-1}));
+    } else {
+      target.copy_(reader.read(name));
+    }
+  }
 }
 
 // The model's tensors must be the checkpoint's, in name, shape and dtype: names the first that
@@ -162,10 +175,13 @@ std::string Trainer::save_checkpoint() {
     sharded_slices(specs, slices);
   } else {
     const NamedTensors tensors = logical_tensors(model_, *optimizer_);
+    const detail::TpState* tp = model_->tensor_parallel().get();
     for (const auto& [tensor_name, tensor] : tensors) {
-      specs.push_back({tensor_name, tensor.sizes().vec(), tensor.scalar_type()});
+      specs.push_back({tensor_name, detail::whole_shape(tp, tensor_name, tensor.sizes()),
+                       tensor.scalar_type()});
     }
-    slices = owned_slices(config_.strategy, rank(), world_size(), tensors);
+    slices =
+        owned_slices(config_.strategy, rank(), world_size(), tp, dp_rank(), dp_size(), tensors);
   }
   const nlohmann::json training = {{"step", step_},
                                    {"samples", samples_},
@@ -213,7 +229,10 @@ std::string Trainer::save_checkpoint() {
 void Trainer::model_specs(std::vector<TensorSpec>& specs, std::vector<FlatSlice>& slices,
                           bool has_state) {
   const auto trained = trained_parameters(model_);
-  for (const auto& [name, value] : trained) specs.push_back({name, value.sizes().vec(), at::kFloat});
+  const detail::TpState* tp = model_->tensor_parallel().get();
+  for (const auto& [name, value] : trained) {
+    specs.push_back({name, detail::whole_shape(tp, name, value.sizes()), at::kFloat});
+  }
   for (const auto& item : model_->named_buffers()) {
     specs.push_back({item.key(), item.value().sizes().vec(), item.value().scalar_type()});
     if (rank() == 0) slices.push_back({item.key(), 0, item.value().detach().reshape({-1})});
@@ -221,8 +240,10 @@ void Trainer::model_specs(std::vector<TensorSpec>& specs, std::vector<FlatSlice>
   if (!has_state) return;
   for (const auto& [name, value] : trained) {
     const std::string prefix = "optim." + name;
-    specs.push_back({prefix + ".exp_avg", value.sizes().vec(), at::kFloat});
-    specs.push_back({prefix + ".exp_avg_sq", value.sizes().vec(), at::kFloat});
+    specs.push_back(
+        {prefix + ".exp_avg", detail::whole_shape(tp, name, value.sizes()), at::kFloat});
+    specs.push_back(
+        {prefix + ".exp_avg_sq", detail::whole_shape(tp, name, value.sizes()), at::kFloat});
     specs.push_back({prefix + ".step", {}, at::kLong});
   }
 }
@@ -239,15 +260,23 @@ void Trainer::sharded_slices(std::vector<TensorSpec>& specs, std::vector<FlatSli
   has_state = any.item<double>() > 0;
   model_specs(specs, slices, has_state);
   if (!fsdp_->holds_unique_shards()) return;
+  // Split by tensor parallelism, a rank writes its slices as ranges of the whole tensor; what
+  // is replicated across the group is written by the group's first rank.
+  const detail::TpState* tp = model_->tensor_parallel().get();
+  auto add = [&](const FlatSlice& local) {
+    for (auto& slice : detail::whole_slices(tp, local)) slices.push_back(std::move(slice));
+  };
   for (const auto& s : segments) {
-    slices.push_back({s.name, s.offset, s.param.detach()});
+    const bool split = tp && tp->layout_of(s.name);
+    if (tp && !split && tp->rank() != 0) continue;
+    add({s.name, s.offset, s.param.detach()});
     if (!has_state) continue;
     const auto* state = adam_state(*optimizer_, s.param);
     TORCH_CHECK(state, "checkpoint: no AdamW state for a piece of ", s.name);
-    slices.push_back({"optim." + s.name + ".exp_avg", s.offset, state->exp_avg()});
-    slices.push_back({"optim." + s.name + ".exp_avg_sq", s.offset, state->exp_avg_sq()});
+    add({"optim." + s.name + ".exp_avg", s.offset, state->exp_avg()});
+    add({"optim." + s.name + ".exp_avg_sq", s.offset, state->exp_avg_sq()});
     // The scalar step belongs to whichever rank holds the parameter's first element.
-    if (s.offset == 0) {
+    if (s.offset == 0 && (!tp || tp->rank() == 0)) {
       slices.push_back({"optim." + s.name + ".step", 0,
                         at::scalar_tensor(state->step(), at::kLong).reshape({1})});
     }
@@ -320,15 +349,16 @@ void Trainer::restore_sharded(const ShardedCheckpointReader& reader) {
     restore_streamed(reader);
   } else {
     fsdp_->load_shards(-1, /*gradients=*/false);  // after_optimizer_step writes them back
+    const detail::TpState* tp = model_->tensor_parallel().get();
     for (const auto& s : fsdp_->segments()) {
-      reader.read_flat_into(s.name, s.offset, s.param.detach());
+      detail::read_local_into(reader, tp, s.name, s.offset, s.param.detach());
       const std::string prefix = "optim." + s.name;
       if (!reader.find(prefix + ".exp_avg")) continue;
       auto state = std::make_unique<torch::optim::AdamWParamState>();
       state->exp_avg(at::zeros({s.param.numel()}, at::kFloat));
       state->exp_avg_sq(at::zeros({s.param.numel()}, at::kFloat));
-      reader.read_flat_into(prefix + ".exp_avg", s.offset, state->exp_avg());
-      reader.read_flat_into(prefix + ".exp_avg_sq", s.offset, state->exp_avg_sq());
+      detail::read_local_into(reader, tp, prefix + ".exp_avg", s.offset, state->exp_avg());
+      detail::read_local_into(reader, tp, prefix + ".exp_avg_sq", s.offset, state->exp_avg_sq());
       state->step(reader.read(prefix + ".step").item<int64_t>());
       optimizer_->state()[detail::optimizer_state_key(s.param)] = std::move(state);
     }
@@ -349,18 +379,21 @@ void Trainer::load_checkpoint(const std::string& dir) {
                                 "' has no training state in index.json (not written by the "
                                 "trainer)");
   }
-  NamedTensors model_tensors;
+  NamedTensors model_tensors, expected;
+  const detail::TpState* tp = model_->tensor_parallel().get();
   for (const auto& [name, value] : trained_parameters(model_)) {
     // Under FSDP/ZeRO the module's tensors are views of gathered buffers (perhaps freed, perhaps
-    // bf16); the checkpoint holds their fp32 values: compare shapes on meta tensors.
-    model_tensors.emplace_back(
-        name, fsdp_ ? at::empty(value.sizes(), at::TensorOptions(at::kFloat).device(at::kMeta))
-                    : value);
+    // bf16); the checkpoint holds their fp32 values: compare shapes on meta tensors, whole
+    // ones for tensors split by tensor parallelism.
+    const auto meta = at::TensorOptions(at::kFloat).device(at::kMeta);
+    model_tensors.emplace_back(name, fsdp_ ? at::empty(value.sizes(), meta) : value);
+    expected.emplace_back(name, at::empty(detail::whole_shape(tp, name, value.sizes()), meta));
   }
   for (const auto& item : model_->named_buffers()) {
     model_tensors.emplace_back(item.key(), item.value());
+    expected.emplace_back(item.key(), item.value());
   }
-  check_model_tensors(reader, model_tensors);
+  check_model_tensors(reader, expected);
   if (fsdp_) {
     restore_sharded(reader);
   } else {
@@ -388,7 +421,7 @@ void Trainer::restore_replicated(const ShardedCheckpointReader& reader,
     steps.emplace_back(value, step);
     optimizer_->state()[detail::optimizer_state_key(value)] = std::move(state);
   }
-  restore_tensors(config_.strategy, reader, targets);
+  restore_tensors(config_.strategy, reader, model_->tensor_parallel().get(), targets);
   for (const auto& [param, step] : steps) {
     auto* state =
         static_cast<torch::optim::AdamWParamState*>(optimizer_->state().at(detail::optimizer_state_key(param)).get());
@@ -466,6 +499,10 @@ void Trainer::write_metrics(const StepResult& result, double eval_loss) {
     line["comm"] = {{"seconds", result.comm_s},
                     {"exposed_seconds", result.comm_exposed_s},
                     {"bytes", result.comm_bytes}};
+    if (config_.tp > 1) {
+      line["comm"]["tp_seconds"] = result.comm_tp_s;
+      line["comm"]["tp_bytes"] = result.comm_tp_bytes;
+    }
   }
   // Seconds since this process took its first step (a resumed run starts again from zero).
   line["elapsed_s"] =

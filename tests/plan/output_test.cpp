@@ -48,9 +48,11 @@ TEST_F(PlanOutput, ShardtrainTomlNamesEveryKey) {
   EXPECT_TRUE(has(zero2, "strategy = \"zero\""));
   EXPECT_TRUE(has(zero2, "stage = 2\noffload_optimizer = \"cpu\"\noffload_param = \"none\""));
   const std::string tp = shardtrain_toml(plan_, pick(plan_, PlanStrategy::kTpPp, false, 4, 2));
-  // Keys of features that do not run yet are not written; a comment says what is left out.
-  EXPECT_FALSE(has(tp, "tp = ")) << tp;
-  EXPECT_TRUE(has(tp, "tensor parallel 4 x pipeline parallel 2 do not run")) << tp;
+  // Tensor parallelism runs (with sequence parallelism, as the memory model assumes); keys of
+  // features that do not run yet are not written, and a comment says what is left out.
+  EXPECT_TRUE(has(tp, "tp = 4\nsequence_parallel = true")) << tp;
+  EXPECT_FALSE(has(tp, "pp = ")) << tp;
+  EXPECT_TRUE(has(tp, "pipeline parallel 2 does not run")) << tp;
   EXPECT_TRUE(has(tp, "grad_accum = 32")) << tp;  // 128 / (2 x dp 2)
 }
 

@@ -4,14 +4,14 @@
 namespace shardtrain {
 
 std::unique_ptr<DistributedDataParallel> apply_ddp(Transformer& model, const TrainConfig& config,
-                                                   const std::shared_ptr<ProcessGroup>& world) {
+                                                   const std::shared_ptr<ProcessGroup>& dp) {
   // Every rank holds the whole model: DDP's replicas start from identical values.
   model->materialize();
   const DDPCommHook hook = config.ddp_comm_hook == "bf16"   ? DDPCommHook::kBf16Compress
                            : config.ddp_comm_hook == "fp16" ? DDPCommHook::kFp16Compress
                                                             : DDPCommHook::kNone;
   return std::make_unique<DistributedDataParallel>(
-      model.ptr(), world,
+      model.ptr(), dp,
       DDPOptions()
           .bucket_cap_mb(config.ddp_bucket_cap_mb)
           .find_unused_parameters(config.ddp_find_unused_parameters)

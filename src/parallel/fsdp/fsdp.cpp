@@ -29,10 +29,16 @@ FullyShardedDataParallel::FullyShardedDataParallel(Transformer model, const Devi
   const auto strategy = options_.sharding_;
   const int replicate = mesh.size(MeshAxis::kDpReplicate);
   const int shard = mesh.size(MeshAxis::kDpShard);
-  if (mesh.size(MeshAxis::kTp) != 1 || mesh.size(MeshAxis::kPp) != 1) {
-    throw std::invalid_argument("FSDP shards over data-parallel ranks only; the mesh has tp=" +
-                                std::to_string(mesh.size(MeshAxis::kTp)) + " pp=" +
+  // Across tensor-parallel ranks the model is already split (parallelize_module): each rank
+  // shards its own slices over its data-parallel peers.
+  if (mesh.size(MeshAxis::kPp) != 1) {
+    throw std::invalid_argument("FSDP shards over data-parallel ranks only; the mesh has pp=" +
                                 std::to_string(mesh.size(MeshAxis::kPp)));
+  }
+  if (mesh.size(MeshAxis::kTp) > 1 && !model_->tensor_parallel()) {
+    throw std::invalid_argument(
+        "FSDP on a mesh with tp=" + std::to_string(mesh.size(MeshAxis::kTp)) +
+        " needs the model split first (parallelize_module)");
   }
   if (options_.limit_all_gathers_ < 1) {
     throw std::invalid_argument("FSDP limit_all_gathers must be at least 1, got " +

@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "parallel/fsdp/unit.h"
+#include "parallel/tensor/tp_state.h"
 
 namespace shardtrain {
 
@@ -23,14 +24,28 @@ void FullyShardedDataParallel::zero_grad() {
 
 double FullyShardedDataParallel::clip_grad_norm(double max_norm) {
   at::Tensor squares = at::zeros({}, at::kDouble);
-  for (auto& unit : units_) {
-    if (unit->frozen) continue;
-    // A shard in its file: the sum kept from when it was written (the same computation).
-    squares += unit->grad_in_file() ? unit->grad_squares
-                                                       : unit->grad_shard.to(at::kDouble).pow(2).sum();
+  const auto& tp = model_->tensor_parallel();
+  if (tp) {
+    // Split by tensor parallelism, the group's ranks hold different slices of split parameters
+    // and the same replicated ones: each replicated piece counts 1/tp on every rank, so that
+    // the sum over the group counts it once.
+    for (const auto& segment : segments_) {
+      const at::Tensor& grad = segment.param.grad();
+      if (!grad.defined()) continue;
+      const double weight = tp->layout_of(segment.name) ? 1.0 : 1.0 / tp->size();
+      squares += grad.to(at::kDouble).pow(2).sum() * weight;
+    }
+  } else {
+    for (auto& unit : units_) {
+      if (unit->frozen) continue;
+      // A shard in its file: the sum kept from when it was written (the same computation).
+      squares +=
+          unit->grad_in_file() ? unit->grad_squares : unit->grad_shard.to(at::kDouble).pow(2).sum();
+    }
   }
   // Shards are disjoint inside the shard group and identical across replicas.
   if (shard_group_) shard_group_->all_reduce(squares, ReduceOp::kSum)->wait();
+  if (tp) tp->group->all_reduce(squares, ReduceOp::kSum)->wait();
   const double norm = std::sqrt(squares.item<double>());
   if (max_norm > 0 && norm > max_norm) {
     const double factor = max_norm / (norm + 1e-6);
@@ -56,6 +71,8 @@ bool FullyShardedDataParallel::grads_finite() {
   }
   at::Tensor bad = at::tensor(finite ? 0.0 : 1.0, at::kDouble);
   if (dp_group_->size() > 1) dp_group_->all_reduce(bad, ReduceOp::kMax)->wait();
+  if (const auto& tp = model_->tensor_parallel())
+    tp->group->all_reduce(bad, ReduceOp::kMax)->wait();
   return bad.item<double>() == 0.0;
 }
 

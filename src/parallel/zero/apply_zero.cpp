@@ -4,9 +4,8 @@
 
 namespace shardtrain {
 
-void apply_zero(Transformer& model, const TrainConfig& config,
-                const std::shared_ptr<ProcessGroup>& world, Parallelized& out) {
-  out.mesh = std::make_unique<DeviceMesh>(world, resolve_mesh(MeshShape(), world->size()));
+void apply_zero(Transformer& model, const TrainConfig& config, const DeviceMesh& mesh,
+                Parallelized& out) {
   ZeroBehaviour knobs;
   knobs.overlap_comm = config.zero_overlap_comm;
   knobs.reduce_bucket_size = config.zero_reduce_bucket_size;
@@ -14,15 +13,15 @@ void apply_zero(Transformer& model, const TrainConfig& config,
   knobs.prefetch_bucket_size = config.zero_prefetch_bucket_size;
   knobs.persistence_threshold = config.zero_param_persistence_threshold;
   knobs.max_live_parameters = config.zero_max_live_parameters;
-  out.sharded = zero_shard(
-      model, *out.mesh,
-      ZeroOptions()
-          .stage(static_cast<int>(config.zero_stage))
-          .offload_optimizer(offload_device_from_string(config.zero_offload_optimizer))
-          .offload_param(offload_device_from_string(config.zero_offload_param))
-          .nvme_path(config.zero_nvme_path)
-          .behaviour(knobs)
-          .mixed_precision(mixed_precision_of(config)));
+  out.sharded =
+      zero_shard(model, mesh,
+                 ZeroOptions()
+                     .stage(static_cast<int>(config.zero_stage))
+                     .offload_optimizer(offload_device_from_string(config.zero_offload_optimizer))
+                     .offload_param(offload_device_from_string(config.zero_offload_param))
+                     .nvme_path(config.zero_nvme_path)
+                     .behaviour(knobs)
+                     .mixed_precision(mixed_precision_of(config)));
 }
 
 }  // namespace shardtrain

@@ -1,0 +1,207 @@
+// parallelize_module: cuts the layers a plan names across a tensor-parallel group, and the
+// standard plan of both model families.
+#include <sstream>
+#include <stdexcept>
+
+#include "model/init.h"
+#include "model/layers.h"
+#include "shardtrain/tensor_parallel.h"
+
+namespace shardtrain {
+namespace {
+
+using detail::TpLayout;
+using detail::TpState;
+
+// "blocks.*.attn.q" matches "blocks.3.attn.q": "*" stands for one whole name.
+bool path_matches(const std::string& pattern, const std::string& path) {
+  std::istringstream want(pattern), got(path);
+  std::string a, b;
+  while (true) {
+    const bool more_a = static_cast<bool>(std::getline(want, a, '.'));
+    const bool more_b = static_cast<bool>(std::getline(got, b, '.'));
+    if (!more_a || !more_b) return more_a == more_b;
+    if (a != "*" && a != b) return false;
+  }
+}
+
+// Replaces `param` (the tensor the module computes with and has registered: one TensorImpl)
+// by this rank's slice of it, and records how it was cut.
+void cut(at::Tensor& param, const std::string& name, int dim, int parts, TpState& state) {
+  TpLayout layout;
+  layout.dim = dim;
+  layout.parts = parts;
+  layout.whole_shape = param.sizes().vec();
+  const int size = state.size();
+  const int64_t extent = layout.whole_shape.at(static_cast<size_t>(dim));
+  if (extent % (static_cast<int64_t>(parts) * size) != 0) {
+    std::ostringstream message;
+    message << "tensor parallelism: dim " << dim << " of '" << name << "' (" << extent;
+    if (parts > 1) message << " = " << parts << " fused parts of " << extent / parts;
+    message << ") does not divide by tp=" << size;
+    throw std::invalid_argument(message.str());
+  }
+  at::NoGradGuard no_grad;
+  at::Tensor local = at::empty(layout.local_shape(size), param.options());
+  if (is_materialized(param)) {
+    const at::Tensor whole = param.detach().reshape({-1});
+    const at::Tensor flat = local.view({-1});
+    for (const auto& [at_local, at_whole, length] : layout.runs(state.rank(), size)) {
+      flat.narrow(0, at_local, length).copy_(whole.narrow(0, at_whole, length));
+    }
+    param.set_data(local);
+  } else {
+    param.set_data(local);
+    detail::release_storage(param);
+  }
+  state.layouts[name] = std::move(layout);
+}
+
+void apply_style(const std::string& path, torch::nn::Module& module, const ParallelStyle& style,
+                 const std::shared_ptr<TpState>& state) {
+  using Kind = ParallelStyle::Kind;
+  const std::string prefix = path + ".";
+  if (auto* linear = dynamic_cast<detail::LinearImpl*>(&module)) {
+    if (linear->lora_a || !linear->nf4_shape.empty()) {
+      throw std::invalid_argument("tensor parallelism: '" + path +
+                                  "' has a LoRA adapter or a packed weight, which are not split");
+    }
+    if (style.kind == Kind::kColwise) {
+      cut(linear->weight, prefix + "weight", 0, style.fused_parts, *state);
+      if (linear->bias.defined()) cut(linear->bias, prefix + "bias", 0, style.fused_parts, *state);
+    } else if (style.kind == Kind::kRowwise) {
+      cut(linear->weight, prefix + "weight", 1, 1, *state);
+      linear->tp_rowwise = true;
+    } else {
+      throw std::invalid_argument("tensor parallelism: '" + path +
+                                  "' is a linear layer: ColwiseParallel or RowwiseParallel");
+    }
+    linear->tp = state;
+    return;
+  }
+  if (auto* embedding = dynamic_cast<detail::EmbeddingImpl*>(&module)) {
+    if (style.kind != Kind::kRowwise) {
+      throw std::invalid_argument("tensor parallelism: '" + path +
+                                  "' is an embedding: RowwiseParallel splits its vocabulary");
+    }
+    cut(embedding->weight, prefix + "weight", 0, 1, *state);
+    embedding->tp = state;
+    return;
+  }
+  auto* layer_norm = dynamic_cast<detail::LayerNormImpl*>(&module);
+  auto* rms_norm = dynamic_cast<detail::RMSNormImpl*>(&module);
+  if (layer_norm || rms_norm) {
+    if (style.kind != Kind::kSequenceParallel) {
+      throw std::invalid_argument("tensor parallelism: '" + path +
+                                  "' is a norm: SequenceParallel is its style");
+    }
+    (layer_norm ? layer_norm->tp : rms_norm->tp) = state;
+    return;
+  }
+  throw std::invalid_argument("tensor parallelism: '" + path + "' is a " + module.name() +
+                              ", not one of the model's linear, embedding or norm layers");
+}
+
+}  // namespace
+
+void parallelize_module(Transformer& model, std::shared_ptr<ProcessGroup> group, const TpPlan& plan,
+                        const TensorParallelOptions& options) {
+  TORCH_CHECK(group, "parallelize_module: no process group");
+  if (model->tensor_parallel()) {
+    throw std::invalid_argument("parallelize_module: the model is already split");
+  }
+  auto state = std::make_shared<TpState>();
+  state->group = std::move(group);
+  state->sequence_parallel = options.sequence_parallel_;
+  const auto modules = model->named_modules();
+  std::vector<std::pair<std::string, ParallelStyle>> chosen;
+  for (const auto& [pattern, style] : plan) {
+    bool matched = false;
+    for (const auto& item : modules) {
+      if (!path_matches(pattern, item.key())) continue;
+      chosen.emplace_back(item.key(), style);
+      matched = true;
+    }
+    if (!matched) {
+      throw std::invalid_argument("tensor parallelism: the plan names '" + pattern +
+                                  "', which is no submodule of the model");
+    }
+  }
+  // The model computes its logits split over the vocabulary: both ends must be split.
+  const bool tied = model->config().tie_embeddings;
+  auto styled = [&](const std::string& path, ParallelStyle::Kind kind) {
+    for (const auto& [name, style] : chosen) {
+      if (name == path && style.kind == kind) return true;
+    }
+    return false;
+  };
+  if (!styled("tok_emb", ParallelStyle::Kind::kRowwise) ||
+      (!tied && !styled("lm_head", ParallelStyle::Kind::kColwise))) {
+    throw std::invalid_argument(
+        "tensor parallelism: a Transformer's plan splits its vocabulary at both ends: "
+        "{\"tok_emb\", RowwiseParallel()} and {\"lm_head\", ColwiseParallel()} (the head of "
+        "tied embeddings is tok_emb)");
+  }
+  if (state->size() == 1) return;
+  for (const auto& [path, style] : chosen) apply_style(path, *modules[path], style, state);
+  model->set_tensor_parallel(state);
+}
+
+TpPlan transformer_tp_plan(const ModelConfig& config, int tp) {
+  auto require = [tp](int64_t value, const char* what, const char* why = "") {
+    if (value % tp != 0) {
+      throw std::invalid_argument(std::string("tensor parallelism: ") + what + " (" +
+                                  std::to_string(value) +
+                                  ") is not divisible by tp=" + std::to_string(tp) + why);
+    }
+  };
+  require(config.n_heads, "model.n_heads");
+  require(config.n_kv_heads, "model.n_kv_heads",
+          " (a rank keeps whole key/value heads and the query heads that read them)");
+  require(config.ffn_hidden, "model.ffn_hidden");
+  require(config.vocab_size, "the vocabulary size (model.vocab_size)");
+  TpPlan plan{{"tok_emb", RowwiseParallel()}};
+  if (config.family == ModelFamily::kGpt2) {
+    plan.insert(plan.end(), {{"blocks.*.ln1", SequenceParallel()},
+                             {"blocks.*.attn.qkv", ColwiseParallel(3)},
+                             {"blocks.*.attn.proj", RowwiseParallel()},
+                             {"blocks.*.ln2", SequenceParallel()},
+                             {"blocks.*.mlp.fc", ColwiseParallel()},
+                             {"blocks.*.mlp.proj", RowwiseParallel()},
+                             {"ln_f", SequenceParallel()}});
+  } else {
+    plan.insert(plan.end(), {{"blocks.*.attn_norm", SequenceParallel()},
+                             {"blocks.*.attn.q", ColwiseParallel()},
+                             {"blocks.*.attn.k", ColwiseParallel()},
+                             {"blocks.*.attn.v", ColwiseParallel()},
+                             {"blocks.*.attn.o", RowwiseParallel()},
+                             {"blocks.*.ffn_norm", SequenceParallel()},
+                             {"blocks.*.mlp.gate", ColwiseParallel()},
+                             {"blocks.*.mlp.up", ColwiseParallel()},
+                             {"blocks.*.mlp.down", RowwiseParallel()},
+                             {"norm", SequenceParallel()}});
+  }
+  if (!config.tie_embeddings) plan.emplace_back("lm_head", ColwiseParallel());
+  return plan;
+}
+
+namespace detail {
+
+ParameterInitializer tensor_parallel_initializer(std::shared_ptr<const TpState> state,
+                                                 ParameterInitializer init) {
+  return [state = std::move(state), init = std::move(init)](const std::string& name, int64_t begin,
+                                                            at::Tensor out) {
+    const TpLayout* layout = state->layout_of(name);
+    if (!layout) return init(name, begin, out);
+    TORCH_CHECK(out.is_contiguous(), "tensor-parallel initializer: '", name,
+                "' must be filled through a contiguous tensor");
+    const at::Tensor flat = out.view({-1});
+    for (const auto& [local, whole, length] :
+         whole_ranges(*layout, state->rank(), state->size(), begin, out.numel())) {
+      init(name, whole, flat.narrow(0, local - begin, length));
+    }
+  };
+}
+
+}  // namespace detail
+}  // namespace shardtrain

@@ -1,0 +1,192 @@
+// The collectives of tensor and sequence parallelism as autograd functions: each forward's
+// backward is its dual (Megatron-LM's f and g; all-gather and reduce-scatter along the sequence
+// for sequence parallelism), and the vocabulary-parallel cross-entropy.
+#include <torch/autograd.h>
+
+#include <chrono>
+#include <cstdint>
+
+#include "shardtrain/tensor_parallel.h"
+#include "trace/telemetry.h"
+
+namespace shardtrain {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// Autograd saves IValues; the group outlives every graph built with it (the model holds it).
+int64_t handle_of(ProcessGroup& group) { return reinterpret_cast<intptr_t>(&group); }
+ProcessGroup& group_of(AutogradContext* ctx) {
+  return *reinterpret_cast<ProcessGroup*>(ctx->saved_data["group"].toInt());
+}
+
+// Runs one blocking collective of `bytes`, counted as tensor-parallel communication of the
+// calling thread's telemetry (metrics.jsonl's comm.tp_seconds).
+template <typename Run>
+void timed(int64_t bytes, Run run) {
+  const auto start = detail::Telemetry::Clock::now();
+  run();
+  if (const auto& telemetry = detail::current_telemetry()) {
+    telemetry->add_tensor_parallel(
+        std::chrono::duration<double>(detail::Telemetry::Clock::now() - start).count(), bytes);
+  }
+}
+
+int64_t bytes_of(const at::Tensor& t) { return static_cast<int64_t>(t.nbytes()); }
+
+at::Tensor all_reduced(const at::Tensor& x, ProcessGroup& group) {
+  at::Tensor out = x.contiguous().clone();
+  timed(bytes_of(out), [&] { group.all_reduce(out)->wait(); });
+  return out;
+}
+
+// Sequence is dim 1 of [B, T, ...]; the collectives cut flat tensors into rank-ordered blocks,
+// so the sequence goes first while the data travels.
+at::Tensor sequence_gathered(const at::Tensor& x, ProcessGroup& group) {
+  const at::Tensor seq_first = x.transpose(0, 1).contiguous();
+  std::vector<int64_t> shape = seq_first.sizes().vec();
+  shape[0] *= group.size();
+  at::Tensor out = at::empty(shape, seq_first.options());
+  timed(bytes_of(out), [&] { group.all_gather(seq_first.view({-1}), out.view({-1}))->wait(); });
+  return out.transpose(0, 1);
+}
+
+at::Tensor sequence_reduce_scattered(const at::Tensor& x, ProcessGroup& group) {
+  const at::Tensor seq_first = x.transpose(0, 1).contiguous();
+  std::vector<int64_t> shape = seq_first.sizes().vec();
+  TORCH_CHECK(shape[0] % group.size() == 0, "sequence length ", shape[0],
+              " does not divide by the tensor-parallel size ", group.size());
+  shape[0] /= group.size();
+  at::Tensor out = at::empty(shape, seq_first.options());
+  timed(bytes_of(seq_first),
+        [&] { group.reduce_scatter(seq_first.view({-1}), out.view({-1}))->wait(); });
+  return out.transpose(0, 1);
+}
+
+class CopyToParallel : public torch::autograd::Function<CopyToParallel> {
+ public:
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, int64_t group) {
+    ctx->saved_data["group"] = group;
+    return x.view_as(x);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    return {all_reduced(grads[0], group_of(ctx)), at::Tensor()};
+  }
+};
+
+class ReduceFromParallel : public torch::autograd::Function<ReduceFromParallel> {
+ public:
+  static at::Tensor forward(AutogradContext*, const at::Tensor& x, int64_t group) {
+    return all_reduced(x, *reinterpret_cast<ProcessGroup*>(group));
+  }
+  static variable_list backward(AutogradContext*, variable_list grads) {
+    return {grads[0], at::Tensor()};
+  }
+};
+
+class GatherSequence : public torch::autograd::Function<GatherSequence> {
+ public:
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, int64_t group) {
+    ctx->saved_data["group"] = group;
+    return sequence_gathered(x, *reinterpret_cast<ProcessGroup*>(group));
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    return {sequence_reduce_scattered(grads[0], group_of(ctx)), at::Tensor()};
+  }
+};
+
+class ReduceScatterSequence : public torch::autograd::Function<ReduceScatterSequence> {
+ public:
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, int64_t group) {
+    ctx->saved_data["group"] = group;
+    return sequence_reduce_scattered(x, *reinterpret_cast<ProcessGroup*>(group));
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    return {sequence_gathered(grads[0], group_of(ctx)), at::Tensor()};
+  }
+};
+
+// loss = mean_i(log sum_v exp(z_iv) - z_i,target), with the maximum, the sum of exponentials
+// and the target logit each reduced across the vocabulary slices. Saves only this rank's
+// softmax slice for backward: d loss / d z_iv = (softmax_iv - [v == target_i]) / N.
+class VocabParallelCrossEntropy : public torch::autograd::Function<VocabParallelCrossEntropy> {
+ public:
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& logits,
+                            const at::Tensor& targets, int64_t group_handle) {
+    ProcessGroup& group = *reinterpret_cast<ProcessGroup*>(group_handle);
+    const int64_t local = logits.size(1);
+    const int64_t start = static_cast<int64_t>(group.rank()) * local;
+    at::Tensor max = std::get<0>(logits.max(1));
+    timed(bytes_of(max), [&] { group.all_reduce(max, ReduceOp::kMax)->wait(); });
+    at::Tensor softmax = logits - max.unsqueeze(1);  // shifted logits, then their softmax
+    const at::Tensor mine = (targets >= start) & (targets < start + local);
+    const at::Tensor index = (targets - start).clamp(0, local - 1);
+    const at::Tensor target_logit =
+        softmax.gather(1, index.unsqueeze(1)).squeeze(1) * mine.to(softmax.scalar_type());
+    softmax.exp_();
+    // One all-reduce for both sums: [sum of exponentials | target logit].
+    at::Tensor sums = at::cat({softmax.sum(1), target_logit});
+    timed(bytes_of(sums), [&] { group.all_reduce(sums)->wait(); });
+    const int64_t n = logits.size(0);
+    const at::Tensor total = sums.narrow(0, 0, n);
+    const at::Tensor loss = (total.log() - sums.narrow(0, n, n)).mean();
+    softmax.div_(total.unsqueeze(1));
+    ctx->save_for_backward({softmax, index, mine});
+    return loss;
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    // The softmax becomes the gradient in place: no second [N, V/size] tensor, so this graph
+    // can go backward once only (no training step needs more).
+    TORCH_CHECK(!ctx->saved_data.count("used"),
+                "vocab_parallel_cross_entropy: backward through the same graph a second time");
+    ctx->saved_data["used"] = true;
+    const auto saved = ctx->get_saved_variables();
+    at::Tensor grad = saved[0];
+    const at::Tensor& index = saved[1];
+    const at::Tensor& mine = saved[2];
+    grad.scatter_add_(1, index.unsqueeze(1), -mine.to(grad.scalar_type()).unsqueeze(1));
+    grad.mul_(grads[0] / static_cast<double>(grad.size(0)));
+    return {grad, at::Tensor(), at::Tensor()};
+  }
+};
+
+}  // namespace
+
+at::Tensor copy_to_tensor_parallel(const at::Tensor& x, ProcessGroup& group) {
+  return CopyToParallel::apply(x, handle_of(group));
+}
+
+at::Tensor reduce_from_tensor_parallel(const at::Tensor& x, ProcessGroup& group) {
+  return ReduceFromParallel::apply(x, handle_of(group));
+}
+
+at::Tensor gather_sequence(const at::Tensor& x, ProcessGroup& group) {
+  return GatherSequence::apply(x, handle_of(group));
+}
+
+at::Tensor reduce_scatter_sequence(const at::Tensor& x, ProcessGroup& group) {
+  return ReduceScatterSequence::apply(x, handle_of(group));
+}
+
+at::Tensor vocab_parallel_cross_entropy(const at::Tensor& local_logits, const at::Tensor& targets,
+                                        ProcessGroup& group) {
+  TORCH_CHECK(
+      local_logits.dim() == 2 && targets.dim() == 1 && local_logits.size(0) == targets.size(0),
+      "vocab_parallel_cross_entropy: expected logits [N, V/size] and targets [N], got ",
+      local_logits.sizes(), " and ", targets.sizes());
+  return VocabParallelCrossEntropy::apply(local_logits, targets, handle_of(group));
+}
+
+at::Tensor gather_vocabulary(const at::Tensor& local_logits, ProcessGroup& group) {
+  at::NoGradGuard no_grad;
+  const int64_t last = local_logits.dim() - 1;
+  const at::Tensor rank_first = local_logits.movedim(last, 0).contiguous();
+  std::vector<int64_t> shape = rank_first.sizes().vec();
+  shape[0] *= group.size();
+  at::Tensor out = at::empty(shape, rank_first.options());
+  group.all_gather(rank_first.view({-1}), out.view({-1}))->wait();
+  return out.movedim(0, last);
+}
+
+}  // namespace shardtrain

@@ -1,0 +1,62 @@
+#include "parallel/tensor/tp_state.h"
+
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+
+namespace shardtrain::detail {
+
+std::vector<int64_t> TpLayout::local_shape(int size) const {
+  std::vector<int64_t> shape = whole_shape;
+  shape[static_cast<size_t>(dim)] /= size;
+  return shape;
+}
+
+std::vector<std::array<int64_t, 3>> TpLayout::runs(int rank, int size) const {
+  std::vector<std::array<int64_t, 3>> out;
+  const int64_t rows = whole_shape[0];
+  const int64_t cols = whole_shape.size() > 1 ? whole_shape[1] : 1;
+  if (dim == 0) {
+    const int64_t part_rows = rows / parts;
+    const int64_t local_rows = part_rows / size;
+    for (int p = 0; p < parts; ++p) {
+      out.push_back(
+          {p * local_rows * cols, (p * part_rows + rank * local_rows) * cols, local_rows * cols});
+    }
+  } else {
+    const int64_t local_cols = cols / size;
+    for (int64_t r = 0; r < rows; ++r) {
+      out.push_back({r * local_cols, r * cols + rank * local_cols, local_cols});
+    }
+  }
+  return out;
+}
+
+const TpLayout* TpState::layout_of(const std::string& tensor_name) const {
+  std::string name = tensor_name;
+  if (name.rfind("optim.", 0) == 0) {
+    name = name.substr(6);
+    for (const char* suffix : {".exp_avg_sq", ".exp_avg"}) {
+      const std::string s = suffix;
+      if (name.size() > s.size() && name.compare(name.size() - s.size(), s.size(), s) == 0) {
+        name.resize(name.size() - s.size());
+        break;
+      }
+    }
+  }
+  const auto it = layouts.find(name);
+  return it == layouts.end() ? nullptr : &it->second;
+}
+
+std::vector<std::array<int64_t, 3>> whole_ranges(const TpLayout& layout, int rank, int size,
+                                                 int64_t offset, int64_t numel) {
+  std::vector<std::array<int64_t, 3>> out;
+  const int64_t end = offset + numel;
+  for (const auto& [local, whole, length] : layout.runs(rank, size)) {
+    const int64_t lo = std::max(local, offset), hi = std::min(local + length, end);
+    if (lo < hi) out.push_back({lo, whole + (lo - local), hi - lo});
+  }
+  return out;
+}
+
+}  // namespace shardtrain::detail
