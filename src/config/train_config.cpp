@@ -468,6 +468,10 @@ void TrainConfig::validate() const {
   require(tp == 1 || (zero_offload_optimizer != "nvme" && zero_offload_param != "nvme"),
           "parallel.tp > 1 with ZeRO offload to nvme: state streamed from files is not split "
           "by tensor parallelism in this build; offload to \"cpu\" or use tp = 1");
+  require(tp == 1 || model.dropout == 0.0,
+          "model.dropout > 0 with parallel.tp > 1: the ranks of a tensor-parallel group would "
+          "draw different masks for the activations they share; this version trains tensor "
+          "parallelism without dropout");
   require(tp == 1 || lora_rank == 0,
           "lora.rank > 0 with parallel.tp > 1: adapters are not split across tensor-parallel "
           "ranks; use data parallelism (ddp or fsdp) for LoRA");

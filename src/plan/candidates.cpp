@@ -103,6 +103,11 @@ Candidate evaluate_candidate(Candidate c, const PlanModel& model, const Hardware
                           std::to_string(k) + ") and the heads (" + std::to_string(model.n_heads) +
                           ", kv " + std::to_string(model.n_kv_heads) + ")");
   }
+  if (c.tp > 1 && (model.ffn_hidden % c.tp != 0 || w.seq_len_ % c.tp != 0)) {
+    return invalid(c, "tp=" + std::to_string(c.tp) + " must divide the FFN width (" +
+                          std::to_string(model.ffn_hidden) + ") and, for sequence parallelism, " +
+                          "the sequence length (" + std::to_string(w.seq_len_) + ")");
+  }
   if (model.n_layers % c.pp != 0) {
     return invalid(c, "pp=" + std::to_string(c.pp) + " does not divide " +
                           std::to_string(model.n_layers) + " layers");

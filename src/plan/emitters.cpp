@@ -29,11 +29,15 @@ std::string shardtrain_toml(const Plan& plan, const Candidate& c) {
   std::ostringstream out;
   out << header(plan, c, "#");
   out << "\n[model]\n";
-  // Tensor parallelism splits the vocabulary evenly: pad it to a multiple of tp, as
-  // Megatron-LM does (the extra ids are never seen in the data).
+  // Tensor parallelism splits the vocabulary evenly: pad it as Megatron-LM does, to a multiple
+  // of 128 x tp (the extra ids are never seen in the data), which keeps its checkpoints
+  // loadable at any smaller power-of-two tp.
   const int64_t tp = c.strategy == PlanStrategy::kTpPp ? c.tp : 1;
-  const int64_t vocab = (m.vocab_size + tp - 1) / tp * tp;
-  const char* padded = vocab != m.vocab_size ? "  # padded to a multiple of tp" : "";
+  const int64_t multiple = 128 * tp;
+  const int64_t vocab =
+      tp > 1 && m.vocab_size % tp != 0 ? (m.vocab_size + multiple - 1) / multiple * multiple
+                                       : m.vocab_size;
+  const char* padded = vocab != m.vocab_size ? "  # padded to a multiple of 128 x tp" : "";
   if (!m.preset.empty() || !m.hf_config.empty()) {
     if (!m.preset.empty()) {
       out << "preset = \"" << m.preset << "\"\n";
@@ -50,7 +54,12 @@ std::string shardtrain_toml(const Plan& plan, const Candidate& c) {
         << "\nffn_hidden = " << m.ffn_hidden << "\n";
   }
   out << "\n[data]\nseq_len = " << w.seq_len_ << "\n";
-  out << "\n[train]\nmicro_batch = " << w.micro_batch_ << "\ngrad_accum = " << c.grad_accum
+  // Without pipeline parallelism (not in this version) the pp axis's ranks become data
+  // parallel: fewer accumulation steps keep the global batch.
+  const bool pipeline_dropped = c.strategy == PlanStrategy::kTpPp && c.pp > 1;
+  const int64_t accum =
+      pipeline_dropped && c.grad_accum % c.pp == 0 ? c.grad_accum / c.pp : c.grad_accum;
+  out << "\n[train]\nmicro_batch = " << w.micro_batch_ << "\ngrad_accum = " << accum
       << "\nactivation_checkpointing = " << (w.checkpointing_ ? "true" : "false") << "\n";
   out << "\n[parallel]\n";
   switch (c.strategy) {
@@ -73,9 +82,10 @@ std::string shardtrain_toml(const Plan& plan, const Candidate& c) {
     // The planner's tensor-parallel layouts run with sequence parallelism (its memory model
     // assumes it). Only keys of features that run are written: pipeline parallelism is not one.
     out << "tp = " << c.tp << "\nsequence_parallel = " << (c.tp > 1 ? "true" : "false") << "\n";
-    if (c.pp > 1) {
+    if (pipeline_dropped) {
       out << "# pipeline parallel " << c.pp << " does not run in this version: the keys here "
-          << "train\n# tp=" << c.tp << " x ZeRO-1 over the remaining ranks.\n";
+          << "train\n# tp=" << c.tp << " x ZeRO-1 over the remaining ranks, each holding every "
+          << "layer\n# (the memory estimate is the pipelined layout's, not this one's).\n";
     }
   }
   if (c.strategy == PlanStrategy::kFullShard || c.strategy == PlanStrategy::kHybridShard) {

@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <mutex>
+#include <numeric>
 #include <optional>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 
@@ -91,9 +92,13 @@ Trainer::Trainer(TrainConfig config, std::shared_ptr<ProcessGroup> world)
                                            : tokenizer_->name() + " tokenizer's vocabulary") +
         " (" + std::to_string(vocab) + ") is not divisible by parallel.tp=" + std::to_string(tp) +
         "; set model.vocab_size to a multiple of " + std::to_string(tp) + " that holds it, e.g. " +
-        std::to_string((vocab + tp - 1) / tp * tp));
+        std::to_string((vocab + std::lcm<int64_t>(tp, 64) - 1) / std::lcm<int64_t>(tp, 64) *
+                       std::lcm<int64_t>(tp, 64)) +
+        " (a multiple of 64 too, so that its checkpoints resume at any tp dividing 64)");
   }
-  // Heads, key/value heads and the FFN width too, before the run directory is touched.
+  // The mesh (hybrid_shard's replicas with tp), heads, key/value heads and the FFN width
+  // too, before the run directory is touched.
+  if (world_) train_mesh_shape(config_, world_size());
   if (config_.tp > 1) transformer_tp_plan(config_.model, static_cast<int>(config_.tp));
   shard_ = detail::open_token_shard_corpus(config_);  // null when the corpus is text
   if (shard_) check_vocabulary();

@@ -195,6 +195,28 @@ TEST(TensorParallel, RefusesWhatDoesNotDivide) {
     EXPECT_THROW(
         parallelize_module(model, borrowed(group), {{"blocks.*.attn.qkv", ColwiseParallel(3)}}),
         std::invalid_argument);
+ 
+    // The same layer twice, or sequence parallelism with the norms left out: refused before
+    // anything is cut.
+    TpPlan twice = transformer_tp_plan(ok, 2);
+    twice.emplace_back("blocks.0.mlp.fc", ColwiseParallel());
+    EXPECT_THROW(parallelize_module(model, borrowed(group), twice), std::invalid_argument);
+    TpPlan no_norms;
+    for (const auto& entry : transformer_tp_plan(ok, 2)) {
+      if (entry.second.kind != ParallelStyle::Kind::kSequenceParallel) no_norms.push_back(entry);
+    }
+    try {
+      parallelize_module(model, borrowed(group), no_norms,
+                         TensorParallelOptions().sequence_parallel(true));
+      ADD_FAILURE() << "sequence parallelism without the norms";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find("blocks.0.ln1"), std::string::npos) << e.what();
+    }
+    EXPECT_EQ(model->tensor_parallel(), nullptr);
+    EXPECT_EQ(model->named_parameters()["blocks.0.mlp.fc.weight"].size(0), ok.ffn_hidden);
+    // The same plan without sequence parallelism is fine.
+    parallelize_module(model, borrowed(group), no_norms);
+    EXPECT_EQ(model->named_parameters()["blocks.0.mlp.fc.weight"].size(0), ok.ffn_hidden / 2);
   });
 }
 

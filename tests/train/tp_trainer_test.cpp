@@ -19,6 +19,17 @@ namespace fs = std::filesystem;
 
 constexpr int kGlobalBatch = 8;
 
+void expect_same_tensors(const std::string& got_dir, const std::string& want_dir) {
+  const ShardedCheckpointReader got(got_dir), want(want_dir);
+  for (const auto& spec : want.tensors()) {
+    if (spec.name.rfind("optim.", 0) == 0) continue;
+    ASSERT_NE(got.find(spec.name), nullptr) << spec.name;
+    const at::Tensor a = got.read(spec.name), b = want.read(spec.name);
+    ASSERT_EQ(a.sizes(), b.sizes()) << spec.name;
+    EXPECT_LE((a - b).norm().item<double>() / b.norm().item<double>(), 1e-5) << spec.name;
+  }
+}
+
 struct Layout {
   std::string name;
   int world;
@@ -93,26 +104,28 @@ class TensorParallelTrainerTest : public ::testing::Test {
     return losses;
   }
 
+  // Ten steps of each layout against one process: the same losses, and the same whole tensors
+  // in the checkpoint written after them.
+  void expect_as_one_process(const std::vector<Layout>& layouts) {
+    const Layout one{"one", 1, {}};
+    std::string want_dir;
+    const auto want = train(one, config(one, dir_ / "one", 10), 10, &want_dir);
+    for (const Layout& layout : layouts) {
+      SCOPED_TRACE(layout.name);
+      std::string got_dir;
+      const auto got = train(layout, config(layout, dir_ / layout.name, 10), 10, &got_dir);
+      testing::expect_same_losses(got, want, 1e-5);
+      expect_same_tensors(got_dir, want_dir);
+    }
+  }
+
   fs::path dir_;
   std::string preset_ = "tiny";
 };
 
-void expect_same_tensors(const std::string& got_dir, const std::string& want_dir) {
-  const ShardedCheckpointReader got(got_dir), want(want_dir);
-  for (const auto& spec : want.tensors()) {
-    if (spec.name.rfind("optim.", 0) == 0) continue;
-    ASSERT_NE(got.find(spec.name), nullptr) << spec.name;
-    const at::Tensor a = got.read(spec.name), b = want.read(spec.name);
-    ASSERT_EQ(a.sizes(), b.sizes()) << spec.name;
-    EXPECT_LE((a - b).norm().item<double>() / b.norm().item<double>(), 1e-5) << spec.name;
-  }
-}
 
 TEST_F(TensorParallelTrainerTest, EveryLayoutTrainsAsOneProcess) {
-  const Layout one{"one", 1, {}};
-  std::string want_dir;
-  const auto want = train(one, config(one, dir_ / "one", 10), 10, &want_dir);
-  for (const Layout& layout :
+  expect_as_one_process(
        {Layout{"tp2", 2, {"parallel.tp=2", "parallel.sequence_parallel=true"}},
         Layout{"tp4", 4, {"parallel.tp=4", "train.activation_checkpointing=true"}},
         Layout{"tp2_ddp2", 4, {"parallel.tp=2", "parallel.strategy=\"ddp\""}},
@@ -137,23 +150,14 @@ TEST_F(TensorParallelTrainerTest, EveryLayoutTrainsAsOneProcess) {
         Layout{"tp2_hybrid_shard",
                8,
                {"parallel.tp=2", "parallel.strategy=\"fsdp\"",
-                "parallel.fsdp.sharding=\"hybrid_shard\"", "parallel.fsdp.replicate=2"}}}) {
-    SCOPED_TRACE(layout.name);
-    std::string got_dir;
-    const auto got = train(layout, config(layout, dir_ / layout.name, 10), 10, &got_dir);
-    testing::expect_same_losses(got, want, 1e-5);
-    expect_same_tensors(got_dir, want_dir);
-  }
+                "parallel.fsdp.sharding=\"hybrid_shard\"", "parallel.fsdp.replicate=2"}}});
 }
 
 // Grouped-query attention (2 key/value heads for 4 query heads): each of tp = 2 ranks keeps one
 // key/value head and the two query heads that read it.
 TEST_F(TensorParallelTrainerTest, LlamaTrainsAsOneProcess) {
   preset_ = "tiny-llama";
-  const Layout one{"one", 1, {}};
-  std::string want_dir;
-  const auto want = train(one, config(one, dir_ / "one", 10), 10, &want_dir);
-  for (const Layout& layout :
+  expect_as_one_process(
        {Layout{"tp2", 2, {"parallel.tp=2", "parallel.sequence_parallel=true"}},
         Layout{"tp2_ckpt", 2, {"parallel.tp=2", "train.activation_checkpointing=true"}},
         Layout{"tp2_ddp2", 4, {"parallel.tp=2", "parallel.strategy=\"ddp\""}},
@@ -162,13 +166,7 @@ TEST_F(TensorParallelTrainerTest, LlamaTrainsAsOneProcess) {
                {"parallel.tp=2", "parallel.strategy=\"fsdp\"", "parallel.sequence_parallel=true"}},
         Layout{"tp2_zero3",
                4,
-               {"parallel.tp=2", "parallel.strategy=\"zero\"", "parallel.zero.stage=3"}}}) {
-    SCOPED_TRACE(layout.name);
-    std::string got_dir;
-    const auto got = train(layout, config(layout, dir_ / layout.name, 10), 10, &got_dir);
-    testing::expect_same_losses(got, want, 1e-5);
-    expect_same_tensors(got_dir, want_dir);
-  }
+               {"parallel.tp=2", "parallel.strategy=\"zero\"", "parallel.zero.stage=3"}}});
 }
 
 TEST_F(TensorParallelTrainerTest, CheckpointsResumeAtOtherTensorParallelSizes) {
@@ -203,6 +201,7 @@ TEST_F(TensorParallelTrainerTest, RefusesWhatDoesNotDivide) {
           "model.vocab_size (257) is not divisible by parallel.tp=2");
   refused(2, {"parallel.tp=2", "model.ffn_hidden=129"}, "model.ffn_hidden (129)");
   refused(2, {"parallel.tp=2", "model.n_kv_heads=1", "model.n_heads=1"}, "model.n_heads (1)");
+  refused(2, {"parallel.tp=2", "model.dropout=0.1"}, "model.dropout > 0 with parallel.tp > 1");
   refused(2, {"parallel.tp=2", "parallel.sequence_parallel=true", "data.seq_len=15"},
           "data.seq_len 15 is not divisible by parallel.tp=2");
 }

@@ -1,5 +1,6 @@
 // parallelize_module: cuts the layers a plan names across a tensor-parallel group, and the
 // standard plan of both model families.
+#include <set>
 #include <sstream>
 #include <stdexcept>
 
@@ -27,7 +28,8 @@ bool path_matches(const std::string& pattern, const std::string& path) {
 
 // Replaces `param` (the tensor the module computes with and has registered: one TensorImpl)
 // by this rank's slice of it, and records how it was cut.
-void cut(at::Tensor& param, const std::string& name, int dim, int parts, TpState& state) {
+void cut(at::Tensor& param, const std::string& name, int dim, int parts, TpState& state,
+         bool check_only) {
   TpLayout layout;
   layout.dim = dim;
   layout.parts = parts;
@@ -41,6 +43,7 @@ void cut(at::Tensor& param, const std::string& name, int dim, int parts, TpState
     message << ") does not divide by tp=" << size;
     throw std::invalid_argument(message.str());
   }
+  if (check_only) return;
   at::NoGradGuard no_grad;
   at::Tensor local = at::empty(layout.local_shape(size), param.options());
   if (is_materialized(param)) {
@@ -57,8 +60,10 @@ void cut(at::Tensor& param, const std::string& name, int dim, int parts, TpState
   state.layouts[name] = std::move(layout);
 }
 
+// Applies `style` to `module`, or with `check_only` just throws what applying would throw, so
+// that a plan is refused before anything is cut.
 void apply_style(const std::string& path, torch::nn::Module& module, const ParallelStyle& style,
-                 const std::shared_ptr<TpState>& state) {
+                 const std::shared_ptr<TpState>& state, bool check_only) {
   using Kind = ParallelStyle::Kind;
   const std::string prefix = path + ".";
   if (auto* linear = dynamic_cast<detail::LinearImpl*>(&module)) {
@@ -67,16 +72,18 @@ void apply_style(const std::string& path, torch::nn::Module& module, const Paral
                                   "' has a LoRA adapter or a packed weight, which are not split");
     }
     if (style.kind == Kind::kColwise) {
-      cut(linear->weight, prefix + "weight", 0, style.fused_parts, *state);
-      if (linear->bias.defined()) cut(linear->bias, prefix + "bias", 0, style.fused_parts, *state);
+      cut(linear->weight, prefix + "weight", 0, style.fused_parts, *state, check_only);
+      if (linear->bias.defined()) {
+        cut(linear->bias, prefix + "bias", 0, style.fused_parts, *state, check_only);
+      }
     } else if (style.kind == Kind::kRowwise) {
-      cut(linear->weight, prefix + "weight", 1, 1, *state);
-      linear->tp_rowwise = true;
+      cut(linear->weight, prefix + "weight", 1, 1, *state, check_only);
+      if (!check_only) linear->tp_rowwise = true;
     } else {
       throw std::invalid_argument("tensor parallelism: '" + path +
                                   "' is a linear layer: ColwiseParallel or RowwiseParallel");
     }
-    linear->tp = state;
+    if (!check_only) linear->tp = state;
     return;
   }
   if (auto* embedding = dynamic_cast<detail::EmbeddingImpl*>(&module)) {
@@ -84,8 +91,8 @@ void apply_style(const std::string& path, torch::nn::Module& module, const Paral
       throw std::invalid_argument("tensor parallelism: '" + path +
                                   "' is an embedding: RowwiseParallel splits its vocabulary");
     }
-    cut(embedding->weight, prefix + "weight", 0, 1, *state);
-    embedding->tp = state;
+    cut(embedding->weight, prefix + "weight", 0, 1, *state, check_only);
+    if (!check_only) embedding->tp = state;
     return;
   }
   auto* layer_norm = dynamic_cast<detail::LayerNormImpl*>(&module);
@@ -95,7 +102,7 @@ void apply_style(const std::string& path, torch::nn::Module& module, const Paral
       throw std::invalid_argument("tensor parallelism: '" + path +
                                   "' is a norm: SequenceParallel is its style");
     }
-    (layer_norm ? layer_norm->tp : rms_norm->tp) = state;
+    if (!check_only) (layer_norm ? layer_norm->tp : rms_norm->tp) = state;
     return;
   }
   throw std::invalid_argument("tensor parallelism: '" + path + "' is a " + module.name() +
@@ -142,8 +149,42 @@ void parallelize_module(Transformer& model, std::shared_ptr<ProcessGroup> group,
         "{\"tok_emb\", RowwiseParallel()} and {\"lm_head\", ColwiseParallel()} (the head of "
         "tied embeddings is tok_emb)");
   }
+  std::set<std::string> seen;
+  for (const auto& [path, style] : chosen) {
+    if (!seen.insert(path).second) {
+      throw std::invalid_argument("tensor parallelism: the plan names '" + path +
+                                  "' more than once");
+    }
+  }
+  if (options.sequence_parallel_) {
+    // Between the split layers each rank then holds part of the sequence: a norm must know (its
+    // gradient is partial), and every linear layer must be split, so that attention sees the
+    // whole sequence and no replicated weight is left with a partial gradient.
+    for (const auto& item : modules) {
+      torch::nn::Module* module = item.value().get();
+      const bool norm = dynamic_cast<detail::LayerNormImpl*>(module) ||
+                        dynamic_cast<detail::RMSNormImpl*>(module);
+      const bool linear = dynamic_cast<detail::LinearImpl*>(module);
+      const bool covered =
+          norm     ? styled(item.key(), ParallelStyle::Kind::kSequenceParallel)
+          : linear ? styled(item.key(), ParallelStyle::Kind::kColwise) ||
+                         styled(item.key(), ParallelStyle::Kind::kRowwise)
+                   : true;
+      if (!covered) {
+        throw std::invalid_argument(
+            "tensor parallelism: with sequence parallelism every norm must be SequenceParallel "
+            "and every linear layer split, but the plan leaves '" +
+            item.key() + "' out");
+      }
+    }
+  }
   if (state->size() == 1) return;
-  for (const auto& [path, style] : chosen) apply_style(path, *modules[path], style, state);
+  for (const auto& [path, style] : chosen) {
+    apply_style(path, *modules[path], style, state, /*check_only=*/true);
+  }
+  for (const auto& [path, style] : chosen) {
+    apply_style(path, *modules[path], style, state, /*check_only=*/false);
+  }
   model->set_tensor_parallel(state);
 }
 
