@@ -59,11 +59,20 @@ struct TensorParallelOptions {
 // this rank's slice of them; deferred ones (ModelInit().deferred()) are described at their local
 // shape, and the model's initializer then fills each rank's slice with exactly the values the
 // whole tensor would have held. Submodules must be the model's own layers (Transformer's linear,
-// embedding and norm layers); any other type throws std::invalid_argument naming the path. For
-// a module of your own, split its torch::nn::Linear weights yourself and call the functions
-// below in its forward (docs/tp.md shows how).
+// embedding and norm layers); any other type throws std::invalid_argument naming the path, as
+// does a plan that is refused for any reason: nothing is cut then.
 void parallelize_module(Transformer& model, std::shared_ptr<ProcessGroup> group, const TpPlan& plan,
                         const TensorParallelOptions& options = TensorParallelOptions());
+
+// The same for a module of your own, whose forward you write: `plan` names its
+// torch::nn::Linear submodules. ColwiseParallel keeps this rank's rows of the weight (and of the
+// bias); RowwiseParallel this rank's columns, and needs a layer without bias (a bias would be
+// added on every rank before the sum: add it after reduce_from_tensor_parallel). The values are
+// the slices of the module's current weights, so every rank must build it with the same ones.
+// The forward must call the collectives below where the split needs them (docs/tp.md shows an
+// MLP). Other submodule types, or a path that matches nothing, throw std::invalid_argument.
+void parallelize_module(torch::nn::Module& module, const std::shared_ptr<ProcessGroup>& group,
+                        const TpPlan& plan);
 
 // The plan for either model family: attention split by heads (q/k/v column-parallel, the output
 // projection row-parallel), the MLP column- then row-parallel (gated too), vocabulary-parallel

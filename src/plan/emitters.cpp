@@ -34,9 +34,9 @@ std::string shardtrain_toml(const Plan& plan, const Candidate& c) {
   // loadable at any smaller power-of-two tp.
   const int64_t tp = c.strategy == PlanStrategy::kTpPp ? c.tp : 1;
   const int64_t multiple = 128 * tp;
-  const int64_t vocab =
-      tp > 1 && m.vocab_size % tp != 0 ? (m.vocab_size + multiple - 1) / multiple * multiple
-                                       : m.vocab_size;
+  const int64_t vocab = tp > 1 && m.vocab_size % tp != 0
+                            ? (m.vocab_size + multiple - 1) / multiple * multiple
+                            : m.vocab_size;
   const char* padded = vocab != m.vocab_size ? "  # padded to a multiple of 128 x tp" : "";
   if (!m.preset.empty() || !m.hf_config.empty()) {
     if (!m.preset.empty()) {

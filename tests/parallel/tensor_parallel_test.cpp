@@ -4,6 +4,7 @@
 #include "shardtrain/tensor_parallel.h"
 
 #include <gtest/gtest.h>
+#include <torch/nn/modules/linear.h>
 
 #include "parallel/tensor/tp_state.h"
 #include "sharded_training.h"
@@ -165,6 +166,61 @@ INSTANTIATE_TEST_SUITE_P(Families, TensorParallelTraining,
                                   (c.checkpointing ? "Checkpointed" : "");
                          });
 
+// A module of one's own: its torch::nn::Linear layers split by the plan, the collectives in
+// the forward it writes (Megatron's MLP: f, column-parallel, GELU, row-parallel, g, then the
+// bias).
+struct OwnMlpImpl : torch::nn::Module {
+  OwnMlpImpl() {
+    torch::manual_seed(5);
+    up = register_module("up", torch::nn::Linear(12, 16));
+    down = register_module("down", torch::nn::Linear(torch::nn::LinearOptions(16, 12).bias(false)));
+    bias = register_parameter("bias", torch::randn({12}));
+  }
+  at::Tensor forward(const at::Tensor& x, ProcessGroup* group) {
+    const at::Tensor in = group ? copy_to_tensor_parallel(x, *group) : x;
+    const at::Tensor partial = down->forward(at::gelu(up->forward(in)));
+    return (group ? reduce_from_tensor_parallel(partial, *group) : partial) + bias;
+  }
+  torch::nn::Linear up{nullptr}, down{nullptr};
+  at::Tensor bias;
+};
+TORCH_MODULE(OwnMlp);
+
+TEST(TensorParallel, SplitsTheLinearLayersOfAModuleOfOnesOwn) {
+  static std::mutex build;
+  const at::Tensor x = at::randn({3, 5, 12});
+  OwnMlp whole;
+  whole->forward(x, nullptr).pow(2).sum().backward();
+  run_local_ranks(2, [&](ProcessGroup& group) {
+    OwnMlp mine = [] {
+      std::lock_guard<std::mutex> lock(build);
+      return OwnMlp();
+    }();
+    parallelize_module(*mine, borrowed(group),
+                       {{"up", ColwiseParallel()}, {"down", RowwiseParallel()}});
+    EXPECT_EQ(mine->up->weight.size(0), 8);
+    EXPECT_EQ(mine->down->weight.size(1), 8);
+    const at::Tensor y = mine->forward(x, &group);
+    EXPECT_TRUE(at::allclose(y, whole->forward(x, nullptr), 1e-5, 1e-6));
+    y.pow(2).sum().backward();
+    const int64_t r = group.rank();
+    EXPECT_TRUE(at::allclose(mine->up->weight.grad(), whole->up->weight.grad().narrow(0, 8 * r, 8),
+                             1e-5, 1e-6));
+    EXPECT_TRUE(at::allclose(mine->down->weight.grad(),
+                             whole->down->weight.grad().narrow(1, 8 * r, 8), 1e-5, 1e-6));
+    EXPECT_TRUE(at::allclose(mine->bias.grad(), whole->bias.grad(), 1e-5, 1e-6));
+    // A row-parallel layer with a bias, or something that is no linear layer, is refused.
+    OwnMlp other = [] {
+      std::lock_guard<std::mutex> lock(build);
+      return OwnMlp();
+    }();
+    EXPECT_THROW(parallelize_module(*other, borrowed(group), {{"up", RowwiseParallel()}}),
+                 std::invalid_argument);
+    EXPECT_THROW(parallelize_module(*other, borrowed(group), {{"", ColwiseParallel()}}),
+                 std::invalid_argument);
+  });
+}
+
 TEST(TensorParallel, RefusesWhatDoesNotDivide) {
   ModelConfig config = tp_config(ModelFamily::kLlama, 2);
   try {
@@ -195,7 +251,7 @@ TEST(TensorParallel, RefusesWhatDoesNotDivide) {
     EXPECT_THROW(
         parallelize_module(model, borrowed(group), {{"blocks.*.attn.qkv", ColwiseParallel(3)}}),
         std::invalid_argument);
- 
+
     // The same layer twice, or sequence parallelism with the norms left out: refused before
     // anything is cut.
     TpPlan twice = transformer_tp_plan(ok, 2);

@@ -123,34 +123,33 @@ class TensorParallelTrainerTest : public ::testing::Test {
   std::string preset_ = "tiny";
 };
 
-
 TEST_F(TensorParallelTrainerTest, EveryLayoutTrainsAsOneProcess) {
   expect_as_one_process(
-       {Layout{"tp2", 2, {"parallel.tp=2", "parallel.sequence_parallel=true"}},
-        Layout{"tp4", 4, {"parallel.tp=4", "train.activation_checkpointing=true"}},
-        Layout{"tp2_ddp2", 4, {"parallel.tp=2", "parallel.strategy=\"ddp\""}},
-        Layout{"tp2_fsdp2",
-               4,
-               {"parallel.tp=2", "parallel.strategy=\"fsdp\"", "parallel.sequence_parallel=true"}},
-        Layout{"tp2_zero3",
-               4,
-               {"parallel.tp=2", "parallel.strategy=\"zero\"", "parallel.zero.stage=3"}},
-        Layout{"tp2_zero1",
-               4,
-               {"parallel.tp=2", "parallel.strategy=\"zero\"", "parallel.zero.stage=1"}},
-        Layout{"tp2_shard_grad_op",
-               4,
-               {"parallel.tp=2", "parallel.strategy=\"fsdp\"",
-                "parallel.fsdp.sharding=\"shard_grad_op\""}},
-        Layout{
-            "tp2_no_shard",
-            4,
-            {"parallel.tp=2", "parallel.strategy=\"fsdp\"", "parallel.fsdp.sharding=\"no_shard\""}},
-        // 8 ranks: 2 replicas x 2 shards x tp 2.
-        Layout{"tp2_hybrid_shard",
-               8,
-               {"parallel.tp=2", "parallel.strategy=\"fsdp\"",
-                "parallel.fsdp.sharding=\"hybrid_shard\"", "parallel.fsdp.replicate=2"}}});
+      {Layout{"tp2", 2, {"parallel.tp=2", "parallel.sequence_parallel=true"}},
+       Layout{"tp4", 4, {"parallel.tp=4", "train.activation_checkpointing=true"}},
+       Layout{"tp2_ddp2", 4, {"parallel.tp=2", "parallel.strategy=\"ddp\""}},
+       Layout{"tp2_fsdp2",
+              4,
+              {"parallel.tp=2", "parallel.strategy=\"fsdp\"", "parallel.sequence_parallel=true"}},
+       Layout{"tp2_zero3",
+              4,
+              {"parallel.tp=2", "parallel.strategy=\"zero\"", "parallel.zero.stage=3"}},
+       Layout{"tp2_zero1",
+              4,
+              {"parallel.tp=2", "parallel.strategy=\"zero\"", "parallel.zero.stage=1"}},
+       Layout{"tp2_shard_grad_op",
+              4,
+              {"parallel.tp=2", "parallel.strategy=\"fsdp\"",
+               "parallel.fsdp.sharding=\"shard_grad_op\""}},
+       Layout{
+           "tp2_no_shard",
+           4,
+           {"parallel.tp=2", "parallel.strategy=\"fsdp\"", "parallel.fsdp.sharding=\"no_shard\""}},
+       // 8 ranks: 2 replicas x 2 shards x tp 2.
+       Layout{"tp2_hybrid_shard",
+              8,
+              {"parallel.tp=2", "parallel.strategy=\"fsdp\"",
+               "parallel.fsdp.sharding=\"hybrid_shard\"", "parallel.fsdp.replicate=2"}}});
 }
 
 // Grouped-query attention (2 key/value heads for 4 query heads): each of tp = 2 ranks keeps one
@@ -158,15 +157,15 @@ TEST_F(TensorParallelTrainerTest, EveryLayoutTrainsAsOneProcess) {
 TEST_F(TensorParallelTrainerTest, LlamaTrainsAsOneProcess) {
   preset_ = "tiny-llama";
   expect_as_one_process(
-       {Layout{"tp2", 2, {"parallel.tp=2", "parallel.sequence_parallel=true"}},
-        Layout{"tp2_ckpt", 2, {"parallel.tp=2", "train.activation_checkpointing=true"}},
-        Layout{"tp2_ddp2", 4, {"parallel.tp=2", "parallel.strategy=\"ddp\""}},
-        Layout{"tp2_fsdp2",
-               4,
-               {"parallel.tp=2", "parallel.strategy=\"fsdp\"", "parallel.sequence_parallel=true"}},
-        Layout{"tp2_zero3",
-               4,
-               {"parallel.tp=2", "parallel.strategy=\"zero\"", "parallel.zero.stage=3"}}});
+      {Layout{"tp2", 2, {"parallel.tp=2", "parallel.sequence_parallel=true"}},
+       Layout{"tp2_ckpt", 2, {"parallel.tp=2", "train.activation_checkpointing=true"}},
+       Layout{"tp2_ddp2", 4, {"parallel.tp=2", "parallel.strategy=\"ddp\""}},
+       Layout{"tp2_fsdp2",
+              4,
+              {"parallel.tp=2", "parallel.strategy=\"fsdp\"", "parallel.sequence_parallel=true"}},
+       Layout{"tp2_zero3",
+              4,
+              {"parallel.tp=2", "parallel.strategy=\"zero\"", "parallel.zero.stage=3"}}});
 }
 
 TEST_F(TensorParallelTrainerTest, CheckpointsResumeAtOtherTensorParallelSizes) {

@@ -1,5 +1,8 @@
 // parallelize_module: cuts the layers a plan names across a tensor-parallel group, and the
 // standard plan of both model families.
+#include <torch/nn/modules/linear.h>
+
+#include <algorithm>
 #include <set>
 #include <sstream>
 #include <stdexcept>
@@ -165,11 +168,10 @@ void parallelize_module(Transformer& model, std::shared_ptr<ProcessGroup> group,
       const bool norm = dynamic_cast<detail::LayerNormImpl*>(module) ||
                         dynamic_cast<detail::RMSNormImpl*>(module);
       const bool linear = dynamic_cast<detail::LinearImpl*>(module);
-      const bool covered =
-          norm     ? styled(item.key(), ParallelStyle::Kind::kSequenceParallel)
-          : linear ? styled(item.key(), ParallelStyle::Kind::kColwise) ||
-                         styled(item.key(), ParallelStyle::Kind::kRowwise)
-                   : true;
+      const bool covered = norm     ? styled(item.key(), ParallelStyle::Kind::kSequenceParallel)
+                           : linear ? styled(item.key(), ParallelStyle::Kind::kColwise) ||
+                                          styled(item.key(), ParallelStyle::Kind::kRowwise)
+                                    : true;
       if (!covered) {
         throw std::invalid_argument(
             "tensor parallelism: with sequence parallelism every norm must be SequenceParallel "
@@ -186,6 +188,63 @@ void parallelize_module(Transformer& model, std::shared_ptr<ProcessGroup> group,
     apply_style(path, *modules[path], style, state, /*check_only=*/false);
   }
   model->set_tensor_parallel(state);
+}
+
+void parallelize_module(torch::nn::Module& module, const std::shared_ptr<ProcessGroup>& group,
+                        const TpPlan& plan) {
+  TORCH_CHECK(group, "parallelize_module: no process group");
+  TpState state;  // only for cut(): the layouts are not kept
+  state.group = group;
+  const auto modules = module.named_modules();
+  std::vector<std::pair<torch::nn::LinearImpl*, ParallelStyle>> chosen;
+  std::vector<std::string> paths;
+  for (const auto& [pattern, style] : plan) {
+    bool matched = false;
+    for (const auto& item : modules) {
+      if (!path_matches(pattern, item.key())) continue;
+      matched = true;
+      auto* linear = dynamic_cast<torch::nn::LinearImpl*>(item.value().get());
+      if (!linear) {
+        throw std::invalid_argument("tensor parallelism: '" + item.key() + "' is a " +
+                                    item.value()->name() +
+                                    "; a module of your own can have its "
+                                    "torch::nn::Linear layers split");
+      }
+      if (style.kind == ParallelStyle::Kind::kSequenceParallel ||
+          (style.kind == ParallelStyle::Kind::kRowwise && linear->bias.defined())) {
+        throw std::invalid_argument(
+            "tensor parallelism: '" + item.key() +
+            (style.kind == ParallelStyle::Kind::kRowwise
+                 ? "' is row-parallel with a bias, which every rank would add before the sum: "
+                   "build it without one and add it after reduce_from_tensor_parallel"
+                 : "': SequenceParallel is a norm's style, not a linear layer's"));
+      }
+      if (std::find(paths.begin(), paths.end(), item.key()) != paths.end()) {
+        throw std::invalid_argument("tensor parallelism: the plan names '" + item.key() +
+                                    "' more than once");
+      }
+      chosen.emplace_back(linear, style);
+      paths.push_back(item.key());
+    }
+    if (!matched) {
+      throw std::invalid_argument("tensor parallelism: the plan names '" + pattern +
+                                  "', which is no submodule of the module");
+    }
+  }
+  for (bool check_only : {true, false}) {
+    for (size_t i = 0; i < chosen.size(); ++i) {
+      auto& [linear, style] = chosen[i];
+      const std::string prefix = paths[i] + ".";
+      if (style.kind == ParallelStyle::Kind::kColwise) {
+        cut(linear->weight, prefix + "weight", 0, style.fused_parts, state, check_only);
+        if (linear->bias.defined()) {
+          cut(linear->bias, prefix + "bias", 0, style.fused_parts, state, check_only);
+        }
+      } else {
+        cut(linear->weight, prefix + "weight", 1, 1, state, check_only);
+      }
+    }
+  }
 }
 
 TpPlan transformer_tp_plan(const ModelConfig& config, int tp) {
