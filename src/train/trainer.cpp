@@ -25,6 +25,7 @@
 #include "shardtrain/train.h"
 #include "trace/telemetry.h"
 #include "train/memory_check.h"
+#include "train/rank_agreement.h"
 #include "train/run_dir.h"
 #include "train/run_manifest.h"
 #include "train/run_setup.h"
@@ -47,6 +48,9 @@ at::Tensor token_loss(Transformer& model, const Batch& batch) {
 Trainer::Trainer(TrainConfig config, std::shared_ptr<ProcessGroup> world)
     : config_(std::move(config)), world_(std::move(world)) {
   config_.validate();
+  // Before anything else: every rank runs the same settings (a rank started with other ones
+  // would fail later, or worse, not).
+  if (world_) detail::check_same_config(config_, *world_);
   if (world_size() % config_.tp != 0) {
     throw std::invalid_argument("world size " + std::to_string(world_size()) +
                                 " is not divisible by parallel.tp=" + std::to_string(config_.tp));
@@ -113,6 +117,8 @@ Trainer::Trainer(TrainConfig config, std::shared_ptr<ProcessGroup> world)
   if (rank() == 0) detail::prepare_run_dir(config_, start);
   barrier();
   std::filesystem::create_directories(config_.dir);  // ranks on other hosts' file systems
+  // Checkpoints are written by every rank into one directory: it must be the same storage.
+  if (world_) detail::check_shared_run_dir(config_, *world_);
   if (!shard_) {
     // Rank 0 tokenizes the text into RUN_DIR once, before the others open the shard.
     if (rank() == 0) shard_ = detail::open_corpus(config_, *tokenizer_);
