@@ -37,35 +37,28 @@ at::Tensor LinearImpl::forward(const at::Tensor& x) {
   return y + lora_delta(x, lora_a->weight, lora_b->weight, lora_scale, lora_dropout, is_training());
 }
 
-// Megatron-LM's split: a column-parallel layer takes the whole activation (its f: the input's
-// gradient is summed across the group) and yields this rank's features; a row-parallel one
-// takes those features and sums the partial products across the group (its g). Under sequence
-// parallelism f and g become an all-gather and a reduce-scatter along the sequence.
-at::Tensor LinearImpl::tensor_parallel_forward(const at::Tensor& x) {
-  ProcessGroup& group = *tp->group;
-  const bool sequence = tp->sequence_parallel_now;
-  if (!tp_rowwise) {
-    return at::linear(sequence ? gather_sequence(x, group) : copy_to_tensor_parallel(x, group),
-                      weight, bias);
-  }
-  const at::Tensor partial = at::linear(x, weight);
-  const at::Tensor y = sequence ? reduce_scatter_sequence(partial, group)
-                                : reduce_from_tensor_parallel(partial, group);
-  if (!bias.defined()) return y;
-  // The bias is added to this rank's part of the sequence: its gradient is partial.
-  return y + (sequence ? copy_to_tensor_parallel(bias, group) : bias);
-}
-
-namespace {
-
-// A replicated weight that, under sequence parallelism, meets only this rank's part of the
-// sequence: its gradient is summed across the group so every rank steps with the whole one.
 at::Tensor sequence_parallel_weight(const at::Tensor& weight, const std::shared_ptr<TpState>& tp) {
   if (!tp || !tp->sequence_parallel_now || !weight.defined()) return weight;
   return copy_to_tensor_parallel(weight, *tp->group);
 }
 
-}  // namespace
+at::Tensor column_parallel_input(const at::Tensor& x, const TpState& tp) {
+  return tp.sequence_parallel_now ? gather_sequence(x, *tp.group)
+                                  : copy_to_tensor_parallel(x, *tp.group);
+}
+
+// Megatron-LM's split: a column-parallel layer takes the whole activation (its f: the input's
+// gradient is summed across the group) and yields this rank's features; a row-parallel one
+// takes those features and sums the partial products across the group (its g). Under sequence
+// parallelism f and g become an all-gather and a reduce-scatter along the sequence.
+at::Tensor LinearImpl::tensor_parallel_forward(const at::Tensor& x) {
+  if (!tp_rowwise) return at::linear(column_parallel_input(x, *tp), weight, bias);
+  const at::Tensor partial = at::linear(x, weight);
+  const at::Tensor y = tp->sequence_parallel_now ? reduce_scatter_sequence(partial, *tp->group)
+                                                 : reduce_from_tensor_parallel(partial, *tp->group);
+  // Under sequence parallelism the bias meets this rank's part of the sequence only.
+  return bias.defined() ? y + sequence_parallel_weight(bias, tp) : y;
+}
 
 at::Tensor LayerNormImpl::forward(const at::Tensor& x) {
   return at::layer_norm(x, {weight.size(0)}, sequence_parallel_weight(weight, tp),

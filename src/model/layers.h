@@ -82,6 +82,15 @@ at::Tensor stored_weight_values(const at::Tensor& weight, at::IntArrayRef nf4_sh
 // converted, deferred ones described so (the model's initializer then fills them).
 void store_frozen_linears(torch::nn::Module& model, const std::string& storage);
 
+// A replicated weight that, under sequence parallelism, meets only this rank's part of the
+// sequence (tp set and sequence parallelism on in this forward): the weight through Megatron's
+// f, so that its gradient is summed across the group and every rank steps with the whole one.
+// Otherwise the weight itself.
+at::Tensor sequence_parallel_weight(const at::Tensor& weight, const std::shared_ptr<TpState>& tp);
+// The input of a column-parallel layer: the whole activation, gathered along the sequence under
+// sequence parallelism, through Megatron's f otherwise (its gradient summed across the group).
+at::Tensor column_parallel_input(const at::Tensor& x, const TpState& tp);
+
 class LayerNormImpl : public torch::nn::Module {
  public:
   LayerNormImpl(int64_t dim, double eps, bool deferred);

@@ -11,7 +11,6 @@
 #include "model/init.h"
 #include "model/layers.h"
 #include "shardtrain/model.h"
-#include "shardtrain/tensor_parallel.h"
 #include "trace/telemetry.h"
 
 namespace shardtrain {
@@ -125,9 +124,8 @@ at::Tensor TransformerImpl::forward(const at::Tensor& tokens) {
     const int64_t first = sequence_parallel ? tp_->rank() * local : 0;
     auto& pos_emb = dynamic_cast<detail::EmbeddingImpl&>(*pos_emb_);
     // The positions of this rank's part of the sequence; their gradient is partial.
-    const at::Tensor pos_weight =
-        sequence_parallel ? copy_to_tensor_parallel(pos_emb.weight, *tp_->group) : pos_emb.weight;
-    x = x + at::embedding(pos_weight, at::arange(first, first + local, tokens.options()));
+    x = x + at::embedding(detail::sequence_parallel_weight(pos_emb.weight, tp_),
+                          at::arange(first, first + local, tokens.options()));
     if (dropout > 0.0) x = at::dropout(x, dropout, /*train=*/true);  // GPT-2's embedding dropout
   } else {
     if (!rope_cos_.defined() || rope_cos_.device() != x.device() ||
@@ -188,10 +186,7 @@ at::Tensor TransformerImpl::forward(const at::Tensor& tokens) {
   }
   // Split, the head is column-parallel over the vocabulary: each rank computes the logits of
   // the ids it holds (vocab_parallel_cross_entropy takes them as they are).
-  if (tp_) {
-    x = sequence_parallel ? gather_sequence(x, *tp_->group)
-                          : copy_to_tensor_parallel(x, *tp_->group);
-  }
+  if (tp_) x = detail::column_parallel_input(x, *tp_);
   x = at::linear(x, config_.tie_embeddings ? tok_emb.weight : weight_of(lm_head_));
   return hooks ? hooks->post_forward(*this, x) : x;
 }

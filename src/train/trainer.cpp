@@ -51,10 +51,8 @@ Trainer::Trainer(TrainConfig config, std::shared_ptr<ProcessGroup> world)
   // Before anything else: every rank runs the same settings (a rank started with other ones
   // would fail later, or worse, not).
   if (world_) detail::check_same_config(config_, *world_);
-  if (world_size() % config_.tp != 0) {
-    throw std::invalid_argument("world size " + std::to_string(world_size()) +
-                                " is not divisible by parallel.tp=" + std::to_string(config_.tp));
-  }
+  // The mesh: tp dividing the world, hybrid_shard's replicas.
+  train_mesh_shape(config_, world_size());
   if (dp_size() > 1 && config_.strategy == "none") {
     throw std::invalid_argument(
         "parallel.strategy = \"none\" trains on one process" +
@@ -90,19 +88,17 @@ Trainer::Trainer(TrainConfig config, std::shared_ptr<ProcessGroup> world)
   }
   if (config_.tp > 1 && config_.model.vocab_size % config_.tp != 0) {
     const int64_t tp = config_.tp, vocab = config_.model.vocab_size;
+    const int64_t multiple = std::lcm<int64_t>(tp, 64);
     throw std::invalid_argument(
         "tensor parallelism splits the vocabulary: " +
         std::string(config_.vocab_size_set ? "model.vocab_size"
                                            : tokenizer_->name() + " tokenizer's vocabulary") +
         " (" + std::to_string(vocab) + ") is not divisible by parallel.tp=" + std::to_string(tp) +
         "; set model.vocab_size to a multiple of " + std::to_string(tp) + " that holds it, e.g. " +
-        std::to_string((vocab + std::lcm<int64_t>(tp, 64) - 1) / std::lcm<int64_t>(tp, 64) *
-                       std::lcm<int64_t>(tp, 64)) +
+        std::to_string((vocab + multiple - 1) / multiple * multiple) +
         " (a multiple of 64 too, so that its checkpoints resume at any tp dividing 64)");
   }
-  // The mesh (hybrid_shard's replicas with tp), heads, key/value heads and the FFN width
-  // too, before the run directory is touched.
-  if (world_) train_mesh_shape(config_, world_size());
+  // Heads, key/value heads and the FFN width too, before the run directory is touched.
   if (config_.tp > 1) transformer_tp_plan(config_.model, static_cast<int>(config_.tp));
   shard_ = detail::open_token_shard_corpus(config_);  // null when the corpus is text
   if (shard_) check_vocabulary();

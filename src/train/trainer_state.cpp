@@ -379,14 +379,15 @@ void Trainer::load_checkpoint(const std::string& dir) {
                                 "' has no training state in index.json (not written by the "
                                 "trainer)");
   }
+  // What the checkpoint must hold: the trained parameters as fp32 tensors of their whole shapes
+  // (under FSDP/ZeRO the module's tensors are views of gathered buffers, perhaps freed, perhaps
+  // bf16; under tensor parallelism slices), compared on meta tensors, and the buffers. Without
+  // FSDP/ZeRO the module's tensors are also what is read into.
   NamedTensors model_tensors, expected;
   const detail::TpState* tp = model_->tensor_parallel().get();
+  const auto meta = at::TensorOptions(at::kFloat).device(at::kMeta);
   for (const auto& [name, value] : trained_parameters(model_)) {
-    // Under FSDP/ZeRO the module's tensors are views of gathered buffers (perhaps freed, perhaps
-    // bf16); the checkpoint holds their fp32 values: compare shapes on meta tensors, whole
-    // ones for tensors split by tensor parallelism.
-    const auto meta = at::TensorOptions(at::kFloat).device(at::kMeta);
-    model_tensors.emplace_back(name, fsdp_ ? at::empty(value.sizes(), meta) : value);
+    model_tensors.emplace_back(name, value);
     expected.emplace_back(name, at::empty(detail::whole_shape(tp, name, value.sizes()), meta));
   }
   for (const auto& item : model_->named_buffers()) {

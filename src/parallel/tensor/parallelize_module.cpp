@@ -2,7 +2,6 @@
 // standard plan of both model families.
 #include <torch/nn/modules/linear.h>
 
-#include <algorithm>
 #include <set>
 #include <sstream>
 #include <stdexcept>
@@ -27,6 +26,32 @@ bool path_matches(const std::string& pattern, const std::string& path) {
     if (!more_a || !more_b) return more_a == more_b;
     if (a != "*" && a != b) return false;
   }
+}
+
+// The submodules `plan` names, in plan order, with their styles. Throws for a pattern that
+// matches nothing (naming `what` it was looked for in) and for a submodule named twice.
+std::vector<std::pair<std::string, ParallelStyle>> resolve_plan(
+    const torch::OrderedDict<std::string, std::shared_ptr<torch::nn::Module>>& modules,
+    const TpPlan& plan, const std::string& what) {
+  std::vector<std::pair<std::string, ParallelStyle>> chosen;
+  std::set<std::string> seen;
+  for (const auto& [pattern, style] : plan) {
+    bool matched = false;
+    for (const auto& item : modules) {
+      if (!path_matches(pattern, item.key())) continue;
+      if (!seen.insert(item.key()).second) {
+        throw std::invalid_argument("tensor parallelism: the plan names '" + item.key() +
+                                    "' more than once");
+      }
+      chosen.emplace_back(item.key(), style);
+      matched = true;
+    }
+    if (!matched) {
+      throw std::invalid_argument("tensor parallelism: the plan names '" + pattern +
+                                  "', which is no submodule of the " + what);
+    }
+  }
+  return chosen;
 }
 
 // Replaces `param` (the tensor the module computes with and has registered: one TensorImpl)
@@ -124,19 +149,7 @@ void parallelize_module(Transformer& model, std::shared_ptr<ProcessGroup> group,
   state->group = std::move(group);
   state->sequence_parallel = options.sequence_parallel_;
   const auto modules = model->named_modules();
-  std::vector<std::pair<std::string, ParallelStyle>> chosen;
-  for (const auto& [pattern, style] : plan) {
-    bool matched = false;
-    for (const auto& item : modules) {
-      if (!path_matches(pattern, item.key())) continue;
-      chosen.emplace_back(item.key(), style);
-      matched = true;
-    }
-    if (!matched) {
-      throw std::invalid_argument("tensor parallelism: the plan names '" + pattern +
-                                  "', which is no submodule of the model");
-    }
-  }
+  const auto chosen = resolve_plan(modules, plan, "model");
   // The model computes its logits split over the vocabulary: both ends must be split.
   const bool tied = model->config().tie_embeddings;
   auto styled = [&](const std::string& path, ParallelStyle::Kind kind) {
@@ -151,13 +164,6 @@ void parallelize_module(Transformer& model, std::shared_ptr<ProcessGroup> group,
         "tensor parallelism: a Transformer's plan splits its vocabulary at both ends: "
         "{\"tok_emb\", RowwiseParallel()} and {\"lm_head\", ColwiseParallel()} (the head of "
         "tied embeddings is tok_emb)");
-  }
-  std::set<std::string> seen;
-  for (const auto& [path, style] : chosen) {
-    if (!seen.insert(path).second) {
-      throw std::invalid_argument("tensor parallelism: the plan names '" + path +
-                                  "' more than once");
-    }
   }
   if (options.sequence_parallel_) {
     // Between the split layers each rank then holds part of the sequence: a norm must know (its
@@ -181,11 +187,10 @@ void parallelize_module(Transformer& model, std::shared_ptr<ProcessGroup> group,
     }
   }
   if (state->size() == 1) return;
-  for (const auto& [path, style] : chosen) {
-    apply_style(path, *modules[path], style, state, /*check_only=*/true);
-  }
-  for (const auto& [path, style] : chosen) {
-    apply_style(path, *modules[path], style, state, /*check_only=*/false);
+  for (bool check_only : {true, false}) {
+    for (const auto& [path, style] : chosen) {
+      apply_style(path, *modules[path], style, state, check_only);
+    }
   }
   model->set_tensor_parallel(state);
 }
@@ -196,52 +201,36 @@ void parallelize_module(torch::nn::Module& module, const std::shared_ptr<Process
   TpState state;  // only for cut(): the layouts are not kept
   state.group = group;
   const auto modules = module.named_modules();
-  std::vector<std::pair<torch::nn::LinearImpl*, ParallelStyle>> chosen;
-  std::vector<std::string> paths;
-  for (const auto& [pattern, style] : plan) {
-    bool matched = false;
-    for (const auto& item : modules) {
-      if (!path_matches(pattern, item.key())) continue;
-      matched = true;
-      auto* linear = dynamic_cast<torch::nn::LinearImpl*>(item.value().get());
-      if (!linear) {
-        throw std::invalid_argument("tensor parallelism: '" + item.key() + "' is a " +
-                                    item.value()->name() +
-                                    "; a module of your own can have its "
-                                    "torch::nn::Linear layers split");
-      }
-      if (style.kind == ParallelStyle::Kind::kSequenceParallel ||
-          (style.kind == ParallelStyle::Kind::kRowwise && linear->bias.defined())) {
-        throw std::invalid_argument(
-            "tensor parallelism: '" + item.key() +
-            (style.kind == ParallelStyle::Kind::kRowwise
-                 ? "' is row-parallel with a bias, which every rank would add before the sum: "
-                   "build it without one and add it after reduce_from_tensor_parallel"
-                 : "': SequenceParallel is a norm's style, not a linear layer's"));
-      }
-      if (std::find(paths.begin(), paths.end(), item.key()) != paths.end()) {
-        throw std::invalid_argument("tensor parallelism: the plan names '" + item.key() +
-                                    "' more than once");
-      }
-      chosen.emplace_back(linear, style);
-      paths.push_back(item.key());
+  const auto chosen = resolve_plan(modules, plan, "module");
+  for (const auto& [path, style] : chosen) {
+    auto* linear = dynamic_cast<torch::nn::LinearImpl*>(modules[path].get());
+    if (!linear) {
+      throw std::invalid_argument("tensor parallelism: '" + path + "' is a " +
+                                  modules[path]->name() +
+                                  "; a module of your own can have its "
+                                  "torch::nn::Linear layers split");
     }
-    if (!matched) {
-      throw std::invalid_argument("tensor parallelism: the plan names '" + pattern +
-                                  "', which is no submodule of the module");
+    if (style.kind == ParallelStyle::Kind::kSequenceParallel ||
+        (style.kind == ParallelStyle::Kind::kRowwise && linear->bias.defined())) {
+      throw std::invalid_argument(
+          "tensor parallelism: '" + path +
+          (style.kind == ParallelStyle::Kind::kRowwise
+               ? "' is row-parallel with a bias, which every rank would add before the sum: "
+                 "build it without one and add it after reduce_from_tensor_parallel"
+               : "': SequenceParallel is a norm's style, not a linear layer's"));
     }
   }
   for (bool check_only : {true, false}) {
-    for (size_t i = 0; i < chosen.size(); ++i) {
-      auto& [linear, style] = chosen[i];
-      const std::string prefix = paths[i] + ".";
+    for (const auto& [path, style] : chosen) {
+      auto& linear = dynamic_cast<torch::nn::LinearImpl&>(*modules[path]);
+      const std::string prefix = path + ".";
       if (style.kind == ParallelStyle::Kind::kColwise) {
-        cut(linear->weight, prefix + "weight", 0, style.fused_parts, state, check_only);
-        if (linear->bias.defined()) {
-          cut(linear->bias, prefix + "bias", 0, style.fused_parts, state, check_only);
+        cut(linear.weight, prefix + "weight", 0, style.fused_parts, state, check_only);
+        if (linear.bias.defined()) {
+          cut(linear.bias, prefix + "bias", 0, style.fused_parts, state, check_only);
         }
       } else {
-        cut(linear->weight, prefix + "weight", 1, 1, state, check_only);
+        cut(linear.weight, prefix + "weight", 1, 1, state, check_only);
       }
     }
   }

@@ -41,15 +41,20 @@ at::Tensor all_reduced(const at::Tensor& x, ProcessGroup& group) {
   return out;
 }
 
-// Sequence is dim 1 of [B, T, ...]; the collectives cut flat tensors into rank-ordered blocks,
-// so the sequence goes first while the data travels.
-at::Tensor sequence_gathered(const at::Tensor& x, ProcessGroup& group) {
-  const at::Tensor seq_first = x.transpose(0, 1).contiguous();
-  std::vector<int64_t> shape = seq_first.sizes().vec();
+// Every rank's `x` joined along `dim`. The collectives cut flat tensors into rank-ordered
+// blocks, so `dim` goes first while the data travels.
+at::Tensor gathered_along(const at::Tensor& x, int64_t dim, ProcessGroup& group) {
+  const at::Tensor dim_first = x.movedim(dim, 0).contiguous();
+  std::vector<int64_t> shape = dim_first.sizes().vec();
   shape[0] *= group.size();
-  at::Tensor out = at::empty(shape, seq_first.options());
-  timed(bytes_of(out), [&] { group.all_gather(seq_first.view({-1}), out.view({-1}))->wait(); });
-  return out.transpose(0, 1);
+  at::Tensor out = at::empty(shape, dim_first.options());
+  timed(bytes_of(out), [&] { group.all_gather(dim_first.view({-1}), out.view({-1}))->wait(); });
+  return out.movedim(0, dim);
+}
+
+// The sequence is dim 1 of [B, T, ...].
+at::Tensor sequence_gathered(const at::Tensor& x, ProcessGroup& group) {
+  return gathered_along(x, 1, group);
 }
 
 at::Tensor sequence_reduce_scattered(const at::Tensor& x, ProcessGroup& group) {
@@ -180,13 +185,7 @@ at::Tensor vocab_parallel_cross_entropy(const at::Tensor& local_logits, const at
 
 at::Tensor gather_vocabulary(const at::Tensor& local_logits, ProcessGroup& group) {
   at::NoGradGuard no_grad;
-  const int64_t last = local_logits.dim() - 1;
-  const at::Tensor rank_first = local_logits.movedim(last, 0).contiguous();
-  std::vector<int64_t> shape = rank_first.sizes().vec();
-  shape[0] *= group.size();
-  at::Tensor out = at::empty(shape, rank_first.options());
-  group.all_gather(rank_first.view({-1}), out.view({-1}))->wait();
-  return out.movedim(0, last);
+  return gathered_along(local_logits, local_logits.dim() - 1, group);
 }
 
 }  // namespace shardtrain
