@@ -9,20 +9,26 @@ namespace shardtrain::cli {
 void add_launch_command(CLI::App& app, const std::vector<std::string>& command, int& exit_code) {
   auto* cmd = app.add_subcommand(
       "launch",
-      "Start N local ranks of PROGRAM with torchrun's environment (RANK WORLD_SIZE LOCAL_RANK "
-      "LOCAL_WORLD_SIZE MASTER_ADDR MASTER_PORT). Usage: shardtrain launch --nproc N [options] "
-      "-- PROGRAM ARGS...");
+      "Start N ranks of PROGRAM on this node, or on every host of a hostfile over ssh, with "
+      "torchrun's environment (RANK WORLD_SIZE LOCAL_RANK LOCAL_WORLD_SIZE MASTER_ADDR "
+      "MASTER_PORT). Usage: shardtrain launch --nproc N [options] -- PROGRAM ARGS..., or "
+      "shardtrain launch --hostfile FILE [options] -- PROGRAM ARGS...");
   // Every value an option writes into lives in `a`, which the callback owns (see ckpt_command).
   struct LaunchArgs {
     LaunchOptions options;
+    int nproc = 0;
     double kill_seconds = 10.0;
     double timeout = 0;
     bool no_prefix = false;
+    std::string master_addr;
+    HostfileLaunch hosts;
+    std::string hostfile, include, exclude;
   };
   auto a = std::make_shared<LaunchArgs>();
   LaunchOptions* options = &a->options;
-  cmd->add_option("--nproc,--nproc-per-node", options->nproc_, "Ranks to start on this node")
-      ->required()
+  cmd->add_option("--nproc,--nproc-per-node", a->nproc,
+                  "Ranks to start on this node (with --hostfile: on each host; default there: "
+                  "its slots)")
       ->check(CLI::Range(1, 1 << 20));
   cmd->add_option("--nnodes", options->nnodes_, "Number of nodes in the job")
       ->capture_default_str()
@@ -31,14 +37,20 @@ void add_launch_command(CLI::App& app, const std::vector<std::string>& command, 
                   "Index of this node; its ranks are node_rank*nproc .. +nproc-1")
       ->capture_default_str()
       ->check(CLI::Range(0, 1 << 20));
-  cmd->add_option("--master-addr", options->master_addr_, "Address of the node hosting rank 0")
-      ->capture_default_str();
+  cmd->add_option("--master-addr", a->master_addr,
+                  "Address of the node hosting rank 0 (default: 127.0.0.1; with --hostfile, its "
+                  "first host)");
   cmd->add_option("--master-port", options->master_port_,
-                  "Port of the rendezvous store on rank 0 (default: a free port; required with "
-                  "--nnodes > 1)")
+                  "Port of the rendezvous store (default: a free port on one node; required with "
+                  "--nnodes > 1, where node 0's launcher hosts the launchers' store there; 29500 "
+                  "with --hostfile)")
       ->check(CLI::Range(1, 65535));
+  cmd->add_option("--iface", options->interface_,
+                  "Network interface the ranks communicate over (GLOO_SOCKET_IFNAME, and "
+                  "NCCL_SOCKET_IFNAME unless set; default: the hostname's address, or the route "
+                  "to --master-addr when the hostname is loopback)");
   cmd->add_option("--max-restarts", options->max_restarts_,
-                  "Restart all local ranks up to R times after a failure")
+                  "Restart the ranks (of every node) up to R times after a failure")
       ->capture_default_str()
       ->check(CLI::Range(0, 1 << 20));
   cmd->add_option("--kill-timeout", a->kill_seconds,
@@ -48,16 +60,61 @@ void add_launch_command(CLI::App& app, const std::vector<std::string>& command, 
   cmd->add_option("--timeout", a->timeout,
                   "Seconds a rank's rendezvous or collective waits for the others before failing "
                   "(SHARDTRAIN_TIMEOUT for every rank; shardtrain train's run.timeout, default "
-                  "1800)")
+                  "1800), and a node's launcher for the other nodes' launchers")
       ->check(CLI::PositiveNumber);
   cmd->add_flag("--no-prefix", a->no_prefix, "Relay rank output without the '[rank N] ' prefix");
-  cmd->footer("Exit status: 0 when every rank exited 0, else the failed rank's status.");
+  cmd->add_option("--hostfile", a->hostfile,
+                  "Start a launcher on every host of FILE (DeepSpeed's format: 'HOST slots=N' "
+                  "lines) over ssh, in this working directory; hosts are nodes 0, 1, .. in the "
+                  "file's order");
+  cmd->add_option("--include", a->include,
+                  "With --hostfile: only these hosts or slots, as DeepSpeed writes them "
+                  "('host1@host2:0,1')");
+  cmd->add_option("--exclude", a->exclude,
+                  "With --hostfile: all but these hosts or slots ('host1@host2:0,1')");
+  cmd->add_option("--ssh", a->hosts.ssh,
+                  "With --hostfile: the ssh command, run by /bin/sh with the host and the remote "
+                  "command appended")
+      ->capture_default_str();
+  cmd->add_option("--label", options->label_,
+                  "This node's name in line prefixes ('[LABEL:rank N] ') and in the other nodes' "
+                  "messages (set by --hostfile to the host)");
+  cmd->add_flag("--stop-on-stdin-eof", options->stop_on_stdin_eof_,
+                "Stop every rank when stdin ends (set by --hostfile: how a launcher started "
+                "over ssh learns that the one that started it stopped)");
+  cmd->footer(
+      "Exit status: 0 when every rank exited 0, else the failed rank's status (with --hostfile: "
+      "the failed host's launcher's; 255 when ssh could not reach it).");
   cmd->callback([a, &command, &exit_code] {
     a->options.kill_timeout(
         std::chrono::milliseconds(static_cast<int64_t>(a->kill_seconds * 1000)));
     a->options.prefix_output(!a->no_prefix);
-    if (a->timeout > 0) setenv("SHARDTRAIN_TIMEOUT", std::to_string(a->timeout).c_str(), 1);
-    const LaunchResult result = launch(a->options, command);
+    if (a->timeout > 0) {
+      setenv("SHARDTRAIN_TIMEOUT", std::to_string(a->timeout).c_str(), 1);
+    } else if (const char* inherited = std::getenv("SHARDTRAIN_TIMEOUT")) {
+      a->timeout = std::atof(inherited);  // a launcher started by --hostfile
+    }
+    if (a->timeout > 0) {
+      a->options.timeout(std::chrono::milliseconds(static_cast<int64_t>(a->timeout * 1000)));
+    }
+    a->options.nproc_ = a->nproc;
+    LaunchResult result;
+    if (!a->hostfile.empty()) {
+      if (a->options.nnodes_ != 1 || a->options.node_rank_ != 0) {
+        throw std::invalid_argument(
+            "--hostfile sets --nnodes and --node-rank itself (one node per host)");
+      }
+      a->options.master_addr_ = a->master_addr;
+      a->hosts.hosts = select_hosts(read_hostfile(a->hostfile), a->include, a->exclude);
+      result = launch_hosts(a->hosts, a->options, command);
+    } else {
+      if (!a->include.empty() || !a->exclude.empty()) {
+        throw std::invalid_argument("--include and --exclude select hosts of a --hostfile");
+      }
+      if (a->nproc == 0) throw std::invalid_argument("--nproc is required (or --hostfile)");
+      if (!a->master_addr.empty()) a->options.master_addr_ = a->master_addr;
+      result = launch(a->options, command);
+    }
     if (result.exit_code != 0) {
       std::cerr << "shardtrain launch: " << result.message << "\n";
       exit_code = result.exit_code;

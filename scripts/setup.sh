@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs the Debian packages shardtrain needs to build, test and run its demo.
 # Idempotent: packages already present are left alone, and apt is not touched at all then.
-# --test: also what only the tests need (chromium, which renders `shardtrain report` pages).
+# --test: also what only the tests need (chromium, which renders `shardtrain report` pages;
+# iproute2 and openssh-server, for the two-host tests made of network namespaces).
 set -euo pipefail
 
 with_test=0
@@ -29,6 +30,9 @@ packages=(
 )
 if [ "$with_test" -eq 1 ]; then
   packages+=(chromium)    # headless rendering of reports in tests/report/render_test.sh
+  # Two hosts from network namespaces, and sshd in each for `launch --hostfile`
+  # (tests/comm/multihost_test.cpp)
+  packages+=(iproute2 openssh-server openssh-client)
 fi
 
 root="$(cd "$(dirname "$0")/.." && pwd)"

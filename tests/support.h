@@ -62,6 +62,15 @@ inline int free_port() {
   return ntohs(addr.sin_port);
 }
 
+// Whether process `pid` still runs (a zombie no one reaped does not).
+inline bool alive(int pid) {
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  if (!std::getline(stat, line)) return false;
+  const auto close = line.rfind(')');
+  return close != std::string::npos && close + 2 < line.size() && line[close + 2] != 'Z';
+}
+
 // Losses by step from rank 0's lines of a metrics.jsonl file.
 inline std::vector<double> rank0_losses(const std::filesystem::path& file) {
   std::vector<double> out;

@@ -44,6 +44,30 @@ struct LaunchOptions {
     return *this;
   }
 
+  // The network interface the ranks' transport uses (GLOO_SOCKET_IFNAME, and
+  // NCCL_SOCKET_IFNAME unless set); empty: chosen as rendezvous.h's transport_address says.
+  LaunchOptions& interface(std::string value) {
+    interface_ = std::move(value);
+    return *this;
+  }
+  // With several nodes: how long a launcher waits for the others to join, and to come back
+  // for a restart, before it ends the job naming the nodes missing.
+  LaunchOptions& timeout(std::chrono::milliseconds value) {
+    timeout_ = value;
+    return *this;
+  }
+  // The node's name in line prefixes ("[label:rank N] ") and in the other nodes' messages.
+  LaunchOptions& label(std::string value) {
+    label_ = std::move(value);
+    return *this;
+  }
+  // Stop every rank when stdin ends: how a launcher started over ssh learns that the launcher
+  // that started it stopped (ssh without a terminal passes no signal, only the end of input).
+  LaunchOptions& stop_on_stdin_eof(bool value) {
+    stop_on_stdin_eof_ = value;
+    return *this;
+  }
+
   int nproc_ = 1;
   int nnodes_ = 1;
   int node_rank_ = 0;
@@ -52,6 +76,10 @@ struct LaunchOptions {
   int max_restarts_ = 0;
   std::chrono::milliseconds kill_timeout_{std::chrono::seconds(10)};
   bool prefix_output_ = true;
+  std::string interface_;
+  std::chrono::milliseconds timeout_{std::chrono::seconds(1800)};
+  std::string label_;
+  bool stop_on_stdin_eof_ = false;
 };
 
 struct LaunchResult {
@@ -68,8 +96,45 @@ struct LaunchResult {
 // SIGTERM, then SIGKILL after kill_timeout; with restarts left, all are started again, with
 // TORCHELASTIC_RESTART_COUNT = the attempt (0 first) and TORCHELASTIC_MAX_RESTARTS set, unless
 // the failed rank exited with status 2 (bad input), which a restart cannot mend.
+// With nnodes > 1 the launchers of all nodes meet in a TCP store node 0's launcher hosts at
+// master_addr:master_port: node 0 picks the port rank 0 hosts the ranks' store on (MASTER_PORT),
+// a failure on any node stops the ranks of every node, and a restart starts them on every node
+// together; a node that does not join, or come back for a restart, within `timeout` ends the job
+// with a message naming it.
 // Blocking; throws std::invalid_argument for bad options and std::runtime_error when a rank
 // cannot be started at all.
 LaunchResult launch(const LaunchOptions& options, const std::vector<std::string>& command);
+
+// A host of a hostfile in DeepSpeed's format ("node1 slots=4") and the slots of it a job uses.
+struct HostSlots {
+  std::string host;
+  std::vector<int> slots;  // slot indices: 0 .. slots-1 unless --include/--exclude chose
+};
+
+// Reads a hostfile: one "HOST slots=N" per line; blank lines and '#' comments ignored.
+// Throws std::invalid_argument naming the file and line of what is wrong.
+std::vector<HostSlots> read_hostfile(const std::string& path);
+
+// DeepSpeed's --include / --exclude: "host1@host2:0,2" keeps (or drops) whole hosts, or the
+// listed slots of a host. At most one of the two may be given. Throws std::invalid_argument
+// for a host or slot the hostfile does not have, or when no slot is left.
+std::vector<HostSlots> select_hosts(std::vector<HostSlots> hosts, const std::string& include,
+                                    const std::string& exclude);
+
+struct HostfileLaunch {
+  std::vector<HostSlots> hosts;
+  // The ssh command, run by /bin/sh with the host and the remote command appended.
+  std::string ssh = "ssh";
+};
+
+// Starts one launcher per host over ssh (node k = the k-th host; master_addr, when empty, the
+// first host; master_port 0 means 29500), with `options` (nproc 0: every host's slot count,
+// which must then be the same on every host) and the same working directory and program. Lines
+// come back prefixed "[host:rank N] ". When one host's launcher fails, or on SIGINT/SIGTERM,
+// every host's launcher is told to stop (its input is closed) and the ssh sessions end.
+// Exit status: 0, or that of the first host's launcher that failed (ssh's 255 when the host
+// could not be reached).
+LaunchResult launch_hosts(const HostfileLaunch& hosts, LaunchOptions options,
+                          const std::vector<std::string>& command);
 
 }  // namespace shardtrain

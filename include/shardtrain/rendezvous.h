@@ -34,10 +34,21 @@ struct RendezvousInfo {
 // Throws std::invalid_argument naming the variable on inconsistent or malformed values.
 RendezvousInfo rendezvous_info(const Environment& env);
 
+// The address this rank's Gloo transport binds when no interface or hostname was given:
+// loopback when the master is loopback; else the first address this host's name resolves to
+// that is not loopback, or, when it resolves only to loopback (as in many containers and VMs),
+// the local address of the route to the master.
+// `reason` is empty, or says why the route's address was chosen.
+struct TransportAddress {
+  std::string hostname;
+  std::string reason;
+};
+TransportAddress transport_address(const std::string& master_addr, int master_port);
+
 // Reads the environment, connects the TCP store (rank 0 hosts it) and the world group.
 // Every rank calls it; blocks until all joined or options.timeout_ passed (naming the missing
-// ranks). Gloo binds the loopback address when MASTER_ADDR is loopback, else this host's name
-// (GLOO_SOCKET_IFNAME, when set, picks an interface instead).
+// ranks). Gloo binds transport_address() (GLOO_SOCKET_IFNAME, when set, picks an interface
+// instead).
 std::shared_ptr<ProcessGroup> init_from_environment(ProcessGroupOptions options = {});
 std::shared_ptr<ProcessGroup> init_from_environment(const RendezvousInfo& info,
                                                     ProcessGroupOptions options = {});

@@ -1,5 +1,6 @@
 #include "comm/gloo_group.h"
 
+#include <gloo/allgather.h>
 #include <gloo/allgatherv.h>
 #include <gloo/barrier.h>
 #include <gloo/broadcast.h>
@@ -10,6 +11,7 @@
 #include <gloo/types.h>
 
 #include <cstring>
+#include <map>
 #include <sstream>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 
@@ -106,6 +108,27 @@ class PointToPointWork : public Work {
   std::string error_;
 };
 
+// Every rank's transport address (host only), gathered once so that a failure can name the host
+// of a peer even when the store is out of reach by then.
+std::vector<std::string> exchange_hosts(const std::shared_ptr<gloo::Context>& context) {
+  const int size = context->size;
+  if (size == 1) return {""};
+  constexpr size_t kWidth = 64;
+  std::string own = context->getPair((context->rank + 1) % size)->address().str();
+  own = own.substr(0, own.rfind(':'));  // "[10.0.0.1]:4321" -> "[10.0.0.1]"
+  if (own.size() > 2 && own.front() == '[' && own.back() == ']')
+    own = own.substr(1, own.size() - 2);
+  std::vector<char> mine(kWidth, 0), all(kWidth * size, 0);
+  std::memcpy(mine.data(), own.data(), std::min(own.size(), kWidth - 1));
+  gloo::AllgatherOptions opts(context);
+  opts.setInput(mine.data(), kWidth);
+  opts.setOutput(all.data(), all.size());
+  gloo::allgather(opts);
+  std::vector<std::string> hosts;
+  for (int rank = 0; rank < size; ++rank) hosts.emplace_back(all.data() + rank * kWidth);
+  return hosts;
+}
+
 }  // namespace
 
 std::shared_ptr<gloo::transport::Device> make_gloo_device(const ProcessGroupOptions& options) {
@@ -139,6 +162,7 @@ GlooProcessGroup::GlooProcessGroup(std::string name, c10::intrusive_ptr<c10d::St
                              std::to_string(global_ranks_[rank_]) + ": " + e.what());
   }
   context_ = std::move(context);
+  hosts_ = exchange_hosts(context_);
   worker_ = std::thread([this] { worker_loop(); });
 }
 
@@ -198,7 +222,8 @@ void GlooProcessGroup::worker_loop() {
         task.work->start();
         task.run(task.tag);
       } catch (const std::exception& e) {
-        const std::string message = describe(task.op.c_str()) + " failed: " + e.what();
+        const std::string message =
+            describe(task.op.c_str()) + " failed: " + e.what() + peers_of(e);
         std::lock_guard<std::mutex> lock(mutex_);
         broken_ = message;
         error = std::make_exception_ptr(std::runtime_error(message));
@@ -214,6 +239,30 @@ void GlooProcessGroup::worker_loop() {
     }
     task.work->finish(error);
   }
+}
+
+std::string GlooProcessGroup::peers_of(const std::exception& error) const {
+  std::map<std::string, std::vector<int>> others;
+  for (int rank = 0; rank < size(); ++rank) {
+    if (hosts_[rank] != hosts_[rank_]) others[hosts_[rank]].push_back(global_ranks_[rank]);
+  }
+  std::string elsewhere;
+  for (const auto& [host, ranks] : others) {
+    elsewhere +=
+        (elsewhere.empty() ? "" : "; ") + std::string("ranks ") + join_ranks(ranks) + " at " + host;
+  }
+  const auto* peer = dynamic_cast<const PeerError*>(&error);
+  if (!peer)
+    return elsewhere.empty() ? "" : " (the group's ranks on other hosts: " + elsewhere + ")";
+  std::string text = std::string(" (") +
+                     (peer->receiving ? "waiting for data from" : "sending to") + " global rank " +
+                     std::to_string(global_ranks_[peer->peer]) + " at " + hosts_[peer->peer] +
+                     ": stopped, dead or unreachable?";
+  // A peer on this host may itself be waiting on another host: name those too.
+  if (hosts_[peer->peer] == hosts_[rank_] && !elsewhere.empty()) {
+    text += " The group's ranks on other hosts: " + elsewhere;
+  }
+  return text + ")";
 }
 
 void GlooProcessGroup::record(const Task& task, std::chrono::steady_clock::time_point end) const {

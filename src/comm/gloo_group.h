@@ -48,11 +48,14 @@ class GlooProcessGroup : public ProcessGroup {
                      uint32_t tag);
   void worker_loop();
   std::string describe(const char* op) const;
+  // Where a failed operation's peers are: the peer of a PeerError, else the group's other hosts.
+  std::string peers_of(const std::exception& error) const;
 
   c10::intrusive_ptr<c10d::Store> store_;
   ProcessGroupOptions options_;
   std::shared_ptr<gloo::transport::Device> device_;
   std::shared_ptr<gloo::Context> context_;
+  std::vector<std::string> hosts_;  // the transport address of each rank of the group
 
   struct Task {
     std::shared_ptr<CompletionWork> work;

@@ -157,7 +157,13 @@ void ring_reduce_scatter(const std::shared_ptr<gloo::Context>& context, const vo
       context->createUnboundBuffer(const_cast<char*>(in), numel * elem_size)};
   int pending_sends[3] = {0, 0, 0};
   auto wait_sends = [&](int index) {
-    for (; pending_sends[index] > 0; --pending_sends[index]) buffers[index]->waitSend(timeout);
+    for (; pending_sends[index] > 0; --pending_sends[index]) {
+      try {
+        buffers[index]->waitSend(timeout);
+      } catch (const std::exception& e) {
+        throw PeerError(right, false, e.what());
+      }
+    }
   };
 
   const ShardRange first = shard_range(numel, size, (rank + size - 1) % size);
@@ -184,9 +190,7 @@ void ring_reduce_scatter(const std::shared_ptr<gloo::Context>& context, const vo
         target.waitRecv(timeout);
       } catch (const std::exception& e) {
         // Gloo names only its socket; the peer that sent nothing is what the user needs.
-        throw std::runtime_error(std::string(e.what()) + " (waiting for data from rank " +
-                                 std::to_string(left) +
-                                 " of the group: stopped, dead or unreachable?)");
+        throw PeerError(left, true, e.what());
       }
       char* into = accumulated + done * elem_size;
       const char* received = static_cast<char*>(target.ptr) + done * elem_size;

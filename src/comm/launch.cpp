@@ -1,91 +1,23 @@
 #include "shardtrain/launch.h"
 
-#include <arpa/inet.h>
 #include <fcntl.h>
-#include <netinet/in.h>
-#include <poll.h>
 #include <sched.h>
-#include <signal.h>
-#include <sys/socket.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <cerrno>
-#include <cstring>
+#include <map>
+#include <memory>
+#include <optional>
 #include <stdexcept>
 #include <thread>
+
+#include "comm/launch_children.h"
+#include "comm/node_agents.h"
 
 namespace shardtrain {
 namespace {
 
-struct Stream {
-  int fd = -1;
-  int out_fd = STDOUT_FILENO;
-  std::string pending;  // bytes of a line not yet ended
-};
-
-struct Child {
-  pid_t pid = -1;
-  int rank = 0;
-  bool running = false;
-  int status = 0;
-  Stream streams[2];
-};
-
-volatile sig_atomic_t g_forwarded_signal = 0;
-void remember_signal(int signal) { g_forwarded_signal = signal; }
-
-int free_port() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) throw std::runtime_error(std::string("socket: ") + std::strerror(errno));
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = 0;
-  socklen_t len = sizeof(addr);
-  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
-      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
-    close(fd);
-    throw std::runtime_error(std::string("could not find a free port: ") + std::strerror(errno));
-  }
-  close(fd);
-  return ntohs(addr.sin_port);
-}
-
-void write_all(int fd, const std::string& text) {
-  size_t done = 0;
-  while (done < text.size()) {
-    const ssize_t n = write(fd, text.data() + done, text.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return;
-    done += static_cast<size_t>(n);
-  }
-}
-
-// Relays complete lines (and, at end of stream, the rest) with the rank prefix.
-void relay(Stream& stream, const std::string& prefix, bool flush_all) {
-  size_t start = 0;
-  for (size_t nl; (nl = stream.pending.find('\n', start)) != std::string::npos; start = nl + 1) {
-    write_all(stream.out_fd, prefix + stream.pending.substr(start, nl + 1 - start));
-  }
-  stream.pending.erase(0, start);
-  if (flush_all && !stream.pending.empty()) {
-    write_all(stream.out_fd, prefix + stream.pending + "\n");
-    stream.pending.clear();
-  }
-}
-
-std::string describe_status(int status) {
-  if (WIFEXITED(status)) return "exited with status " + std::to_string(WEXITSTATUS(status));
-  if (WIFSIGNALED(status)) {
-    const int sig = WTERMSIG(status);
-    return "was killed by signal " + std::to_string(sig) + " (" + strsignal(sig) + ")";
-  }
-  return "ended with wait status " + std::to_string(status);
-}
-
-bool failed(int status) { return !(WIFEXITED(status) && WEXITSTATUS(status) == 0); }
+using detail::Child;
 
 // Threads each of `nproc` ranks can have without the ranks oversubscribing the cores this
 // launcher may run on.
@@ -97,151 +29,34 @@ int threads_per_rank(int nproc) {
   return std::max(1, available / nproc);
 }
 
-Child spawn(const LaunchOptions& o, int local_rank, int port, int attempt,
-            const std::vector<std::string>& command) {
-  const std::string rank_threads = std::to_string(threads_per_rank(o.nproc_));
-  int pipes[2][2];
-  for (auto& p : pipes) {
-    if (pipe2(p, O_CLOEXEC) != 0) {
-      throw std::runtime_error(std::string("pipe: ") + std::strerror(errno));
-    }
+Child spawn_rank(const LaunchOptions& o, int local_rank, int port, int attempt,
+                 const std::vector<std::string>& command, int stdin_fd) {
+  const int rank = o.node_rank_ * o.nproc_ + local_rank;
+  std::map<std::string, std::string> env = {
+      {"RANK", std::to_string(rank)},
+      {"WORLD_SIZE", std::to_string(o.nnodes_ * o.nproc_)},
+      {"LOCAL_RANK", std::to_string(local_rank)},
+      {"LOCAL_WORLD_SIZE", std::to_string(o.nproc_)},
+      {"GROUP_RANK", std::to_string(o.node_rank_)},
+      {"MASTER_ADDR", o.master_addr_},
+      {"MASTER_PORT", std::to_string(port)},
+      // torchrun's names: a restarted trainer resumes from its latest checkpoint.
+      {"TORCHELASTIC_RESTART_COUNT", std::to_string(attempt)},
+      {"TORCHELASTIC_MAX_RESTARTS", std::to_string(o.max_restarts_)},
+  };
+  // Unless the user chose, the ranks share the cores instead of each taking all of them
+  // (LibTorch's intra-op pool and OpenBLAS both read this).
+  if (o.nproc_ > 1 && !std::getenv("OMP_NUM_THREADS")) {
+    env["OMP_NUM_THREADS"] = std::to_string(threads_per_rank(o.nproc_));
   }
-  Child child;
-  child.rank = o.node_rank_ * o.nproc_ + local_rank;
-  const pid_t pid = fork();
-  if (pid < 0) throw std::runtime_error(std::string("fork: ") + std::strerror(errno));
-  if (pid == 0) {
-    setpgid(0, 0);  // its own process group, so stopping it reaches its children too
-    dup2(pipes[0][1], STDOUT_FILENO);
-    dup2(pipes[1][1], STDERR_FILENO);
-    const int world = o.nnodes_ * o.nproc_;
-    setenv("RANK", std::to_string(child.rank).c_str(), 1);
-    setenv("WORLD_SIZE", std::to_string(world).c_str(), 1);
-    setenv("LOCAL_RANK", std::to_string(local_rank).c_str(), 1);
-    setenv("LOCAL_WORLD_SIZE", std::to_string(o.nproc_).c_str(), 1);
-    setenv("GROUP_RANK", std::to_string(o.node_rank_).c_str(), 1);
-    setenv("MASTER_ADDR", o.master_addr_.c_str(), 1);
-    setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
-    // torchrun's names: a restarted trainer resumes from its latest checkpoint.
-    setenv("TORCHELASTIC_RESTART_COUNT", std::to_string(attempt).c_str(), 1);
-    setenv("TORCHELASTIC_MAX_RESTARTS", std::to_string(o.max_restarts_).c_str(), 1);
-    // Unless the user chose, the ranks share the cores instead of each taking all of them
-    // (LibTorch's intra-op pool and OpenBLAS both read this).
-    if (o.nproc_ > 1) setenv("OMP_NUM_THREADS", rank_threads.c_str(), 0);
-    std::vector<char*> argv;
-    for (const auto& arg : command) argv.push_back(const_cast<char*>(arg.c_str()));
-    argv.push_back(nullptr);
-    execvp(argv[0], argv.data());
-    const std::string message =
-        "shardtrain launch: cannot run '" + command[0] + "': " + std::strerror(errno) + "\n";
-    write_all(STDERR_FILENO, message);
-    _exit(127);
+  if (!o.interface_.empty()) {
+    env["GLOO_SOCKET_IFNAME"] = o.interface_;
+    if (!std::getenv("NCCL_SOCKET_IFNAME")) env["NCCL_SOCKET_IFNAME"] = o.interface_;
   }
-  setpgid(pid, pid);
-  child.pid = pid;
-  child.running = true;
-  close(pipes[0][1]);
-  close(pipes[1][1]);
-  child.streams[0] = Stream{pipes[0][0], STDOUT_FILENO, {}};
-  child.streams[1] = Stream{pipes[1][0], STDERR_FILENO, {}};
-  return child;
-}
-
-// Reads what is available from every open stream, waiting at most timeout_ms.
-void pump(std::vector<Child>& children, bool prefix, int timeout_ms) {
-  std::vector<pollfd> fds;
-  std::vector<std::pair<Child*, Stream*>> owners;
-  for (auto& child : children) {
-    for (auto& stream : child.streams) {
-      if (stream.fd >= 0) {
-        fds.push_back(pollfd{stream.fd, POLLIN, 0});
-        owners.emplace_back(&child, &stream);
-      }
-    }
-  }
-  if (fds.empty()) {
-    if (timeout_ms > 0) usleep(timeout_ms * 1000);
-    return;
-  }
-  if (poll(fds.data(), fds.size(), timeout_ms) <= 0) return;
-  char buffer[65536];
-  for (size_t i = 0; i < fds.size(); ++i) {
-    if (!(fds[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
-    auto [child, stream] = owners[i];
-    const std::string tag = prefix ? "[rank " + std::to_string(child->rank) + "] " : "";
-    const ssize_t n = read(stream->fd, buffer, sizeof(buffer));
-    if (n > 0) {
-      stream->pending.append(buffer, static_cast<size_t>(n));
-      relay(*stream, tag, false);
-    } else if (n == 0 || errno != EINTR) {
-      relay(*stream, tag, true);
-      close(stream->fd);
-      stream->fd = -1;
-    }
-  }
-}
-
-// Collects exited children; returns the index of the first that failed in this call, or -1.
-int reap(std::vector<Child>& children) {
-  int first_failure = -1;
-  for (size_t i = 0; i < children.size(); ++i) {
-    Child& child = children[i];
-    if (!child.running) continue;
-    int status = 0;
-    if (waitpid(child.pid, &status, WNOHANG) == child.pid) {
-      child.running = false;
-      child.status = status;
-      if (failed(status) && first_failure < 0) first_failure = static_cast<int>(i);
-    }
-  }
-  return first_failure;
-}
-
-bool any_running(const std::vector<Child>& children) {
-  for (const auto& child : children) {
-    if (child.running) return true;
-  }
-  return false;
-}
-
-void signal_all(std::vector<Child>& children, int signal) {
-  for (auto& child : children) {
-    if (child.running) kill(-child.pid, signal);
-  }
-}
-
-// SIGTERM now, SIGKILL after the timeout; output keeps flowing meanwhile.
-void stop_all(std::vector<Child>& children, const LaunchOptions& o) {
-  signal_all(children, SIGTERM);
-  const auto deadline = std::chrono::steady_clock::now() + o.kill_timeout_;
-  while (any_running(children) && std::chrono::steady_clock::now() < deadline) {
-    pump(children, o.prefix_output_, 20);
-    reap(children);
-  }
-  if (any_running(children)) {
-    signal_all(children, SIGKILL);
-    while (any_running(children)) {
-      pump(children, o.prefix_output_, 20);
-      reap(children);
-    }
-  }
-}
-
-void drain(std::vector<Child>& children, bool prefix) {
-  for (int round = 0; round < 100; ++round) {
-    bool open = false;
-    for (auto& child : children) {
-      for (auto& stream : child.streams) open = open || stream.fd >= 0;
-    }
-    if (!open) return;
-    pump(children, prefix, 10);
-  }
-  for (auto& child : children) {
-    for (auto& stream : child.streams) {
-      if (stream.fd >= 0) close(stream.fd);
-      stream.fd = -1;
-    }
-  }
+  const std::string name = "rank " + std::to_string(rank);
+  std::string tag;
+  if (o.prefix_output_) tag = "[" + (o.label_.empty() ? "" : o.label_ + ":") + name + "] ";
+  return detail::spawn_child(command, detail::environment_with(env), name, tag, stdin_fd);
 }
 
 void validate(const LaunchOptions& o, const std::vector<std::string>& command) {
@@ -262,69 +77,146 @@ void validate(const LaunchOptions& o, const std::vector<std::string>& command) {
   if (o.max_restarts_ < 0) throw std::invalid_argument("--max-restarts must be >= 0");
 }
 
+// How an attempt ended on this node.
+struct Attempt {
+  int failed = -1;                          // index of the local rank that failed first
+  std::optional<detail::NodeFailure> peer;  // a failure another node reported first
+  bool stopped = false;                     // this launcher was asked to stop
+};
+
+std::string node_rank_failure(const Child& child) {
+  return child.name + " (pid " + std::to_string(child.pid) + ") " +
+         detail::describe_status(child.status);
+}
+
+// Runs the attempt until every rank exited, one failed, another node reported a failure, or a
+// stop was asked for; in the last three cases the ranks are stopped. A failure of this node is
+// reported to the others before its ranks are stopped, so theirs stop at the same time.
+Attempt supervise(std::vector<Child>& children, const LaunchOptions& o, detail::NodeAgents* agents,
+                  int attempt, detail::StopRequests& stop) {
+  Attempt a;
+  auto next_check = std::chrono::steady_clock::now();
+  while (detail::any_running(children) && a.failed < 0 && !a.peer && !a.stopped) {
+    detail::pump(children, 50);
+    a.failed = detail::reap(children);
+    a.stopped = a.failed < 0 && stop.requested();
+    const auto now = std::chrono::steady_clock::now();
+    if (agents && a.failed < 0 && !a.stopped && now >= next_check) {
+      try {
+        a.peer = agents->failure(attempt);
+      } catch (const std::runtime_error& e) {
+        a.peer = detail::NodeFailure{1, false, e.what()};  // node 0's launcher is gone
+      }
+      next_check = now + std::chrono::milliseconds(250);
+    }
+  }
+  if (agents && (a.failed >= 0 || a.stopped)) {
+    detail::NodeFailure failure;
+    if (a.failed >= 0) {
+      const Child& child = children[a.failed];
+      failure = {detail::exit_code_of(child.status), true, node_rank_failure(child)};
+      // Status 2 is bad input (a config key, a file, a flag): the same command fails again.
+      failure.restartable = failure.exit_code != 2;
+    } else {
+      failure = {stop.exit_code(), false, "its launcher was " + stop.reason()};
+    }
+    try {
+      agents->report_failure(attempt, failure);
+    } catch (const std::exception&) {
+      // Node 0 is gone: the other nodes learn of it from losing it too.
+    }
+  }
+  if (a.failed >= 0 || a.peer || a.stopped) detail::stop_all(children, o.kill_timeout_);
+  detail::drain(children);
+  return a;
+}
+
+// What every node's launcher must run alike.
+std::string shared_settings(const LaunchOptions& o) {
+  return "--nproc " + std::to_string(o.nproc_) + " --nnodes " + std::to_string(o.nnodes_) +
+         " --max-restarts " + std::to_string(o.max_restarts_);
+}
+
+std::unique_ptr<detail::NodeAgents> join_nodes(const LaunchOptions& o, detail::StopRequests& stop) {
+  if (o.nnodes_ == 1) return nullptr;
+  std::string label = o.label_;
+  if (label.empty()) {
+    char host[256] = {};
+    gethostname(host, sizeof(host) - 1);
+    label = host;
+  }
+  return std::make_unique<detail::NodeAgents>(o.master_addr_, o.master_port_, o.nnodes_,
+                                              o.node_rank_, label, shared_settings(o), o.timeout_,
+                                              [&stop] { return stop.requested(); });
+}
+
 }  // namespace
 
 LaunchResult launch(const LaunchOptions& options, const std::vector<std::string>& command) {
   validate(options, command);
-  struct sigaction forward {};
-  forward.sa_handler = remember_signal;
-  sigemptyset(&forward.sa_mask);
-  struct sigaction old_int {
-  }, old_term{};
-  sigaction(SIGINT, &forward, &old_int);
-  sigaction(SIGTERM, &forward, &old_term);
-  g_forwarded_signal = 0;
+  detail::StopRequests stop(options.stop_on_stdin_eof_);
+  const std::unique_ptr<detail::NodeAgents> agents = join_nodes(options, stop);
+  // A launcher that stops when its input ends gives its ranks none.
+  const int rank_stdin = options.stop_on_stdin_eof_ ? open("/dev/null", O_RDONLY | O_CLOEXEC) : -1;
 
   LaunchResult result;
-  for (int attempt = 0;; ++attempt) {
-    const int port = options.master_port_ ? options.master_port_ : free_port();
-    std::vector<Child> children;
-    for (int local = 0; local < options.nproc_; ++local) {
-      children.push_back(spawn(options, local, port, attempt, command));
-    }
-    int failure = -1;
-    while (any_running(children) && failure < 0 && !g_forwarded_signal) {
-      pump(children, options.prefix_output_, 50);
-      failure = reap(children);
-    }
-    if (failure >= 0 || g_forwarded_signal) stop_all(children, options);
-    drain(children, options.prefix_output_);
-    if (g_forwarded_signal) {
-      result.exit_code = 128 + g_forwarded_signal;
-      result.message =
-          "interrupted by signal " + std::to_string(g_forwarded_signal) + "; stopped all ranks";
-      break;
-    }
-    if (failure < 0) {
+  int attempt = 0;
+  try {
+    for (;; ++attempt) {
       result = LaunchResult{0, -1, attempt, ""};
-      break;
-    }
-    const Child& failed_child = children[failure];
-    result.failed_rank = failed_child.rank;
-    result.restarts = attempt;
-    result.exit_code = WIFEXITED(failed_child.status) ? WEXITSTATUS(failed_child.status)
-                                                      : 128 + WTERMSIG(failed_child.status);
-    result.message = "rank " + std::to_string(failed_child.rank) + " (pid " +
-                     std::to_string(failed_child.pid) + ") " +
-                     describe_status(failed_child.status) + "; stopped the other ranks";
-    if (attempt >= options.max_restarts_) {
-      if (options.max_restarts_ > 0) {
-        result.message += " (after " + std::to_string(attempt) + " restarts)";
+      const int port = agents                 ? agents->rank_port(attempt)
+                       : options.master_port_ ? options.master_port_
+                                              : detail::free_port(false);
+      std::vector<Child> children;
+      for (int local = 0; local < options.nproc_; ++local) {
+        children.push_back(spawn_rank(options, local, port, attempt, command, rank_stdin));
       }
-      break;
+      Attempt a = supervise(children, options, agents.get(), attempt, stop);
+      if (a.stopped) {
+        result.exit_code = stop.exit_code();
+        result.message = stop.reason() + "; stopped all ranks";
+        break;
+      }
+      if (a.failed < 0 && !a.peer && agents) a.peer = agents->finish(attempt);
+      if (a.failed < 0 && !a.peer) break;  // every rank of every node exited 0
+      // Every node acts on the first failure reported, so that all decide alike.
+      std::optional<detail::NodeFailure> first = a.peer;
+      if (agents && (!first || first->restartable)) first = agents->failure(attempt);
+      if (a.failed >= 0) {
+        const Child& child = children[a.failed];
+        result.failed_rank = options.node_rank_ * options.nproc_ + a.failed;
+        result.exit_code = detail::exit_code_of(child.status);
+        result.message = node_rank_failure(child) + "; stopped the other ranks";
+        if (!first) first = detail::NodeFailure{result.exit_code, result.exit_code != 2, ""};
+      } else {
+        result.exit_code = first->exit_code == 0 ? 1 : first->exit_code;
+        result.message = first->what + "; stopped this node's ranks";
+      }
+      if (attempt >= options.max_restarts_) {
+        if (options.max_restarts_ > 0) {
+          result.message += " (after " + std::to_string(attempt) + " restarts)";
+        }
+        break;
+      }
+      if (!first->restartable) {
+        result.message +=
+            first->exit_code == 2
+                ? "; not restarted: status 2 is bad input, which a restart cannot mend"
+                : "; not restarted: the launcher was asked to stop";
+        break;
+      }
+      if (agents) agents->wait_stopped(attempt);
+      detail::write_all(STDERR_FILENO, "shardtrain launch: " + result.message + "; restarting (" +
+                                           std::to_string(attempt + 1) + " of " +
+                                           std::to_string(options.max_restarts_) + ")\n");
     }
-    if (result.exit_code == 2) {
-      // Status 2 is bad input (a config key, a file, a flag): the same command fails again.
-      result.message += "; not restarted: status 2 is bad input, which a restart cannot mend";
-      break;
-    }
-    const std::string note = "shardtrain launch: " + result.message + "; restarting (" +
-                             std::to_string(attempt + 1) + " of " +
-                             std::to_string(options.max_restarts_) + ")\n";
-    write_all(STDERR_FILENO, note);
+  } catch (const std::runtime_error& e) {
+    // The other nodes' launchers were lost, did not come back, or the wait was stopped.
+    result.exit_code = result.exit_code ? result.exit_code : 1;
+    result.message += (result.message.empty() ? "" : "; not restarted: ") + std::string(e.what());
   }
-  sigaction(SIGINT, &old_int, nullptr);
-  sigaction(SIGTERM, &old_term, nullptr);
+  if (agents) agents->leave(attempt, result.exit_code == 0);
+  if (rank_stdin >= 0) close(rank_stdin);
   return result;
 }
 

@@ -1,8 +1,14 @@
 #include "shardtrain/rendezvous.h"
 
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <cctype>
+#include <cstring>
+#include <iostream>
 #include <stdexcept>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
@@ -65,7 +71,92 @@ int first_slurm_count(const std::string& tasks) {
   }
 }
 
+bool is_loopback(const sockaddr* addr) {
+  if (addr->sa_family == AF_INET) {
+    const auto* in = reinterpret_cast<const sockaddr_in*>(addr);
+    return (ntohl(in->sin_addr.s_addr) >> 24) == 127;
+  }
+  if (addr->sa_family == AF_INET6) {
+    const auto* in6 = reinterpret_cast<const sockaddr_in6*>(addr);
+    return IN6_IS_ADDR_LOOPBACK(&in6->sin6_addr) ||
+           (IN6_IS_ADDR_V4MAPPED(&in6->sin6_addr) && in6->sin6_addr.s6_addr[12] == 127);
+  }
+  return false;
+}
+
+std::string numeric_host(const sockaddr* addr, socklen_t len) {
+  char text[NI_MAXHOST] = {};
+  if (getnameinfo(addr, len, text, sizeof(text), nullptr, 0, NI_NUMERICHOST) != 0) return "";
+  return text;
+}
+
+// Calls fn(address, length) for each address `host` resolves to; false when it does not.
+template <typename F>
+bool for_each_address(const std::string& host, F&& fn) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_DGRAM;
+  addrinfo* found = nullptr;
+  if (getaddrinfo(host.c_str(), nullptr, &hints, &found) != 0 || !found) return false;
+  for (addrinfo* a = found; a; a = a->ai_next) {
+    if (fn(a->ai_addr, a->ai_addrlen)) break;
+  }
+  freeaddrinfo(found);
+  return true;
+}
+
+// The local address the kernel sends from to reach `host` (a UDP connect sends nothing).
+std::string route_source_address(const std::string& host, int port) {
+  std::string source;
+  for_each_address(host, [&](const sockaddr* addr, socklen_t len) {
+    sockaddr_storage target{};
+    std::memcpy(&target, addr, len);
+    const uint16_t port_bytes = htons(static_cast<uint16_t>(port));
+    if (addr->sa_family == AF_INET6) {
+      reinterpret_cast<sockaddr_in6*>(&target)->sin6_port = port_bytes;
+    } else {
+      reinterpret_cast<sockaddr_in*>(&target)->sin_port = port_bytes;
+    }
+    const int fd = socket(addr->sa_family, SOCK_DGRAM, 0);
+    if (fd < 0) return false;
+    sockaddr_storage local{};
+    socklen_t local_len = sizeof(local);
+    if (connect(fd, reinterpret_cast<sockaddr*>(&target), len) == 0 &&
+        getsockname(fd, reinterpret_cast<sockaddr*>(&local), &local_len) == 0) {
+      source = numeric_host(reinterpret_cast<sockaddr*>(&local), local_len);
+    }
+    close(fd);
+    return !source.empty();
+  });
+  return source;
+}
+
 }  // namespace
+
+TransportAddress transport_address(const std::string& master_addr, int master_port) {
+  char name[256] = {};
+  gethostname(name, sizeof(name) - 1);
+  const std::string hostname = name;
+  bool master_loopback = false;
+  const bool master_resolves = for_each_address(master_addr, [&](const sockaddr* a, socklen_t) {
+    master_loopback = is_loopback(a);
+    return true;
+  });
+  if (master_loopback || !master_resolves) return {"127.0.0.1", ""};
+  // Gloo binds the first address a name resolves to: give it the first that is not loopback.
+  std::string routable;
+  for_each_address(hostname, [&](const sockaddr* a, socklen_t len) {
+    if (!is_loopback(a)) routable = numeric_host(a, len);
+    return !routable.empty();
+  });
+  if (!routable.empty()) return {routable, ""};
+  const std::string source = route_source_address(master_addr, master_port);
+  if (source.empty()) return {hostname, ""};  // Gloo's own error will name the hostname
+  return {source, "hostname '" + hostname +
+                      "' resolves to a loopback address, so this node's ranks use " + source +
+                      ", its address on the route to MASTER_ADDR " + master_addr +
+                      " (GLOO_SOCKET_IFNAME or shardtrain launch --iface picks an interface)"};
+}
 
 Environment current_environment() {
   Environment env;
@@ -152,12 +243,13 @@ std::shared_ptr<ProcessGroup> init_from_environment(ProcessGroupOptions options)
 
 std::shared_ptr<ProcessGroup> init_from_environment(const RendezvousInfo& info,
                                                     ProcessGroupOptions options) {
-  const bool loopback = info.master_addr == "localhost" || info.master_addr.rfind("127.", 0) == 0 ||
-                        info.master_addr == "::1";
-  if (options.hostname_.empty() && options.interface_.empty() && !loopback) {
-    char name[256] = {};
-    gethostname(name, sizeof(name) - 1);
-    options.hostname(name);
+  if (options.hostname_.empty() && options.interface_.empty() && info.world_size > 1) {
+    const TransportAddress chosen = transport_address(info.master_addr, info.master_port);
+    options.hostname(chosen.hostname);
+    // Once per node: which address its ranks use, when it is not the one the hostname names.
+    if (!chosen.reason.empty() && info.local_rank == 0) {
+      std::cerr << "shardtrain: " << chosen.reason << "\n";
+    }
   }
   c10d::TCPStoreOptions store_options;
   store_options.port = static_cast<uint16_t>(info.master_port);

@@ -441,8 +441,14 @@ void Trainer::fit() {
           static_cast<long long>(config_.zero_stage), dp_size(), fsdp_->unit_layout().size(),
           config_.zero_offload_optimizer.c_str(), config_.zero_offload_param.c_str());
     } else if (fsdp_) {
-      std::printf("fsdp %s over %d rank(s), %zu units\n", config_.fsdp_sharding.c_str(), dp_size(),
-                  fsdp_->unit_layout().size());
+      const MeshShape mesh = resolve_mesh(train_mesh_shape(config_, world_size()), world_size());
+      const int replicas = mesh.degree(MeshAxis::kDpReplicate);
+      const std::string groups =
+          replicas > 1 ? " (" + std::to_string(replicas) + " replicas of " +
+                             std::to_string(mesh.degree(MeshAxis::kDpShard)) + "-rank shard groups)"
+                       : "";
+      std::printf("fsdp %s over %d rank(s)%s, %zu units\n", config_.fsdp_sharding.c_str(),
+                  dp_size(), groups.c_str(), fsdp_->unit_layout().size());
     } else if (dp_size() > 1) {
       std::printf("data parallel (%s) over %d ranks\n", config_.strategy.c_str(), dp_size());
     }

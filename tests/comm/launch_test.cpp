@@ -12,6 +12,7 @@ namespace shardtrain {
 namespace {
 
 using testing::cli;
+using testing::CommandResult;
 using testing::run_command;
 
 TEST(LaunchTest, SetsTorchrunEnvironmentAndPrefixesLines) {
@@ -50,13 +51,123 @@ TEST(LaunchTest, RanksShareTheCoresUnlessTheUserChoseThreads) {
   EXPECT_NE(alone.output.find("threads=."), std::string::npos) << alone.output;
 }
 
-TEST(LaunchTest, MultiNodeRanksAreOffsetByTheNodeRank) {
+// The launchers of nodes 0..n-1 on this machine (as separate nodes would run them), all with
+// `flags`, node 0 in the foreground; the other nodes' output follows node 0's.
+CommandResult nodes(int count, const std::string& flags, const std::string& program) {
+  const int port = testing::free_port();
+  std::string script;
+  for (int node = count - 1; node >= 0; --node) {
+    const std::string launch =
+        cli() + " launch --nnodes " + std::to_string(count) + " --node-rank " +
+        std::to_string(node) + " --master-port " + std::to_string(port) +
+        (flags.find("--timeout") == std::string::npos ? " --timeout 60 " : " ") + flags +
+        " -- sh -c '" + program + "'";
+    script += node > 0 ? "(" + launch + " > node" + std::to_string(node) + ".log 2>&1) & "
+                       : launch + "; status=$?; wait; ";
+  }
+  for (int node = 1; node < count; ++node) script += "cat node" + std::to_string(node) + ".log; ";
+  const auto dir = testing::fresh_test_dir("shardtrain_launch_nodes");
+  auto result = run_command("cd " + dir.string() + " && { " + script + "exit $status; }");
+  std::filesystem::remove_all(dir);
+  return result;
+}
+
+TEST(LaunchTest, MultiNodeRanksAreOffsetByTheNodeRankAndShareOnePort) {
   const auto result =
-      run_command(cli() +
-                  " launch --nproc 2 --nnodes 3 --node-rank 2 --master-port 29999 -- "
-                  "sh -c 'echo env=$RANK/$WORLD_SIZE/$LOCAL_RANK/$MASTER_PORT'");
+      nodes(3, "--nproc 2", "echo env=$RANK/$WORLD_SIZE/$LOCAL_RANK/$GROUP_RANK/port$MASTER_PORT");
   EXPECT_EQ(result.exit_code, 0) << result.output;
-  EXPECT_NE(result.output.find("[rank 5] env=5/6/1/29999"), std::string::npos) << result.output;
+  EXPECT_NE(result.output.find("[rank 5] env=5/6/1/2/port"), std::string::npos) << result.output;
+  // Node 0's launcher chose the port rank 0 hosts the ranks' store on; every node uses it.
+  const auto at = result.output.find("port");
+  ASSERT_NE(at, std::string::npos) << result.output;
+  const std::string port = result.output.substr(at, result.output.find('\n', at) - at);
+  size_t count = 0;
+  for (size_t p = 0; (p = result.output.find(port, p)) != std::string::npos; ++p) ++count;
+  EXPECT_EQ(count, 6u) << result.output;
+}
+
+TEST(LaunchTest, ANodeThatNeverJoinsIsNamed) {
+  const auto start = std::chrono::steady_clock::now();
+  const auto result =
+      run_command(cli() + " launch --nproc 1 --nnodes 3 --node-rank 0 " + "--master-port " +
+                  std::to_string(testing::free_port()) + " --timeout 2 -- true");
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_NE(result.exit_code, 0) << result.output;
+  EXPECT_NE(result.output.find("node(s) 1,2 did not start a launcher within 2 s"),
+            std::string::npos)
+      << result.output;
+  EXPECT_LT(seconds, 20);
+}
+
+// A rank of node 1 fails on the first attempt while node 0's ranks would run for a minute.
+const char* kNodeOneFails =
+    "if [ $GROUP_RANK = 1 ] && [ $LOCAL_RANK = 1 ] && [ $TORCHELASTIC_RESTART_COUNT = 0 ]; then "
+    "sleep 1; exit 3; fi; echo attempt=$TORCHELASTIC_RESTART_COUNT; "
+    "if [ $TORCHELASTIC_RESTART_COUNT = 0 ]; then sleep 60; fi";
+
+TEST(LaunchTest, AFailureOnOneNodeStopsEveryNodesRanks) {
+  const auto start = std::chrono::steady_clock::now();
+  const auto result = nodes(2, "--nproc 2 --kill-timeout 1", kNodeOneFails);
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_EQ(result.exit_code, 3) << result.output;
+  EXPECT_NE(result.output.find("shardtrain launch: node 1 ("), std::string::npos) << result.output;
+  EXPECT_NE(result.output.find("): rank 3 (pid"), std::string::npos) << result.output;
+  EXPECT_NE(result.output.find("stopped this node's ranks"), std::string::npos) << result.output;
+  EXPECT_LT(seconds, 30) << "node 0's ranks were not stopped";
+}
+
+TEST(LaunchTest, MaxRestartsRestartsEveryNodeTogether) {
+  const auto result = nodes(2, "--nproc 2 --kill-timeout 1 --max-restarts 1", kNodeOneFails);
+  EXPECT_EQ(result.exit_code, 0) << result.output;
+  for (int rank = 0; rank < 4; ++rank) {
+    const std::string line = "[rank " + std::to_string(rank) + "] attempt=1";
+    EXPECT_NE(result.output.find(line), std::string::npos) << line << "\n" << result.output;
+  }
+  // Both launchers say so: node 1 of its own rank, node 0 of node 1's.
+  size_t restarts = 0;
+  for (size_t p = 0; (p = result.output.find("restarting (1 of 1)", p)) != std::string::npos; ++p) {
+    ++restarts;
+  }
+  EXPECT_EQ(restarts, 2u) << result.output;
+}
+
+// Node 1's launcher dies after its rank failed (rank 2 kills it when told to stop), so it never
+// comes back for the restart: node 0 waits the timeout long, then ends naming it.
+TEST(LaunchTest, ANodeThatDoesNotComeBackForTheRestartIsNamed) {
+  const std::string program = std::string(
+                                  "if [ $GROUP_RANK = 1 ] && [ $LOCAL_RANK = 0 ]; then "
+                                  "trap \"kill -9 $PPID; exit 0\" TERM; sleep 60 & wait; fi; ") +
+                              kNodeOneFails;
+  const auto start = std::chrono::steady_clock::now();
+  const auto result = nodes(2, "--nproc 2 --kill-timeout 5 --max-restarts 1 --timeout 8", program);
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_EQ(result.exit_code, 3) << result.output;
+  EXPECT_NE(result.output.find("not restarted: node(s) 1 did not stop its ranks and come back for "
+                               "the restart within 8 s"),
+            std::string::npos)
+      << result.output;
+  EXPECT_LT(seconds, 40) << result.output;
+}
+
+// Every node's launcher must run the same --nproc, --nnodes and --max-restarts, or nodes would
+// decide differently whether to restart.
+TEST(LaunchTest, NodesWithOtherLauncherSettingsAreRefused) {
+  const std::string port = std::to_string(testing::free_port());
+  const auto dir = testing::fresh_test_dir("shardtrain_launch_settings");
+  const auto result = run_command(
+      "cd " + dir.string() + " && { (" + cli() + " launch --nproc 1 --nnodes 2 --node-rank 1 " +
+      "--master-port " + port + " --timeout 30 -- true > node1.log 2>&1) & " + cli() +
+      " launch --nproc 1 --nnodes 2 --node-rank 0 --master-port " + port +
+      " --timeout 30 --max-restarts 1 -- true; status=$?; wait; cat node1.log; exit $status; }");
+  std::filesystem::remove_all(dir);
+  EXPECT_EQ(result.exit_code, 2) << result.output;
+  EXPECT_NE(result.output.find("node 1's launcher runs --nproc 1 --nnodes 2 --max-restarts 0 but "
+                               "node 0's runs --nproc 1 --nnodes 2 --max-restarts 1"),
+            std::string::npos)
+      << result.output;
 }
 
 TEST(LaunchTest, FailedRankStopsTheOthersAndIsNamed) {

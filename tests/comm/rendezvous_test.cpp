@@ -1,6 +1,10 @@
 #include "shardtrain/rendezvous.h"
 
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <ifaddrs.h>
+#include <net/if.h>
+#include <netdb.h>
 
 #include <thread>
 
@@ -122,6 +126,55 @@ TEST(RendezvousTest, RanksMeetOverTheTcpStore) {
   EXPECT_EQ(errors[1], "");
   EXPECT_EQ(results[0], 3.0f);
   EXPECT_EQ(results[1], 3.0f);
+}
+
+// With a loopback master the transport stays on loopback. With a master elsewhere it uses the
+// hostname, unless the hostname resolves only to loopback (most containers): then the local
+// address of the route to the master, which here is this machine's own non-loopback address.
+TEST(RendezvousTest, TransportAddressFollowsTheRouteWhenTheHostnameIsLoopback) {
+  EXPECT_EQ(transport_address("127.0.0.1", 29500).hostname, "127.0.0.1");
+  EXPECT_EQ(transport_address("localhost", 29500).hostname, "127.0.0.1");
+  std::string own;
+  ifaddrs* list = nullptr;
+  ASSERT_EQ(getifaddrs(&list), 0);
+  for (ifaddrs* a = list; a && own.empty(); a = a->ifa_next) {
+    if (!a->ifa_addr || a->ifa_addr->sa_family != AF_INET || (a->ifa_flags & IFF_LOOPBACK)) {
+      continue;
+    }
+    char text[INET_ADDRSTRLEN] = {};
+    inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(a->ifa_addr)->sin_addr, text, sizeof text);
+    own = text;
+  }
+  freeifaddrs(list);
+  if (own.empty()) GTEST_SKIP() << "this machine has no non-loopback IPv4 address";
+  char name[256] = {};
+  gethostname(name, sizeof(name) - 1);
+  std::string hostname_address;  // the first non-loopback IPv4 address of the hostname
+  addrinfo hints{};
+  hints.ai_family = AF_INET;
+  addrinfo* found = nullptr;
+  if (getaddrinfo(name, nullptr, &hints, &found) == 0) {
+    for (addrinfo* a = found; a && hostname_address.empty(); a = a->ai_next) {
+      const auto* in = reinterpret_cast<sockaddr_in*>(a->ai_addr);
+      char text[INET_ADDRSTRLEN] = {};
+      inet_ntop(AF_INET, &in->sin_addr, text, sizeof text);
+      if ((ntohl(in->sin_addr.s_addr) >> 24) != 127) hostname_address = text;
+    }
+    freeaddrinfo(found);
+  }
+  const auto chosen = transport_address(own, 29500);
+  if (!hostname_address.empty()) {
+    // The hostname's first address that is not loopback (IPv6 may come first).
+    EXPECT_NE(chosen.hostname.rfind("127.", 0), 0u) << chosen.hostname;
+    EXPECT_NE(chosen.hostname, "::1");
+    EXPECT_EQ(chosen.reason, "");
+  } else {
+    EXPECT_EQ(chosen.hostname, own);
+    EXPECT_NE(chosen.reason.find("resolves to a loopback address"), std::string::npos)
+        << chosen.reason;
+    EXPECT_NE(chosen.reason.find("route to MASTER_ADDR " + own), std::string::npos)
+        << chosen.reason;
+  }
 }
 
 }  // namespace

@@ -229,7 +229,8 @@ TEST_F(RunDirTest, AStoppedPeerEndsTheRunWithinItsTimeout) {
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   EXPECT_NE(result.exit_code, 0) << result.output;
   EXPECT_NE(result.output.find("Timed out waiting 10000ms"), std::string::npos) << result.output;
-  EXPECT_NE(result.output.find("waiting for data from rank 1"), std::string::npos)
+  EXPECT_NE(result.output.find("waiting for data from global rank 1 at 127.0.0.1"),
+            std::string::npos)
       << result.output;
   // 10 s of timeout, plus start-up and the stop of the other rank, but not the default 30 min.
   EXPECT_GE(seconds, 10.0);
