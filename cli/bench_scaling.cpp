@@ -14,6 +14,7 @@
 
 #include "commands.h"
 #include "shardtrain/config.h"
+#include "shardtrain/launch.h"
 
 namespace shardtrain::cli {
 namespace {
@@ -43,12 +44,6 @@ std::vector<std::string> strategy_settings(const std::string& name) {
   }
   throw std::invalid_argument("bench scaling: unknown strategy '" + name +
                               "' (ddp, fsdp, zero1, zero2 or zero3)");
-}
-
-std::string quoted(const std::string& text) {
-  std::string out = "'";
-  for (char c : text) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return out + "'";
 }
 
 double median(std::vector<double> values) {
@@ -228,14 +223,14 @@ void run_scaling(const ScalingArgs& a) {
             "run.log_every=" + std::to_string(a.steps)}) {
         sets.push_back(s);
       }
-      std::string command = quoted(program) + " launch --nproc " + std::to_string(n) +
-                            " --no-prefix -- " + quoted(program) + " train --config " +
-                            quoted(a.config);
-      for (const auto& s : sets) command += " --set " + quoted(s);
+      std::string command = shell_quoted(program) + " launch --nproc " + std::to_string(n) +
+                            " --no-prefix -- " + shell_quoted(program) + " train --config " +
+                            shell_quoted(a.config);
+      for (const auto& s : sets) command += " --set " + shell_quoted(s);
       const fs::path log = run.string() + ".log";
       std::cout << "bench scaling: " << strategy << " on " << n << " rank(s), micro-batch " << micro
                 << " ... " << std::flush;
-      if (std::system((command + " > " + quoted(log.string()) + " 2>&1").c_str()) != 0) {
+      if (std::system((command + " > " + shell_quoted(log.string()) + " 2>&1").c_str()) != 0) {
         throw std::runtime_error("bench scaling: the run failed; see " + log.string());
       }
       json row = measure(run, strategy, n, micro * n * base.grad_accum, base.seq_len);

@@ -121,6 +121,9 @@ std::vector<HostSlots> read_hostfile(const std::string& path);
 std::vector<HostSlots> select_hosts(std::vector<HostSlots> hosts, const std::string& include,
                                     const std::string& exclude);
 
+// `word` quoted for /bin/sh: 'it'\''s' for it's.
+std::string shell_quoted(const std::string& word);
+
 struct HostfileLaunch {
   std::vector<HostSlots> hosts;
   // The ssh command, run by /bin/sh with the host and the remote command appended.

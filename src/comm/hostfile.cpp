@@ -47,12 +47,6 @@ std::map<std::string, std::vector<int>> parse_selection(const std::string& text,
   return selected;
 }
 
-std::string quoted(const std::string& word) {
-  std::string out = "'";
-  for (char c : word) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return out + "'";
-}
-
 // The variables a remote launcher gets from this one: the project's and the transports' own,
 // thread counts, and where programs and libraries are found.
 bool forwarded(const std::string& key) {
@@ -64,10 +58,11 @@ bool forwarded(const std::string& key) {
 
 std::string remote_command(const LaunchOptions& o, int node, const HostSlots& host, int nnodes,
                            const std::vector<std::string>& command) {
-  std::string line = "cd " + quoted(std::filesystem::current_path().string()) + " && exec env";
+  std::string line =
+      "cd " + shell_quoted(std::filesystem::current_path().string()) + " && exec env";
   for (char** entry = environ; entry && *entry; ++entry) {
     const std::string text(*entry);
-    if (forwarded(text.substr(0, text.find('=')))) line += " " + quoted(text);
+    if (forwarded(text.substr(0, text.find('=')))) line += " " + shell_quoted(text);
   }
   // Slots chosen by --include/--exclude (or fewer than all by --nproc) are the devices of a
   // CUDA host, as DeepSpeed's launcher sets them.
@@ -79,20 +74,26 @@ std::string remote_command(const LaunchOptions& o, int node, const HostSlots& ho
     line += " CUDA_VISIBLE_DEVICES=" + devices;
   }
   const std::string self = std::filesystem::read_symlink("/proc/self/exe").string();
-  line += " " + quoted(self) + " launch --nproc " + std::to_string(o.nproc_) + " --nnodes " +
+  line += " " + shell_quoted(self) + " launch --nproc " + std::to_string(o.nproc_) + " --nnodes " +
           std::to_string(nnodes) + " --node-rank " + std::to_string(node) + " --master-addr " +
-          quoted(o.master_addr_) + " --master-port " + std::to_string(o.master_port_) +
+          shell_quoted(o.master_addr_) + " --master-port " + std::to_string(o.master_port_) +
           " --max-restarts " + std::to_string(o.max_restarts_) + " --kill-timeout " +
-          detail::format_seconds(o.kill_timeout_) + " --label " + quoted(host.host) +
+          detail::format_seconds(o.kill_timeout_) + " --label " + shell_quoted(host.host) +
           " --stop-on-stdin-eof";
-  if (!o.interface_.empty()) line += " --iface " + quoted(o.interface_);
+  if (!o.interface_.empty()) line += " --iface " + shell_quoted(o.interface_);
   if (!o.prefix_output_) line += " --no-prefix";
   line += " --";
-  for (const auto& word : command) line += " " + quoted(word);
+  for (const auto& word : command) line += " " + shell_quoted(word);
   return line;
 }
 
 }  // namespace
+
+std::string shell_quoted(const std::string& word) {
+  std::string out = "'";
+  for (char c : word) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return out + "'";
+}
 
 std::vector<HostSlots> read_hostfile(const std::string& path) {
   std::ifstream in(path);

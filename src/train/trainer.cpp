@@ -441,7 +441,7 @@ void Trainer::fit() {
           static_cast<long long>(config_.zero_stage), dp_size(), fsdp_->unit_layout().size(),
           config_.zero_offload_optimizer.c_str(), config_.zero_offload_param.c_str());
     } else if (fsdp_) {
-      const MeshShape mesh = resolve_mesh(train_mesh_shape(config_, world_size()), world_size());
+      const MeshShape& mesh = mesh_->shape();
       const int replicas = mesh.degree(MeshAxis::kDpReplicate);
       const std::string groups =
           replicas > 1 ? " (" + std::to_string(replicas) + " replicas of " +
