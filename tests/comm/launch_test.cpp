@@ -219,6 +219,20 @@ TEST(LaunchTest, BadInvocationsAreNamed) {
   result = run_command(cli() + " launch --nproc 2 --nnodes 2 -- true");
   EXPECT_NE(result.exit_code, 0);
   EXPECT_NE(result.output.find("--master-port is required"), std::string::npos) << result.output;
+  result = run_command(cli() + " launch -- true");
+  EXPECT_EQ(result.exit_code, 2) << result.output;
+  EXPECT_NE(result.output.find("--nproc is required (or --hostfile)"), std::string::npos)
+      << result.output;
+  result = run_command(cli() + " launch --nproc 1 --include node1 -- true");
+  EXPECT_EQ(result.exit_code, 2) << result.output;
+  EXPECT_NE(result.output.find("--include and --exclude select hosts of a --hostfile"),
+            std::string::npos)
+      << result.output;
+  result = run_command(cli() + " launch --hostfile /dev/null --nnodes 2 -- true");
+  EXPECT_EQ(result.exit_code, 2) << result.output;
+  EXPECT_NE(result.output.find("--hostfile sets --nnodes and --node-rank itself"),
+            std::string::npos)
+      << result.output;
   result = run_command(cli() + " launch --nproc 1 -- /nonexistent/program");
   EXPECT_EQ(result.exit_code, 127) << result.output;
   EXPECT_NE(result.output.find("cannot run '/nonexistent/program'"), std::string::npos)
