@@ -48,8 +48,6 @@ class NodeAgents {
   // what they need: briefly after a failure (they read it within a poll), longer after a success.
   void leave(int attempt, bool succeeded);
 
-  const std::string& endpoint() const { return endpoint_; }
-
  private:
   // Waits until keys prefix+"0" .. prefix+(nnodes-1) exist; throws naming the nodes missing.
   void wait_for_nodes(const std::string& prefix, const std::string& doing,
