@@ -11,6 +11,7 @@ void add_bench_command(CLI::App& app, int& exit_code) {
   bench->require_subcommand(1);
   add_bench_adam_command(*bench);
   add_bench_scaling_command(*bench);
+  add_bench_pipeline_command(*bench);
   auto* coll = bench->add_subcommand(
       "collectives",
       "Time collectives over a size sweep and print nccl-tests' columns (size, time, algbw, "

@@ -16,6 +16,7 @@ void add_bench_command(CLI::App& app, int& exit_code);
 void add_bench_adam_command(CLI::App& bench);
 // `bench scaling`, under the `bench` subcommand.
 void add_bench_scaling_command(CLI::App& bench);
+void add_bench_pipeline_command(CLI::App& bench);
 void add_train_command(CLI::App& app);
 void add_data_command(CLI::App& app);
 void add_plan_command(CLI::App& app);

@@ -72,6 +72,15 @@ struct TrainConfig {
   // the strategy runs across the world / tp data-parallel ranks ("none" when there is one).
   int64_t tp = 1;
   bool sequence_parallel = false;  // with tp > 1: norms and dropout on 1/tp of the sequence
+  // Pipeline parallelism (docs/pp.md): the blocks split into pp x pp_virtual_stages stages on
+  // the mesh's outermost axis, train.grad_accum micro-batches per step run by pp_schedule
+  // ("gpipe", "1f1b", "interleaved_1f1b", "zero_bubble"). pp_split: blocks per stage (empty:
+  // balanced). pp_microbatches, when set, is train.grad_accum under another name.
+  int64_t pp = 1;
+  std::string pp_schedule = "1f1b";
+  int64_t pp_virtual_stages = 1;
+  std::vector<int64_t> pp_split;
+  int64_t pp_microbatches = 0;
   double ddp_bucket_cap_mb = 25.0;
   bool ddp_find_unused_parameters = false;
   std::string ddp_comm_hook = "none";  // "none", "bf16", "fp16"

@@ -91,6 +91,10 @@ class DistributedDataParallel {
     DistributedDataParallel& ddp_;
   };
   NoSync no_sync() { return NoSync(*this); }
+  // Averages the gradients accumulated under no_sync() over the ranks now, every bucket at once:
+  // for callers whose last backward does not reach every parameter (a pipeline stage's
+  // micro-batches end at different times for its different layers). Collective.
+  void all_reduce_gradients();
 
   torch::nn::Module& module() { return *module_; }
   ProcessGroup& group() { return *group_; }
@@ -102,6 +106,8 @@ class DistributedDataParallel {
  private:
   struct Bucket;
   at::Tensor grad_view(size_t param) const;
+  // Makes parameter `param`'s .grad its view into its bucket (copying what it accumulated).
+  void adopt_gradient(size_t param);
   void mark_ready(size_t param);
   void launch(size_t bucket);
   void finish_backward();

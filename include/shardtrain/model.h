@@ -12,6 +12,7 @@
 #include <optional>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace shardtrain {
@@ -68,6 +69,17 @@ ModelConfig model_config_from_hf_json(const std::string& path);
 using ParameterInitializer =
     std::function<void(const std::string& name, int64_t begin, at::Tensor out)>;
 
+// The parts of the model one pipeline-parallel rank builds (pipeline.h): the blocks of its
+// stages, the embeddings when it holds the first stage, and the final norm and head when it holds
+// the last (with tied embeddings, the token embedding too, which the head reads). Blocks it does
+// not hold are empty placeholders, so parameter names stay those of the whole model.
+struct ModelParts {
+  std::vector<std::pair<int64_t, int64_t>> blocks;  // [begin, end) of each stage held
+  bool embedding = true;
+  bool head = true;
+  bool holds_block(int64_t index) const;
+};
+
 // How a Transformer gets its parameters.
 struct ModelInit {
   // The initialization's seed. Unset: one number drawn from LibTorch's default generator, so
@@ -90,10 +102,16 @@ struct ModelInit {
     values_ = std::move(init);
     return *this;
   }
+  // Build only `parts` of the model (a pipeline stage); unset: the whole model.
+  ModelInit& parts(ModelParts value) {
+    parts_ = std::move(value);
+    return *this;
+  }
   uint64_t seed_ = 0;
   bool has_seed_ = false;
   bool deferred_ = false;
   ParameterInitializer values_;
+  std::optional<ModelParts> parts_;
 };
 
 // True when `tensor` has memory behind it (or needs none); false for a deferred parameter, and
@@ -187,6 +205,7 @@ auto call(ModulePtr& module, Args&&... args)
 
 namespace detail {
 struct TpState;
+struct BlockContext;
 }
 
 // The decoder. forward(tokens [B, T] int64) -> logits [B, T, vocab] in the parameters' dtype;
@@ -196,6 +215,14 @@ class TransformerImpl : public torch::nn::Module {
  public:
   explicit TransformerImpl(ModelConfig config, ModelInit init = ModelInit());
   at::Tensor forward(const at::Tensor& tokens);
+  // One pipeline stage's share of forward, blocks [begin, end): `input` is the tokens [B, T] when
+  // `begin` is 0 (the embeddings run first), otherwise the hidden states the stage before
+  // produced; when `end` is n_layers the final norm and head run and logits come out, otherwise
+  // hidden states [B, T', d_model] (T' = T / tp under sequence parallelism). `length` is T. The
+  // parts it runs must have been built (ModelInit::parts).
+  at::Tensor forward_stage(const at::Tensor& input, int64_t begin, int64_t end, int64_t length);
+  // The parts this model holds (the whole model unless built with ModelInit::parts).
+  const ModelParts& parts() const { return parts_; }
 
   // The initialization of every parameter (see ParameterInitializer): ModelInit's values, or
   // the random one, a copy that stays valid after the model is gone. GPT-2's scheme: N(0, 0.02)
@@ -231,6 +258,12 @@ class TransformerImpl : public torch::nn::Module {
 
  private:
   ParameterInitializer base_initializer() const;  // the random initialization
+  // The embeddings (tokens -> hidden states, and the BlockContext), the blocks [begin, end), and
+  // the final norm and head.
+  at::Tensor embed(const at::Tensor& tokens, int64_t length, detail::BlockContext& ctx);
+  at::Tensor run_blocks(at::Tensor x, int64_t begin, int64_t end, const detail::BlockContext& ctx);
+  at::Tensor head(at::Tensor x);
+  void prepare_context(const at::Tensor& x, int64_t length, detail::BlockContext& ctx);
 
   ModelConfig config_;
   uint64_t seed_ = 0;
@@ -238,6 +271,7 @@ class TransformerImpl : public torch::nn::Module {
   bool checkpointing_ = false;
   bool use_sdpa_ = true;
   std::shared_ptr<detail::TpState> tp_;
+  ModelParts parts_;
   torch::nn::ModuleList blocks_;
   // Embeddings, final norm and head are registered by the implementation (src/model/), held as
   // base pointers so that this header needs no module headers. pos_emb_ is null in the Llama

@@ -26,6 +26,7 @@
 namespace shardtrain {
 namespace detail {
 class Telemetry;
+class PipelineRunner;
 }
 
 // What one optimizer step measured.
@@ -101,10 +102,12 @@ class Trainer {
   int64_t step() const { return step_; }
   int rank() const { return world_ ? world_->rank() : 0; }
   int world_size() const { return world_ ? world_->size() : 1; }
-  // Ranks that see different data: tensor-parallel peers (parallel.tp neighbouring ranks) see
-  // the same batch.
-  int dp_rank() const { return rank() / static_cast<int>(config_.tp); }
-  int dp_size() const { return world_size() / static_cast<int>(config_.tp); }
+  // Ranks that see different data: tensor-parallel peers (parallel.tp neighbouring ranks) and
+  // the stages of one pipeline see the same batch.
+  int dp_size() const { return world_size() / static_cast<int>(config_.tp * config_.pp); }
+  int dp_rank() const { return rank() / static_cast<int>(config_.tp) % dp_size(); }
+  // This rank's place on the pipeline (the mesh's outermost axis).
+  int pp_rank() const { return rank() / (world_size() / static_cast<int>(config_.pp)); }
   Transformer& model() { return model_; }
   const TrainConfig& config() const { return config_; }
   const LossScaler& loss_scaler() const { return scaler_; }
@@ -133,6 +136,18 @@ class Trainer {
   void restore_replicated(const ShardedCheckpointReader& reader, const NamedTensors& model_tensors);
   void restore_training_state(const ShardedCheckpointReader& reader, const std::string& dir);
   std::vector<at::Tensor> parameters() const;
+  // Pipeline parallelism (trainer_pipeline.cpp): one step's forwards and backwards by the
+  // schedule, gradients summed across tied copies and averaged over data-parallel ranks; the sum
+  // of the micro-batches' losses on the last stage (0 elsewhere).
+  double pipeline_step();
+  // The global gradient norm over every stage, clipped to train.clip.
+  double pipeline_clip_grad_norm();
+  // The logits of `tokens` on the last stage's ranks, an undefined tensor elsewhere.
+  at::Tensor pipeline_logits(const at::Tensor& tokens);
+  // One token drawn from the logits of the last position (train.sample_*).
+  int64_t sample_next(at::Tensor logits, at::Generator& generator);
+  // The checkpoint's tensors (the whole model's, the same on every rank) and this rank's slices.
+  void pipeline_slices(std::vector<TensorSpec>& specs, std::vector<FlatSlice>& slices);
   // SHARDTRAIN_KILL_AFTER_STEP / SHARDTRAIN_STOP_AFTER_STEP: the last rank kills or stops
   // itself after that step (first attempt only).
   void fail_if_injected() const;
@@ -154,6 +169,7 @@ class Trainer {
   std::unique_ptr<DistributedDataParallel> ddp_;
   std::unique_ptr<DeviceMesh> mesh_;
   std::unique_ptr<FullyShardedDataParallel> fsdp_;
+  std::unique_ptr<detail::PipelineRunner> pipeline_;  // parallel.pp > 1
   std::vector<std::unique_ptr<NvmeAdamW>> nvme_;  // one per unit shard, with offload to nvme
   int64_t nvme_steps_ = 0;
   std::unique_ptr<Tokenizer> tokenizer_;

@@ -10,6 +10,7 @@
 
 #include "shardtrain/config.h"
 #include "shardtrain/fsdp.h"
+#include "shardtrain/pipeline.h"
 
 namespace shardtrain {
 namespace {
@@ -166,6 +167,20 @@ const std::map<std::string, Setter>& known_keys() {
       {"parallel.strategy", field(&TrainConfig::strategy)},
       {"parallel.tp", field(&TrainConfig::tp)},
       {"parallel.sequence_parallel", field(&TrainConfig::sequence_parallel)},
+      {"parallel.pp", field(&TrainConfig::pp)},
+      {"parallel.pp_schedule", field(&TrainConfig::pp_schedule)},
+      {"parallel.pp_virtual_stages", field(&TrainConfig::pp_virtual_stages)},
+      {"parallel.pp_microbatches",
+       [](TrainConfig& c, const toml::node& n, const std::string& name) {
+         c.pp_microbatches = as_int(n, name);
+         c.grad_accum = c.pp_microbatches;  // the same setting under the pipeline's name
+       }},
+      {"parallel.pp_split",
+       [](TrainConfig& c, const toml::node& n, const std::string& name) {
+         if (!n.is_array()) wrong_type(name, "an array of block counts, one per stage", n);
+         c.pp_split.clear();
+         for (const auto& item : *n.as_array()) c.pp_split.push_back(as_int(item, name));
+       }},
       {"parallel.ddp.bucket_cap_mb", field(&TrainConfig::ddp_bucket_cap_mb)},
       {"parallel.ddp.find_unused_parameters", field(&TrainConfig::ddp_find_unused_parameters)},
       {"parallel.ddp.comm_hook", field(&TrainConfig::ddp_comm_hook)},
@@ -392,6 +407,49 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
   return parse_train_config(text.str(), path, overrides);
 }
 
+namespace {
+
+// The pipeline's settings against each other and the model; the world size is checked with the
+// mesh (train_mesh_shape).
+void validate_pipeline(const TrainConfig& c) {
+  auto require = [](bool ok, const std::string& message) {
+    if (!ok) throw std::invalid_argument(message);
+  };
+  require(c.pp >= 1, "parallel.pp must be at least 1, got " + std::to_string(c.pp));
+  require(c.pp_virtual_stages >= 1, "parallel.pp_virtual_stages must be at least 1, got " +
+                                        std::to_string(c.pp_virtual_stages));
+  const PipelineScheduleKind kind = pipeline_schedule_from_string(c.pp_schedule);
+  require(c.pp_microbatches == 0 || c.pp_microbatches == c.grad_accum,
+          "parallel.pp_microbatches = " + std::to_string(c.pp_microbatches) +
+              " and train.grad_accum = " + std::to_string(c.grad_accum) +
+              " disagree: they are one setting (the micro-batches per step); set one of them");
+  if (c.pp == 1) {
+    require(c.pp_split.empty() && c.pp_virtual_stages == 1,
+            "parallel.pp_split and parallel.pp_virtual_stages need parallel.pp > 1");
+    return;
+  }
+  require(c.strategy == "none" || c.strategy == "ddp",
+          "parallel.pp > 1 with parallel.strategy = \"" + c.strategy +
+              "\": pipeline stages are combined with \"ddp\" (or \"none\") in this build");
+  require(c.lora_rank == 0,
+          "lora.rank > 0 with parallel.pp > 1: adapters are not split into pipeline stages; use "
+          "data parallelism (ddp or fsdp) for LoRA");
+  const int stages = static_cast<int>(c.pp * c.pp_virtual_stages);
+  if (kind == PipelineScheduleKind::kInterleaved1F1B && c.pp_split.empty()) {
+    require(c.model.n_layers % stages == 0,
+            "parallel.pp_schedule = \"interleaved_1f1b\" gives every stage the same blocks: the "
+            "model's " +
+                std::to_string(c.model.n_layers) +
+                " blocks do not divide into parallel.pp x parallel.pp_virtual_stages = " +
+                std::to_string(stages) + " stages (or give parallel.pp_split)");
+  }
+  pipeline_stage_blocks(c.model.n_layers, stages, c.pp_split);
+  make_pipeline_schedule(kind, static_cast<int>(c.pp), static_cast<int>(c.pp_virtual_stages),
+                         static_cast<int>(c.grad_accum));
+}
+
+}  // namespace
+
 void TrainConfig::validate() const {
   auto require = [](bool ok, const std::string& message) {
     if (!ok) throw std::invalid_argument(message);
@@ -472,6 +530,7 @@ void TrainConfig::validate() const {
           "model.dropout > 0 with parallel.tp > 1: the ranks of a tensor-parallel group would "
           "draw different masks for the activations they share; this version trains tensor "
           "parallelism without dropout");
+  validate_pipeline(*this);
   require(tp == 1 || lora_rank == 0,
           "lora.rank > 0 with parallel.tp > 1: adapters are not split across tensor-parallel "
           "ranks; use data parallelism (ddp or fsdp) for LoRA");

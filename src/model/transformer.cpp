@@ -1,5 +1,6 @@
 // The decoder: embeddings, the stack of blocks (optionally checkpointed), final norm and head.
 #include <ATen/CPUGeneratorImpl.h>
+#include <torch/nn/modules/linear.h>
 
 #include <cmath>
 #include <mutex>
@@ -74,42 +75,117 @@ TransformerImpl::TransformerImpl(ModelConfig config, ModelInit init) : config_(s
   }
   const bool deferred = init.deferred_;
   values_ = std::move(init.values_);
+  if (init.parts_) {
+    parts_ = *init.parts_;
+    for (const auto& [begin, end] : parts_.blocks) {
+      if (begin < 0 || end > config_.n_layers || begin >= end) {
+        throw std::invalid_argument("ModelParts: blocks [" + std::to_string(begin) + ", " +
+                                    std::to_string(end) + ") are not within the model's " +
+                                    std::to_string(config_.n_layers) + " blocks");
+      }
+    }
+  } else {
+    parts_.blocks = {{0, config_.n_layers}};
+  }
   const int64_t d = config_.d_model;
   const bool gpt2 = config_.family == ModelFamily::kGpt2;
   // Registration order is the parameter order ModelConfig::parameter_shapes() promises.
-  tok_emb_ = register_module("tok_emb", detail::Embedding(config_.vocab_size, d, deferred));
-  if (gpt2) {
+  if (parts_.embedding || (parts_.head && config_.tie_embeddings)) {
+    tok_emb_ = register_module("tok_emb", detail::Embedding(config_.vocab_size, d, deferred));
+  }
+  if (gpt2 && parts_.embedding) {
     pos_emb_ = register_module("pos_emb", detail::Embedding(config_.context_length, d, deferred));
   }
   blocks_ = register_module("blocks", torch::nn::ModuleList());
   for (int64_t i = 0; i < config_.n_layers; ++i) {
-    blocks_->push_back(detail::make_block(config_, deferred));
+    if (parts_.holds_block(i)) {
+      blocks_->push_back(detail::make_block(config_, deferred));
+    } else {
+      blocks_->push_back(torch::nn::Identity());  // another pipeline stage's block
+    }
   }
-  if (gpt2) {
-    final_norm_ = register_module("ln_f", detail::LayerNorm(d, config_.norm_eps, deferred));
-  } else {
-    final_norm_ = register_module("norm", detail::RMSNorm(d, config_.norm_eps, deferred));
-  }
-  if (!config_.tie_embeddings) {
-    lm_head_ =
-        register_module("lm_head", detail::Linear(d, config_.vocab_size, /*bias=*/false, deferred));
+  if (parts_.head) {
+    if (gpt2) {
+      final_norm_ = register_module("ln_f", detail::LayerNorm(d, config_.norm_eps, deferred));
+    } else {
+      final_norm_ = register_module("norm", detail::RMSNorm(d, config_.norm_eps, deferred));
+    }
+    if (!config_.tie_embeddings) {
+      lm_head_ = register_module("lm_head",
+                                 detail::Linear(d, config_.vocab_size, /*bias=*/false, deferred));
+    }
   }
   if (!deferred) detail::initialize_parameters(*this, initializer(), /*only_missing=*/false);
 }
 
+bool ModelParts::holds_block(int64_t index) const {
+  for (const auto& [begin, end] : blocks) {
+    if (index >= begin && index < end) return true;
+  }
+  return false;
+}
+
 std::vector<std::shared_ptr<torch::nn::Module>> TransformerImpl::hook_points() const {
-  return std::vector<std::shared_ptr<torch::nn::Module>>(blocks_->begin(), blocks_->end());
+  std::vector<std::shared_ptr<torch::nn::Module>> points;
+  for (const auto& block : *blocks_) {
+    // Not the placeholders of another pipeline stage's blocks.
+    if (!std::dynamic_pointer_cast<torch::nn::IdentityImpl>(block)) points.push_back(block);
+  }
+  return points;
 }
 
 at::Tensor TransformerImpl::forward(const at::Tensor& tokens) {
   check_tokens(tokens, config_);
+  if (!parts_.embedding || !parts_.head || !parts_.holds_block(0) || parts_.blocks.size() != 1 ||
+      parts_.blocks[0].second != config_.n_layers) {
+    throw std::logic_error(
+        "Transformer::forward: this model holds one pipeline stage's parts; call forward_stage");
+  }
   // Held for the call, so hooks removed meanwhile still see their post_forward.
   const std::shared_ptr<ForwardHooks> hooks = module_hooks(*this);
   if (hooks) hooks->pre_forward(*this);
-  const int64_t length = tokens.size(1);
+  detail::BlockContext ctx;
+  at::Tensor x = embed(tokens, tokens.size(1), ctx);
+  x = head(run_blocks(x, 0, static_cast<int64_t>(blocks_->size()), ctx));
+  return hooks ? hooks->post_forward(*this, x) : x;
+}
+
+at::Tensor TransformerImpl::forward_stage(const at::Tensor& input, int64_t begin, int64_t end,
+                                          int64_t length) {
+  detail::BlockContext ctx;
+  at::Tensor x;
+  if (begin == 0) {
+    check_tokens(input, config_);
+    x = embed(input, length, ctx);
+  } else {
+    if (tp_) tp_->sequence_parallel_now = tp_->sequence_parallel && length % tp_->size() == 0;
+    x = input;
+    prepare_context(x, length, ctx);
+  }
+  x = run_blocks(x, begin, end, ctx);
+  return end == config_.n_layers ? head(x) : x;
+}
+
+void TransformerImpl::prepare_context(const at::Tensor& x, int64_t length,
+                                      detail::BlockContext& ctx) {
+  ctx.use_sdpa = use_sdpa_;
+  if (config_.family == ModelFamily::kGpt2) return;
+  if (!rope_cos_.defined() || rope_cos_.device() != x.device() ||
+      rope_cos_.scalar_type() != x.scalar_type()) {
+    std::tie(rope_cos_, rope_sin_) = detail::rope_tables(
+        config_.context_length, config_.d_model / config_.n_heads, config_.rope_theta, x.options());
+  }
+  ctx.rope_cos = rope_cos_.narrow(0, 0, length);
+  ctx.rope_sin = rope_sin_.narrow(0, 0, length);
+}
+
+at::Tensor TransformerImpl::embed(const at::Tensor& tokens, int64_t length,
+                                  detail::BlockContext& ctx) {
+  if (!parts_.embedding) {
+    throw std::logic_error("Transformer: this pipeline stage does not hold the embeddings");
+  }
   const bool gpt2 = config_.family == ModelFamily::kGpt2;
   const double dropout = is_training() ? config_.dropout : 0.0;
-
   // Under sequence parallelism a rank carries length / tp positions between the layers that
   // need the whole sequence (which gather it); a length that does not divide runs without.
   const int tp_size = tp_ ? tp_->size() : 1;
@@ -117,8 +193,6 @@ at::Tensor TransformerImpl::forward(const at::Tensor& tokens) {
   const bool sequence_parallel = tp_ && tp_->sequence_parallel_now;
   auto& tok_emb = dynamic_cast<detail::EmbeddingImpl&>(*tok_emb_);
   at::Tensor x = tok_emb.forward(tokens);
-  detail::BlockContext ctx;
-  ctx.use_sdpa = use_sdpa_;
   if (gpt2) {
     const int64_t local = length / (sequence_parallel ? tp_size : 1);
     const int64_t first = sequence_parallel ? tp_->rank() * local : 0;
@@ -127,17 +201,13 @@ at::Tensor TransformerImpl::forward(const at::Tensor& tokens) {
     x = x + at::embedding(detail::sequence_parallel_weight(pos_emb.weight, tp_),
                           at::arange(first, first + local, tokens.options()));
     if (dropout > 0.0) x = at::dropout(x, dropout, /*train=*/true);  // GPT-2's embedding dropout
-  } else {
-    if (!rope_cos_.defined() || rope_cos_.device() != x.device() ||
-        rope_cos_.scalar_type() != x.scalar_type()) {
-      std::tie(rope_cos_, rope_sin_) =
-          detail::rope_tables(config_.context_length, config_.d_model / config_.n_heads,
-                              config_.rope_theta, x.options());
-    }
-    ctx.rope_cos = rope_cos_.narrow(0, 0, length);
-    ctx.rope_sin = rope_sin_.narrow(0, 0, length);
   }
+  prepare_context(x, length, ctx);
+  return x;
+}
 
+at::Tensor TransformerImpl::run_blocks(at::Tensor x, int64_t begin, int64_t end,
+                                       const detail::BlockContext& ctx) {
   // Checkpointing only pays off when a graph is recorded; under NoGradGuard run blocks plainly.
   const bool checkpoint = checkpointing_ && at::GradMode::is_enabled();
   // While a trace is recorded: a span per block in forward and, through hooks on the tensors
@@ -146,18 +216,20 @@ at::Tensor TransformerImpl::forward(const at::Tensor& tokens) {
   std::shared_ptr<detail::BackwardSpans> backward_spans;
   if (traced && at::GradMode::is_enabled()) {
     std::vector<std::string> names;
-    for (size_t i = 0; i < blocks_->size(); ++i) names.push_back(block_name(i) + " backward");
+    for (int64_t i = begin; i < end; ++i) names.push_back(block_name(i) + " backward");
     backward_spans = detail::BackwardSpans::create(std::move(names));
   }
-  int64_t index = 0;
-  for (const auto& module : *blocks_) {
-    if (backward_spans) detail::BackwardSpans::mark(backward_spans, x, static_cast<size_t>(index));
+  for (int64_t index = begin; index < end; ++index) {
+    const auto position = static_cast<size_t>(index - begin);
+    if (backward_spans) detail::BackwardSpans::mark(backward_spans, x, position);
     std::optional<detail::TraceSpan> span;
     if (traced) span.emplace(block_name(static_cast<size_t>(index)) + " forward", "forward");
-    auto block = std::dynamic_pointer_cast<detail::BlockImpl>(module);
+    auto block = std::dynamic_pointer_cast<detail::BlockImpl>(blocks_[index]);
     if (!block) {
       throw std::logic_error("Transformer: blocks." + std::to_string(index) +
-                             " is not a transformer block (was the ModuleList modified?)");
+                             (parts_.holds_block(index)
+                                  ? " is not a transformer block (was the ModuleList modified?)"
+                                  : " belongs to another pipeline stage"));
     }
     const std::shared_ptr<ForwardHooks> block_hooks = module_hooks(*block);
     if (checkpoint) {
@@ -174,12 +246,19 @@ at::Tensor TransformerImpl::forward(const at::Tensor& tokens) {
       x = block->forward(x, ctx);
       if (block_hooks) x = block_hooks->post_forward(*block, x);
     }
-    ++index;
   }
-  if (backward_spans) detail::BackwardSpans::mark(backward_spans, x, blocks_->size());
+  if (backward_spans) {
+    detail::BackwardSpans::mark(backward_spans, x, static_cast<size_t>(end - begin));
+  }
+  return x;
+}
 
+at::Tensor TransformerImpl::head(at::Tensor x) {
+  if (!parts_.head) {
+    throw std::logic_error("Transformer: this pipeline stage does not hold the head");
+  }
   // Module is a virtual base of LibTorch's modules, hence dynamic_cast.
-  if (gpt2) {
+  if (config_.family == ModelFamily::kGpt2) {
     x = dynamic_cast<detail::LayerNormImpl&>(*final_norm_).forward(x);
   } else {
     x = dynamic_cast<detail::RMSNormImpl&>(*final_norm_).forward(x);
@@ -187,8 +266,10 @@ at::Tensor TransformerImpl::forward(const at::Tensor& tokens) {
   // Split, the head is column-parallel over the vocabulary: each rank computes the logits of
   // the ids it holds (vocab_parallel_cross_entropy takes them as they are).
   if (tp_) x = detail::column_parallel_input(x, *tp_);
-  x = at::linear(x, config_.tie_embeddings ? tok_emb.weight : weight_of(lm_head_));
-  return hooks ? hooks->post_forward(*this, x) : x;
+  const at::Tensor weight = config_.tie_embeddings
+                                ? dynamic_cast<detail::EmbeddingImpl&>(*tok_emb_).weight
+                                : weight_of(lm_head_);
+  return at::linear(x, weight);
 }
 
 }  // namespace shardtrain

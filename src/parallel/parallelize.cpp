@@ -3,6 +3,8 @@
 #include <cstdlib>
 #include <stdexcept>
 
+#include "parallel/pipeline/pipeline_runner.h"
+
 namespace shardtrain {
 
 MixedPrecision mixed_precision_of(const TrainConfig& config) {
@@ -17,11 +19,50 @@ void apply_activation_checkpointing(Transformer& model, const TrainConfig& confi
   model->set_activation_checkpointing(config.activation_checkpointing);
 }
 
+Parallelized::Parallelized() = default;
+Parallelized::Parallelized(Parallelized&&) noexcept = default;
+Parallelized::~Parallelized() = default;
+
+std::vector<std::pair<int64_t, int64_t>> pipeline_blocks(const TrainConfig& config) {
+  return pipeline_stage_blocks(config.model.n_layers,
+                               static_cast<int>(config.pp * config.pp_virtual_stages),
+                               config.pp_split);
+}
+
+ModelParts pipeline_parts(const TrainConfig& config, int pp_rank) {
+  const auto blocks = pipeline_blocks(config);
+  const int stages = static_cast<int>(blocks.size());
+  ModelParts parts;
+  for (int s = pp_rank; s < stages; s += static_cast<int>(config.pp)) {
+    parts.blocks.push_back(blocks[static_cast<size_t>(s)]);
+  }
+  parts.embedding = pp_rank == 0;
+  parts.head = (stages - 1) % config.pp == pp_rank;
+  return parts;
+}
+
+std::unique_ptr<detail::PipelineRunner> apply_pp(Transformer& model, const TrainConfig& config,
+                                                 const DeviceMesh& mesh) {
+  if (mesh.size(MeshAxis::kPp) == 1) return nullptr;
+  PipelineSchedule schedule = make_pipeline_schedule(
+      pipeline_schedule_from_string(config.pp_schedule), static_cast<int>(config.pp),
+      static_cast<int>(config.pp_virtual_stages), static_cast<int>(config.grad_accum));
+  return std::make_unique<detail::PipelineRunner>(
+      model, mesh.group_ptr(MeshAxis::kPp), std::move(schedule), pipeline_blocks(config),
+      /*split_backward=*/!config.activation_checkpointing);
+}
+
 MeshShape train_mesh_shape(const TrainConfig& config, int world_size) {
   const int tp = static_cast<int>(config.tp);
   if (world_size % tp != 0) {
     throw std::invalid_argument("world size " + std::to_string(world_size) +
                                 " is not divisible by parallel.tp=" + std::to_string(tp));
+  }
+  const int pp = static_cast<int>(config.pp);
+  if (world_size % (pp * tp) != 0) {
+    throw std::invalid_argument("world size " + std::to_string(world_size) +
+                                " is not divisible by parallel.pp=" + std::to_string(pp) +
+                                (tp > 1 ? " x parallel.tp=" + std::to_string(tp) : std::string()));
   }
   int replicate = 1;
   if (config.strategy == "fsdp" &&
@@ -39,19 +80,20 @@ MeshShape train_mesh_shape(const TrainConfig& config, int world_size) {
       replicate = world_size / per_node;
     }
   }
-  return resolve_mesh(MeshShape().dp_replicate(replicate).tp(tp), world_size);
+  return resolve_mesh(MeshShape().pp(pp).dp_replicate(replicate).tp(tp), world_size);
 }
 
 Parallelized parallelize(Transformer& model, const TrainConfig& config,
                          const std::shared_ptr<ProcessGroup>& world) {
   Parallelized out;
   const bool sharded = config.strategy == "fsdp" || config.strategy == "zero";
-  if (!world && (config.tp > 1 || sharded)) {
-    throw std::invalid_argument("parallel.tp > 1 and parallel.strategy \"" + config.strategy +
-                                "\" need a process group");
+  const bool meshed = config.tp > 1 || config.pp > 1 || sharded;
+  if (!world && meshed) {
+    throw std::invalid_argument("parallel.tp > 1, parallel.pp > 1 and parallel.strategy \"" +
+                                config.strategy + "\" need a process group");
   }
   // Plain DDP keeps the world as its group; everything else works on the mesh's axes.
-  if (world && (config.tp > 1 || sharded)) {
+  if (world && meshed) {
     out.mesh = std::make_unique<DeviceMesh>(world, train_mesh_shape(config, world->size()));
   }
   if (config.tp > 1) apply_tp(model, config, *out.mesh);
@@ -67,6 +109,7 @@ Parallelized parallelize(Transformer& model, const TrainConfig& config,
   // What no sharded step took over is held whole (each rank's slices of what tensor
   // parallelism split): "none", and DDP on one data-parallel rank.
   if (!out.sharded) model->materialize();
+  if (out.mesh) out.pipeline = apply_pp(model, config, *out.mesh);
   return out;
 }
 

@@ -9,8 +9,12 @@
 #include "shardtrain/fsdp.h"
 #include "shardtrain/mesh.h"
 #include "shardtrain/model.h"
+#include "shardtrain/pipeline.h"
 
 namespace shardtrain {
+namespace detail {
+class PipelineRunner;
+}
 
 // What parallelize() made of a model: the mesh (null for one process), and at most one
 // data-parallel wrapper (none for strategy "none", or DDP on one data-parallel rank).
@@ -18,11 +22,17 @@ struct Parallelized {
   std::unique_ptr<DeviceMesh> mesh;
   std::unique_ptr<DistributedDataParallel> ddp;
   std::unique_ptr<FullyShardedDataParallel> sharded;  // fsdp, or zero at any stage
+  std::unique_ptr<detail::PipelineRunner> pipeline;   // parallel.pp > 1
+  Parallelized();
+  Parallelized(Parallelized&&) noexcept;
+  ~Parallelized();
 };
 
 // Applies config's parallelisms to `model`, in this order (torchtitan's):
-//   1. tensor parallelism (apply_tp, parallel.tp) on the mesh's tp axis; pipeline parallelism is
-//      not part of this build yet;
+//   0. pipeline parallelism: `model` holds this rank's stages already (built with
+//      ModelInit::parts(pipeline_parts(...)), since a stage never builds the other stages' parts);
+//      apply_pp, last, gives it the schedule's runner on the mesh's pp axis;
+//   1. tensor parallelism (apply_tp, parallel.tp) on the mesh's tp axis;
 //   2. activation checkpointing, per block;
 //   3. one data-parallel step on the mesh's data-parallel ranks: apply_ddp, apply_fsdp or
 //      apply_zero;
@@ -33,12 +43,20 @@ struct Parallelized {
 Parallelized parallelize(Transformer& model, const TrainConfig& config,
                          const std::shared_ptr<ProcessGroup>& world);
 
-// The trainer's mesh over `world`: tp = parallel.tp innermost, dp_replicate from hybrid_shard's
-// parallel.fsdp.replicate (one per node when 0), dp_shard the ranks left over. Throws
-// std::invalid_argument naming the sizes when they do not divide the world.
+// The trainer's mesh over `world`: pp = parallel.pp outermost, tp = parallel.tp innermost,
+// dp_replicate from hybrid_shard's parallel.fsdp.replicate (one per node when 0), dp_shard the
+// ranks left over. Throws std::invalid_argument naming the sizes when they do not divide the world.
 MeshShape train_mesh_shape(const TrainConfig& config, int world_size);
 
+// The blocks of every pipeline stage (parallel.pp x pp_virtual_stages, pp_split), and the
+// parts of the model pipeline rank `pp_rank` builds: stages pp_rank, pp_rank + pp, ...
+std::vector<std::pair<int64_t, int64_t>> pipeline_blocks(const TrainConfig& config);
+ModelParts pipeline_parts(const TrainConfig& config, int pp_rank);
+
 // The steps, each a no-op when its setting is off.
+// The schedule's runner on the mesh's pp axis (null for pp = 1).
+std::unique_ptr<detail::PipelineRunner> apply_pp(Transformer& model, const TrainConfig& config,
+                                                 const DeviceMesh& mesh);
 // Splits the model's layers across the mesh's tp axis (transformer_tp_plan).
 void apply_tp(Transformer& model, const TrainConfig& config, const DeviceMesh& mesh);
 void apply_activation_checkpointing(Transformer& model, const TrainConfig& config);

@@ -54,12 +54,9 @@ std::string shardtrain_toml(const Plan& plan, const Candidate& c) {
         << "\nffn_hidden = " << m.ffn_hidden << "\n";
   }
   out << "\n[data]\nseq_len = " << w.seq_len_ << "\n";
-  // Without pipeline parallelism (not in this version) the pp axis's ranks become data
-  // parallel: fewer accumulation steps keep the global batch.
-  const bool pipeline_dropped = c.strategy == PlanStrategy::kTpPp && c.pp > 1;
-  const int64_t accum =
-      pipeline_dropped && c.grad_accum % c.pp == 0 ? c.grad_accum / c.pp : c.grad_accum;
-  out << "\n[train]\nmicro_batch = " << w.micro_batch_ << "\ngrad_accum = " << accum
+  // Pipeline stages combine with DDP in this version (not ZeRO-1, which the estimate assumes).
+  const bool pipelined = c.strategy == PlanStrategy::kTpPp && c.pp > 1;
+  out << "\n[train]\nmicro_batch = " << w.micro_batch_ << "\ngrad_accum = " << c.grad_accum
       << "\nactivation_checkpointing = " << (w.checkpointing_ ? "true" : "false") << "\n";
   out << "\n[parallel]\n";
   switch (c.strategy) {
@@ -70,8 +67,10 @@ std::string shardtrain_toml(const Plan& plan, const Candidate& c) {
       out << (c.lora ? "strategy = \"fsdp\"\n" : "strategy = \"zero\"\n");
       break;
     case PlanStrategy::kZero1:
-    case PlanStrategy::kTpPp:
       out << "strategy = \"zero\"\n";
+      break;
+    case PlanStrategy::kTpPp:
+      out << (pipelined ? "strategy = \"ddp\"\n" : "strategy = \"zero\"\n");
       break;
     case PlanStrategy::kFullShard:
     case PlanStrategy::kHybridShard:
@@ -80,12 +79,14 @@ std::string shardtrain_toml(const Plan& plan, const Candidate& c) {
   }
   if (c.strategy == PlanStrategy::kTpPp) {
     // The planner's tensor-parallel layouts run with sequence parallelism (its memory model
-    // assumes it). Only keys of features that run are written: pipeline parallelism is not one.
+    // assumes it). 1F1B needs a micro-batch per stage; with fewer, GPipe runs.
     out << "tp = " << c.tp << "\nsequence_parallel = " << (c.tp > 1 ? "true" : "false") << "\n";
-    if (pipeline_dropped) {
-      out << "# pipeline parallel " << c.pp << " does not run in this version: the keys here "
-          << "train\n# tp=" << c.tp << " x ZeRO-1 over the remaining ranks, each holding every "
-          << "layer\n# (the memory estimate is the pipelined layout's, not this one's).\n";
+    if (pipelined) {
+      out << "pp = " << c.pp << "\npp_schedule = \"" << (c.grad_accum >= c.pp ? "1f1b" : "gpipe")
+          << "\"\n"
+          << "# The memory estimate shards optimizer state over the data-parallel ranks "
+          << "(ZeRO-1);\n# pipeline stages combine with ddp in this version, which keeps it "
+          << "whole.\n";
     }
   }
   if (c.strategy == PlanStrategy::kFullShard || c.strategy == PlanStrategy::kHybridShard) {
@@ -95,13 +96,13 @@ std::string shardtrain_toml(const Plan& plan, const Candidate& c) {
     out << "cpu_offload = " << (c.offload ? "true" : "false") << "\nwrap = \"block\"\n";
   } else if (c.lora && c.strategy == PlanStrategy::kZero2) {
     out << "\n[parallel.fsdp]\nsharding = \"shard_grad_op\"\nwrap = \"block\"\n";
-  } else if (c.strategy != PlanStrategy::kDdp) {
+  } else if (c.strategy != PlanStrategy::kDdp && !pipelined) {
     const int stage = c.strategy == PlanStrategy::kZero2 ? 2 : 1;
     out << "\n[parallel.zero]\nstage = " << stage << "\noffload_optimizer = \""
         << (c.offload ? "cpu" : "none") << "\"\noffload_param = \"none\"\n";
   }
   // The bf16 parameter/reduction policy is FSDP's and ZeRO's; DDP computes under autocast.
-  const bool mixed = w.precision_ == "bf16" && c.strategy != PlanStrategy::kDdp;
+  const bool mixed = w.precision_ == "bf16" && c.strategy != PlanStrategy::kDdp && !pipelined;
   out << "\n[precision]\nparam_dtype = \"" << (mixed ? "bf16" : "fp32") << "\"\nreduce_dtype = \""
       << (mixed ? "bf16" : "fp32") << "\"\nautocast = \"" << (bf16(plan) ? "bf16" : "none")
       << "\"\n";
@@ -167,7 +168,7 @@ std::string accelerate_yaml(const Plan& plan, const Candidate& c) {
     case PlanStrategy::kTpPp:
       // Only the keys of features that run are written: the data-parallel part of this layout.
       out << "# tensor parallel " << c.tp << " x pipeline parallel " << c.pp
-          << " do not run in this version: this trains ZeRO-1 over every rank\n";
+          << " have no keys in this file: it trains ZeRO-1 over every rank\n";
       [[fallthrough]];
     case PlanStrategy::kZero1:
     case PlanStrategy::kZero2:

@@ -158,10 +158,11 @@ std::string explain(const Plan& plan, double usable) {
   }
   if (rec->strategy == PlanStrategy::kTpPp && rec->pp > 1) {
     out +=
-        " The shardtrain trainer does not run pipeline parallelism yet: the TOML runs tensor "
-        "parallelism with ZeRO-1 over the remaining ranks, and the whole layout runs today "
-        "under Megatron-LM or Megatron-DeepSpeed (the ds_config.json covers its data-parallel "
-        "part; the accelerate YAML uses the Megatron-LM plugin).";
+        " The shardtrain TOML runs the whole layout, with ddp rather than ZeRO-1 across the "
+        "data-parallel ranks (pipeline stages combine with ddp in this version, which keeps the "
+        "optimizer state whole: more memory than estimated). Under Megatron-LM or "
+        "Megatron-DeepSpeed the ds_config.json covers its data-parallel part; the accelerate "
+        "YAML uses the Megatron-LM plugin.";
   }
   return out;
 }

@@ -1,12 +1,15 @@
 // What the trainer builds before its loop: the tokenizer, the token shard, process memory reads.
 #pragma once
 
+#include <torch/optim/adamw.h>
+
 #include <memory>
 #include <string>
 
 #include "shardtrain/config.h"
 #include "shardtrain/data.h"
 #include "shardtrain/lora.h"
+#include "shardtrain/sharded_checkpoint.h"
 #include "shardtrain/tokenizer.h"
 
 namespace shardtrain::detail {
@@ -37,6 +40,27 @@ void trim_heap();
 
 // The [lora] section as add_lora's options.
 LoraOptions lora_options(const TrainConfig& config);
+
+// The mean cross-entropy of `logits` (the model's output for batch.inputs) against
+// batch.targets; under tensor parallelism reduced across the group, never gathered.
+at::Tensor logits_loss(Transformer& model, const at::Tensor& logits, const Batch& batch);
+
+struct TpState;
+
+// The logical tensors of a trainer checkpoint, in order: every trained parameter under its
+// module name (a LoRA run's adapters only), the buffers, then AdamW's state of each parameter
+// that has one ("optim.NAME.exp_avg", ".exp_avg_sq", and ".step" as a 0-dim int64), each as the
+// full tensor whatever the strategy, so that it reshards like the parameters.
+NamedTensors logical_tensors(Transformer& model, const torch::optim::AdamW& optimizer);
+
+// Strategy-specific: the flat slices of `tensors` this rank writes. Replicated strategies
+// ("none", "ddp") hold every tensor whole on every one of the `world` ranks that hold it; each
+// writes shard_range(numel, world, rank) of each, so that all write in parallel. A tensor split
+// by tensor parallelism (`tp`) is held whole by the data-parallel ranks of one group position:
+// they share it the same way, and its slices are written as ranges of the whole tensor.
+std::vector<FlatSlice> owned_slices(const std::string& strategy, int rank, int world,
+                                    const TpState* tp, int dp_rank, int dp_size,
+                                    const NamedTensors& tensors);
 
 // LibTorch's optimizers key per-parameter state by the TensorImpl address, printed.
 std::string optimizer_state_key(const at::Tensor& parameter);

@@ -15,6 +15,7 @@
 #include "model/layers.h"
 #include "optim/swap_file.h"
 #include "parallel/parallelize.h"
+#include "parallel/pipeline/pipeline_runner.h"
 #include "shardtrain/checkpoint.h"
 #include "shardtrain/fused_adamw.h"
 #include "shardtrain/hf.h"
@@ -31,16 +32,21 @@
 #include "train/run_setup.h"
 
 namespace shardtrain {
-namespace {
+namespace {}  // namespace
 
-at::Tensor token_loss(Transformer& model, const Batch& batch) {
-  at::Tensor logits = model->forward(batch.inputs);
+at::Tensor detail::logits_loss(Transformer& model, const at::Tensor& logits, const Batch& batch) {
   const at::Tensor flat = logits.reshape({-1, logits.size(-1)}).to(at::kFloat);
   // Split over the vocabulary: the loss is reduced across the group, never gathered.
   if (const auto& tp = model->tensor_parallel()) {
     return vocab_parallel_cross_entropy(flat, batch.targets.reshape({-1}), *tp->group);
   }
   return at::cross_entropy_loss(flat, batch.targets.reshape({-1}));
+}
+
+namespace {
+
+at::Tensor token_loss(Transformer& model, const Batch& batch) {
+  return detail::logits_loss(model, model->forward(batch.inputs), batch);
 }
 
 }  // namespace
@@ -140,6 +146,8 @@ Trainer::Trainer(TrainConfig config, std::shared_ptr<ProcessGroup> world)
     // model.init_from, reading just those bytes of the Hugging Face files).
     ModelInit init = ModelInit().seed(static_cast<uint64_t>(config_.seed)).deferred();
     if (!config_.init_from.empty()) init.values(hf_initializer(config_.model, config_.init_from));
+    // A pipeline rank builds its stages only.
+    if (config_.pp > 1) init.parts(pipeline_parts(config_, pp_rank()));
     model_ = Transformer(config_.model, std::move(init));
     // Fine-tuning with adapters: the base is frozen before any strategy sees the model, so
     // that only the adapters are in the optimizer, the gradient reductions and checkpoints.
@@ -157,6 +165,7 @@ Trainer::Trainer(TrainConfig config, std::shared_ptr<ProcessGroup> world)
     mesh_ = std::move(parallel.mesh);
     ddp_ = std::move(parallel.ddp);
     fsdp_ = std::move(parallel.sharded);
+    pipeline_ = std::move(parallel.pipeline);
   }
   if (prompt) detail::trim_heap();  // what initialization used and freed
 
@@ -252,7 +261,7 @@ StepResult Trainer::train_step() {
   const int64_t before = cpu_memory_stats().live_bytes;
   reset_peak_cpu_memory();
   double loss_sum = 0.0;
-  for (int a = 0; a < config_.grad_accum; ++a) {
+  for (int a = 0; a < config_.grad_accum && !pipeline_; ++a) {
     const Batch batch = loader_->micro_batch(samples_, a);
     at::Tensor loss;
     {
@@ -273,11 +282,13 @@ StepResult Trainer::train_step() {
     }
     loss_sum += loss.item<double>();
   }
+  if (pipeline_) loss_sum = pipeline_step();
   if (world_size() > 1) {
-    // The reported loss is the global batch's, the same number on every rank.
+    // The reported loss is the global batch's, the same number on every rank. A pipeline's
+    // losses are on its last stage: the mean over the world is 1/pp of theirs.
     at::Tensor mean = at::tensor(loss_sum, at::kDouble);
     world_->all_reduce(mean, ReduceOp::kAvg)->wait();
-    loss_sum = mean.item<double>();
+    loss_sum = mean.item<double>() * static_cast<double>(config_.pp);
   }
   StepResult result;
   result.step = step_ + 1;
@@ -293,10 +304,10 @@ StepResult Trainer::train_step() {
     finite = fsdp_->grads_finite();
   } else {
     finite = scaler_.unscale(params);
-    if (const auto& tp = model_->tensor_parallel()) {
-      // Each rank checked its own slices: the group skips a step together or not at all.
+    if (const auto& tp = model_->tensor_parallel(); tp || pipeline_) {
+      // Each rank checked its own slices or stages: all skip a step together or not at all.
       at::Tensor bad = at::tensor(finite ? 0.0 : 1.0, at::kDouble);
-      tp->group->all_reduce(bad, ReduceOp::kMax)->wait();
+      (pipeline_ ? *world_ : *tp->group).all_reduce(bad, ReduceOp::kMax)->wait();
       finite = bad.item<double>() == 0.0;
     }
   }
@@ -304,6 +315,7 @@ StepResult Trainer::train_step() {
   result.grad_norm = NAN;  // none when the gradients are not finite (null in metrics.jsonl)
   if (finite) {
     result.grad_norm = fsdp_                       ? fsdp_->clip_grad_norm(config_.clip)
+                       : pipeline_                 ? pipeline_clip_grad_norm()
                        : model_->tensor_parallel() ? clip_grad_norm(model_, config_.clip)
                                                    : clip_grad_norm(params, config_.clip);
   }
@@ -355,9 +367,20 @@ double Trainer::evaluate() {
   double total = 0.0;
   for (int64_t i = 0; i < config_.eval_batches; ++i) {
     detail::AutocastScope autocast(detail::cpu_bf16_autocast(config_.autocast == "bf16"));
-    total += token_loss(model_, loader_->eval_batch(i)).item<double>();
+    const Batch batch = loader_->eval_batch(i);
+    if (!pipeline_) {
+      total += token_loss(model_, batch).item<double>();
+    } else if (const at::Tensor logits = pipeline_logits(batch.inputs); logits.defined()) {
+      total += detail::logits_loss(model_, logits, batch).item<double>();
+    }
   }
   model_->train();
+  if (pipeline_ && world_size() > 1) {
+    // On the last stage's ranks only (the same number on each).
+    at::Tensor mean = at::tensor(total, at::kDouble);
+    world_->all_reduce(mean, ReduceOp::kAvg)->wait();
+    total = mean.item<double>() * static_cast<double>(config_.pp);
+  }
   return total / static_cast<double>(config_.eval_batches);
 }
 
@@ -373,21 +396,31 @@ std::string Trainer::generate(const std::string& prompt, int64_t tokens) {
         std::max<int64_t>(0, static_cast<int64_t>(ids.size()) - config_.model.context_length);
     at::Tensor context =
         at::tensor(std::vector<int64_t>(ids.begin() + start, ids.end()), at::kLong).unsqueeze(0);
-    at::Tensor logits = model_->forward(context)[0][-1].to(at::kFloat);
-    if (const auto& tp = model_->tensor_parallel()) logits = gather_vocabulary(logits, *tp->group);
-    // A vocabulary padded past the tokenizer's (model.vocab_size) has ids nothing decodes.
-    logits = logits.narrow(0, 0, std::min<int64_t>(logits.size(0), tokenizer_->vocab_size()));
-    logits = logits / config_.sample_temperature;
-    if (config_.sample_top_k > 0 && config_.sample_top_k < logits.size(0)) {
-      const at::Tensor kth = std::get<0>(logits.topk(config_.sample_top_k)).min();
-      logits = logits.masked_fill(logits < kth, -INFINITY);
+    // Under pipeline parallelism the last stage samples, and the other stages learn the token.
+    const at::Tensor logits = pipeline_ ? pipeline_logits(context) : model_->forward(context);
+    at::Tensor next = at::zeros({1}, at::kLong);
+    if (logits.defined()) next.fill_(sample_next(logits[0][-1], generator));
+    if (pipeline_) {
+      mesh_->group(MeshAxis::kPp).broadcast(next, pipeline_->last_stage_rank())->wait();
     }
-    const at::Tensor next = at::multinomial(logits.softmax(0), 1, false, generator);
     ids.push_back(static_cast<int32_t>(next.item<int64_t>()));
   }
   model_->train();
   std::vector<int32_t> generated(ids.begin() + static_cast<int64_t>(prompt_length), ids.end());
   return prompt + tokenizer_->decode(generated);
+}
+
+int64_t Trainer::sample_next(at::Tensor logits, at::Generator& generator) {
+  logits = logits.to(at::kFloat);
+  if (const auto& tp = model_->tensor_parallel()) logits = gather_vocabulary(logits, *tp->group);
+  // A vocabulary padded past the tokenizer's (model.vocab_size) has ids nothing decodes.
+  logits = logits.narrow(0, 0, std::min<int64_t>(logits.size(0), tokenizer_->vocab_size()));
+  logits = logits / config_.sample_temperature;
+  if (config_.sample_top_k > 0 && config_.sample_top_k < logits.size(0)) {
+    const at::Tensor kth = std::get<0>(logits.topk(config_.sample_top_k)).min();
+    logits = logits.masked_fill(logits < kth, -INFINITY);
+  }
+  return at::multinomial(logits.softmax(0), 1, false, generator).item<int64_t>();
 }
 
 void Trainer::fail_if_injected() const {
@@ -452,6 +485,18 @@ void Trainer::fit() {
     } else if (dp_size() > 1) {
       std::printf("data parallel (%s) over %d ranks\n", config_.strategy.c_str(), dp_size());
     }
+    if (pipeline_) {
+      std::string split;
+      for (const auto& [begin, end] : pipeline_blocks(config_)) {
+        split += (split.empty() ? "" : ", ") + std::to_string(end - begin);
+      }
+      std::printf(
+          "pipeline parallel over %lld ranks (%s, %lld stage(s) of [%s] blocks), %lld "
+          "micro-batches per step\n",
+          static_cast<long long>(config_.pp), config_.pp_schedule.c_str(),
+          static_cast<long long>(config_.pp * config_.pp_virtual_stages), split.c_str(),
+          static_cast<long long>(config_.grad_accum));
+    }
     if (config_.tp > 1) {
       std::printf("tensor parallel over groups of %lld ranks%s, %d data-parallel rank(s)\n",
                   static_cast<long long>(config_.tp),
@@ -507,7 +552,7 @@ void Trainer::fit() {
     if (talk) std::printf("checkpoint: %s\n", dir.c_str());
   }
   // Under FSDP and tensor parallelism every rank takes part in the forward passes.
-  if ((talk || fsdp_ || config_.tp > 1) && config_.sample_tokens > 0) {
+  if ((talk || fsdp_ || config_.tp > 1 || pipeline_) && config_.sample_tokens > 0) {
     const std::string sample = generate(config_.sample_prompt, config_.sample_tokens);
     if (talk) std::printf("sample: %s\n", sample.c_str());
   }

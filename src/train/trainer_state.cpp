@@ -12,6 +12,7 @@
 
 #include "checkpoint/model_description.h"
 #include "model/init.h"
+#include "parallel/pipeline/pipeline_runner.h"
 #include "parallel/tensor/tp_state.h"
 #include "shardtrain/checkpoint.h"
 #include "shardtrain/sharded_checkpoint.h"
@@ -58,10 +59,6 @@ int64_t bytes_of(const std::vector<at::Tensor>& tensors) {
   return total;
 }
 
-// The logical tensors of a trainer checkpoint, in order: every parameter under its module name,
-// then AdamW's state of each parameter that has one ("optim.NAME.exp_avg", ".exp_avg_sq", and
-// ".step" as a 0-dim int64), each as the full tensor whatever the strategy, so that it reshards
-// like the parameters.
 // Parameters that train: every one, or a LoRA run's adapters (its frozen base comes from
 // model.init_from or the seed again on resume, and is not written).
 std::vector<std::pair<std::string, at::Tensor>> trained_parameters(Transformer& model) {
@@ -70,45 +67,6 @@ std::vector<std::pair<std::string, at::Tensor>> trained_parameters(Transformer& 
     if (item.value().requires_grad()) out.emplace_back(item.key(), item.value());
   }
   return out;
-}
-
-NamedTensors logical_tensors(Transformer& model, const torch::optim::AdamW& optimizer) {
-  NamedTensors tensors;
-  const auto trained = trained_parameters(model);
-  for (const auto& [name, value] : trained) tensors.emplace_back(name, value);
-  for (const auto& item : model->named_buffers()) tensors.emplace_back(item.key(), item.value());
-  for (const auto& [key, value] : trained) {
-    const auto* state = adam_state(optimizer, value);
-    if (!state) continue;
-    tensors.emplace_back("optim." + key + ".exp_avg", state->exp_avg());
-    tensors.emplace_back("optim." + key + ".exp_avg_sq", state->exp_avg_sq());
-    tensors.emplace_back("optim." + key + ".step", at::scalar_tensor(state->step(), at::kLong));
-  }
-  return tensors;
-}
-
-// Strategy-specific: the flat slices of `tensors` this rank writes. Replicated strategies
-// ("none", "ddp") hold every tensor whole on every rank; each rank writes shard_range(numel,
-// world, rank) of each, so that all ranks write in parallel. A tensor split by tensor
-// parallelism (`tp`) is held whole by the data-parallel ranks of one group position: they
-// share it the same way, and its slices are written as ranges of the whole tensor. Sharded
-// strategies return the slices of their flat parameters (and flat optimizer state) here.
-std::vector<FlatSlice> owned_slices(const std::string& strategy, int rank, int world,
-                                    const detail::TpState* tp, int dp_rank, int dp_size,
-                                    const NamedTensors& tensors) {
-  TORCH_CHECK(strategy == "none" || strategy == "ddp", "checkpoints of parallel.strategy = \"",
-              strategy, "\" are not implemented");
-  std::vector<FlatSlice> slices;
-  for (const auto& [name, tensor] : tensors) {
-    const bool split = tp && tp->layout_of(name);
-    const ShardRange range =
-        shard_range(tensor.numel(), split ? dp_size : world, split ? dp_rank : rank);
-    if (range.numel == 0) continue;
-    const FlatSlice local{name, range.offset,
-                          tensor.detach().reshape({-1}).narrow(0, range.offset, range.numel)};
-    for (auto& slice : detail::whole_slices(tp, local)) slices.push_back(std::move(slice));
-  }
-  return slices;
 }
 
 // Strategy-specific: fills `targets` (this rank's tensors, by checkpoint name) from the reader.
@@ -130,7 +88,9 @@ void restore_tensors(const std::string& strategy, const ShardedCheckpointReader&
 
 // The model's tensors must be the checkpoint's, in name, shape and dtype: names the first that
 // is not (in parameter order), then any tensor of the checkpoint the model lacks.
-void check_model_tensors(const ShardedCheckpointReader& reader, const NamedTensors& model) {
+// `whole`: the model is the whole model (not one pipeline stage's parts).
+void check_model_tensors(const ShardedCheckpointReader& reader, const NamedTensors& model,
+                         bool whole) {
   std::set<std::string> names;
   for (const auto& [name, tensor] : model) {
     names.insert(name);
@@ -148,7 +108,7 @@ void check_model_tensors(const ShardedCheckpointReader& reader, const NamedTenso
     }
   }
   for (const auto& spec : reader.tensors()) {
-    if (spec.name.rfind("optim.", 0) != 0 && !names.count(spec.name)) {
+    if (whole && spec.name.rfind("optim.", 0) != 0 && !names.count(spec.name)) {
       throw std::invalid_argument("checkpoint '" + reader.dir() + "' has tensor '" + spec.name +
                                   "', which the model does not have (it was written for another "
                                   "model)");
@@ -157,6 +117,39 @@ void check_model_tensors(const ShardedCheckpointReader& reader, const NamedTenso
 }
 
 }  // namespace
+
+NamedTensors detail::logical_tensors(Transformer& model, const torch::optim::AdamW& optimizer) {
+  NamedTensors tensors;
+  const auto trained = trained_parameters(model);
+  for (const auto& [name, value] : trained) tensors.emplace_back(name, value);
+  for (const auto& item : model->named_buffers()) tensors.emplace_back(item.key(), item.value());
+  for (const auto& [key, value] : trained) {
+    const auto* state = adam_state(optimizer, value);
+    if (!state) continue;
+    tensors.emplace_back("optim." + key + ".exp_avg", state->exp_avg());
+    tensors.emplace_back("optim." + key + ".exp_avg_sq", state->exp_avg_sq());
+    tensors.emplace_back("optim." + key + ".step", at::scalar_tensor(state->step(), at::kLong));
+  }
+  return tensors;
+}
+
+std::vector<FlatSlice> detail::owned_slices(const std::string& strategy, int rank, int world,
+                                            const TpState* tp, int dp_rank, int dp_size,
+                                            const NamedTensors& tensors) {
+  TORCH_CHECK(strategy == "none" || strategy == "ddp", "checkpoints of parallel.strategy = \"",
+              strategy, "\" are not implemented");
+  std::vector<FlatSlice> slices;
+  for (const auto& [name, tensor] : tensors) {
+    const bool split = tp && tp->layout_of(name);
+    const ShardRange range =
+        shard_range(tensor.numel(), split ? dp_size : world, split ? dp_rank : rank);
+    if (range.numel == 0) continue;
+    const FlatSlice local{name, range.offset,
+                          tensor.detach().reshape({-1}).narrow(0, range.offset, range.numel)};
+    for (auto& slice : detail::whole_slices(tp, local)) slices.push_back(std::move(slice));
+  }
+  return slices;
+}
 
 std::string Trainer::save_checkpoint() {
   detail::TelemetryScope telemetry(telemetry_);
@@ -173,15 +166,17 @@ std::string Trainer::save_checkpoint() {
     // Parameter shards kept in files: in memory until the save is done (not the gradients).
     fsdp_->load_shards(-1, /*gradients=*/false);
     sharded_slices(specs, slices);
+  } else if (pipeline_) {
+    pipeline_slices(specs, slices);
   } else {
-    const NamedTensors tensors = logical_tensors(model_, *optimizer_);
+    const NamedTensors tensors = detail::logical_tensors(model_, *optimizer_);
     const detail::TpState* tp = model_->tensor_parallel().get();
     for (const auto& [tensor_name, tensor] : tensors) {
       specs.push_back({tensor_name, detail::whole_shape(tp, tensor_name, tensor.sizes()),
                        tensor.scalar_type()});
     }
-    slices =
-        owned_slices(config_.strategy, rank(), world_size(), tp, dp_rank(), dp_size(), tensors);
+    slices = detail::owned_slices(config_.strategy, rank(), world_size(), tp, dp_rank(), dp_size(),
+                                  tensors);
   }
   const nlohmann::json training = {{"step", step_},
                                    {"samples", samples_},
@@ -394,7 +389,7 @@ void Trainer::load_checkpoint(const std::string& dir) {
     model_tensors.emplace_back(item.key(), item.value());
     expected.emplace_back(item.key(), item.value());
   }
-  check_model_tensors(reader, expected);
+  check_model_tensors(reader, expected, /*whole=*/!pipeline_);
   if (fsdp_) {
     restore_sharded(reader);
   } else {
@@ -504,6 +499,14 @@ void Trainer::write_metrics(const StepResult& result, double eval_loss) {
       line["comm"]["tp_seconds"] = result.comm_tp_s;
       line["comm"]["tp_bytes"] = result.comm_tp_bytes;
     }
+  }
+  if (pipeline_) {
+    // When this rank's forwards and backwards ran within the step: its share of the bubble.
+    const PipelineTimeline& timeline = pipeline_->last_timeline();
+    line["pipeline"] = {{"stage_rank", pp_rank()},
+                        {"busy_s", timeline.step_seconds * (1.0 - timeline.idle_fraction())},
+                        {"span_s", timeline.step_seconds},
+                        {"idle_fraction", timeline.idle_fraction()}};
   }
   // Seconds since this process took its first step (a resumed run starts again from zero).
   line["elapsed_s"] =

@@ -164,8 +164,20 @@ void DistributedDataParallel::mark_ready(size_t k) {
   }
   if (ready_[k]) return;  // a parameter used twice: its accumulator fires again
   ready_[k] = true;
-  const at::Tensor& p = params_[k];
+  adopt_gradient(k);
   Bucket& bucket = *buckets_[bucket_of_[k]];
+  if (--bucket.pending == 0) {
+    // Buckets go out strictly in order, so every rank issues the same sequence of collectives
+    // even when gradients become ready in different orders.
+    while (next_to_launch_ < buckets_.size() && buckets_[next_to_launch_]->pending == 0) {
+      launch(next_to_launch_++);
+    }
+  }
+}
+
+void DistributedDataParallel::adopt_gradient(size_t k) {
+  const at::Tensor& p = params_[k];
+  const Bucket& bucket = *buckets_[bucket_of_[k]];
   // A gradient that is not our view (set to None by zero_grad, then stolen by the accumulator)
   // is copied into the bucket, and the view restored. Comparing addresses keeps this check off
   // the allocator on the usual path.
@@ -180,13 +192,22 @@ void DistributedDataParallel::mark_ready(size_t k) {
     }
     params_[k].mutable_grad() = view;
   }
-  if (--bucket.pending == 0) {
-    // Buckets go out strictly in order, so every rank issues the same sequence of collectives
-    // even when gradients become ready in different orders.
-    while (next_to_launch_ < buckets_.size() && buckets_[next_to_launch_]->pending == 0) {
-      launch(next_to_launch_++);
+}
+
+void DistributedDataParallel::all_reduce_gradients() {
+  TORCH_CHECK(!in_backward_, "DistributedDataParallel::all_reduce_gradients during a backward");
+  for (size_t k = 0; k < params_.size(); ++k) adopt_gradient(k);
+  backward_start_ = std::chrono::steady_clock::now();
+  timeline_ = DDPTimeline();
+  for (size_t b = 0; b < buckets_.size(); ++b) launch(b);
+  for (auto& bucket : buckets_) {
+    bucket->work->wait();
+    if (bucket->wire.defined()) {
+      bucket->buffer.copy_(bucket->wire);
+      bucket->wire = at::Tensor();
     }
   }
+  reset_for_next_backward();
 }
 
 void DistributedDataParallel::launch(size_t b) {

@@ -1,0 +1,81 @@
+// Runs a pipeline schedule on one rank: its stages' forwards and backwards in the schedule's
+// order, activations and gradients sent to and received from the neighbouring stages' ranks.
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <map>
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include "shardtrain/dist.h"
+#include "shardtrain/model.h"
+#include "shardtrain/pipeline.h"
+
+namespace shardtrain::detail {
+
+// What one training step gives the pipeline.
+struct PipelineStepInputs {
+  std::function<at::Tensor(int micro_batch)> tokens;  // read on the first stage's rank
+  // The mean loss of a micro-batch's logits, on the last stage's rank.
+  std::function<at::Tensor(const at::Tensor& logits, int micro_batch)> loss;
+  double loss_factor = 1.0;    // each micro-batch's loss is multiplied by this for backward
+  int64_t batch = 0;           // sequences per micro-batch
+  bool bf16_autocast = false;  // forwards under CPU bf16 autocast (precision.autocast)
+};
+
+class PipelineRunner {
+ public:
+  // `model` holds this rank's stages (ModelInit::parts); `group` is the mesh's pp axis, whose
+  // rank r holds stages r, r + P, ...; `blocks` are every stage's blocks. `split_backward`: run
+  // the zero-bubble schedule's input and weight gradients as two passes (off under activation
+  // checkpointing, whose recomputation accumulates the weights' gradients already; the input
+  // gradient then does the whole backward and the weight gradient nothing).
+  PipelineRunner(Transformer model, std::shared_ptr<ProcessGroup> group, PipelineSchedule schedule,
+                 std::vector<std::pair<int64_t, int64_t>> blocks, bool split_backward);
+  ~PipelineRunner();
+
+  // One step's forwards and backwards of the micro-batches of length `length`; parameter
+  // gradients accumulate into .grad. Returns the sum of the micro-batches' losses on the rank
+  // holding the last stage, 0 on the others.
+  double step(const PipelineStepInputs& inputs, int64_t length);
+  // Forward only (evaluation, generation): every rank of the group passes the same tokens;
+  // returns the logits on the rank holding the last stage, an undefined tensor on the others.
+  at::Tensor forward(const at::Tensor& tokens);
+  // With tied embeddings: adds the first and the last stage's gradients of the token embedding,
+  // so that both copies take the same step.
+  void sum_tied_gradients();
+
+  bool holds_first_stage() const { return group_->rank() == 0; }
+  bool holds_last_stage() const { return rank_of(schedule_.stages() - 1) == group_->rank(); }
+  int last_stage_rank() const { return rank_of(schedule_.stages() - 1); }
+  const PipelineSchedule& schedule() const { return schedule_; }
+  const PipelineTimeline& last_timeline() const { return timeline_; }
+
+ private:
+  struct Held;
+  int rank_of(int stage) const { return stage % schedule_.ranks; }
+  at::Tensor activation(int64_t batch, int64_t length) const;
+  void post_receive(const PipelineAction& action, int64_t batch, int64_t length);
+  at::Tensor take_received(const PipelineAction& action);
+  void send(at::Tensor tensor, int stage, int micro_batch, bool gradient);
+  void run(const PipelineAction& action, const PipelineStepInputs& inputs, int64_t length,
+           double& loss_sum);
+  void backward(Held& held, bool whole, bool send_input_gradient, int stage, int micro_batch);
+  void wait_sends();
+
+  Transformer model_;
+  std::shared_ptr<ProcessGroup> group_;
+  PipelineSchedule schedule_;
+  std::vector<std::pair<int64_t, int64_t>> blocks_;
+  bool split_backward_;
+  std::map<int, std::vector<at::Tensor>> stage_parameters_;     // the weights each stage's W steps
+  std::map<std::pair<int, int>, std::unique_ptr<Held>> held_;   // (stage, micro-batch)
+  std::map<int, std::pair<at::Tensor, WorkHandle>> receiving_;  // by tag
+  std::vector<std::pair<at::Tensor, WorkHandle>> sending_;
+  PipelineTimeline timeline_;
+  std::chrono::steady_clock::time_point step_start_;
+};
+
+}  // namespace shardtrain::detail

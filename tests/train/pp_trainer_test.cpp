@@ -1,0 +1,211 @@
+// The trainer with pipeline parallelism: every schedule at pp = 2 and 4 (interleaved with two
+// virtual stages), uneven splits, tied embeddings, activation checkpointing, pp x dp and
+// pp x tp x dp train as one process does on the same global batch and micro-batches, write
+// checkpoints that resume at other pipeline sizes, and refuse what does not fit.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "shardtrain/rendezvous.h"
+#include "shardtrain/sharded_checkpoint.h"
+#include "shardtrain/train.h"
+#include "support.h"
+#include "train/run_config.h"
+
+namespace shardtrain {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr int kGlobalBatch = 8;
+constexpr int kMicroBatches = 4;
+
+struct Layout {
+  std::string name;
+  int world;
+  std::vector<std::string> keys;
+  int dp = 1;  // data-parallel ranks: the micro-batch is split among them
+};
+
+class PipelineTrainerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = testing::fresh_test_dir("shardtrain_pp");
+    std::ofstream corpus(dir_ / "corpus.txt");
+    for (int i = 0; i < 300; ++i) {
+      corpus << "sphinx of black quartz, judge my vow " << i % 11 << ", number " << i % 13 << ".\n";
+    }
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  // The tiny model (tied embeddings) with `blocks_` blocks and a vocabulary that divides by 2.
+  TrainConfig config(const Layout& layout, const fs::path& run, int steps,
+                     const std::vector<std::string>& more = {}) const {
+    std::vector<std::string> all = {
+        "model.vocab_size=260", "model.n_layers=" + std::to_string(blocks_), "data.seq_len=16",
+        "train.grad_accum=" + std::to_string(kMicroBatches),
+        "train.micro_batch=" + std::to_string(kGlobalBatch / kMicroBatches / layout.dp),
+        "train.steps=" + std::to_string(steps), "train.lr=3e-3", "train.clip=0.5",
+        // As in the tensor-parallel tests: near-zero gradients (the key bias) take steps of
+        // size lr under eps = 1e-8 whose sign depends on summation order.
+        "train.eps=1e-6", "data.eval_sequences=4", "train.eval_batches=2"};
+    all.insert(all.end(), layout.keys.begin(), layout.keys.end());
+    all.insert(all.end(), more.begin(), more.end());
+    return testing::tiny_run_config(dir_ / "corpus.txt", run, all);
+  }
+
+  // Rank 0's losses (and, with `eval`, its last evaluation); with `save`, the checkpoint
+  // written after the last step.
+  std::vector<double> train(const Layout& layout, const TrainConfig& cfg, int steps,
+                            std::string* saved = nullptr, double* eval = nullptr) {
+    std::vector<double> losses;
+    auto body = [&](const std::shared_ptr<ProcessGroup>& group) {
+      Trainer trainer(cfg, group);
+      std::vector<double> mine;
+      for (int i = 0; i < steps; ++i) mine.push_back(trainer.train_step().loss);
+      std::string dir;
+      if (saved) dir = trainer.save_checkpoint();
+      const double evaluated = eval ? trainer.evaluate() : 0.0;
+      if (!group || group->rank() == 0) {
+        losses = mine;
+        if (saved) *saved = dir;
+        if (eval) *eval = evaluated;
+      }
+    };
+    if (layout.world == 1) {
+      body(nullptr);
+    } else {
+      run_local_ranks(layout.world, [&](ProcessGroup& group) {
+        body(std::shared_ptr<ProcessGroup>(&group, [](ProcessGroup*) {}));
+      });
+    }
+    return losses;
+  }
+
+  // Ten steps of each layout against one process: the same losses, the same evaluation, and
+  // the same whole tensors in the checkpoint written after them.
+  void expect_as_one_process(const std::vector<Layout>& layouts) {
+    const Layout one{"one", 1, {}};
+    std::string want_dir;
+    double want_eval = 0;
+    const auto want = train(one, config(one, dir_ / "one", 10), 10, &want_dir, &want_eval);
+    for (const Layout& layout : layouts) {
+      SCOPED_TRACE(layout.name);
+      std::string got_dir;
+      double got_eval = 0;
+      const auto got =
+          train(layout, config(layout, dir_ / layout.name, 10), 10, &got_dir, &got_eval);
+      testing::expect_same_losses(got, want, 1e-5);
+      // Evaluation reads train.micro_batch-sized batches: comparable when that is the same.
+      if (layout.dp == 1) EXPECT_NEAR(got_eval, want_eval, 1e-5 * want_eval);
+      expect_same_tensors(got_dir, want_dir);
+    }
+  }
+
+  static void expect_same_tensors(const std::string& got_dir, const std::string& want_dir) {
+    const ShardedCheckpointReader got(got_dir), want(want_dir);
+    ASSERT_EQ(got.tensors().size(), want.tensors().size());
+    for (const auto& spec : want.tensors()) {
+      ASSERT_NE(got.find(spec.name), nullptr) << spec.name;
+      const at::Tensor a = got.read(spec.name).to(at::kDouble);
+      const at::Tensor b = want.read(spec.name).to(at::kDouble);
+      ASSERT_EQ(a.sizes(), b.sizes()) << spec.name;
+      if (spec.name.rfind("optim.", 0) == 0) continue;
+      EXPECT_LE((a - b).norm().item<double>(), 1e-5 * b.norm().item<double>() + 1e-7) << spec.name;
+    }
+  }
+
+  fs::path dir_;
+  int blocks_ = 4;
+};
+
+TEST_F(PipelineTrainerTest, EveryScheduleAtTwoStagesTrainsAsOneProcess) {
+  expect_as_one_process(
+      {Layout{"gpipe", 2, {"parallel.pp=2", "parallel.pp_schedule=\"gpipe\""}},
+       Layout{"1f1b_uneven", 2, {"parallel.pp=2", "parallel.pp_split=[3, 1]"}},
+       Layout{"interleaved",
+              2,
+              {"parallel.pp=2", "parallel.pp_schedule=\"interleaved_1f1b\"",
+               "parallel.pp_virtual_stages=2"}},
+       Layout{"zero_bubble", 2, {"parallel.pp=2", "parallel.pp_schedule=\"zero_bubble\""}},
+       Layout{"zero_bubble_checkpointed",
+              2,
+              {"parallel.pp=2", "parallel.pp_schedule=\"zero_bubble\"",
+               "train.activation_checkpointing=true", "parallel.pp_split=[1, 3]"}},
+       Layout{"1f1b_dp2", 4, {"parallel.pp=2", "parallel.strategy=\"ddp\""}, 2}});
+}
+
+TEST_F(PipelineTrainerTest, EveryScheduleAtFourStagesTrainsAsOneProcess) {
+  blocks_ = 8;
+  expect_as_one_process({Layout{"gpipe", 4, {"parallel.pp=4", "parallel.pp_schedule=\"gpipe\""}},
+                         Layout{"1f1b_checkpointed",
+                                4,
+                                {"parallel.pp=4", "train.activation_checkpointing=true",
+                                 "parallel.pp_split=[3, 2, 2, 1]"}},
+                         Layout{"interleaved",
+                                4,
+                                {"parallel.pp=4", "parallel.pp_schedule=\"interleaved_1f1b\"",
+                                 "parallel.pp_virtual_stages=2"}},
+                         Layout{"zero_bubble",
+                                4,
+                                {"parallel.pp=4", "parallel.pp_schedule=\"zero_bubble\"",
+                                 "parallel.pp_split=[1, 2, 2, 3]"}}});
+}
+
+// 8 ranks: two pipelines of two stages, each stage split over two tensor-parallel ranks.
+TEST_F(PipelineTrainerTest, PipelineTimesTensorTimesDataParallelTrainsAsOneProcess) {
+  expect_as_one_process({Layout{"pp2_tp2_dp2",
+                                8,
+                                {"parallel.pp=2", "parallel.tp=2", "parallel.strategy=\"ddp\"",
+                                 "parallel.sequence_parallel=true"},
+                                2}});
+}
+
+TEST_F(PipelineTrainerTest, CheckpointsResumeAtOtherPipelineSizes) {
+  const Layout one{"one", 1, {}};
+  const auto want = train(one, config(one, dir_ / "one", 8), 8);
+  const Layout saver{"pp2", 2, {"parallel.pp=2", "parallel.pp_split=[3, 1]"}};
+  std::string saved;
+  const auto first = train(saver, config(saver, dir_ / "saved", 8), 4, &saved);
+  testing::expect_same_losses(first, {want.begin(), want.begin() + 4}, 1e-5);
+  for (const Layout& layout :
+       {Layout{"pp1", 1, {}}, Layout{"pp4", 4, {"parallel.pp=4"}},
+        Layout{"pp2_dp2", 4, {"parallel.pp=2", "parallel.strategy=\"ddp\""}, 2}}) {
+    SCOPED_TRACE(layout.name);
+    const auto rest =
+        train(layout, config(layout, dir_ / layout.name, 8, {"run.resume=\"" + saved + "\""}), 4);
+    testing::expect_same_losses(rest, {want.begin() + 4, want.end()}, 1e-5);
+  }
+}
+
+TEST_F(PipelineTrainerTest, RefusesWhatDoesNotFit) {
+  auto refused = [&](int world, const std::vector<std::string>& keys, const std::string& words) {
+    const Layout layout{"bad", world, keys};
+    try {
+      train(layout, config(layout, dir_ / "bad", 1), 1);
+      ADD_FAILURE() << "accepted " << keys.back();
+    } catch (const std::exception& e) {
+      EXPECT_NE(std::string(e.what()).find(words), std::string::npos) << e.what();
+    }
+  };
+  refused(3, {"parallel.pp=2", "parallel.strategy=\"ddp\""},
+          "world size 3 is not divisible by parallel.pp=2");
+  refused(2, {"parallel.pp=2", "model.n_layers=1"},
+          "the pipeline has 2 stages (parallel.pp x parallel.pp_virtual_stages) but the model has "
+          "only 1 blocks");
+  refused(4, {"parallel.pp=4", "train.grad_accum=2"},
+          "parallel.pp_schedule = \"1f1b\" needs at least one micro-batch per stage");
+  refused(2,
+          {"parallel.pp=2", "model.n_layers=3", "parallel.pp_schedule=\"interleaved_1f1b\"",
+           "parallel.pp_virtual_stages=2"},
+          "the model's 3 blocks do not divide into parallel.pp x parallel.pp_virtual_stages = 4 "
+          "stages");
+  refused(2, {"parallel.pp=2", "parallel.strategy=\"fsdp\""},
+          "parallel.pp > 1 with parallel.strategy = \"fsdp\"");
+  refused(1, {"parallel.pp_virtual_stages=2"},
+          "parallel.pp_split and parallel.pp_virtual_stages need parallel.pp > 1");
+}
+
+}  // namespace
+}  // namespace shardtrain
