@@ -359,12 +359,15 @@ TrainConfig parse_train_config(const std::string& toml_text, const std::string& 
     try {
       doc = toml::parse("[" + section + "]\n" + key + " = " + value + "\n");
     } catch (const toml::parse_error& e) {
-      // Something that starts like a number is one that TOML refused (too large, malformed),
-      // not a bare word.
-      const bool numeric = !value.empty() && (std::isdigit(static_cast<unsigned char>(value[0])) ||
-                                              ((value[0] == '-' || value[0] == '+') &&
-                                               value.size() > 1 &&
-                                               std::isdigit(static_cast<unsigned char>(value[1]))));
+      // Something written like a number is one that TOML refused (too large, malformed), not a
+      // bare word: a digit first (after a sign), then only what numbers are written with, or a
+      // 0x/0o/0b prefix. "1f1b" is a word.
+      const size_t first = !value.empty() && (value[0] == '-' || value[0] == '+') ? 1 : 0;
+      const bool prefixed = value.size() > first + 1 && value[first] == '0' &&
+                            std::string("xob").find(value[first + 1]) != std::string::npos;
+      const bool numeric =
+          value.size() > first && std::isdigit(static_cast<unsigned char>(value[first])) &&
+          (prefixed || value.find_first_not_of("0123456789+-._eE") == std::string::npos);
       if (numeric) {
         throw std::invalid_argument("--set " + section + "." + key + ": '" + value +
                                     "' is not a valid number (" + std::string(e.description()) +

@@ -110,5 +110,14 @@ TEST(ConfigTest, ANumberTooLargeIsNamedAsOne) {
   EXPECT_EQ(e.find("a string"), std::string::npos) << e;
 }
 
+// A bare word that starts with a digit is a word: --set parallel.pp_schedule=1f1b.
+TEST(ConfigTest, ABareWordStartingWithADigitIsAString) {
+  const auto config = parse_train_config("", "t.toml", {"parallel.pp_schedule=1f1b"});
+  EXPECT_EQ(config.pp_schedule, "1f1b");
+  EXPECT_NE(error_of("", {"train.lr=1e-3x"}).find("expected a number, got a string"),
+            std::string::npos)
+      << error_of("", {"train.lr=1e-3x"});
+}
+
 }  // namespace
 }  // namespace shardtrain

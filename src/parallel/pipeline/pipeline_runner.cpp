@@ -141,7 +141,7 @@ void PipelineRunner::backward(Held& held, bool whole, bool send_input_gradient, 
 }
 
 void PipelineRunner::run(const PipelineAction& action, const PipelineStepInputs& inputs,
-                         int64_t length, double& loss_sum) {
+                         int64_t length, at::Tensor received, double& loss_sum) {
   const int stages = schedule_.stages();
   const int s = action.stage, mb = action.micro_batch;
   const auto key = std::make_pair(s, mb);
@@ -149,7 +149,7 @@ void PipelineRunner::run(const PipelineAction& action, const PipelineStepInputs&
   if (action.kind == Kind::kForward) {
     TraceSpan span("forward", "forward", args);
     auto held = std::make_unique<Held>();
-    held->input = s == 0 ? inputs.tokens(mb) : take_received(action).requires_grad_(true);
+    held->input = s == 0 ? inputs.tokens(mb) : received.requires_grad_(true);
     const auto [begin, end] = blocks_.at(s);
     AutocastScope autocast(cpu_bf16_autocast(inputs.bf16_autocast));
     at::Tensor output = model_->forward_stage(held->input, begin, end, length);
@@ -184,7 +184,7 @@ void PipelineRunner::run(const PipelineAction& action, const PipelineStepInputs&
     return;
   }
   TraceSpan span(action.kind == Kind::kBackward ? "backward" : "backward input", "backward", args);
-  if (s < stages - 1) held.grad_output = take_received(action);
+  if (s < stages - 1) held.grad_output = std::move(received);
   // The first stage has no input gradient to send, and under activation checkpointing the
   // recomputation accumulates the weights' gradients: those run the whole backward here.
   const bool whole = action.kind == Kind::kBackward || s == 0 || !split_backward_;
@@ -207,8 +207,14 @@ double PipelineRunner::step(const PipelineStepInputs& inputs, int64_t length) {
       // This action's message, and the next one's, so that it arrives while this one computes.
       post_receive(actions[i], inputs.batch, length);
       if (i + 1 < actions.size()) post_receive(actions[i + 1], inputs.batch, length);
+      // The wait for this action's message is idle time, not the action's.
+      const bool receives = (actions[i].kind == PipelineAction::Kind::kForward)
+                                ? actions[i].stage > 0
+                                : actions[i].kind != PipelineAction::Kind::kBackwardWeight &&
+                                      actions[i].stage < schedule_.stages() - 1;
+      at::Tensor received = receives ? take_received(actions[i]) : at::Tensor();
       const double start = seconds_since(step_start_);
-      run(actions[i], inputs, length, loss_sum);
+      run(actions[i], inputs, length, std::move(received), loss_sum);
       timeline_.entries.push_back({actions[i], start, seconds_since(step_start_)});
     }
     wait_sends();

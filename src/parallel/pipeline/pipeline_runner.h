@@ -60,8 +60,9 @@ class PipelineRunner {
   void post_receive(const PipelineAction& action, int64_t batch, int64_t length);
   at::Tensor take_received(const PipelineAction& action);
   void send(at::Tensor tensor, int stage, int micro_batch, bool gradient);
+  // `received`: the message the action needed (activations or their gradient), if any.
   void run(const PipelineAction& action, const PipelineStepInputs& inputs, int64_t length,
-           double& loss_sum);
+           at::Tensor received, double& loss_sum);
   void backward(Held& held, bool whole, bool send_input_gradient, int stage, int micro_batch);
   void wait_sends();
 
