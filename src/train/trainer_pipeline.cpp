@@ -38,8 +38,11 @@ double Trainer::pipeline_step() {
   inputs.bf16_autocast = config_.autocast == "bf16";
   const double loss_sum = pipeline_->step(inputs, config_.seq_len);
   local_only.reset();
-  pipeline_->sum_tied_gradients();
+  // Averaged over the data-parallel ranks first: the two copies' averages are then added in
+  // one addition, which commutes, so both copies get the same bits (summed first, each
+  // stage's all-reduce would add in its own order).
   if (ddp_) ddp_->all_reduce_gradients();
+  pipeline_->sum_tied_gradients();
   return loss_sum;
 }
 

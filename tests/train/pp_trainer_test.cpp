@@ -6,6 +6,8 @@
 
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <mutex>
 
 #include "shardtrain/rendezvous.h"
 #include "shardtrain/sharded_checkpoint.h"
@@ -52,7 +54,15 @@ class PipelineTrainerTest : public ::testing::Test {
         "train.eps=1e-6", "data.eval_sequences=4", "train.eval_batches=2"};
     all.insert(all.end(), layout.keys.begin(), layout.keys.end());
     all.insert(all.end(), more.begin(), more.end());
-    return testing::tiny_run_config(dir_ / "corpus.txt", run, all);
+    TrainConfig cfg = testing::tiny_run_config(dir_ / "corpus.txt", run, all);
+    if (preset_ == "tiny") return cfg;
+    // The same run of the Llama family's tiny model (untied embeddings: a head of its own).
+    const TrainConfig other =
+        parse_train_config("[model]\npreset = \"" + preset_ + "\"\n", "test.toml",
+                           {"model.vocab_size=260", "model.n_layers=" + std::to_string(blocks_)});
+    cfg.model = other.model;
+    cfg.validate();
+    return cfg;
   }
 
   // Rank 0's losses (and, with `eval`, its last evaluation); with `save`, the checkpoint
@@ -118,6 +128,7 @@ class PipelineTrainerTest : public ::testing::Test {
 
   fs::path dir_;
   int blocks_ = 4;
+  std::string preset_ = "tiny";
 };
 
 TEST_F(PipelineTrainerTest, EveryScheduleAtTwoStagesTrainsAsOneProcess) {
@@ -153,13 +164,53 @@ TEST_F(PipelineTrainerTest, EveryScheduleAtFourStagesTrainsAsOneProcess) {
                                  "parallel.pp_split=[1, 2, 2, 3]"}}});
 }
 
-// 8 ranks: two pipelines of two stages, each stage split over two tensor-parallel ranks.
+// 8 ranks: two pipelines of two stages, each stage split over two tensor-parallel ranks; and
+// four stages of two tensor-parallel ranks, whose middle stages hold neither end.
 TEST_F(PipelineTrainerTest, PipelineTimesTensorTimesDataParallelTrainsAsOneProcess) {
   expect_as_one_process({Layout{"pp2_tp2_dp2",
                                 8,
                                 {"parallel.pp=2", "parallel.tp=2", "parallel.strategy=\"ddp\"",
                                  "parallel.sequence_parallel=true"},
-                                2}});
+                                2},
+                         Layout{"pp4_tp2", 8, {"parallel.pp=4", "parallel.tp=2"}}});
+}
+
+// Untied embeddings (Llama): the first stage holds the embedding, the last its own head.
+TEST_F(PipelineTrainerTest, LlamaPipelineTimesTensorTrainsAsOneProcess) {
+  preset_ = "tiny-llama";
+  blocks_ = 8;
+  expect_as_one_process(
+      {Layout{"pp2_tp2",
+              4,
+              {"parallel.pp=2", "parallel.tp=2", "parallel.sequence_parallel=true",
+               "parallel.pp_schedule=\"zero_bubble\""}},
+       Layout{"pp4",
+              4,
+              {"parallel.pp=4", "parallel.pp_schedule=\"interleaved_1f1b\"",
+               "parallel.pp_virtual_stages=2"}}});
+}
+
+// With three data-parallel ranks each stage's all-reduce adds in its own order: the two copies
+// of the tied embedding must still be the same bits after every step.
+TEST_F(PipelineTrainerTest, TiedEmbeddingCopiesStayIdenticalAcrossThreeReplicas) {
+  const Layout layout{"pp2_dp3", 6, {"parallel.pp=2", "parallel.strategy=\"ddp\""}, 1};
+  TrainConfig cfg = config(layout, dir_ / "tied", 4, {"train.micro_batch=1"});
+  std::mutex mutex;
+  std::map<int, at::Tensor> first, last;  // by data-parallel rank
+  run_local_ranks(6, [&](ProcessGroup& group) {
+    Trainer trainer(cfg, std::shared_ptr<ProcessGroup>(&group, [](ProcessGroup*) {}));
+    for (int i = 0; i < 4; ++i) trainer.train_step();
+    const at::Tensor weight =
+        trainer.model()->named_parameters()["tok_emb.weight"].detach().clone();
+    std::lock_guard<std::mutex> lock(mutex);
+    (trainer.pp_rank() == 0 ? first : last)[trainer.dp_rank()] = weight;
+  });
+  ASSERT_EQ(first.size(), 3u);
+  ASSERT_EQ(last.size(), 3u);
+  for (int dp = 0; dp < 3; ++dp) {
+    EXPECT_TRUE(at::equal(first[dp], last[dp])) << "replica " << dp;
+    EXPECT_TRUE(at::equal(first[dp], first[0])) << "replica " << dp;
+  }
 }
 
 TEST_F(PipelineTrainerTest, CheckpointsResumeAtOtherPipelineSizes) {

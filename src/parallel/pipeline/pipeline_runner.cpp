@@ -29,8 +29,11 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
 // What a stage keeps of a micro-batch between its forward and its backward.
 struct PipelineRunner::Held {
   at::Tensor input;        // received activations (a leaf that requires grad), or tokens
-  at::Tensor output;       // sent activations, or (last stage) the scaled loss
-  at::Tensor grad_output;  // undefined for the loss
+  at::Tensor output;       // sent activations, or (last stage) the logits
+  at::Tensor grad_output;  // received, or (last stage) the logits' gradient from the loss
+  // Last stage: the scaled loss of a copy of the logits (`logits`, a leaf), so that the loss's
+  // backward runs once and the stage's is split from it like any other stage's.
+  at::Tensor loss, logits;
   bool input_gradient_done = false;
 };
 
@@ -65,13 +68,7 @@ PipelineRunner::PipelineRunner(Transformer model, std::shared_ptr<ProcessGroup> 
   }
 }
 
-PipelineRunner::~PipelineRunner() {
-  try {
-    wait_sends();
-  } catch (const std::exception&) {
-    // a failed step already reported its error
-  }
-}
+PipelineRunner::~PipelineRunner() = default;
 
 at::Tensor PipelineRunner::activation(int64_t batch, int64_t length) const {
   const auto& tp = model_->tensor_parallel();
@@ -116,20 +113,30 @@ at::Tensor PipelineRunner::take_received(const PipelineAction& action) {
 
 void PipelineRunner::send(at::Tensor tensor, int stage, int micro_batch, bool gradient) {
   at::Tensor wire = tensor.detach().to(at::kFloat).contiguous();
-  WorkHandle work = group_->send(wire, rank_of(stage),
-                                 message_tag(schedule_.stages(), stage, micro_batch, gradient));
-  sending_.emplace_back(std::move(wire), std::move(work));
+  const int tag = message_tag(schedule_.stages(), stage, micro_batch, gradient);
+  WorkHandle work = group_->send(wire, rank_of(stage), tag);
+  sending_.emplace(tag, std::make_pair(std::move(wire), std::move(work)));
+}
+
+void PipelineRunner::release_sent_activation(int stage, int micro_batch) {
+  // The next stage received it before it could send the gradient this backward has: the wait
+  // returns at once, and the activation is freed with the rest of the micro-batch (1F1B's bound
+  // on what a stage holds counts on it) instead of at the end of the step.
+  auto it = sending_.find(message_tag(schedule_.stages(), stage + 1, micro_batch, false));
+  if (it == sending_.end()) return;
+  it->second.second->wait();
+  sending_.erase(it);
 }
 
 void PipelineRunner::wait_sends() {
-  for (auto& [tensor, work] : sending_) work->wait();
+  for (auto& [tag, sent] : sending_) sent.second->wait();
   sending_.clear();
 }
 
 void PipelineRunner::backward(Held& held, bool whole, bool send_input_gradient, int stage,
                               int micro_batch) {
-  std::vector<at::Tensor> roots{held.output}, grads;
-  if (held.grad_output.defined()) grads.push_back(held.grad_output.to(held.output.scalar_type()));
+  std::vector<at::Tensor> roots{held.output};
+  std::vector<at::Tensor> grads{held.grad_output.to(held.output.scalar_type())};
   if (whole) {
     torch::autograd::backward(roots, grads);
     if (send_input_gradient) send(held.input.grad(), stage - 1, micro_batch, true);
@@ -154,13 +161,14 @@ void PipelineRunner::run(const PipelineAction& action, const PipelineStepInputs&
     AutocastScope autocast(cpu_bf16_autocast(inputs.bf16_autocast));
     at::Tensor output = model_->forward_stage(held->input, begin, end, length);
     if (s == stages - 1) {
-      const at::Tensor loss = inputs.loss(output, mb);
+      held->logits = output.detach().requires_grad_(true);
+      const at::Tensor loss = inputs.loss(held->logits, mb);
       loss_sum += loss.item<double>();
-      held->output = loss * inputs.loss_factor;
+      held->loss = loss * inputs.loss_factor;
     } else {
       send(output, s + 1, mb, false);
-      held->output = std::move(output);
     }
+    held->output = std::move(output);
     held_[key] = std::move(held);
     return;
   }
@@ -170,10 +178,7 @@ void PipelineRunner::run(const PipelineAction& action, const PipelineStepInputs&
   if (action.kind == Kind::kBackwardWeight) {
     if (!held.input_gradient_done) {  // split: the weights' half of the backward
       TraceSpan span("backward weights", "backward", args);
-      std::vector<at::Tensor> grads;
-      if (held.grad_output.defined()) {
-        grads.push_back(held.grad_output.to(held.output.scalar_type()));
-      }
+      const std::vector<at::Tensor> grads{held.grad_output.to(held.output.scalar_type())};
       const auto& params = stage_parameters_.at(s);
       if (!params.empty()) {
         torch::autograd::backward({held.output}, grads, /*retain_graph=*/false,
@@ -184,7 +189,14 @@ void PipelineRunner::run(const PipelineAction& action, const PipelineStepInputs&
     return;
   }
   TraceSpan span(action.kind == Kind::kBackward ? "backward" : "backward input", "backward", args);
-  if (s < stages - 1) held.grad_output = std::move(received);
+  if (s < stages - 1) {
+    held.grad_output = std::move(received);
+    release_sent_activation(s, mb);
+  } else {
+    torch::autograd::backward({held.loss});
+    held.grad_output = held.logits.grad();
+    held.loss = held.logits = at::Tensor();
+  }
   // The first stage has no input gradient to send, and under activation checkpointing the
   // recomputation accumulates the weights' gradients: those run the whole backward here.
   const bool whole = action.kind == Kind::kBackward || s == 0 || !split_backward_;
@@ -219,8 +231,10 @@ double PipelineRunner::step(const PipelineStepInputs& inputs, int64_t length) {
     }
     wait_sends();
   } catch (...) {
+    // The step failed (a peer gone, a bad batch): the run ends, so nothing is waited for.
     held_.clear();
     receiving_.clear();
+    sending_.clear();
     throw;
   }
   TORCH_CHECK(held_.empty() && receiving_.empty(), "pipeline: the step left ", held_.size(),

@@ -34,7 +34,7 @@ class PipelineRunner {
   // gradient then does the whole backward and the weight gradient nothing).
   PipelineRunner(Transformer model, std::shared_ptr<ProcessGroup> group, PipelineSchedule schedule,
                  std::vector<std::pair<int64_t, int64_t>> blocks, bool split_backward);
-  ~PipelineRunner();
+  ~PipelineRunner();  // waits for nothing: a step waits for its sends before it returns
 
   // One step's forwards and backwards of the micro-batches of length `length`; parameter
   // gradients accumulate into .grad. Returns the sum of the micro-batches' losses on the rank
@@ -65,6 +65,8 @@ class PipelineRunner {
            at::Tensor received, double& loss_sum);
   void backward(Held& held, bool whole, bool send_input_gradient, int stage, int micro_batch);
   void wait_sends();
+  // Waits for and drops the send of stage `stage`'s output of `micro_batch` (at its backward).
+  void release_sent_activation(int stage, int micro_batch);
 
   Transformer model_;
   std::shared_ptr<ProcessGroup> group_;
@@ -74,7 +76,7 @@ class PipelineRunner {
   std::map<int, std::vector<at::Tensor>> stage_parameters_;     // the weights each stage's W steps
   std::map<std::pair<int, int>, std::unique_ptr<Held>> held_;   // (stage, micro-batch)
   std::map<int, std::pair<at::Tensor, WorkHandle>> receiving_;  // by tag
-  std::vector<std::pair<at::Tensor, WorkHandle>> sending_;
+  std::map<int, std::pair<at::Tensor, WorkHandle>> sending_;    // by tag, until waited for
   PipelineTimeline timeline_;
   std::chrono::steady_clock::time_point step_start_;
 };

@@ -150,16 +150,19 @@ void parallelize_module(Transformer& model, std::shared_ptr<ProcessGroup> group,
   state->sequence_parallel = options.sequence_parallel_;
   const auto modules = model->named_modules();
   const auto chosen = resolve_plan(modules, plan, "model");
-  // The model computes its logits split over the vocabulary: both ends must be split.
+  // The model computes its logits split over the vocabulary: both ends must be split (those a
+  // pipeline stage holds).
   const bool tied = model->config().tie_embeddings;
+  const ModelParts& parts = model->parts();
+  const bool holds_embedding = parts.embedding || (parts.head && tied);
   auto styled = [&](const std::string& path, ParallelStyle::Kind kind) {
     for (const auto& [name, style] : chosen) {
       if (name == path && style.kind == kind) return true;
     }
     return false;
   };
-  if (!styled("tok_emb", ParallelStyle::Kind::kRowwise) ||
-      (!tied && !styled("lm_head", ParallelStyle::Kind::kColwise))) {
+  if ((holds_embedding && !styled("tok_emb", ParallelStyle::Kind::kRowwise)) ||
+      (parts.head && !tied && !styled("lm_head", ParallelStyle::Kind::kColwise))) {
     throw std::invalid_argument(
         "tensor parallelism: a Transformer's plan splits its vocabulary at both ends: "
         "{\"tok_emb\", RowwiseParallel()} and {\"lm_head\", ColwiseParallel()} (the head of "
