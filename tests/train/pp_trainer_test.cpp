@@ -13,6 +13,7 @@
 #include "shardtrain/sharded_checkpoint.h"
 #include "shardtrain/train.h"
 #include "support.h"
+#include "train/local_training.h"
 #include "train/run_config.h"
 
 namespace shardtrain {
@@ -65,32 +66,9 @@ class PipelineTrainerTest : public ::testing::Test {
     return cfg;
   }
 
-  // Rank 0's losses (and, with `eval`, its last evaluation); with `save`, the checkpoint
-  // written after the last step.
   std::vector<double> train(const Layout& layout, const TrainConfig& cfg, int steps,
                             std::string* saved = nullptr, double* eval = nullptr) {
-    std::vector<double> losses;
-    auto body = [&](const std::shared_ptr<ProcessGroup>& group) {
-      Trainer trainer(cfg, group);
-      std::vector<double> mine;
-      for (int i = 0; i < steps; ++i) mine.push_back(trainer.train_step().loss);
-      std::string dir;
-      if (saved) dir = trainer.save_checkpoint();
-      const double evaluated = eval ? trainer.evaluate() : 0.0;
-      if (!group || group->rank() == 0) {
-        losses = mine;
-        if (saved) *saved = dir;
-        if (eval) *eval = evaluated;
-      }
-    };
-    if (layout.world == 1) {
-      body(nullptr);
-    } else {
-      run_local_ranks(layout.world, [&](ProcessGroup& group) {
-        body(std::shared_ptr<ProcessGroup>(&group, [](ProcessGroup*) {}));
-      });
-    }
-    return losses;
+    return testing::train_on_ranks(layout.world, cfg, steps, saved, eval);
   }
 
   // Ten steps of each layout against one process: the same losses, the same evaluation, and

@@ -10,6 +10,7 @@
 #include "shardtrain/sharded_checkpoint.h"
 #include "shardtrain/train.h"
 #include "support.h"
+#include "train/local_training.h"
 #include "train/run_config.h"
 
 namespace shardtrain {
@@ -79,29 +80,9 @@ class TensorParallelTrainerTest : public ::testing::Test {
     return 1;
   }
 
-  // Rank 0's losses; with `save`, the checkpoint written after the last step.
   std::vector<double> train(const Layout& layout, const TrainConfig& cfg, int steps,
                             std::string* saved = nullptr) {
-    std::vector<double> losses;
-    auto body = [&](const std::shared_ptr<ProcessGroup>& group) {
-      Trainer trainer(cfg, group);
-      std::vector<double> mine;
-      for (int i = 0; i < steps; ++i) mine.push_back(trainer.train_step().loss);
-      std::string dir;
-      if (saved) dir = trainer.save_checkpoint();
-      if (!group || group->rank() == 0) {
-        losses = mine;
-        if (saved) *saved = dir;
-      }
-    };
-    if (layout.world == 1) {
-      body(nullptr);
-    } else {
-      run_local_ranks(layout.world, [&](ProcessGroup& group) {
-        body(std::shared_ptr<ProcessGroup>(&group, [](ProcessGroup*) {}));
-      });
-    }
-    return losses;
+    return testing::train_on_ranks(layout.world, cfg, steps, saved);
   }
 
   // Ten steps of each layout against one process: the same losses, and the same whole tensors

@@ -1,0 +1,42 @@
+// Training on in-process ranks for the trainer's layout tests: every rank runs `steps` steps of
+// the same config, and rank 0's losses (evaluation, checkpoint) come back.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "shardtrain/rendezvous.h"
+#include "shardtrain/train.h"
+
+namespace shardtrain::testing {
+
+// `world` ranks (1: one process without a group). With `saved`, the checkpoint written after
+// the last step; with `eval`, an evaluation after it.
+inline std::vector<double> train_on_ranks(int world, const TrainConfig& cfg, int steps,
+                                          std::string* saved = nullptr, double* eval = nullptr) {
+  std::vector<double> losses;
+  auto body = [&](const std::shared_ptr<ProcessGroup>& group) {
+    Trainer trainer(cfg, group);
+    std::vector<double> mine;
+    for (int i = 0; i < steps; ++i) mine.push_back(trainer.train_step().loss);
+    std::string dir;
+    if (saved) dir = trainer.save_checkpoint();
+    const double evaluated = eval ? trainer.evaluate() : 0.0;
+    if (!group || group->rank() == 0) {
+      losses = mine;
+      if (saved) *saved = dir;
+      if (eval) *eval = evaluated;
+    }
+  };
+  if (world == 1) {
+    body(nullptr);
+  } else {
+    run_local_ranks(world, [&](ProcessGroup& group) {
+      body(std::shared_ptr<ProcessGroup>(&group, [](ProcessGroup*) {}));
+    });
+  }
+  return losses;
+}
+
+}  // namespace shardtrain::testing
