@@ -29,10 +29,12 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
 // What a stage keeps of a micro-batch between its forward and its backward.
 struct PipelineRunner::Held {
   at::Tensor input;        // received activations (a leaf that requires grad), or tokens
-  at::Tensor output;       // sent activations, or (last stage) the logits
-  at::Tensor grad_output;  // received, or (last stage) the logits' gradient from the loss
-  // Last stage: the scaled loss of a copy of the logits (`logits`, a leaf), so that the loss's
-  // backward runs once and the stage's is split from it like any other stage's.
+  at::Tensor output;       // sent activations, or (last stage) the scaled loss or the logits
+  at::Tensor grad_output;  // received, (split last stage) the logits' gradient, or undefined
+  // The last stage of a split backward: the scaled loss of a copy of the logits (`logits`, a
+  // leaf), so that the loss's backward runs once (vocabulary-parallel cross-entropy can go
+  // backward only once) and the stage's is split from the logits' gradient like any other
+  // stage's. Other schedules keep one graph to the loss, which holds no copy of the logits.
   at::Tensor loss, logits;
   bool input_gradient_done = false;
 };
@@ -135,8 +137,8 @@ void PipelineRunner::wait_sends() {
 
 void PipelineRunner::backward(Held& held, bool whole, bool send_input_gradient, int stage,
                               int micro_batch) {
-  std::vector<at::Tensor> roots{held.output};
-  std::vector<at::Tensor> grads{held.grad_output.to(held.output.scalar_type())};
+  std::vector<at::Tensor> roots{held.output}, grads;
+  if (held.grad_output.defined()) grads.push_back(held.grad_output.to(held.output.scalar_type()));
   if (whole) {
     torch::autograd::backward(roots, grads);
     if (send_input_gradient) send(held.input.grad(), stage - 1, micro_batch, true);
@@ -160,15 +162,20 @@ void PipelineRunner::run(const PipelineAction& action, const PipelineStepInputs&
     const auto [begin, end] = blocks_.at(s);
     AutocastScope autocast(cpu_bf16_autocast(inputs.bf16_autocast));
     at::Tensor output = model_->forward_stage(held->input, begin, end, length);
-    if (s == stages - 1) {
+    if (s < stages - 1) {
+      send(output, s + 1, mb, false);
+      held->output = std::move(output);
+    } else if (split_last_stage()) {
       held->logits = output.detach().requires_grad_(true);
       const at::Tensor loss = inputs.loss(held->logits, mb);
       loss_sum += loss.item<double>();
       held->loss = loss * inputs.loss_factor;
+      held->output = std::move(output);
     } else {
-      send(output, s + 1, mb, false);
+      const at::Tensor loss = inputs.loss(output, mb);
+      loss_sum += loss.item<double>();
+      held->output = loss * inputs.loss_factor;
     }
-    held->output = std::move(output);
     held_[key] = std::move(held);
     return;
   }
@@ -178,7 +185,10 @@ void PipelineRunner::run(const PipelineAction& action, const PipelineStepInputs&
   if (action.kind == Kind::kBackwardWeight) {
     if (!held.input_gradient_done) {  // split: the weights' half of the backward
       TraceSpan span("backward weights", "backward", args);
-      const std::vector<at::Tensor> grads{held.grad_output.to(held.output.scalar_type())};
+      std::vector<at::Tensor> grads;
+      if (held.grad_output.defined()) {
+        grads.push_back(held.grad_output.to(held.output.scalar_type()));
+      }
       const auto& params = stage_parameters_.at(s);
       if (!params.empty()) {
         torch::autograd::backward({held.output}, grads, /*retain_graph=*/false,
@@ -192,7 +202,7 @@ void PipelineRunner::run(const PipelineAction& action, const PipelineStepInputs&
   if (s < stages - 1) {
     held.grad_output = std::move(received);
     release_sent_activation(s, mb);
-  } else {
+  } else if (held.loss.defined()) {
     torch::autograd::backward({held.loss});
     held.grad_output = held.logits.grad();
     held.loss = held.logits = at::Tensor();

@@ -56,6 +56,9 @@ class PipelineRunner {
  private:
   struct Held;
   int rank_of(int stage) const { return stage % schedule_.ranks; }
+  bool split_last_stage() const {
+    return split_backward_ && schedule_.kind == PipelineScheduleKind::kZeroBubble;
+  }
   at::Tensor activation(int64_t batch, int64_t length) const;
   void post_receive(const PipelineAction& action, int64_t batch, int64_t length);
   at::Tensor take_received(const PipelineAction& action);
