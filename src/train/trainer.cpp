@@ -32,7 +32,6 @@
 #include "train/run_setup.h"
 
 namespace shardtrain {
-namespace {}  // namespace
 
 at::Tensor detail::logits_loss(Transformer& model, const at::Tensor& logits, const Batch& batch) {
   const at::Tensor flat = logits.reshape({-1, logits.size(-1)}).to(at::kFloat);
