@@ -140,10 +140,6 @@ class Trainer {
   // schedule, gradients summed across tied copies and averaged over data-parallel ranks; the sum
   // of the micro-batches' losses on the last stage (0 elsewhere).
   double pipeline_step();
-  // The global gradient norm over every stage, clipped to train.clip.
-  double pipeline_clip_grad_norm();
-  // The logits of `tokens` on the last stage's ranks, an undefined tensor elsewhere.
-  at::Tensor pipeline_logits(const at::Tensor& tokens);
   // One token drawn from the logits of the last position (train.sample_*).
   int64_t sample_next(at::Tensor logits, at::Generator& generator);
   // The checkpoint's tensors (the whole model's, the same on every rank) and this rank's slices.

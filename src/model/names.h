@@ -3,6 +3,8 @@
 
 #include <string>
 
+#include "shardtrain/model.h"
+
 namespace shardtrain::detail {
 
 inline bool ends_with(const std::string& s, const std::string& suffix) {
@@ -21,6 +23,12 @@ inline bool is_output_head(const std::string& name) { return last_component_is(n
 // A LoRA adapter's own A or B layer, which is a linear layer too.
 inline bool is_adapter_layer(const std::string& name) {
   return last_component_is(name, "lora_A") || last_component_is(name, "lora_B");
+}
+
+// The token embedding a pipeline's last stage holds only as its tied head's weight: the first
+// stage's copy stands for both (in the gradient norm and in checkpoints).
+inline bool is_tied_head_copy(const TransformerImpl& model, const std::string& name) {
+  return model.config().tie_embeddings && !model.parts().embedding && name == "tok_emb.weight";
 }
 
 }  // namespace shardtrain::detail

@@ -107,6 +107,12 @@ void trim_heap() {
 int64_t resident_bytes() { return status_field_kib("VmRSS") * 1024; }
 int64_t peak_resident_bytes() { return status_field_kib("VmHWM") * 1024; }
 
+bool on_any_rank(ProcessGroup& group, bool value) {
+  at::Tensor any = at::tensor(value ? 1.0 : 0.0, at::kDouble);
+  group.all_reduce(any, ReduceOp::kMax)->wait();
+  return any.item<double>() > 0;
+}
+
 std::string optimizer_state_key(const at::Tensor& parameter) {
   std::ostringstream key;
   key << parameter.unsafeGetTensorImpl();

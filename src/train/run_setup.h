@@ -47,6 +47,9 @@ at::Tensor logits_loss(Transformer& model, const at::Tensor& logits, const Batch
 
 struct TpState;
 
+// Whether `value` is true on any rank of `group`. Collective.
+bool on_any_rank(ProcessGroup& group, bool value);
+
 // The logical tensors of a trainer checkpoint, in order: every trained parameter under its
 // module name (a LoRA run's adapters only), the buffers, then AdamW's state of each parameter
 // that has one ("optim.NAME.exp_avg", ".exp_avg_sq", and ".step" as a 0-dim int64), each as the

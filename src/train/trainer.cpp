@@ -305,18 +305,17 @@ StepResult Trainer::train_step() {
     finite = scaler_.unscale(params);
     if (const auto& tp = model_->tensor_parallel(); tp || pipeline_) {
       // Each rank checked its own slices or stages: all skip a step together or not at all.
-      at::Tensor bad = at::tensor(finite ? 0.0 : 1.0, at::kDouble);
-      (pipeline_ ? *world_ : *tp->group).all_reduce(bad, ReduceOp::kMax)->wait();
-      finite = bad.item<double>() == 0.0;
+      finite = !detail::on_any_rank(pipeline_ ? *world_ : *tp->group, !finite);
     }
   }
   result.lr = schedule_.at(step_);
   result.grad_norm = NAN;  // none when the gradients are not finite (null in metrics.jsonl)
   if (finite) {
-    result.grad_norm = fsdp_                       ? fsdp_->clip_grad_norm(config_.clip)
-                       : pipeline_                 ? pipeline_clip_grad_norm()
-                       : model_->tensor_parallel() ? clip_grad_norm(model_, config_.clip)
-                                                   : clip_grad_norm(params, config_.clip);
+    ProcessGroup* pipeline = pipeline_ ? &mesh_->group(MeshAxis::kPp) : nullptr;
+    result.grad_norm = fsdp_ ? fsdp_->clip_grad_norm(config_.clip)
+                       : model_->tensor_parallel() || pipeline
+                           ? clip_grad_norm(model_, config_.clip, pipeline)
+                           : clip_grad_norm(params, config_.clip);
   }
   result.skipped = !scaler_.update(finite);
   if (!result.skipped) {
@@ -369,7 +368,7 @@ double Trainer::evaluate() {
     const Batch batch = loader_->eval_batch(i);
     if (!pipeline_) {
       total += token_loss(model_, batch).item<double>();
-    } else if (const at::Tensor logits = pipeline_logits(batch.inputs); logits.defined()) {
+    } else if (const at::Tensor logits = pipeline_->forward(batch.inputs); logits.defined()) {
       total += detail::logits_loss(model_, logits, batch).item<double>();
     }
   }
@@ -396,7 +395,7 @@ std::string Trainer::generate(const std::string& prompt, int64_t tokens) {
     at::Tensor context =
         at::tensor(std::vector<int64_t>(ids.begin() + start, ids.end()), at::kLong).unsqueeze(0);
     // Under pipeline parallelism the last stage samples, and the other stages learn the token.
-    const at::Tensor logits = pipeline_ ? pipeline_logits(context) : model_->forward(context);
+    const at::Tensor logits = pipeline_ ? pipeline_->forward(context) : model_->forward(context);
     at::Tensor next = at::zeros({1}, at::kLong);
     if (logits.defined()) next.fill_(sample_next(logits[0][-1], generator));
     if (pipeline_) {

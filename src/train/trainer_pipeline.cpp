@@ -1,9 +1,8 @@
-// The trainer under pipeline parallelism: the step through the schedule, the gradient norm over
-// every stage, forward-only passes for evaluation and sampling, and the checkpoint's tensors.
-#include <cmath>
+// The trainer under pipeline parallelism: the step through the schedule and the checkpoint's
+// tensors.
 #include <optional>
 
-#include "model/autocast.h"
+#include "model/names.h"
 #include "parallel/pipeline/pipeline_runner.h"
 #include "parallel/tensor/tp_state.h"
 #include "shardtrain/sharded_checkpoint.h"
@@ -13,11 +12,14 @@
 namespace shardtrain {
 namespace {
 
-// The last stage's copy of a tied token embedding (the head's weight): the first stage's copy
-// stands for both in the gradient norm and in checkpoints.
-bool is_tied_copy(const Transformer& model, const std::string& name) {
-  return model->config().tie_embeddings && !model->parts().embedding &&
-         (name == "tok_emb.weight" || name.rfind("optim.tok_emb.weight.", 0) == 0);
+// The last stage's copy of a tied token embedding, or its optimizer state: the first stage's
+// copy is written for both.
+bool is_tied_copy(const Transformer& model, const std::string& tensor) {
+  const std::string prefix = "optim.";
+  const bool state = tensor.rfind(prefix, 0) == 0;
+  const std::string parameter =
+      state ? tensor.substr(prefix.size(), tensor.rfind('.') - prefix.size()) : tensor;
+  return detail::is_tied_head_copy(*model, parameter);
 }
 
 }  // namespace
@@ -46,40 +48,10 @@ double Trainer::pipeline_step() {
   return loss_sum;
 }
 
-double Trainer::pipeline_clip_grad_norm() {
-  const auto& tp = model_->tensor_parallel();
-  // Each stage's squares (a replicated tensor counted on one rank of its tensor-parallel group,
-  // the tied embedding on the first stage), summed over the pipeline and the group.
-  double squares = 0.0;
-  std::vector<at::Tensor> grads;
-  for (const auto& item : model_->named_parameters()) {
-    const at::Tensor& grad = item.value().grad();
-    if (!grad.defined()) continue;
-    grads.push_back(grad);
-    if (is_tied_copy(model_, item.key())) continue;
-    if (tp && !tp->layout_of(item.key()) && tp->rank() != 0) continue;
-    squares += grad.to(at::kDouble).pow(2).sum().item<double>();
-  }
-  at::Tensor total = at::tensor(squares, at::kDouble);
-  mesh_->group(MeshAxis::kPp).all_reduce(total)->wait();
-  if (tp) tp->group->all_reduce(total)->wait();
-  const double norm = std::sqrt(total.item<double>());
-  if (config_.clip > 0 && norm > config_.clip) {
-    const double factor = config_.clip / (norm + 1e-6);  // as clip_grad_norm
-    for (auto& grad : grads) grad.mul_(factor);
-  }
-  return norm;
-}
-
-at::Tensor Trainer::pipeline_logits(const at::Tensor& tokens) { return pipeline_->forward(tokens); }
-
 void Trainer::pipeline_slices(std::vector<TensorSpec>& specs, std::vector<FlatSlice>& slices) {
   // The whole model's tensors, as every rank must list them: the parameters, then AdamW's
   // state of each once a step has been taken (the same on every rank).
-  bool has_state = !optimizer_->state().empty();
-  at::Tensor any = at::tensor(has_state ? 1.0 : 0.0, at::kDouble);
-  world_->all_reduce(any, ReduceOp::kMax)->wait();
-  has_state = any.item<double>() > 0;
+  const bool has_state = detail::on_any_rank(*world_, !optimizer_->state().empty());
   const auto shapes = config_.model.parameter_shapes();
   for (const auto& shape : shapes) specs.push_back({shape.name, shape.shape, at::kFloat});
   if (has_state) {

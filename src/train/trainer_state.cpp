@@ -250,9 +250,7 @@ void Trainer::sharded_slices(std::vector<TensorSpec>& specs, std::vector<FlatSli
   const auto& segments = fsdp_->segments();
   bool has_state = false;
   for (const auto& s : segments) has_state = has_state || adam_state(*optimizer_, s.param);
-  at::Tensor any = at::tensor(has_state ? 1.0 : 0.0, at::kDouble);
-  world_->all_reduce(any, ReduceOp::kMax)->wait();
-  has_state = any.item<double>() > 0;
+  has_state = detail::on_any_rank(*world_, has_state);
   model_specs(specs, slices, has_state);
   if (!fsdp_->holds_unique_shards()) return;
   // Split by tensor parallelism, a rank writes its slices as ranges of the whole tensor; what

@@ -37,6 +37,8 @@ struct PipelineRunner::Held {
   // stage's. Other schedules keep one graph to the loss, which holds no copy of the logits.
   at::Tensor loss, logits;
   bool input_gradient_done = false;
+  // The gradient backward starts from at `output`: none for the loss.
+  std::vector<at::Tensor> output_grads() const;
 };
 
 PipelineRunner::PipelineRunner(Transformer model, std::shared_ptr<ProcessGroup> group,
@@ -49,18 +51,21 @@ PipelineRunner::PipelineRunner(Transformer model, std::shared_ptr<ProcessGroup> 
       split_backward_(split_backward) {
   TORCH_CHECK(group_->size() == schedule_.ranks, "PipelineRunner: the pp group has ",
               group_->size(), " ranks, the schedule ", schedule_.ranks);
+  // Each of this rank's stages: its blocks' parameters, the embeddings' on the first, the
+  // final norm's and the head's (a tied one reads the token embedding) on the last.
   const int stages = schedule_.stages();
   const int64_t last_block = model_->config().n_layers;
+  const std::string blocks_prefix = "blocks.";
   for (int s = group_->rank(); s < stages; s += schedule_.ranks) {
     const auto [begin, end] = blocks_.at(s);
     auto& params = stage_parameters_[s];
     for (const auto& item : model_->named_parameters()) {
       const std::string& name = item.key();
       bool mine = false;
-      for (int64_t b = begin; b < end; ++b) {
-        mine = mine || name.rfind("blocks." + std::to_string(b) + ".", 0) == 0;
-      }
-      if (name.rfind("blocks.", 0) != 0) {
+      if (name.rfind(blocks_prefix, 0) == 0) {
+        const int64_t block = std::stoll(name.substr(blocks_prefix.size()));
+        mine = block >= begin && block < end;
+      } else {
         const bool embedding = name.rfind("tok_emb.", 0) == 0 || name.rfind("pos_emb.", 0) == 0;
         const bool tied_head = model_->config().tie_embeddings && name.rfind("tok_emb.", 0) == 0;
         mine = (begin == 0 && embedding) || (end == last_block && (!embedding || tied_head));
@@ -79,19 +84,17 @@ at::Tensor PipelineRunner::activation(int64_t batch, int64_t length) const {
   return at::empty({batch, positions, model_->config().d_model}, at::kFloat);
 }
 
+int PipelineRunner::sender_of(const PipelineAction& action) const {
+  if (action.kind == Kind::kForward) return action.stage > 0 ? action.stage - 1 : -1;
+  if (action.kind == Kind::kBackwardWeight) return -1;
+  return action.stage < schedule_.stages() - 1 ? action.stage + 1 : -1;
+}
+
 void PipelineRunner::post_receive(const PipelineAction& action, int64_t batch, int64_t length) {
-  const int stages = schedule_.stages();
-  int from = -1;
-  bool gradient = false;
-  if (action.kind == Kind::kForward && action.stage > 0) {
-    from = action.stage - 1;
-  } else if ((action.kind == Kind::kBackward || action.kind == Kind::kBackwardInput) &&
-             action.stage < stages - 1) {
-    from = action.stage + 1;
-    gradient = true;
-  }
+  const int from = sender_of(action);
   if (from < 0) return;
-  const int tag = message_tag(stages, action.stage, action.micro_batch, gradient);
+  const bool gradient = from > action.stage;
+  const int tag = message_tag(schedule_.stages(), action.stage, action.micro_batch, gradient);
   if (receiving_.count(tag)) return;
   at::Tensor buffer = activation(batch, length);
   WorkHandle work = group_->recv(buffer, rank_of(from), tag);
@@ -99,7 +102,7 @@ void PipelineRunner::post_receive(const PipelineAction& action, int64_t batch, i
 }
 
 at::Tensor PipelineRunner::take_received(const PipelineAction& action) {
-  const bool gradient = action.kind != Kind::kForward;
+  const bool gradient = sender_of(action) > action.stage;
   const int tag = message_tag(schedule_.stages(), action.stage, action.micro_batch, gradient);
   auto it = receiving_.find(tag);
   TORCH_CHECK(it != receiving_.end(), "pipeline: nothing posted for ", to_string(action));
@@ -135,10 +138,14 @@ void PipelineRunner::wait_sends() {
   sending_.clear();
 }
 
+std::vector<at::Tensor> PipelineRunner::Held::output_grads() const {
+  if (!grad_output.defined()) return {};  // the loss
+  return {grad_output.to(output.scalar_type())};
+}
+
 void PipelineRunner::backward(Held& held, bool whole, bool send_input_gradient, int stage,
                               int micro_batch) {
-  std::vector<at::Tensor> roots{held.output}, grads;
-  if (held.grad_output.defined()) grads.push_back(held.grad_output.to(held.output.scalar_type()));
+  const std::vector<at::Tensor> roots{held.output}, grads = held.output_grads();
   if (whole) {
     torch::autograd::backward(roots, grads);
     if (send_input_gradient) send(held.input.grad(), stage - 1, micro_batch, true);
@@ -185,13 +192,9 @@ void PipelineRunner::run(const PipelineAction& action, const PipelineStepInputs&
   if (action.kind == Kind::kBackwardWeight) {
     if (!held.input_gradient_done) {  // split: the weights' half of the backward
       TraceSpan span("backward weights", "backward", args);
-      std::vector<at::Tensor> grads;
-      if (held.grad_output.defined()) {
-        grads.push_back(held.grad_output.to(held.output.scalar_type()));
-      }
       const auto& params = stage_parameters_.at(s);
       if (!params.empty()) {
-        torch::autograd::backward({held.output}, grads, /*retain_graph=*/false,
+        torch::autograd::backward({held.output}, held.output_grads(), /*retain_graph=*/false,
                                   /*create_graph=*/false, params);
       }
     }
@@ -230,11 +233,7 @@ double PipelineRunner::step(const PipelineStepInputs& inputs, int64_t length) {
       post_receive(actions[i], inputs.batch, length);
       if (i + 1 < actions.size()) post_receive(actions[i + 1], inputs.batch, length);
       // The wait for this action's message is idle time, not the action's.
-      const bool receives = (actions[i].kind == PipelineAction::Kind::kForward)
-                                ? actions[i].stage > 0
-                                : actions[i].kind != PipelineAction::Kind::kBackwardWeight &&
-                                      actions[i].stage < schedule_.stages() - 1;
-      at::Tensor received = receives ? take_received(actions[i]) : at::Tensor();
+      at::Tensor received = sender_of(actions[i]) >= 0 ? take_received(actions[i]) : at::Tensor();
       const double start = seconds_since(step_start_);
       run(actions[i], inputs, length, std::move(received), loss_sum);
       timeline_.entries.push_back({actions[i], start, seconds_since(step_start_)});

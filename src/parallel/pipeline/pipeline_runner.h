@@ -60,6 +60,9 @@ class PipelineRunner {
     return split_backward_ && schedule_.kind == PipelineScheduleKind::kZeroBubble;
   }
   at::Tensor activation(int64_t batch, int64_t length) const;
+  // The stage whose message `action` needs (activations from the stage before, the gradient
+  // from the stage after), or -1 when it needs none.
+  int sender_of(const PipelineAction& action) const;
   void post_receive(const PipelineAction& action, int64_t batch, int64_t length);
   at::Tensor take_received(const PipelineAction& action);
   void send(at::Tensor tensor, int stage, int micro_batch, bool gradient);

@@ -1,6 +1,7 @@
 // What needs the whole of a split model: its parameters gathered, and the global gradient norm.
 #include <cmath>
 
+#include "model/names.h"
 #include "parallel/tensor/tp_state.h"
 #include "shardtrain/optim.h"
 #include "shardtrain/tensor_parallel.h"
@@ -34,9 +35,9 @@ std::vector<std::pair<std::string, at::Tensor>> whole_parameters(Transformer& mo
   return out;
 }
 
-double clip_grad_norm(Transformer& model, double max_norm) {
+double clip_grad_norm(Transformer& model, double max_norm, ProcessGroup* pipeline) {
   const auto& tp = model->tensor_parallel();
-  if (!tp) return clip_grad_norm(model->parameters(), max_norm);
+  if (!tp && !pipeline) return clip_grad_norm(model->parameters(), max_norm);
   // [squares of split parameters' slices, squares of replicated ones]: only the first differs
   // across the group.
   double split = 0.0, replicated = 0.0;
@@ -44,13 +45,23 @@ double clip_grad_norm(Transformer& model, double max_norm) {
   for (const auto& item : model->named_parameters()) {
     const at::Tensor& grad = item.value().grad();
     if (!grad.defined()) continue;
-    const double squares = grad.to(at::kDouble).pow(2).sum().item<double>();
-    (tp->layout_of(item.key()) ? split : replicated) += squares;
     grads.push_back(grad);
+    if (detail::is_tied_head_copy(*model, item.key())) continue;
+    const double squares = grad.to(at::kDouble).pow(2).sum().item<double>();
+    (tp && tp->layout_of(item.key()) ? split : replicated) += squares;
   }
-  at::Tensor total = at::tensor(split, at::kDouble);
-  tp->group->all_reduce(total)->wait();
-  const double norm = std::sqrt(total.item<double>() + replicated);
+  double stage = replicated;  // this pipeline stage's squares, the same across the group
+  if (tp) {
+    at::Tensor total = at::tensor(split, at::kDouble);
+    tp->group->all_reduce(total)->wait();
+    stage += total.item<double>();
+  }
+  if (pipeline) {
+    at::Tensor total = at::tensor(stage, at::kDouble);
+    pipeline->all_reduce(total)->wait();
+    stage = total.item<double>();
+  }
+  const double norm = std::sqrt(stage);
   if (max_norm > 0 && norm > max_norm) {
     const double factor = max_norm / (norm + 1e-6);  // PyTorch's epsilon, as clip_grad_norm
     for (auto& grad : grads) grad.mul_(factor);
