@@ -11,10 +11,15 @@
 #   backward added above parameters and optimizer state: the micro-batches it holds), and the
 #   last stage's; the allocator's counter;
 # - peak RSS of the largest rank; step time of rank 0, and DDP's at the same rank count.
-# Usage: bash bench/pp.sh [STEPS]   (from the repository root, after a build)
+# Then pp = 2 x dp = 2 with each data-parallel strategy (ddp, zero stage 1, fsdp full_shard) on
+# a wider model (d_model 512, 8 heads, FFN 2048), 1F1B with 4 micro-batches: peak RSS of the
+# largest and smallest rank and rank 0's step time, medians as above.
+# Usage: bash bench/pp.sh [STEPS] [schedules|data-parallel|all]   (from the repository root,
+# after a build; default all)
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 steps="${1:-5}"
+part="${2:-all}"
 bin="$root/build/shardtrain"
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
@@ -59,6 +64,7 @@ run() {  # name ranks flags... ; leaves $work/name/metrics.jsonl
     { echo "run $name failed:"; tail -5 "$work/$name.log"; exit 1; }
 }
 
+if [ "$part" != data-parallel ]; then
 echo "| schedule | pp | m | bubble measured | formula | unit-cost schedule | first stage activations MiB | last stage activations MiB | peak RSS MiB | step s | DDP step s | step / DDP |"
 echo "|---|---|---|---|---|---|---|---|---|---|---|---|"
 for pp in 2 4; do
@@ -101,3 +107,29 @@ PY
     done
   done
 done
+fi
+
+if [ "$part" != schedules ]; then
+  echo
+  echo "| pp x dp | strategy | peak RSS MiB, largest rank | smallest rank | step s | step / ddp |"
+  echo "|---|---|---|---|---|---|"
+  wide=(--set model.d_model=512 --set model.n_heads=8 --set model.n_kv_heads=8
+        --set model.ffn_hidden=2048 --set parallel.pp=2 --set train.grad_accum=4)
+  run dp_ddp 4 "${wide[@]}" --set parallel.strategy=ddp
+  run dp_zero1 4 "${wide[@]}" --set parallel.strategy=zero --set parallel.zero.stage=1
+  run dp_fsdp 4 "${wide[@]}" --set parallel.strategy=fsdp
+  for name in ddp zero1 fsdp; do
+    python3 - "$work/dp_$name/metrics.jsonl" "$work/dp_ddp/metrics.jsonl" "$name" <<'PY'
+import json, statistics, sys
+path, ddp_path, name = sys.argv[1:]
+lines = [json.loads(l) for l in open(path)]
+ddp = [json.loads(l) for l in open(ddp_path)]
+mib = lambda b: b / 2**20
+final = max(l["step"] for l in lines)
+rss = [l["mem"]["peak_rss"] for l in lines if l["step"] == final]
+step = lambda rows: statistics.median(l["step_time_s"] for l in rows if l["rank"] == 0 and l["step"] >= 2)
+print(f"| 2 x 2 | {name} | {mib(max(rss)):.0f} | {mib(min(rss)):.0f} | {step(lines):.3f} | "
+      f"{step(lines) / step(ddp):.2f} |")
+PY
+  done
+fi

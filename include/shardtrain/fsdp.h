@@ -226,8 +226,21 @@ class FullyShardedDataParallel {
   // over the data-parallel ranks, summed over the backward passes since zero_grad.
   void zero_grad();
   // Global L2 norm of the gradient (fp64, across the shards); with max_norm > 0 scales the
-  // shards so it is at most max_norm. Collective.
-  double clip_grad_norm(double max_norm);
+  // shards so it is at most max_norm. Collective. Under pipeline parallelism `stages` is the
+  // pipeline's group, across which the stages' norms add, and `counted_elsewhere` names the
+  // parameters another stage also holds and counts (a tied embedding's copy): zero here.
+  double clip_grad_norm(double max_norm, ProcessGroup* stages = nullptr,
+                        const std::set<std::string>& counted_elsewhere = {});
+  // Under pipeline parallelism a rank runs its stage's forwards and backwards for several
+  // micro-batches, interleaved, and not through the model's own forward. From begin_pipeline()
+  // to end_pipeline() the hooks stand aside: every unit is gathered at the start and stays
+  // gathered, and each backward adds whole gradients into the parameters' .grad, unreduced.
+  // end_pipeline() then reduces them as the end of one backward would (every rank holds its
+  // shard of the average, added to what zero_grad() left) and frees what does not stay
+  // gathered; with `gradients` false (evaluation) it only frees. Collective over the
+  // data-parallel ranks.
+  void begin_pipeline();
+  void end_pipeline(bool gradients = true);
   // True when every rank's gradient shard is finite. Collective.
   bool grads_finite();
   // Divides the gradient shards by `scale` (loss scaling).
@@ -336,6 +349,7 @@ class FullyShardedDataParallel {
   std::set<const torch::nn::Module*> ran_;  // hook points run in the current forward
   std::vector<detail::GradAccumulatedHook> grad_hooks_;  // one per parameter
   enum class Phase { kIdle, kForward, kBackward } phase_ = Phase::kIdle;
+  bool pipelined_ = false;  // between begin_pipeline() and end_pipeline()
   std::vector<std::pair<WorkHandle, int64_t>> reductions_in_flight_;
   int64_t gathered_elements_ = 0;
   int64_t gathered_bytes_ = 0;

@@ -144,6 +144,9 @@ class Trainer {
   int64_t sample_next(at::Tensor logits, at::Generator& generator);
   // The checkpoint's tensors (the whole model's, the same on every rank) and this rank's slices.
   void pipeline_slices(std::vector<TensorSpec>& specs, std::vector<FlatSlice>& slices);
+  // The whole model's tensors, listed on every stage: the parameters, then with `has_state`
+  // AdamW's state of each.
+  void pipeline_specs(std::vector<TensorSpec>& specs, bool has_state) const;
   // SHARDTRAIN_KILL_AFTER_STEP / SHARDTRAIN_STOP_AFTER_STEP: the last rank kills or stops
   // itself after that step (first attempt only).
   void fail_if_injected() const;

@@ -431,9 +431,17 @@ void validate_pipeline(const TrainConfig& c) {
             "parallel.pp_split and parallel.pp_virtual_stages need parallel.pp > 1");
     return;
   }
-  require(c.strategy == "none" || c.strategy == "ddp",
-          "parallel.pp > 1 with parallel.strategy = \"" + c.strategy +
-              "\": pipeline stages are combined with \"ddp\" (or \"none\") in this build");
+  // Under a pipeline a stage's gradients accumulate whole through the step (its micro-batches'
+  // backwards interleave with forwards): ZeRO-2's sharded gradients and ZeRO-3's per-unit
+  // gathering have nothing to act on, as in DeepSpeed, whose pipeline takes stage 1 only.
+  require(c.strategy != "zero" || c.zero_stage == 1,
+          "parallel.pp > 1 with parallel.zero.stage = " + std::to_string(c.zero_stage) +
+              ": pipeline stages combine with ZeRO stage 1 (or parallel.strategy = \"fsdp\", "
+              "which shards the parameters between steps)");
+  require(c.strategy != "zero" ||
+              (c.zero_offload_optimizer == "none" && c.zero_offload_param == "none"),
+          "parallel.zero.offload_optimizer / offload_param with parallel.pp > 1: offload is not "
+          "combined with pipeline stages");
   require(c.lora_rank == 0,
           "lora.rank > 0 with parallel.pp > 1: adapters are not split into pipeline stages; use "
           "data parallelism (ddp or fsdp) for LoRA");

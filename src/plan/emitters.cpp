@@ -54,7 +54,6 @@ std::string shardtrain_toml(const Plan& plan, const Candidate& c) {
         << "\nffn_hidden = " << m.ffn_hidden << "\n";
   }
   out << "\n[data]\nseq_len = " << w.seq_len_ << "\n";
-  // Pipeline stages combine with DDP in this version (not ZeRO-1, which the estimate assumes).
   const bool pipelined = c.strategy == PlanStrategy::kTpPp && c.pp > 1;
   out << "\n[train]\nmicro_batch = " << w.micro_batch_ << "\ngrad_accum = " << c.grad_accum
       << "\nactivation_checkpointing = " << (w.checkpointing_ ? "true" : "false") << "\n";
@@ -69,8 +68,8 @@ std::string shardtrain_toml(const Plan& plan, const Candidate& c) {
     case PlanStrategy::kZero1:
       out << "strategy = \"zero\"\n";
       break;
-    case PlanStrategy::kTpPp:
-      out << (pipelined ? "strategy = \"ddp\"\n" : "strategy = \"zero\"\n");
+    case PlanStrategy::kTpPp:  // ZeRO-1 across the data-parallel ranks, as the estimate
+      out << "strategy = \"zero\"\n";
       break;
     case PlanStrategy::kFullShard:
     case PlanStrategy::kHybridShard:
@@ -83,10 +82,7 @@ std::string shardtrain_toml(const Plan& plan, const Candidate& c) {
     out << "tp = " << c.tp << "\nsequence_parallel = " << (c.tp > 1 ? "true" : "false") << "\n";
     if (pipelined) {
       out << "pp = " << c.pp << "\npp_schedule = \"" << (c.grad_accum >= c.pp ? "1f1b" : "gpipe")
-          << "\"\n"
-          << "# The memory estimate shards optimizer state over the data-parallel ranks "
-          << "(ZeRO-1);\n# pipeline stages combine with ddp in this version, which keeps it "
-          << "whole.\n";
+          << "\"\n";
     }
   }
   if (c.strategy == PlanStrategy::kFullShard || c.strategy == PlanStrategy::kHybridShard) {
@@ -96,12 +92,14 @@ std::string shardtrain_toml(const Plan& plan, const Candidate& c) {
     out << "cpu_offload = " << (c.offload ? "true" : "false") << "\nwrap = \"block\"\n";
   } else if (c.lora && c.strategy == PlanStrategy::kZero2) {
     out << "\n[parallel.fsdp]\nsharding = \"shard_grad_op\"\nwrap = \"block\"\n";
-  } else if (c.strategy != PlanStrategy::kDdp && !pipelined) {
+  } else if (c.strategy != PlanStrategy::kDdp) {
     const int stage = c.strategy == PlanStrategy::kZero2 ? 2 : 1;
     out << "\n[parallel.zero]\nstage = " << stage << "\noffload_optimizer = \""
         << (c.offload ? "cpu" : "none") << "\"\noffload_param = \"none\"\n";
   }
-  // The bf16 parameter/reduction policy is FSDP's and ZeRO's; DDP computes under autocast.
+  // The bf16 parameter/reduction policy is FSDP's and ZeRO's; DDP computes under autocast, as
+  // does a pipeline, whose stages accumulate gradients over the micro-batches in the compute
+  // dtype before reducing them.
   const bool mixed = w.precision_ == "bf16" && c.strategy != PlanStrategy::kDdp && !pipelined;
   out << "\n[precision]\nparam_dtype = \"" << (mixed ? "bf16" : "fp32") << "\"\nreduce_dtype = \""
       << (mixed ? "bf16" : "fp32") << "\"\nautocast = \"" << (bf16(plan) ? "bf16" : "none")

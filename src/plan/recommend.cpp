@@ -158,9 +158,8 @@ std::string explain(const Plan& plan, double usable) {
   }
   if (rec->strategy == PlanStrategy::kTpPp && rec->pp > 1) {
     out +=
-        " The shardtrain TOML runs the whole layout, with ddp rather than ZeRO-1 across the "
-        "data-parallel ranks (pipeline stages combine with ddp in this version, which keeps the "
-        "optimizer state whole: more memory than estimated). Under Megatron-LM or "
+        " The shardtrain TOML runs the whole layout, ZeRO-1 across the data-parallel ranks. "
+        "Under Megatron-LM or "
         "Megatron-DeepSpeed the ds_config.json covers its data-parallel part; the accelerate "
         "YAML uses the Megatron-LM plugin.";
   }

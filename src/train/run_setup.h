@@ -8,6 +8,7 @@
 
 #include "shardtrain/config.h"
 #include "shardtrain/data.h"
+#include "shardtrain/fsdp.h"
 #include "shardtrain/lora.h"
 #include "shardtrain/sharded_checkpoint.h"
 #include "shardtrain/tokenizer.h"
@@ -67,5 +68,22 @@ std::vector<FlatSlice> owned_slices(const std::string& strategy, int rank, int w
 
 // LibTorch's optimizers key per-parameter state by the TensorImpl address, printed.
 std::string optimizer_state_key(const at::Tensor& parameter);
+
+// A pipeline stage run outside a training step (evaluation, generation) under FSDP/ZeRO: its
+// units gathered for the scope (FullyShardedDataParallel::begin_pipeline). Null: nothing.
+class GatheredStage {
+ public:
+  explicit GatheredStage(FullyShardedDataParallel* fsdp) : fsdp_(fsdp) {
+    if (fsdp_) fsdp_->begin_pipeline();
+  }
+  ~GatheredStage() {
+    if (fsdp_) fsdp_->end_pipeline(/*gradients=*/false);
+  }
+  GatheredStage(const GatheredStage&) = delete;
+  GatheredStage& operator=(const GatheredStage&) = delete;
+
+ private:
+  FullyShardedDataParallel* fsdp_;
+};
 
 }  // namespace shardtrain::detail

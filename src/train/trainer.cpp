@@ -13,6 +13,7 @@
 
 #include "model/autocast.h"
 #include "model/layers.h"
+#include "model/names.h"
 #include "optim/swap_file.h"
 #include "parallel/parallelize.h"
 #include "parallel/pipeline/pipeline_runner.h"
@@ -300,19 +301,21 @@ StepResult Trainer::train_step() {
   bool finite = true;
   if (fsdp_) {
     if (scaler_.enabled()) fsdp_->unscale(scaler_.scale());
-    finite = fsdp_->grads_finite();
+    finite = fsdp_->grads_finite();  // over its data-parallel and tensor-parallel ranks
   } else {
     finite = scaler_.unscale(params);
-    if (const auto& tp = model_->tensor_parallel(); tp || pipeline_) {
-      // Each rank checked its own slices or stages: all skip a step together or not at all.
-      finite = !detail::on_any_rank(pipeline_ ? *world_ : *tp->group, !finite);
-    }
+  }
+  if (const auto& tp = model_->tensor_parallel(); pipeline_ || (tp && !fsdp_)) {
+    // Each rank checked its own slices or stages: all skip a step together or not at all.
+    finite = !detail::on_any_rank(pipeline_ ? *world_ : *tp->group, !finite);
   }
   result.lr = schedule_.at(step_);
   result.grad_norm = NAN;  // none when the gradients are not finite (null in metrics.jsonl)
   if (finite) {
     ProcessGroup* pipeline = pipeline_ ? &mesh_->group(MeshAxis::kPp) : nullptr;
-    result.grad_norm = fsdp_ ? fsdp_->clip_grad_norm(config_.clip)
+    std::set<std::string> tied_copy;  // a pipeline's last stage counts no tied embedding
+    if (detail::is_tied_head_copy(*model_, "tok_emb.weight")) tied_copy.insert("tok_emb.weight");
+    result.grad_norm = fsdp_ ? fsdp_->clip_grad_norm(config_.clip, pipeline, tied_copy)
                        : model_->tensor_parallel() || pipeline
                            ? clip_grad_norm(model_, config_.clip, pipeline)
                            : clip_grad_norm(params, config_.clip);
@@ -362,6 +365,7 @@ double Trainer::evaluate() {
   detail::TraceSpan span("eval", "eval");
   torch::NoGradGuard no_grad;
   model_->eval();
+  const detail::GatheredStage gathered(pipeline_ ? fsdp_.get() : nullptr);
   double total = 0.0;
   for (int64_t i = 0; i < config_.eval_batches; ++i) {
     detail::AutocastScope autocast(detail::cpu_bf16_autocast(config_.autocast == "bf16"));
@@ -385,6 +389,7 @@ double Trainer::evaluate() {
 std::string Trainer::generate(const std::string& prompt, int64_t tokens) {
   torch::NoGradGuard no_grad;
   model_->eval();
+  const detail::GatheredStage gathered(pipeline_ ? fsdp_.get() : nullptr);
   std::vector<int32_t> ids = tokenizer_->encode(prompt);
   if (ids.empty()) ids.push_back(tokenizer_->eos_id());
   const size_t prompt_length = ids.size();

@@ -27,6 +27,7 @@ bool is_tied_copy(const Transformer& model, const std::string& tensor) {
 double Trainer::pipeline_step() {
   std::optional<DistributedDataParallel::NoSync> local_only;
   if (ddp_) local_only.emplace(*ddp_);  // one all-reduce when every micro-batch is done
+  if (fsdp_) fsdp_->begin_pipeline();   // the stage gathered for the step, one reduction
   detail::PipelineStepInputs inputs;
   inputs.batch = config_.micro_batch;
   inputs.tokens = [this](int micro_batch) {
@@ -40,6 +41,16 @@ double Trainer::pipeline_step() {
   inputs.bf16_autocast = config_.autocast == "bf16";
   const double loss_sum = pipeline_->step(inputs, config_.seq_len);
   local_only.reset();
+  if (fsdp_) {
+    // The tied copies' whole gradients are summed before the reduction, which leaves each rank
+    // only its shard (the two stages' shards do not line up). Both copies then reduce the same
+    // values over data-parallel groups of one size: over two ranks one addition, the same
+    // bits on both; over more, each stage's reduction adds in its own order (the last bits
+    // may differ).
+    pipeline_->sum_tied_gradients();
+    fsdp_->end_pipeline();
+    return loss_sum;
+  }
   // Averaged over the data-parallel ranks first: the two copies' averages are then added in
   // one addition, which commutes, so both copies get the same bits (summed first, each
   // stage's all-reduce would add in its own order).
@@ -48,19 +59,20 @@ double Trainer::pipeline_step() {
   return loss_sum;
 }
 
-void Trainer::pipeline_slices(std::vector<TensorSpec>& specs, std::vector<FlatSlice>& slices) {
-  // The whole model's tensors, as every rank must list them: the parameters, then AdamW's
-  // state of each once a step has been taken (the same on every rank).
-  const bool has_state = detail::on_any_rank(*world_, !optimizer_->state().empty());
+void Trainer::pipeline_specs(std::vector<TensorSpec>& specs, bool has_state) const {
   const auto shapes = config_.model.parameter_shapes();
   for (const auto& shape : shapes) specs.push_back({shape.name, shape.shape, at::kFloat});
-  if (has_state) {
-    for (const auto& shape : shapes) {
-      specs.push_back({"optim." + shape.name + ".exp_avg", shape.shape, at::kFloat});
-      specs.push_back({"optim." + shape.name + ".exp_avg_sq", shape.shape, at::kFloat});
-      specs.push_back({"optim." + shape.name + ".step", {}, at::kLong});
-    }
+  if (!has_state) return;
+  for (const auto& shape : shapes) {
+    specs.push_back({"optim." + shape.name + ".exp_avg", shape.shape, at::kFloat});
+    specs.push_back({"optim." + shape.name + ".exp_avg_sq", shape.shape, at::kFloat});
+    specs.push_back({"optim." + shape.name + ".step", {}, at::kLong});
   }
+}
+
+void Trainer::pipeline_slices(std::vector<TensorSpec>& specs, std::vector<FlatSlice>& slices) {
+  // AdamW's state once a step has been taken (the same on every rank).
+  pipeline_specs(specs, detail::on_any_rank(*world_, !optimizer_->state().empty()));
   // This stage's tensors, shared out among the ranks that hold them (its data-parallel and
   // tensor-parallel ranks), as without a pipeline.
   NamedTensors mine;

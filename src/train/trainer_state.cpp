@@ -12,6 +12,7 @@
 
 #include "checkpoint/model_description.h"
 #include "model/init.h"
+#include "model/names.h"
 #include "parallel/pipeline/pipeline_runner.h"
 #include "parallel/tensor/tp_state.h"
 #include "shardtrain/checkpoint.h"
@@ -223,6 +224,10 @@ std::string Trainer::save_checkpoint() {
 
 void Trainer::model_specs(std::vector<TensorSpec>& specs, std::vector<FlatSlice>& slices,
                           bool has_state) {
+  if (pipeline_) {
+    pipeline_specs(specs, has_state);  // a stage's model holds no buffers
+    return;
+  }
   const auto trained = trained_parameters(model_);
   const detail::TpState* tp = model_->tensor_parallel().get();
   for (const auto& [name, value] : trained) {
@@ -262,6 +267,7 @@ void Trainer::sharded_slices(std::vector<TensorSpec>& specs, std::vector<FlatSli
   for (const auto& s : segments) {
     const bool split = tp && tp->layout_of(s.name);
     if (tp && !split && tp->rank() != 0) continue;
+    if (detail::is_tied_head_copy(*model_, s.name)) continue;  // the first stage writes it
     add({s.name, s.offset, s.param.detach()});
     if (!has_state) continue;
     const auto* state = adam_state(*optimizer_, s.param);

@@ -49,11 +49,10 @@ TEST_F(PlanOutput, ShardtrainTomlNamesEveryKey) {
   EXPECT_TRUE(has(zero2, "stage = 2\noffload_optimizer = \"cpu\"\noffload_param = \"none\""));
   const std::string tp = shardtrain_toml(plan_, pick(plan_, PlanStrategy::kTpPp, false, 4, 2));
   // Tensor parallelism (with sequence parallelism, as the memory model assumes) and the
-  // pipeline, whose data-parallel part is ddp, which a comment says the estimate does not assume.
+  // pipeline, with ZeRO-1 across the data-parallel ranks as the estimate assumes.
   EXPECT_TRUE(has(tp, "tp = 4\nsequence_parallel = true\npp = 2\npp_schedule = \"1f1b\"")) << tp;
-  EXPECT_TRUE(has(tp, "strategy = \"ddp\"")) << tp;
-  EXPECT_TRUE(has(tp, "pipeline stages combine with ddp in this version")) << tp;
-  EXPECT_FALSE(has(tp, "[parallel.zero]")) << tp;
+  EXPECT_TRUE(has(tp, "strategy = \"zero\"")) << tp;
+  EXPECT_TRUE(has(tp, "[parallel.zero]\nstage = 1\noffload_optimizer = \"none\"")) << tp;
   // 128 / (micro-batch 2 x dp 2): the micro-batches the pipeline runs per step.
   EXPECT_TRUE(has(tp, "grad_accum = 32")) << tp;
 }
@@ -172,9 +171,8 @@ TEST_F(PlanOutput, EveryEmittedConfigIsAcceptedByTheTrainer) {
                                                plan_.cluster.world_size());
     yaml.insert(yaml.end(), corpus.begin(), corpus.end());
     const TrainConfig from_yaml = parse_train_config("", "empty.toml", yaml);
-    // The YAML trains the data-parallel part only (ZeRO-1 over every rank); a pipelined TOML's
-    // data-parallel part is ddp.
-    EXPECT_EQ(from_yaml.strategy, from_toml.pp > 1 ? "zero" : from_toml.strategy);
+    // The YAML trains the data-parallel part only (ZeRO-1 over every rank).
+    EXPECT_EQ(from_yaml.strategy, from_toml.strategy);
     // DeepSpeed's batch arithmetic counts data-parallel ranks only: with tensor and pipeline
     // parallelism that is fewer than the world, a layout this version does not run.
     if (c.strategy == PlanStrategy::kTpPp) continue;

@@ -78,7 +78,8 @@ TEST_F(PipelineCliTest, LaunchedLayoutsWriteTheLossesOfTheOneProcessRun) {
   EXPECT_FALSE(fs::exists(dir_ / "bad" / "metrics.jsonl"));
 }
 
-// The planner's TP x PP x DP layout of a small model, written as it is, trains at 8 ranks.
+// The planner's TP x PP x DP layout of a small model (ZeRO-1 across the data-parallel ranks),
+// written as it is, trains at 8 ranks.
 TEST_F(PipelineCliTest, ThePlannersPipelinedTomlRuns) {
   ModelConfig model = model_preset("tiny");
   model.n_layers = 4;

@@ -1,7 +1,8 @@
 // The trainer with pipeline parallelism: every schedule at pp = 2 and 4 (interleaved with two
-// virtual stages), uneven splits, tied embeddings, activation checkpointing, pp x dp and
-// pp x tp x dp train as one process does on the same global batch and micro-batches, write
-// checkpoints that resume at other pipeline sizes, and refuse what does not fit.
+// virtual stages), uneven splits, tied embeddings, activation checkpointing, pp x dp (ddp,
+// fsdp, zero 1) and pp x tp x dp train as one process does on the same global batch and
+// micro-batches, write checkpoints that resume at other pipeline sizes, and refuse what does not
+// fit.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -86,7 +87,9 @@ class PipelineTrainerTest : public ::testing::Test {
           train(layout, config(layout, dir_ / layout.name, 10), 10, &got_dir, &got_eval);
       testing::expect_same_losses(got, want, 1e-5);
       // Evaluation reads train.micro_batch-sized batches: comparable when that is the same.
-      if (layout.dp == 1) EXPECT_NEAR(got_eval, want_eval, 1e-5 * want_eval);
+      if (layout.dp == 1) {
+        EXPECT_NEAR(got_eval, want_eval, 1e-5 * want_eval);
+      }
       expect_same_tensors(got_dir, want_dir);
     }
   }
@@ -154,6 +157,33 @@ TEST_F(PipelineTrainerTest, PipelineTimesTensorTimesDataParallelTrainsAsOneProce
 }
 
 // Untied embeddings (Llama): the first stage holds the embedding, the last its own head.
+// FSDP and ZeRO-1 shard each stage over its data-parallel ranks: the stage stays gathered
+// through the step and its gradients are reduced once, when every micro-batch is done.
+TEST_F(PipelineTrainerTest, PipelineTimesShardedDataParallelTrainsAsOneProcess) {
+  expect_as_one_process(
+      {Layout{"pp2_fsdp_dp2",
+              4,
+              {"parallel.pp=2", "parallel.strategy=\"fsdp\"", "parallel.pp_split=[3, 1]"},
+              2},
+       Layout{"pp2_zero1_dp2_zero_bubble",
+              4,
+              {"parallel.pp=2", "parallel.strategy=\"zero\"", "parallel.zero.stage=1",
+               "parallel.pp_schedule=\"zero_bubble\"", "train.activation_checkpointing=true"},
+              2},
+       Layout{"pp2_tp2_fsdp_dp2",
+              8,
+              {"parallel.pp=2", "parallel.tp=2", "parallel.strategy=\"fsdp\"",
+               "parallel.pp_schedule=\"gpipe\""},
+              2},
+       // The same global batch as two micro-batches of one sequence on each of four ranks.
+       Layout{"pp2_hybrid_shard_2x2",
+              8,
+              {"parallel.pp=2", "parallel.strategy=\"fsdp\"",
+               "parallel.fsdp.sharding=\"hybrid_shard\"", "parallel.fsdp.replicate=2",
+               "train.grad_accum=2", "train.micro_batch=1"},
+              4}});
+}
+
 TEST_F(PipelineTrainerTest, LlamaPipelineTimesTensorTrainsAsOneProcess) {
   preset_ = "tiny-llama";
   blocks_ = 8;
@@ -200,7 +230,8 @@ TEST_F(PipelineTrainerTest, CheckpointsResumeAtOtherPipelineSizes) {
   testing::expect_same_losses(first, {want.begin(), want.begin() + 4}, 1e-5);
   for (const Layout& layout :
        {Layout{"pp1", 1, {}}, Layout{"pp4", 4, {"parallel.pp=4"}},
-        Layout{"pp2_dp2", 4, {"parallel.pp=2", "parallel.strategy=\"ddp\""}, 2}}) {
+        Layout{"pp2_dp2", 4, {"parallel.pp=2", "parallel.strategy=\"ddp\""}, 2},
+        Layout{"pp2_fsdp_dp2", 4, {"parallel.pp=2", "parallel.strategy=\"fsdp\""}, 2}}) {
     SCOPED_TRACE(layout.name);
     const auto rest =
         train(layout, config(layout, dir_ / layout.name, 8, {"run.resume=\"" + saved + "\""}), 4);
@@ -230,8 +261,13 @@ TEST_F(PipelineTrainerTest, RefusesWhatDoesNotFit) {
            "parallel.pp_virtual_stages=2"},
           "the model's 3 blocks do not divide into parallel.pp x parallel.pp_virtual_stages = 4 "
           "stages");
-  refused(2, {"parallel.pp=2", "parallel.strategy=\"fsdp\""},
-          "parallel.pp > 1 with parallel.strategy = \"fsdp\"");
+  refused(
+      2, {"parallel.pp=2", "parallel.strategy=\"zero\"", "parallel.zero.stage=2"},
+      "parallel.pp > 1 with parallel.zero.stage = 2: pipeline stages combine with ZeRO stage 1");
+  refused(2,
+          {"parallel.pp=2", "parallel.strategy=\"zero\"", "parallel.zero.stage=1",
+           "parallel.zero.offload_optimizer=\"cpu\""},
+          "offload is not combined with pipeline stages");
   refused(1, {"parallel.pp_virtual_stages=2"},
           "parallel.pp_split and parallel.pp_virtual_stages need parallel.pp > 1");
 }

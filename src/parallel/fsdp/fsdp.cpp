@@ -29,12 +29,9 @@ FullyShardedDataParallel::FullyShardedDataParallel(Transformer model, const Devi
   const auto strategy = options_.sharding_;
   const int replicate = mesh.size(MeshAxis::kDpReplicate);
   const int shard = mesh.size(MeshAxis::kDpShard);
-  // Across tensor-parallel ranks the model is already split (parallelize_module): each rank
-  // shards its own slices over its data-parallel peers.
-  if (mesh.size(MeshAxis::kPp) != 1) {
-    throw std::invalid_argument("FSDP shards over data-parallel ranks only; the mesh has pp=" +
-                                std::to_string(mesh.size(MeshAxis::kPp)));
-  }
+  // Across tensor-parallel ranks the model is already split (parallelize_module), and across
+  // pipeline ranks it holds one stage's parts: each rank shards what it holds over its
+  // data-parallel peers.
   if (mesh.size(MeshAxis::kTp) > 1 && !model_->tensor_parallel()) {
     throw std::invalid_argument(
         "FSDP on a mesh with tp=" + std::to_string(mesh.size(MeshAxis::kTp)) +
@@ -359,6 +356,7 @@ FullyShardedDataParallel::FullyShardedDataParallel(Transformer model, const Devi
     for (size_t k = 0; k < unit.params.size(); ++k) {
       Unit* target = &unit;
       grad_hooks_.emplace_back(unit.params[k], [this, target, k] {
+        if (pipelined_) return;  // reduced at end_pipeline()
         if (!target->ready_flags[k]) {
           target->ready_flags[k] = true;
           if (++target->ready == target->params.size()) reduce(*target);
@@ -407,6 +405,7 @@ void FullyShardedDataParallel::gather(Unit& unit, bool wait) {
 }
 
 void FullyShardedDataParallel::start_gather(Unit& unit) {
+  if (unit.numel == 0) return;  // a pipeline stage's root may hold nothing
   bring_master(unit);
   at::Tensor input = unit.wire;
   if (unit.master_in_full) {

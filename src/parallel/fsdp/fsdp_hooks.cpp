@@ -39,6 +39,7 @@ bool FullyShardedDataParallel::reshard_after_forward() const {
 }
 
 void FullyShardedDataParallel::pre_forward(torch::nn::Module& module) {
+  if (pipelined_) return;  // everything is gathered
   Unit& root = *units_.back();
   if (&module == model_.get()) {
     phase_ = Phase::kForward;
@@ -70,6 +71,7 @@ void FullyShardedDataParallel::pre_forward(torch::nn::Module& module) {
 }
 
 at::Tensor FullyShardedDataParallel::post_forward(torch::nn::Module& module, at::Tensor output) {
+  if (pipelined_) return output;
   if (&module == model_.get()) {
     if (!output.requires_grad()) {
       // No backward will follow (evaluation, generation): nothing stays gathered.
@@ -117,10 +119,29 @@ void FullyShardedDataParallel::pre_backward(Unit& unit) {
   }
 }
 
+void FullyShardedDataParallel::begin_pipeline() {
+  if (phase_ != Phase::kIdle) {
+    throw std::logic_error("FSDP: begin_pipeline() during a forward or backward");
+  }
+  pipelined_ = true;
+  for (auto& unit : units_) gather(*unit, /*wait=*/false);
+  for (auto& unit : units_) wait_gathered(*unit);
+}
+
+void FullyShardedDataParallel::end_pipeline(bool gradients) {
+  pipelined_ = false;
+  if (gradients) {
+    finish_backward();  // reduces every unit, then frees
+    return;
+  }
+  for (auto& unit : units_) release(*unit);
+}
+
 void FullyShardedDataParallel::reduce(Unit& unit) {
   if (unit.reduced) return;
   unit.reduced = true;
-  if (unit.frozen) return;  // no gradient: nothing to communicate
+  // No gradient, or (a pipeline stage's root) no parameter: nothing to communicate.
+  if (unit.frozen || unit.numel == 0) return;
   Unit::PendingReduce pending;
   if (unit.grads_in_full) {
     // Backward accumulated into grad_full, which also holds the average of earlier backward

@@ -22,17 +22,18 @@ void FullyShardedDataParallel::zero_grad() {
   }
 }
 
-double FullyShardedDataParallel::clip_grad_norm(double max_norm) {
+double FullyShardedDataParallel::clip_grad_norm(double max_norm, ProcessGroup* stages,
+                                                const std::set<std::string>& counted_elsewhere) {
   at::Tensor squares = at::zeros({}, at::kDouble);
   const auto& tp = model_->tensor_parallel();
-  if (tp) {
+  if (tp || !counted_elsewhere.empty()) {
     // Split by tensor parallelism, the group's ranks hold different slices of split parameters
     // and the same replicated ones: each replicated piece counts 1/tp on every rank, so that
     // the sum over the group counts it once.
     for (const auto& segment : segments_) {
       const at::Tensor& grad = segment.param.grad();
-      if (!grad.defined()) continue;
-      const double weight = tp->layout_of(segment.name) ? 1.0 : 1.0 / tp->size();
+      if (!grad.defined() || counted_elsewhere.count(segment.name)) continue;
+      const double weight = !tp || tp->layout_of(segment.name) ? 1.0 : 1.0 / tp->size();
       squares += grad.to(at::kDouble).pow(2).sum() * weight;
     }
   } else {
@@ -46,6 +47,7 @@ double FullyShardedDataParallel::clip_grad_norm(double max_norm) {
   // Shards are disjoint inside the shard group and identical across replicas.
   if (shard_group_) shard_group_->all_reduce(squares, ReduceOp::kSum)->wait();
   if (tp) tp->group->all_reduce(squares, ReduceOp::kSum)->wait();
+  if (stages && stages->size() > 1) stages->all_reduce(squares, ReduceOp::kSum)->wait();
   const double norm = std::sqrt(squares.item<double>());
   if (max_norm > 0 && norm > max_norm) {
     const double factor = max_norm / (norm + 1e-6);
