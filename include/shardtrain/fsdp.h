@@ -237,8 +237,9 @@ class FullyShardedDataParallel {
   // gathered, and each backward adds whole gradients into the parameters' .grad, unreduced.
   // end_pipeline() then reduces them as the end of one backward would (every rank holds its
   // shard of the average, added to what zero_grad() left) and frees what does not stay
-  // gathered; with `gradients` false (evaluation) it only frees. Collective over the
-  // data-parallel ranks.
+  // gathered; with `gradients` false (evaluation, or a step that failed) it only frees.
+  // Every data-parallel rank calls both, in the same order; begin_pipeline() gathers, so it is
+  // collective too.
   void begin_pipeline();
   void end_pipeline(bool gradients = true);
   // True when every rank's gradient shard is finite. Collective.

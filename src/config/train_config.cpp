@@ -438,6 +438,11 @@ void validate_pipeline(const TrainConfig& c) {
           "parallel.pp > 1 with parallel.zero.stage = " + std::to_string(c.zero_stage) +
               ": pipeline stages combine with ZeRO stage 1 (or parallel.strategy = \"fsdp\", "
               "which shards the parameters between steps)");
+  require(c.strategy == "ddp" || c.strategy == "none" || c.param_dtype == "fp32",
+          "precision.param_dtype = \"" + c.param_dtype +
+              "\" with parallel.pp > 1: a pipeline stage accumulates its gradients over the "
+              "micro-batches in the parameters' dtype; keep fp32 parameters and compute in bf16 "
+              "with precision.autocast = \"bf16\"");
   require(c.strategy != "zero" ||
               (c.zero_offload_optimizer == "none" && c.zero_offload_param == "none"),
           "parallel.zero.offload_optimizer / offload_param with parallel.pp > 1: offload is not "

@@ -69,15 +69,18 @@ MeshShape train_mesh_shape(const TrainConfig& config, int world_size) {
       sharding_strategy_from_string(config.fsdp_sharding) == ShardingStrategy::kHybridShard) {
     replicate = static_cast<int>(config.fsdp_replicate);
     if (replicate == 0) {
-      // One replica per node, sharding inside it, as PyTorch's hybrid_shard does.
+      // One replica per node, sharding inside it, as PyTorch's hybrid_shard does. Pipeline
+      // stages are the mesh's outermost axis: a stage's ranks span nodes / pp nodes.
       const char* local = std::getenv("LOCAL_WORLD_SIZE");
       const int per_node = local ? std::atoi(local) : 0;
-      if (per_node <= 0 || world_size % per_node != 0 || world_size == per_node) {
+      const int nodes = per_node > 0 && world_size % per_node == 0 ? world_size / per_node : 0;
+      if (nodes % pp != 0 || nodes / pp < 2) {
         throw std::invalid_argument(
             "parallel.fsdp.sharding = \"hybrid_shard\" needs parallel.fsdp.replicate (the "
-            "dp_replicate size) when the ranks are not on several nodes");
+            "dp_replicate size) when the ranks " +
+            std::string(pp > 1 ? "of a pipeline stage " : "") + "are not on several nodes");
       }
-      replicate = world_size / per_node;
+      replicate = nodes / pp;
     }
   }
   return resolve_mesh(MeshShape().pp(pp).dp_replicate(replicate).tp(tp), world_size);

@@ -3,10 +3,12 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 #include <thread>
+#include <vector>
 
 #include "common/stats.h"
 #include "plan/run_estimate.h"
@@ -160,6 +162,18 @@ RunEstimate estimate_run(const nlohmann::json& run, const HardwareSpec& host,
 
   const json parallel = required<json>(run, "parallel", run_file);
   Candidate shape = candidate_of(parallel, world, run_file);
+  const int pp = parallel.value("pp", 1);
+  if (pp > 1) {
+    // Under a pipeline FSDP holds its stage whole through the step beside its shards: at most
+    // DDP's model states for the stage (docs/pp.md), estimated as those. A stage holds
+    // n_layers / pp blocks; an uneven split is estimated as the whole model, which over-counts.
+    if (shape.strategy != PlanStrategy::kZero1) shape.strategy = PlanStrategy::kDdp;
+    const std::vector<int64_t> split = parallel.value("pp_split", std::vector<int64_t>());
+    const bool even = split.empty() ? mc.n_layers % pp == 0
+                                    : std::adjacent_find(split.begin(), split.end(),
+                                                         std::not_equal_to<>()) == split.end();
+    if (even) shape.pp = pp;
+  }
   // A CPU host has no device memory to offload from: "cpu" offload leaves the state where it
   // is, and only what goes to files ("nvme") leaves memory.
   const json zero = parallel.value("zero", json::object());
@@ -180,7 +194,7 @@ RunEstimate estimate_run(const nlohmann::json& run, const HardwareSpec& host,
       .precision(bf16_params || autocast ? "bf16-autocast" : "fp32")
       .safety_margin(0.0);
   w.global_batch(w.micro_batch_ * required<int64_t>(train, "grad_accum", run_file) * world /
-                 shape.tp);
+                 (shape.tp * shape.pp));
   const json lora = field<json>(run, "lora", json::object());
   const int64_t lora_rank = field<int64_t>(lora, "rank", 0);
   if (lora_rank > 0) w.lora(lora_rank, field<std::string>(lora, "base_dtype", "fp32"));
@@ -220,8 +234,14 @@ RunEstimate estimate_run(const nlohmann::json& run, const HardwareSpec& host,
         {PlanStrategy::kFullShard, true}}) {
     // LoRA's alternatives are its decision tree's: DDP, FSDP shard_grad_op and full_shard.
     if (lora_rank > 0 && (strategy == PlanStrategy::kZero1 || files)) continue;
+    // Under a pipeline: the same stages, with what combines with them (ddp, ZeRO-1).
+    if (pp > 1 && strategy != PlanStrategy::kDdp && strategy != PlanStrategy::kZero1) continue;
     Candidate c;
     c.strategy = strategy;
+    if (pp > 1) {
+      c.tp = shape.tp;
+      c.pp = shape.pp;
+    }
     c = evaluate_candidate(c, model, hw, cluster, w);
     if (!c.valid) continue;
     to_files(c, files, files);

@@ -5,6 +5,7 @@
 
 #include <memory>
 #include <string>
+#include <utility>
 
 #include "shardtrain/config.h"
 #include "shardtrain/data.h"
@@ -69,15 +70,25 @@ std::vector<FlatSlice> owned_slices(const std::string& strategy, int rank, int w
 // LibTorch's optimizers key per-parameter state by the TensorImpl address, printed.
 std::string optimizer_state_key(const at::Tensor& parameter);
 
-// A pipeline stage run outside a training step (evaluation, generation) under FSDP/ZeRO: its
-// units gathered for the scope (FullyShardedDataParallel::begin_pipeline). Null: nothing.
+// A pipeline stage under FSDP/ZeRO: its units gathered for the scope
+// (FullyShardedDataParallel::begin_pipeline), freed at its end without reducing anything
+// (evaluation, generation, a step that failed) unless reduce_gradients() ended it first.
+// Null: nothing.
 class GatheredStage {
  public:
   explicit GatheredStage(FullyShardedDataParallel* fsdp) : fsdp_(fsdp) {
     if (fsdp_) fsdp_->begin_pipeline();
   }
   ~GatheredStage() {
-    if (fsdp_) fsdp_->end_pipeline(/*gradients=*/false);
+    try {
+      if (fsdp_) fsdp_->end_pipeline(/*gradients=*/false);
+    } catch (const std::exception&) {
+      // a gather failed with the group: the error on its way out says so
+    }
+  }
+  // A training step's end: the accumulated gradients reduced. Collective.
+  void reduce_gradients() {
+    if (FullyShardedDataParallel* fsdp = std::exchange(fsdp_, nullptr)) fsdp->end_pipeline();
   }
   GatheredStage(const GatheredStage&) = delete;
   GatheredStage& operator=(const GatheredStage&) = delete;

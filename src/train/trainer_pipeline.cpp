@@ -27,7 +27,8 @@ bool is_tied_copy(const Transformer& model, const std::string& tensor) {
 double Trainer::pipeline_step() {
   std::optional<DistributedDataParallel::NoSync> local_only;
   if (ddp_) local_only.emplace(*ddp_);  // one all-reduce when every micro-batch is done
-  if (fsdp_) fsdp_->begin_pipeline();   // the stage gathered for the step, one reduction
+  // Under FSDP/ZeRO the stage is gathered for the step and reduced once, at its end.
+  detail::GatheredStage gathered(fsdp_.get());
   detail::PipelineStepInputs inputs;
   inputs.batch = config_.micro_batch;
   inputs.tokens = [this](int micro_batch) {
@@ -42,13 +43,11 @@ double Trainer::pipeline_step() {
   const double loss_sum = pipeline_->step(inputs, config_.seq_len);
   local_only.reset();
   if (fsdp_) {
-    // The tied copies' whole gradients are summed before the reduction, which leaves each rank
-    // only its shard (the two stages' shards do not line up). Both copies then reduce the same
-    // values over data-parallel groups of one size: over two ranks one addition, the same
-    // bits on both; over more, each stage's reduction adds in its own order (the last bits
-    // may differ).
-    pipeline_->sum_tied_gradients();
-    fsdp_->end_pipeline();
+    // The tied copies' whole gradients are averaged and summed before the reduction, which
+    // leaves each rank only its shard (the two stages' shards do not line up); the reduction
+    // then averages values equal on every rank, in any order the same bits on both stages.
+    pipeline_->sum_tied_gradients(&mesh_->dp());
+    gathered.reduce_gradients();
     return loss_sum;
   }
   // Averaged over the data-parallel ranks first: the two copies' averages are then added in

@@ -83,6 +83,50 @@ TEST(PlanValidate, ReadsTheRunAndComparesMedians) {
   fs::remove_all(dir);
 }
 
+// Under a pipeline a rank holds one stage: n_layers / pp blocks and one of the embedding and
+// the head. FSDP, which holds its stage whole through the step beside its shards, is estimated
+// as DDP (an upper bound); an uneven split as the whole model.
+TEST(PlanValidate, PipelineRunsAreEstimatedPerStage) {
+  const fs::path dir = testing::fresh_test_dir("shardtrain_plan_validate_pp");
+  const ModelConfig m = model_preset("tiny");
+  int64_t block = 0;
+  for (const auto& p : m.parameter_shapes()) {
+    if (p.name.rfind("blocks.0.", 0) == 0) block += p.numel();
+  }
+  const double stage = static_cast<double>(m.n_layers / 2 * block + m.vocab_size * m.d_model);
+  struct Case {
+    json parallel;
+    int64_t n_layers;
+    double states;
+  };
+  // Three blocks do not split evenly in two: the whole model, with its third block.
+  const double whole_of_three = static_cast<double>(m.num_parameters() + block);
+  const Case cases[] = {
+      {{{"strategy", "ddp"}, {"pp", 2}}, m.n_layers, 16 * stage},
+      {{{"strategy", "fsdp"}, {"pp", 2}, {"fsdp", {{"sharding", "full_shard"}}}},
+       m.n_layers,
+       16 * stage},
+      {{{"strategy", "ddp"}, {"pp", 2}, {"pp_split", {1, 1}}}, m.n_layers, 16 * stage},
+      {{{"strategy", "fsdp"}, {"pp", 2}}, 3, 16 * whole_of_three},
+  };
+  for (const auto& c : cases) {
+    json run = run_json(4, c.parallel);
+    run["model"]["n_layers"] = c.n_layers;
+    write_run(dir / "run", run, c.states, 4);
+    const ValidationResult r = validate_run((dir / "run").string(), hardware_spec("cpu"));
+    EXPECT_EQ(r.strategy, "DDP");
+    EXPECT_NEAR(r.estimated_model_states, c.states, 1e-6) << c.parallel.dump();
+  }
+  // ZeRO-1 shards the stage's optimizer state over its two data-parallel ranks.
+  write_run(dir / "run", run_json(4, {{"strategy", "zero"}, {"pp", 2}, {"zero", {{"stage", 1}}}}),
+            1, 4);
+  const ValidationResult zero1 = validate_run((dir / "run").string(), hardware_spec("cpu"));
+  EXPECT_EQ(zero1.strategy, "ZeRO-1");
+  EXPECT_LT(zero1.estimated_model_states, 16 * stage);
+  EXPECT_GT(zero1.estimated_model_states, 8 * stage);
+  fs::remove_all(dir);
+}
+
 TEST(PlanValidate, ShardedStrategiesMapToTheirCandidates) {
   const fs::path dir = testing::fresh_test_dir("shardtrain_plan_validate");
   const ModelConfig m = model_preset("tiny");

@@ -156,20 +156,29 @@ TEST_F(PipelineTrainerTest, PipelineTimesTensorTimesDataParallelTrainsAsOneProce
                          Layout{"pp4_tp2", 8, {"parallel.pp=4", "parallel.tp=2"}}});
 }
 
-// Untied embeddings (Llama): the first stage holds the embedding, the last its own head.
 // FSDP and ZeRO-1 shard each stage over its data-parallel ranks: the stage stays gathered
-// through the step and its gradients are reduced once, when every micro-batch is done.
+// through the step and its gradients are reduced once, when every micro-batch is done. At
+// pp = 4 the middle stages hold no parameter outside their blocks (an empty root unit), and a
+// size policy no stage reaches makes each stage one unit; zero bubble's split backward runs
+// without activation checkpointing (which runs whole backwards).
 TEST_F(PipelineTrainerTest, PipelineTimesShardedDataParallelTrainsAsOneProcess) {
   expect_as_one_process(
-      {Layout{"pp2_fsdp_dp2",
+      {Layout{"pp2_fsdp_dp2_checkpointed",
               4,
-              {"parallel.pp=2", "parallel.strategy=\"fsdp\"", "parallel.pp_split=[3, 1]"},
+              {"parallel.pp=2", "parallel.strategy=\"fsdp\"", "parallel.pp_split=[3, 1]",
+               "train.activation_checkpointing=true"},
               2},
        Layout{"pp2_zero1_dp2_zero_bubble",
               4,
               {"parallel.pp=2", "parallel.strategy=\"zero\"", "parallel.zero.stage=1",
-               "parallel.pp_schedule=\"zero_bubble\"", "train.activation_checkpointing=true"},
+               "parallel.pp_schedule=\"zero_bubble\""},
               2},
+       Layout{
+           "pp4_fsdp_dp2_zero_bubble",
+           8,
+           {"parallel.pp=4", "parallel.strategy=\"fsdp\"", "parallel.pp_schedule=\"zero_bubble\"",
+            "parallel.fsdp.wrap=\"size\"", "parallel.fsdp.min_params=100000000"},
+           2},
        Layout{"pp2_tp2_fsdp_dp2",
               8,
               {"parallel.pp=2", "parallel.tp=2", "parallel.strategy=\"fsdp\"",
@@ -184,6 +193,7 @@ TEST_F(PipelineTrainerTest, PipelineTimesShardedDataParallelTrainsAsOneProcess) 
               4}});
 }
 
+// Untied embeddings (Llama): the first stage holds the embedding, the last its own head.
 TEST_F(PipelineTrainerTest, LlamaPipelineTimesTensorTrainsAsOneProcess) {
   preset_ = "tiny-llama";
   blocks_ = 8;
@@ -198,26 +208,33 @@ TEST_F(PipelineTrainerTest, LlamaPipelineTimesTensorTrainsAsOneProcess) {
                "parallel.pp_virtual_stages=2"}}});
 }
 
-// With three data-parallel ranks each stage's all-reduce adds in its own order: the two copies
-// of the tied embedding must still be the same bits after every step.
+// With three data-parallel ranks each stage's all-reduce adds in its own order (under ZeRO-1
+// over flat buffers that differ between the stages): the two copies of the tied embedding must
+// still be the same bits after every step.
 TEST_F(PipelineTrainerTest, TiedEmbeddingCopiesStayIdenticalAcrossThreeReplicas) {
-  const Layout layout{"pp2_dp3", 6, {"parallel.pp=2", "parallel.strategy=\"ddp\""}, 1};
-  TrainConfig cfg = config(layout, dir_ / "tied", 4, {"train.micro_batch=1"});
-  std::mutex mutex;
-  std::map<int, at::Tensor> first, last;  // by data-parallel rank
-  run_local_ranks(6, [&](ProcessGroup& group) {
-    Trainer trainer(cfg, std::shared_ptr<ProcessGroup>(&group, [](ProcessGroup*) {}));
-    for (int i = 0; i < 4; ++i) trainer.train_step();
-    const at::Tensor weight =
-        trainer.model()->named_parameters()["tok_emb.weight"].detach().clone();
-    std::lock_guard<std::mutex> lock(mutex);
-    (trainer.pp_rank() == 0 ? first : last)[trainer.dp_rank()] = weight;
-  });
-  ASSERT_EQ(first.size(), 3u);
-  ASSERT_EQ(last.size(), 3u);
-  for (int dp = 0; dp < 3; ++dp) {
-    EXPECT_TRUE(at::equal(first[dp], last[dp])) << "replica " << dp;
-    EXPECT_TRUE(at::equal(first[dp], first[0])) << "replica " << dp;
+  for (const std::string strategy : {"ddp", "zero"}) {
+    SCOPED_TRACE(strategy);
+    const Layout layout{
+        "pp2_dp3", 6, {"parallel.pp=2", "parallel.strategy=\"" + strategy + "\""}, 1};
+    TrainConfig cfg = config(layout, dir_ / ("tied_" + strategy), 4, {"train.micro_batch=1"});
+    std::mutex mutex;
+    std::map<int, at::Tensor> first, last;  // by data-parallel rank
+    run_local_ranks(6, [&](ProcessGroup& group) {
+      Trainer trainer(cfg, std::shared_ptr<ProcessGroup>(&group, [](ProcessGroup*) {}));
+      for (int i = 0; i < 4; ++i) trainer.train_step();
+      // ZeRO-1 keeps the whole parameters, gathered after each step: evaluation waits for that.
+      trainer.evaluate();
+      const at::Tensor weight =
+          trainer.model()->named_parameters()["tok_emb.weight"].detach().clone();
+      std::lock_guard<std::mutex> lock(mutex);
+      (trainer.pp_rank() == 0 ? first : last)[trainer.dp_rank()] = weight;
+    });
+    ASSERT_EQ(first.size(), 3u);
+    ASSERT_EQ(last.size(), 3u);
+    for (int dp = 0; dp < 3; ++dp) {
+      EXPECT_TRUE(at::equal(first[dp], last[dp])) << "replica " << dp;
+      EXPECT_TRUE(at::equal(first[dp], first[0])) << "replica " << dp;
+    }
   }
 }
 
@@ -264,6 +281,8 @@ TEST_F(PipelineTrainerTest, RefusesWhatDoesNotFit) {
   refused(
       2, {"parallel.pp=2", "parallel.strategy=\"zero\"", "parallel.zero.stage=2"},
       "parallel.pp > 1 with parallel.zero.stage = 2: pipeline stages combine with ZeRO stage 1");
+  refused(2, {"parallel.pp=2", "parallel.strategy=\"fsdp\"", "precision.param_dtype=\"bf16\""},
+          "precision.param_dtype = \"bf16\" with parallel.pp > 1");
   refused(2,
           {"parallel.pp=2", "parallel.strategy=\"zero\"", "parallel.zero.stage=1",
            "parallel.zero.offload_optimizer=\"cpu\""},

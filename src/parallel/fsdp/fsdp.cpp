@@ -106,7 +106,17 @@ FullyShardedDataParallel::FullyShardedDataParallel(Transformer model, const Devi
       }
     }
   }
-  const auto groups = detail::plan_units(points, options_.wrap_);
+  WrapPolicy policy = options_.wrap_;
+  if (mesh.size(MeshAxis::kPp) > 1 && policy.kind == WrapPolicy::Kind::kSize) {
+    // A pipeline stage's blocks that together fall short of min_params make one unit: refused,
+    // this stage's ranks would stop while the other stages' waited for them.
+    int64_t stage_params = 0;
+    for (const auto& point : points) {
+      for (const auto& p : point->parameters()) stage_params += p.numel();
+    }
+    policy.min_params = std::min(policy.min_params, std::max<int64_t>(stage_params, 1));
+  }
+  const auto groups = detail::plan_units(points, policy);
   std::map<const at::TensorImpl*, std::string> names;
   for (const auto& item : model_->named_parameters()) {
     names[item.value().unsafeGetTensorImpl()] = item.key();

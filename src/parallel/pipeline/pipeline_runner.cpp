@@ -274,7 +274,7 @@ at::Tensor PipelineRunner::forward(const at::Tensor& tokens) {
   return x;
 }
 
-void PipelineRunner::sum_tied_gradients() {
+void PipelineRunner::sum_tied_gradients(ProcessGroup* average_first) {
   if (!model_->config().tie_embeddings || schedule_.ranks == 1) return;
   const int first = 0, last = last_stage_rank();
   const int rank = group_->rank();
@@ -283,6 +283,9 @@ void PipelineRunner::sum_tied_gradients() {
   if (!weight.requires_grad()) return;
   if (!weight.grad().defined()) weight.mutable_grad() = at::zeros_like(weight);
   at::Tensor grad = weight.grad();
+  if (average_first && average_first->size() > 1) {
+    average_first->all_reduce(grad, ReduceOp::kAvg)->wait();
+  }
   const at::Tensor mine = grad.contiguous().clone(), theirs = at::empty_like(mine);
   const int peer = rank == first ? last : first;
   constexpr int kTiedTag = kForwardOnlyTag - 1;

@@ -44,8 +44,10 @@ class PipelineRunner {
   // returns the logits on the rank holding the last stage, an undefined tensor on the others.
   at::Tensor forward(const at::Tensor& tokens);
   // With tied embeddings: adds the first and the last stage's gradients of the token embedding,
-  // so that both copies take the same step.
-  void sum_tied_gradients();
+  // so that both copies take the same step. With `average_first`, each is averaged over that
+  // group (the stage's data-parallel ranks) before (FSDP and ZeRO, which reduce afterwards,
+  // each stage its own flat buffer in its own order, then average equal values: the same bits).
+  void sum_tied_gradients(ProcessGroup* average_first = nullptr);
 
   bool holds_first_stage() const { return group_->rank() == 0; }
   bool holds_last_stage() const { return rank_of(schedule_.stages() - 1) == group_->rank(); }
