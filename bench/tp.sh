@@ -15,14 +15,7 @@ steps="${1:-6}"
 bin="$root/build/shardtrain"
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
-python3 - "$work/corpus.txt" <<'PY'
-import random, sys
-random.seed(1)
-words = "the quick brown fox jumps over a lazy dog while seven wizards box in the yard".split()
-with open(sys.argv[1], "w") as f:
-    for _ in range(20000):
-        f.write(" ".join(random.choice(words) for _ in range(12)) + ".\n")
-PY
+python3 "$root/bench/corpus.py" "$work/corpus.txt"
 cat >"$work/base.toml" <<TOML
 [model]
 preset = "tiny"

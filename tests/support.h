@@ -91,4 +91,18 @@ inline void expect_same_losses(const std::vector<double>& got, const std::vector
   }
 }
 
+// A planner's shardtrain.toml, written into `dir` as it is and trained for two steps on `nproc`
+// launched ranks with dir/corpus.txt: the run finishes and rank 0 writes two losses.
+inline void expect_planned_toml_trains(const std::filesystem::path& dir, const std::string& toml,
+                                       int nproc) {
+  std::ofstream(dir / "plan.toml") << toml;
+  const auto run = run_command(
+      cli() + " launch --nproc " + std::to_string(nproc) + " -- " + cli() + " train --config " +
+      (dir / "plan.toml").string() + " --set data.corpus=" + (dir / "corpus.txt").string() +
+      " --set train.steps=2 --set train.sample_tokens=0 --set run.threads=1 --set run.dir=" +
+      (dir / "planned").string());
+  ASSERT_EQ(run.exit_code, 0) << toml << run.output;
+  EXPECT_EQ(rank0_losses(dir / "planned" / "metrics.jsonl").size(), 2u);
+}
+
 }  // namespace shardtrain::testing

@@ -2,6 +2,9 @@
 // the same config, and rank 0's losses (evaluation, checkpoint) come back.
 #pragma once
 
+#include <gtest/gtest.h>
+
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -37,6 +40,18 @@ inline std::vector<double> train_on_ranks(int world, const TrainConfig& cfg, int
     });
   }
   return losses;
+}
+
+// Training the config `make` builds on `world` ranks is refused (by the config's checks or the
+// trainer's) with a message containing `words`.
+inline void expect_refused(int world, const std::function<TrainConfig()>& make,
+                           const std::string& words) {
+  try {
+    train_on_ranks(world, make(), 1);
+    ADD_FAILURE() << "accepted; expected an error containing: " << words;
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find(words), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace shardtrain::testing

@@ -89,14 +89,7 @@ TEST_F(TensorParallelCliTest, ThePlannersTensorParallelTomlRuns) {
   const std::string toml = shardtrain_toml(plan, *tp);
   EXPECT_NE(toml.find("tp = 2"), std::string::npos) << toml;
   EXPECT_NE(toml.find("vocab_size = 512"), std::string::npos) << toml;  // 257 padded
-  std::ofstream(dir_ / "plan.toml") << toml;
-  const auto run = testing::run_command(
-      testing::cli() + " launch --nproc 4 -- " + testing::cli() + " train --config " +
-      (dir_ / "plan.toml").string() + " --set data.corpus=" + (dir_ / "corpus.txt").string() +
-      " --set train.steps=2 --set train.sample_tokens=0 --set run.threads=1 --set run.dir=" +
-      (dir_ / "planned").string());
-  ASSERT_EQ(run.exit_code, 0) << toml << run.output;
-  EXPECT_EQ(testing::rank0_losses(dir_ / "planned" / "metrics.jsonl").size(), 2u);
+  testing::expect_planned_toml_trains(dir_, toml, 4);
 }
 
 }  // namespace

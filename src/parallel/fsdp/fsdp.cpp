@@ -108,12 +108,10 @@ FullyShardedDataParallel::FullyShardedDataParallel(Transformer model, const Devi
   }
   WrapPolicy policy = options_.wrap_;
   if (mesh.size(MeshAxis::kPp) > 1 && policy.kind == WrapPolicy::Kind::kSize) {
-    // A pipeline stage's blocks that together fall short of min_params make one unit: refused,
-    // this stage's ranks would stop while the other stages' waited for them.
+    // A pipeline stage's blocks that together fall short of min_params make one unit. The
+    // policy would refuse them on this stage's ranks only, while the other stages waited.
     int64_t stage_params = 0;
-    for (const auto& point : points) {
-      for (const auto& p : point->parameters()) stage_params += p.numel();
-    }
+    for (const auto& point : points) stage_params += detail::parameter_count(*point);
     policy.min_params = std::min(policy.min_params, std::max<int64_t>(stage_params, 1));
   }
   const auto groups = detail::plan_units(points, policy);

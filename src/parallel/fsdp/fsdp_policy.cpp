@@ -21,15 +21,15 @@ std::vector<std::string> class_aliases(const torch::nn::Module& module) {
   return aliases;
 }
 
+}  // namespace
+
+namespace detail {
+
 int64_t parameter_count(const torch::nn::Module& module) {
   int64_t total = 0;
   for (const auto& p : module.parameters()) total += p.numel();
   return total;
 }
-
-}  // namespace
-
-namespace detail {
 
 std::vector<std::vector<size_t>> plan_units(
     const std::vector<std::shared_ptr<torch::nn::Module>>& points, const WrapPolicy& policy) {

@@ -91,6 +91,9 @@ namespace detail {
 // the write ends.
 std::future<void> write_behind(IoThread& io, const SwapFile& file, const at::Tensor& shard);
 
+// Elements of the module's parameters (its submodules' included).
+int64_t parameter_count(const torch::nn::Module& module);
+
 // Groups of hook points (indices), one per unit, as the policy decides; throws
 // std::invalid_argument for a policy that makes no unit.
 std::vector<std::vector<size_t>> plan_units(
