@@ -10,6 +10,7 @@
 #include <map>
 #include <mutex>
 
+#include "parallel/parallelize.h"
 #include "shardtrain/rendezvous.h"
 #include "shardtrain/sharded_checkpoint.h"
 #include "shardtrain/train.h"
@@ -259,6 +260,32 @@ TEST_F(PipelineTrainerTest, CheckpointsResumeAtOtherPipelineSizes) {
         train(layout, config(layout, dir_ / layout.name, 8, {"run.resume=\"" + saved + "\""}), 4);
     testing::expect_same_losses(rest, {want.begin() + 4, want.end()}, 1e-5);
   }
+}
+
+// hybrid_shard without parallel.fsdp.replicate takes one replica per node of a stage: pipeline
+// stages are the mesh's outermost axis, so a stage spans nodes / pp nodes.
+TEST_F(PipelineTrainerTest, HybridShardFindsEachStagesNodes) {
+  const Layout layout{"hybrid",
+                      8,
+                      {"parallel.pp=2", "parallel.strategy=\"fsdp\"",
+                       "parallel.fsdp.sharding=\"hybrid_shard\"", "parallel.fsdp.replicate=0"}};
+  const TrainConfig cfg = config(layout, dir_ / "hybrid", 1);
+  ASSERT_EQ(setenv("LOCAL_WORLD_SIZE", "2", 1), 0);  // 4 nodes of 2 ranks
+  const MeshShape shape = train_mesh_shape(cfg, 8);
+  EXPECT_EQ(shape.degree(MeshAxis::kPp), 2);
+  EXPECT_EQ(shape.degree(MeshAxis::kDpReplicate), 2);
+  EXPECT_EQ(shape.degree(MeshAxis::kDpShard), 2);
+  ASSERT_EQ(setenv("LOCAL_WORLD_SIZE", "4", 1), 0);  // 2 nodes: each stage on one
+  try {
+    train_mesh_shape(cfg, 8);
+    ADD_FAILURE() << "a stage on one node was given replicas";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("when the ranks of a pipeline stage are not on several "
+                                         "nodes"),
+              std::string::npos)
+        << e.what();
+  }
+  unsetenv("LOCAL_WORLD_SIZE");
 }
 
 TEST_F(PipelineTrainerTest, RefusesWhatDoesNotFit) {
