@@ -31,6 +31,7 @@ int run(std::vector<std::string> args, std::ostream& out, std::ostream& err) {
   add_launch_command(app, command, exit_code);
   add_train_command(app);
   add_data_command(app);
+  add_generate_command(app);
   add_bench_command(app, exit_code);
   add_plan_command(app);
   add_ckpt_command(app);

@@ -19,6 +19,8 @@ void add_bench_scaling_command(CLI::App& bench);
 void add_bench_pipeline_command(CLI::App& bench);
 void add_train_command(CLI::App& app);
 void add_data_command(CLI::App& app);
+// `generate CHECKPOINT`: text from a trained model on one process.
+void add_generate_command(CLI::App& app);
 void add_plan_command(CLI::App& app);
 void add_ckpt_command(CLI::App& app);
 // `trace merge`.

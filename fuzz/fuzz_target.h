@@ -24,12 +24,16 @@ int safetensors_header(const uint8_t* data, size_t size);
 int checkpoint_index(const uint8_t* data, size_t size);
 int hf_config(const uint8_t* data, size_t size);
 int token_shard(const uint8_t* data, size_t size);
+int sample_shard(const uint8_t* data, size_t size);
+int instruction_jsonl(const uint8_t* data, size_t size);
+int chat_template(const uint8_t* data, size_t size);
+int hf_tokenizer(const uint8_t* data, size_t size);
 
 // A scratch folder of this process under the system's temporary directory.
 inline std::filesystem::path scratch_dir() {
   static const std::filesystem::path dir = [] {
-    const auto path = std::filesystem::temp_directory_path() /
-                      ("shardtrain_fuzz_" + std::to_string(getpid()));
+    const auto path =
+        std::filesystem::temp_directory_path() / ("shardtrain_fuzz_" + std::to_string(getpid()));
     std::filesystem::create_directories(path);
     return path;
   }();

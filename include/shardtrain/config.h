@@ -21,9 +21,20 @@ struct TrainConfig {
   std::string init_from;
 
   // [data]
-  std::vector<std::string> corpus;  // token shard, or text files / directories to tokenize
-  std::string tokenizer = "byte";   // "byte" or "gpt2"
-  std::string gpt2_dir;             // encoder.json + vocab.bpe; empty: default_gpt2_dir()
+  // A token shard, or text / JSONL files and directories to tokenize (data.format).
+  std::vector<std::string> corpus;
+  // "byte", "gpt2", or a Hugging Face tokenizer.json (or a model folder holding one); empty:
+  // model.init_from's tokenizer.json when that folder has one, else "byte".
+  std::string tokenizer;
+  std::string gpt2_dir;  // encoder.json + vocab.bpe; empty: default_gpt2_dir()
+  // "text" (documents cut into windows), "chat" ({"messages": [...]} lines through the chat
+  // template, loss on the assistant's turns) or "prompt_completion" (loss on the completion).
+  std::string format = "text";
+  // The chat template's file (tokenizer_config.json, chat_template.jinja) or model folder;
+  // empty: the tokenizer's folder.
+  std::string chat_template;
+  bool packing = true;                // instruction samples: several per sequence, or padded
+  std::string overlong = "truncate";  // a sample longer than seq_len: "truncate" or "drop"
   int64_t seq_len = 64;
   int64_t eval_sequences = 32;  // held out from the end of the corpus
 
@@ -50,7 +61,7 @@ struct TrainConfig {
   bool final_checkpoint = true;  // a checkpoint after the last step
   bool activation_checkpointing = false;
   int64_t sample_tokens = 64;  // generated at the end; 0 disables
-  std::string sample_prompt;
+  std::string sample_prompt;   // under data.format "chat", the user's message
   double sample_temperature = 0.8;
   int64_t sample_top_k = 40;
 
@@ -83,7 +94,7 @@ struct TrainConfig {
   int64_t pp_microbatches = 0;
   double ddp_bucket_cap_mb = 25.0;
   bool ddp_find_unused_parameters = false;
-  std::string ddp_comm_hook = "none";  // "none", "bf16", "fp16"
+  std::string ddp_comm_hook = "none";        // "none", "bf16", "fp16"
   std::string fsdp_sharding = "full_shard";  // full_shard, shard_grad_op, no_shard, hybrid_shard
   int64_t fsdp_replicate = 0;                // hybrid_shard's dp_replicate; 0: one per node
   std::string fsdp_wrap = "block";           // "block", "size" (min_params) or "class"
@@ -94,7 +105,7 @@ struct TrainConfig {
   int64_t fsdp_limit_all_gathers = 2;
   bool fsdp_cpu_offload = false;
   // DeepSpeed's ZeRO; sizes in elements, as DeepSpeed counts them.
-  int64_t zero_stage = 1;                    // 1, 2 or 3
+  int64_t zero_stage = 1;                       // 1, 2 or 3
   std::string zero_offload_optimizer = "none";  // "none", "cpu", "nvme"
   std::string zero_offload_param = "none";      // "none", "cpu", "nvme" (stage 3)
   std::string zero_nvme_path;                   // directory for nvme offload
@@ -111,8 +122,8 @@ struct TrainConfig {
   // frozen, and only the adapters are trained, communicated and checkpointed. rank 0: off
   // (every parameter trains).
   int64_t lora_rank = 0;
-  double lora_alpha = 16.0;    // the update is scaled by alpha / rank
-  double lora_dropout = 0.0;   // on the adapters' input
+  double lora_alpha = 16.0;   // the update is scaled by alpha / rank
+  double lora_dropout = 0.0;  // on the adapters' input
   std::vector<std::string> lora_target_modules = {"all-linear"};  // PEFT's target_modules
   std::string lora_base_dtype = "fp32";  // the frozen base weights' storage dtype
 
@@ -171,8 +182,7 @@ std::vector<std::string> deepspeed_overrides(const std::string& path, int world_
 // accelerate's config YAML with distributed_type FSDP: its fsdp_config section, mixed_precision
 // and num_processes (which must equal world_size).
 std::vector<std::string> accelerate_overrides_from_yaml(const std::string& yaml_text,
-                                                        const std::string& source,
-                                                        int world_size);
+                                                        const std::string& source, int world_size);
 std::vector<std::string> accelerate_overrides(const std::string& path, int world_size);
 
 }  // namespace shardtrain

@@ -9,9 +9,14 @@
 #include <string>
 #include <vector>
 
+#include "shardtrain/model.h"
+#include "shardtrain/samples.h"
 #include "shardtrain/tokenizer.h"
 
 namespace shardtrain {
+namespace detail {
+class MappedFile;
+}
 
 // Layout of a token shard, little-endian:
 //   bytes 0-7   magic "STTOKENS"
@@ -33,10 +38,16 @@ void write_token_shard(const std::string& path, const std::vector<int32_t>& toke
                        int64_t vocab_size);
 
 // Tokenizes the text files (or every regular file inside a directory, in name order) and
-// writes one shard; each file is one document, followed by the end-of-text token. Returns the
-// number of tokens. Throws std::invalid_argument naming a missing or unreadable input.
+// writes one shard; each file is one document (each line of a .jsonl file, {"text": ...}),
+// tokenized with what the tokenizer adds before a sequence (encode(text, true): Llama's BOS)
+// and followed by the end-of-text token. Returns the number of tokens. Throws
+// std::invalid_argument naming a missing or unreadable input, or the file and line of a .jsonl
+// line that is not JSON or has no string "text".
 int64_t prepare_token_shard(const std::vector<std::string>& inputs, const Tokenizer& tokenizer,
                             const std::string& out_path);
+// The tokens prepare_token_shard() writes, in memory (nothing is written).
+std::vector<int32_t> tokenize_corpus(const std::vector<std::string>& inputs,
+                                     const Tokenizer& tokenizer);
 
 // A shard mapped read-only into memory. Opening checks the magic, the version and that the file
 // holds exactly the tokens the header announces; errors name the file and what is wrong.
@@ -56,8 +67,8 @@ class TokenShard {
  private:
   std::string path_;
   TokenShardHeader header_;
+  std::unique_ptr<detail::MappedFile> file_;
   const unsigned char* data_ = nullptr;  // the whole mapping, header included
-  size_t mapped_bytes_ = 0;
 };
 
 // Options of the loader, LibTorch style.
@@ -83,17 +94,56 @@ struct DataLoaderOptions {
     eval_sequences_ = v;
     return *this;
   }
+  // Instruction samples: several per row (true), or one per row padded to seq_len (false).
+  DataLoaderOptions& packing(bool v) {
+    packing_ = v;
+    return *this;
+  }
+  // Instruction samples longer than seq_len + 1 tokens: dropped (true) or cut to that (false).
+  DataLoaderOptions& drop_overlong(bool v) {
+    drop_overlong_ = v;
+    return *this;
+  }
+  // The input id of padding positions (their targets are kIgnoreIndex); the end-of-text id.
+  DataLoaderOptions& pad_id(int64_t v) {
+    pad_id_ = v;
+    return *this;
+  }
 
   int64_t seq_len_ = 128;
   int64_t micro_batch_ = 8;
   int64_t grad_accum_ = 1;
   uint64_t seed_ = 0;
   int64_t eval_sequences_ = 0;
+  bool packing_ = true;
+  bool drop_overlong_ = false;
+  int64_t pad_id_ = 0;
 };
 
 struct Batch {
-  at::Tensor inputs;   // [micro_batch, seq_len] int64
-  at::Tensor targets;  // inputs shifted by one token
+  at::Tensor inputs;  // [micro_batch, seq_len] int64
+  // Inputs shifted by one token; kIgnoreIndex (model.h) where no loss is taken (a prompt token,
+  // padding).
+  at::Tensor targets;
+  // Packed instruction samples: each token's position in its sample and its sample (undefined
+  // for a plain corpus and for one sample per row).
+  SequenceLayout layout;
+  // 0: the loss is the mean over the micro-batch's targets (a plain corpus: every token counts
+  // and every micro-batch has as many). Otherwise the sum over the targets that carry a loss,
+  // divided by this: the global batch's loss tokens / (grad_accum x data-parallel size) for a
+  // training micro-batch, the batch's own for evaluation, so that a step's loss is the mean
+  // over every loss token of the global batch however they are spread over ranks.
+  double loss_divisor = 0.0;
+};
+
+// What packing the instruction samples into rows made of them (DataLoader::packing_stats()).
+struct PackingStats {
+  int64_t samples = 0;    // in the shard
+  int64_t rows = 0;       // sequences of seq_len the samples fill
+  int64_t truncated = 0;  // longer than seq_len + 1 tokens, cut
+  int64_t dropped = 0;    // longer, left out (drop_overlong), or of fewer than 2 tokens
+  int64_t loss_tokens = 0;
+  int64_t padding = 0;  // positions of the rows no sample fills
 };
 
 // Cuts the shard into non-overlapping sequences of seq_len + 1 tokens and walks them in an
@@ -103,10 +153,22 @@ struct Batch {
 // takes, at micro-step a, positions a*(micro_batch*dp_size) + r*micro_batch + [0, micro_batch).
 // So the global batch is the same sequences for any dp size, and ranks are disjoint.
 // The loader holds no position of its own: resuming means passing the saved sample count.
+//
+// Over a sample shard (instruction data) the sequences are rows: the samples, in an order
+// shuffled once from the seed, packed greedily into rows of seq_len target positions (a sample
+// whose seq_len + 1 tokens do not fit in what is left of a row starts the next one; a sample is
+// never split), or one sample per row. Each sample's inputs and targets are shifted within the
+// sample only, its positions restart at 0, and the rest of a row is padding without a loss. The
+// rows then play the role of the sequences above: the global batch of a step is the same rows
+// at any dp size, and the held-out rows are the last ones.
 class DataLoader {
  public:
   DataLoader(std::shared_ptr<TokenShard> shard, DataLoaderOptions options, int dp_rank = 0,
              int dp_size = 1);
+  DataLoader(std::shared_ptr<SampleShard> samples, DataLoaderOptions options, int dp_rank = 0,
+             int dp_size = 1);
+  // Over a sample shard: what packing made of it; all zero over a token shard.
+  const PackingStats& packing_stats() const { return packing_; }
 
   // Micro-batch `micro_step` (0 .. grad_accum-1) of the step that starts at sample position
   // `samples_before_step`.
@@ -123,8 +185,22 @@ class DataLoader {
   // Sequence index at sample position p.
   int64_t sequence_at(int64_t position) const;
   Batch gather(const std::vector<int64_t>& sequences) const;
+  void set_train_sequences(int64_t total, const std::string& source);
+  // Over a sample shard: the rows, and one row's tokens, targets and layout.
+  void pack_rows();
+  Batch gather_rows(const std::vector<int64_t>& rows) const;
+  int64_t loss_tokens_of(int64_t first_position, int64_t count) const;
 
+  struct RowPiece {
+    int64_t sample;
+    int64_t tokens;  // of the sample in the row (fewer when cut)
+  };
   std::shared_ptr<TokenShard> shard_;
+  std::shared_ptr<SampleShard> samples_;
+  std::vector<RowPiece> pieces_;    // every row's samples, row after row
+  std::vector<int64_t> row_begin_;  // row r's pieces: [row_begin_[r], row_begin_[r + 1])
+  std::vector<int64_t> row_loss_;   // loss tokens of each row
+  PackingStats packing_;
   DataLoaderOptions options_;
   int dp_rank_;
   int dp_size_;

@@ -27,6 +27,16 @@ struct ParameterShape {
   int64_t numel() const;
 };
 
+// Llama 3.1's "llama3" scaling of the rotary frequencies (config.json's rope_scaling): long
+// wavelengths divided by `factor`, short ones kept, those between blended smoothly.
+struct RopeScaling {
+  double factor = 0.0;  // 0: no scaling
+  double low_freq_factor = 1.0;
+  double high_freq_factor = 4.0;
+  int64_t original_context_length = 8192;
+  bool enabled() const { return factor > 0.0; }
+};
+
 struct ModelConfig {
   ModelFamily family = ModelFamily::kGpt2;
   std::string name;  // preset name, or "custom"
@@ -42,6 +52,21 @@ struct ModelConfig {
   double dropout = 0.0;          // attention-probability and residual dropout
   bool tie_embeddings = true;    // output projection shares the token embedding
 
+  // The models built on the Llama decoder differ in these (all off for Llama itself):
+  // Hugging Face's model_type the model is exported as: "llama", "mistral", "qwen2" or "qwen3"
+  // (empty: the family's own, "gpt2" or "llama").
+  std::string hf_model_type;
+  int64_t head_dim = 0;         // width of one attention head; 0: d_model / n_heads (Qwen3: 128)
+  bool attention_bias = false;  // q, k and v projections have biases (Qwen2, Qwen2.5)
+  bool qk_norm = false;         // each query and key head RMS-normalized before RoPE (Qwen3)
+  RopeScaling rope_scaling;     // Llama 3.1, 3.2, 3.3
+  // Mistral's sliding-window attention: a token attends to the last `sliding_window` positions;
+  // 0 for none. Sequences longer than the window are refused (the window is not implemented).
+  int64_t sliding_window = 0;
+
+  int64_t head_size() const { return head_dim > 0 ? head_dim : d_model / n_heads; }
+  std::string model_type() const;  // hf_model_type, or the family's name
+
   // Every parameter, in registration order, with its shape. No allocation: this is what the
   // planner uses for llama3-405b.
   std::vector<ParameterShape> parameter_shapes() const;
@@ -51,14 +76,17 @@ struct ModelConfig {
   void validate() const;
 };
 
-// Presets: "tiny" (tests; GPT-2 family), "tiny-llama" (tests; Llama family), "gpt2-124m",
-// "gpt2-350m", "llama3-8b", "llama3-70b", "llama3-405b". Throws std::invalid_argument listing the
-// valid names for an unknown one.
+// Presets: "tiny" (tests; GPT-2 family), "tiny-llama", "tiny-llama3.2", "tiny-qwen2",
+// "tiny-qwen3", "tiny-mistral" (tests; each Llama-family variant), "gpt2-124m", "gpt2-350m",
+// "llama3-8b", "llama3-70b", "llama3-405b", "llama3.1-8b", "llama3.2-1b", "llama3.2-3b",
+// "qwen2.5-0.5b", "qwen2.5-1.5b", "qwen3-0.6b", "qwen3-1.7b", "mistral-7b" (docs/models.md).
+// Throws std::invalid_argument listing the valid names for an unknown one.
 ModelConfig model_preset(const std::string& name);
 std::vector<std::string> model_preset_names();
 
-// Reads a Hugging Face config.json of a GPT-2 ("model_type": "gpt2") or Llama ("llama") model.
-// Throws std::invalid_argument naming the file and the missing or unsupported key.
+// Reads a Hugging Face config.json of a GPT-2 ("model_type": "gpt2"), Llama ("llama": Llama 2,
+// 3, 3.1, 3.2, 3.3), Mistral ("mistral"), Qwen2/2.5 ("qwen2") or Qwen3 ("qwen3") model. Throws
+// std::invalid_argument naming the file and the missing or unsupported key.
 ModelConfig model_config_from_hf_json(const std::string& path);
 
 // Fills `out` (1-D, contiguous, any floating dtype) with elements [begin, begin + out.numel())
@@ -160,8 +188,7 @@ at::Tensor add_lora_output(const torch::nn::Module& module, const at::Tensor& in
 template <typename ModulePtr, typename... Args>
 auto forward_adapted(ModulePtr& module, const torch::nn::Module& target, Args&&... args)
     -> decltype(module->forward(std::forward<Args>(args)...)) {
-  if constexpr (sizeof...(Args) == 1 &&
-                (std::is_same_v<std::decay_t<Args>, at::Tensor> && ...) &&
+  if constexpr (sizeof...(Args) == 1 && (std::is_same_v<std::decay_t<Args>, at::Tensor> && ...) &&
                 std::is_same_v<decltype(module->forward(std::forward<Args>(args)...)),
                                at::Tensor>) {
     const at::Tensor input(args...);
@@ -193,8 +220,8 @@ auto call(ModulePtr& module, Args&&... args)
   if (!hooks) return detail::forward_adapted(module, target, std::forward<Args>(args)...);
   hooks->pre_forward(target);
   const std::optional<at::ScalarType> dtype = hooks->input_dtype();
-  auto output =
-      detail::forward_adapted(module, target, detail::cast_input(std::forward<Args>(args), dtype)...);
+  auto output = detail::forward_adapted(module, target,
+                                        detail::cast_input(std::forward<Args>(args), dtype)...);
   if constexpr (std::is_same_v<std::decay_t<decltype(output)>, at::Tensor>) {
     return hooks->post_forward(target, std::move(output));
   } else {
@@ -206,7 +233,21 @@ auto call(ModulePtr& module, Args&&... args)
 namespace detail {
 struct TpState;
 struct BlockContext;
-}
+}  // namespace detail
+
+// The target id of a token no loss is taken on (a prompt token, padding), as PyTorch's and
+// Hugging Face's ignore_index.
+constexpr int64_t kIgnoreIndex = -100;
+
+// Several samples packed into one row of a batch (instruction data): each token's position
+// within its own sample, which restarts at 0 where a sample begins (learned positions and RoPE
+// read it), and the sample it belongs to; a token attends only to earlier tokens of its own
+// sample. Undefined tensors: each row is one sequence from position 0, attention causal.
+struct SequenceLayout {
+  at::Tensor positions;  // [B, T] int64
+  at::Tensor segments;   // [B, T] int64, equal within a sample
+  bool defined() const { return positions.defined(); }
+};
 
 // The decoder. forward(tokens [B, T] int64) -> logits [B, T, vocab] in the parameters' dtype;
 // split by tensor parallelism (parallelize_module), this rank's slice of the vocabulary
@@ -215,12 +256,17 @@ class TransformerImpl : public torch::nn::Module {
  public:
   explicit TransformerImpl(ModelConfig config, ModelInit init = ModelInit());
   at::Tensor forward(const at::Tensor& tokens);
+  // The same over rows of packed samples (`layout` [B, T] as tokens): positions restart per
+  // sample and attention stays within each; an undefined layout is forward(tokens).
+  at::Tensor forward(const at::Tensor& tokens, const SequenceLayout& layout);
   // One pipeline stage's share of forward, blocks [begin, end): `input` is the tokens [B, T] when
   // `begin` is 0 (the embeddings run first), otherwise the hidden states the stage before
   // produced; when `end` is n_layers the final norm and head run and logits come out, otherwise
   // hidden states [B, T', d_model] (T' = T / tp under sequence parallelism). `length` is T. The
   // parts it runs must have been built (ModelInit::parts).
-  at::Tensor forward_stage(const at::Tensor& input, int64_t begin, int64_t end, int64_t length);
+  // `layout`: as forward's, for the whole sequence of the micro-batch the stage computes.
+  at::Tensor forward_stage(const at::Tensor& input, int64_t begin, int64_t end, int64_t length,
+                           const SequenceLayout& layout = SequenceLayout());
   // The parts this model holds (the whole model unless built with ModelInit::parts).
   const ModelParts& parts() const { return parts_; }
 
@@ -260,10 +306,12 @@ class TransformerImpl : public torch::nn::Module {
   ParameterInitializer base_initializer() const;  // the random initialization
   // The embeddings (tokens -> hidden states, and the BlockContext), the blocks [begin, end), and
   // the final norm and head.
-  at::Tensor embed(const at::Tensor& tokens, int64_t length, detail::BlockContext& ctx);
+  at::Tensor embed(const at::Tensor& tokens, int64_t length, const SequenceLayout& layout,
+                   detail::BlockContext& ctx);
   at::Tensor run_blocks(at::Tensor x, int64_t begin, int64_t end, const detail::BlockContext& ctx);
   at::Tensor head(at::Tensor x);
-  void prepare_context(const at::Tensor& x, int64_t length, detail::BlockContext& ctx);
+  void prepare_context(const at::Tensor& x, int64_t length, const SequenceLayout& layout,
+                       detail::BlockContext& ctx);
 
   ModelConfig config_;
   uint64_t seed_ = 0;

@@ -59,6 +59,7 @@ struct PlanModel {
   int64_t root_parameters = 0;   // embeddings, final norm, untied head
   int64_t largest_layer = 0;     // largest single weight matrix or embedding, parameters
   int64_t n_layers = 0, d_model = 0, n_heads = 0, n_kv_heads = 0, ffn_hidden = 0;
+  int64_t head_dim = 0;  // 0: d_model / n_heads (Qwen3's are wider)
   int64_t vocab_size = 0;
   bool gated_mlp = false;  // SwiGLU (Llama) rather than GELU (GPT-2)
   double dropout = 0.0;

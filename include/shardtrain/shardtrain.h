@@ -2,6 +2,7 @@
 #pragma once
 
 #include "shardtrain/bench.h"
+#include "shardtrain/chat_template.h"
 #include "shardtrain/checkpoint.h"
 #include "shardtrain/config.h"
 #include "shardtrain/data.h"
@@ -10,6 +11,7 @@
 #include "shardtrain/fully_shard.h"
 #include "shardtrain/fused_adamw.h"
 #include "shardtrain/hf.h"
+#include "shardtrain/hf_tokenizer.h"
 #include "shardtrain/launch.h"
 #include "shardtrain/lora.h"
 #include "shardtrain/memory.h"

@@ -105,8 +105,11 @@ at::Tensor reduce_scatter_sequence(const at::Tensor& x, ProcessGroup& group);
 // rank order) against `targets` [N] (ids in the whole vocabulary), without ever holding the
 // whole [N, V] logits: the maximum, the sum of exponentials and the target's logit are reduced
 // across the group instead. Equals at::cross_entropy_loss of the gathered logits.
+// With `divisor` > 0, targets equal to -100 (the ignore index) carry no loss and the result is
+// the sum over the others divided by `divisor` (at::cross_entropy_loss with reduction sum and
+// ignore_index -100, over `divisor`).
 at::Tensor vocab_parallel_cross_entropy(const at::Tensor& local_logits, const at::Tensor& targets,
-                                        ProcessGroup& group);
+                                        ProcessGroup& group, double divisor = 0.0);
 
 // The whole [..., V] from every rank's [..., V/size] (no gradient): for sampling.
 at::Tensor gather_vocabulary(const at::Tensor& local_logits, ProcessGroup& group);

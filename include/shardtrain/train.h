@@ -10,6 +10,7 @@
 #include <memory>
 #include <string>
 
+#include "shardtrain/chat_template.h"
 #include "shardtrain/config.h"
 #include "shardtrain/data.h"
 #include "shardtrain/ddp.h"
@@ -27,7 +28,8 @@ namespace shardtrain {
 namespace detail {
 class Telemetry;
 class PipelineRunner;
-}
+struct TrainingData;
+}  // namespace detail
 
 // What one optimizer step measured.
 struct StepResult {
@@ -89,7 +91,10 @@ class Trainer {
   // Mean loss over train.eval_batches held-out micro-batches.
   double evaluate();
   // Continues `prompt` by `tokens` sampled tokens (temperature, top-k; its own generator
-  // seeded from train.seed, so training randomness is untouched).
+  // seeded from train.seed, so training randomness is untouched). Under data.format "chat",
+  // `prompt` is a user message: the chat template renders it with the assistant's turn opened,
+  // generation stops at a special token (the end of the turn), and the rendered text with the
+  // reply is returned.
   std::string generate(const std::string& prompt, int64_t tokens);
   // Writes RUN_DIR/checkpoints/step_NNNNNN atomically as a sharded checkpoint
   // (docs/checkpoints.md) and returns its directory. Collective: every rank calls it.
@@ -152,6 +157,8 @@ class Trainer {
   void fail_if_injected() const;
   // Throws when the token shard's vocabulary is larger than the model's.
   void check_vocabulary() const;
+  // Rank 0: what the instruction samples made (masked tokens, rows, cut and dropped samples).
+  void print_packing() const;
   // Waits for every rank (no-op on one process).
   void barrier() const;
   // run.trace: whether step `step` (1-based) is recorded.
@@ -169,10 +176,11 @@ class Trainer {
   std::unique_ptr<DeviceMesh> mesh_;
   std::unique_ptr<FullyShardedDataParallel> fsdp_;
   std::unique_ptr<detail::PipelineRunner> pipeline_;  // parallel.pp > 1
-  std::vector<std::unique_ptr<NvmeAdamW>> nvme_;  // one per unit shard, with offload to nvme
+  std::vector<std::unique_ptr<NvmeAdamW>> nvme_;      // one per unit shard, with offload to nvme
   int64_t nvme_steps_ = 0;
   std::unique_ptr<Tokenizer> tokenizer_;
-  std::shared_ptr<TokenShard> shard_;
+  std::unique_ptr<ChatTemplate> chat_template_;  // null unless data.* or the tokenizer has one
+  std::unique_ptr<detail::TrainingData> data_;
   std::unique_ptr<DataLoader> loader_;
   Transformer model_{nullptr};
   std::unique_ptr<torch::optim::AdamW> optimizer_;

@@ -26,4 +26,11 @@ void write_export(const std::string& out_dir, bool overwrite, const std::string&
                   const std::vector<ExportTensor>& tensors, const std::string& json_name,
                   const std::string& json_text);
 
+// The run's tokenizer files (tokenizer.json, tokenizer_config.json, chat_template.jinja,
+// special_tokens_map.json) copied into OUT beside the export, so that it is a whole model
+// folder, when the checkpoint's metadata records a tokenizer.json folder that still holds them
+// (training.tokenizer_path). Returns the names copied.
+std::vector<std::string> copy_tokenizer_files(const std::string& metadata_json,
+                                              const std::string& out_dir);
+
 }  // namespace shardtrain::detail

@@ -34,9 +34,8 @@ void write_transposed(detail::SafetensorsStreamWriter& writer, const at::Tensor&
 }  // namespace
 
 void detail::write_export(const std::string& out_dir, bool overwrite,
-                          const std::string& weights_name,
-                          const std::vector<ExportTensor>& tensors, const std::string& json_name,
-                          const std::string& json_text) {
+                          const std::string& weights_name, const std::vector<ExportTensor>& tensors,
+                          const std::string& json_name, const std::string& json_text) {
   std::vector<detail::SafetensorsStreamWriter::Entry> entries;
   for (const auto& t : tensors) {
     std::vector<int64_t> shape = t.shape;
@@ -44,8 +43,10 @@ void detail::write_export(const std::string& out_dir, bool overwrite,
     entries.push_back({t.key, t.dtype, shape});
   }
   if (fs::exists(out_dir) && !fs::is_empty(out_dir) && !overwrite) {
-    throw std::invalid_argument("ckpt export: '" + out_dir + "' is not empty (pass --force to "
-                                "replace its " + weights_name + " and " + json_name + ")");
+    throw std::invalid_argument("ckpt export: '" + out_dir +
+                                "' is not empty (pass --force to "
+                                "replace its " +
+                                weights_name + " and " + json_name + ")");
   }
   fs::create_directories(out_dir);
   const fs::path weights_partial = fs::path(out_dir) / ("." + weights_name + ".partial");
@@ -53,8 +54,7 @@ void detail::write_export(const std::string& out_dir, bool overwrite,
   try {
     // Both files are written in full under hidden names first, then renamed into place.
     {
-      detail::SafetensorsStreamWriter writer(weights_partial.string(), entries,
-                                             {{"format", "pt"}});
+      detail::SafetensorsStreamWriter writer(weights_partial.string(), entries, {{"format", "pt"}});
       for (const auto& t : tensors) {
         const at::Tensor values = t.values();
         if (t.transposed) {
@@ -112,6 +112,27 @@ void export_hf_checkpoint(const std::string& checkpoint_dir, const std::string& 
   }
   detail::write_export(out_dir, overwrite, "model.safetensors", tensors, "config.json",
                        hf_config_json(config, tensors.front().dtype));
+  detail::copy_tokenizer_files(reader.metadata(), out_dir);
+}
+
+std::vector<std::string> detail::copy_tokenizer_files(const std::string& metadata_json,
+                                                      const std::string& out_dir) {
+  std::vector<std::string> copied;
+  const auto metadata = nlohmann::json::parse(metadata_json, nullptr, /*exceptions=*/false);
+  if (!metadata.is_object() || !metadata.contains("training")) return copied;
+  const auto& training = metadata.at("training");
+  if (!training.is_object() || !training.contains("tokenizer_path")) return copied;
+  const fs::path source = training.at("tokenizer_path").get<std::string>();
+  std::error_code error;
+  const fs::path folder = fs::is_directory(source, error) ? source : source.parent_path();
+  if (!fs::exists(folder / "tokenizer.json", error)) return copied;
+  for (const char* name : {"tokenizer.json", "tokenizer_config.json", "chat_template.jinja",
+                           "special_tokens_map.json"}) {
+    if (!fs::exists(folder / name, error)) continue;
+    fs::copy_file(folder / name, fs::path(out_dir) / name, fs::copy_options::overwrite_existing);
+    copied.emplace_back(name);
+  }
+  return copied;
 }
 
 }  // namespace shardtrain

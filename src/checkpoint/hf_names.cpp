@@ -1,5 +1,6 @@
 // Our parameter names against Hugging Face's, the model description kept in checkpoints, and
 // the config.json of both families.
+#include <map>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 
@@ -35,11 +36,59 @@ std::string llama_block_name(const std::string& rest) {
       {"attn.k.weight", "self_attn.k_proj.weight"},
       {"attn.v.weight", "self_attn.v_proj.weight"},
       {"attn.o.weight", "self_attn.o_proj.weight"},
+      {"attn.q.bias", "self_attn.q_proj.bias"},
+      {"attn.k.bias", "self_attn.k_proj.bias"},
+      {"attn.v.bias", "self_attn.v_proj.bias"},
+      {"attn.q_norm.weight", "self_attn.q_norm.weight"},
+      {"attn.k_norm.weight", "self_attn.k_norm.weight"},
       {"ffn_norm.weight", "post_attention_layernorm.weight"},
       {"mlp.gate.weight", "mlp.gate_proj.weight"},
       {"mlp.up.weight", "mlp.up_proj.weight"},
       {"mlp.down.weight", "mlp.down_proj.weight"}};
   return names.at(rest);
+}
+
+// config.json of the Llama family as transformers writes it for the model_type: Qwen2 states no
+// attention_bias (its q, k, v always have biases), Qwen3 its head_dim, Mistral its window.
+nlohmann::json llama_config_json(const ModelConfig& c) {
+  const std::string type = c.model_type();
+  static const std::map<std::string, std::string> architectures = {
+      {"llama", "LlamaForCausalLM"},
+      {"mistral", "MistralForCausalLM"},
+      {"qwen2", "Qwen2ForCausalLM"},
+      {"qwen3", "Qwen3ForCausalLM"}};
+  nlohmann::json j = {{"architectures", {architectures.at(type)}},
+                      {"model_type", type},
+                      {"vocab_size", c.vocab_size},
+                      {"max_position_embeddings", c.context_length},
+                      {"hidden_size", c.d_model},
+                      {"num_hidden_layers", c.n_layers},
+                      {"num_attention_heads", c.n_heads},
+                      {"num_key_value_heads", c.n_kv_heads},
+                      {"head_dim", c.head_size()},
+                      {"intermediate_size", c.ffn_hidden},
+                      {"hidden_act", "silu"},
+                      {"rms_norm_eps", c.norm_eps},
+                      {"rope_theta", c.rope_theta},
+                      {"attention_dropout", c.dropout},
+                      {"tie_word_embeddings", c.tie_embeddings}};
+  if (type != "qwen2") j["attention_bias"] = false;
+  if (type == "llama") j["mlp_bias"] = false;
+  if (type == "qwen2" || type == "qwen3") j["use_sliding_window"] = false;
+  if (type == "mistral") {
+    j["sliding_window"] = c.sliding_window > 0 ? nlohmann::json(c.sliding_window) : nullptr;
+  }
+  if (c.rope_scaling.enabled()) {
+    j["rope_scaling"] = {
+        {"rope_type", "llama3"},
+        {"factor", c.rope_scaling.factor},
+        {"low_freq_factor", c.rope_scaling.low_freq_factor},
+        {"high_freq_factor", c.rope_scaling.high_freq_factor},
+        {"original_max_position_embeddings", c.rope_scaling.original_context_length}};
+  } else {
+    j["rope_scaling"] = nullptr;
+  }
+  return j;
 }
 
 }  // namespace
@@ -97,22 +146,7 @@ std::string hf_config_json(const ModelConfig& c, at::ScalarType dtype) {
          {"attn_pdrop", c.dropout},
          {"tie_word_embeddings", c.tie_embeddings}};
   } else {
-    j = {{"architectures", {"LlamaForCausalLM"}},
-         {"model_type", "llama"},
-         {"vocab_size", c.vocab_size},
-         {"max_position_embeddings", c.context_length},
-         {"hidden_size", c.d_model},
-         {"num_hidden_layers", c.n_layers},
-         {"num_attention_heads", c.n_heads},
-         {"num_key_value_heads", c.n_kv_heads},
-         {"intermediate_size", c.ffn_hidden},
-         {"hidden_act", "silu"},
-         {"rms_norm_eps", c.norm_eps},
-         {"rope_theta", c.rope_theta},
-         {"attention_bias", false},
-         {"mlp_bias", false},
-         {"attention_dropout", c.dropout},
-         {"tie_word_embeddings", c.tie_embeddings}};
+    j = llama_config_json(c);
   }
   j["torch_dtype"] = dtype == at::kBFloat16 ? "bfloat16"
                      : dtype == at::kHalf   ? "float16"
@@ -136,7 +170,17 @@ nlohmann::json describe_model(const ModelConfig& m) {
           {"norm_eps", m.norm_eps},
           {"rope_theta", m.rope_theta},
           {"dropout", m.dropout},
-          {"tie_embeddings", m.tie_embeddings}};
+          {"tie_embeddings", m.tie_embeddings},
+          {"hf_model_type", m.hf_model_type},
+          {"head_dim", m.head_dim},
+          {"attention_bias", m.attention_bias},
+          {"qk_norm", m.qk_norm},
+          {"rope_scaling",
+           {{"factor", m.rope_scaling.factor},
+            {"low_freq_factor", m.rope_scaling.low_freq_factor},
+            {"high_freq_factor", m.rope_scaling.high_freq_factor},
+            {"original_context_length", m.rope_scaling.original_context_length}}},
+          {"sliding_window", m.sliding_window}};
 }
 
 ModelConfig model_from_description(const nlohmann::json& j, const std::string& source) {
@@ -159,6 +203,19 @@ ModelConfig model_from_description(const nlohmann::json& j, const std::string& s
     m.rope_theta = j.at("rope_theta").get<double>();
     m.dropout = j.at("dropout").get<double>();
     m.tie_embeddings = j.at("tie_embeddings").get<bool>();
+    // Written since the Llama-family variants: a description without them is plain Llama.
+    m.hf_model_type = j.value("hf_model_type", std::string());
+    m.head_dim = j.value("head_dim", int64_t{0});
+    m.attention_bias = j.value("attention_bias", false);
+    m.qk_norm = j.value("qk_norm", false);
+    if (j.contains("rope_scaling")) {
+      const nlohmann::json& r = j.at("rope_scaling");
+      m.rope_scaling.factor = r.at("factor").get<double>();
+      m.rope_scaling.low_freq_factor = r.at("low_freq_factor").get<double>();
+      m.rope_scaling.high_freq_factor = r.at("high_freq_factor").get<double>();
+      m.rope_scaling.original_context_length = r.at("original_context_length").get<int64_t>();
+    }
+    m.sliding_window = j.value("sliding_window", int64_t{0});
   } catch (const nlohmann::json::exception& e) {
     throw std::invalid_argument(source + ": the model description is incomplete (" + e.what() +
                                 ")");

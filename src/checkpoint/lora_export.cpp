@@ -1,8 +1,7 @@
 // Export of a LoRA run's checkpoint: its adapters in PEFT's layout, or the base model with the
 // adapters merged into its weights.
-#include <nlohmann/json.hpp>
-
 #include <map>
+#include <nlohmann/json.hpp>
 #include <set>
 #include <stdexcept>
 
@@ -23,7 +22,8 @@ const std::string kA = ".lora_A.weight", kB = ".lora_B.weight";
 std::vector<std::string> adapted_layers(const ShardedCheckpointReader& reader) {
   std::vector<std::string> layers;
   for (const auto& spec : reader.tensors()) {
-    if (detail::ends_with(spec.name, kA)) layers.push_back(spec.name.substr(0, spec.name.size() - kA.size()));
+    if (detail::ends_with(spec.name, kA))
+      layers.push_back(spec.name.substr(0, spec.name.size() - kA.size()));
   }
   return layers;
 }
@@ -36,7 +36,8 @@ void export_lora_checkpoint(const std::string& checkpoint_dir, const std::string
   const auto metadata = nlohmann::json::parse(reader.metadata());
   const std::string source = "checkpoint '" + checkpoint_dir + "'";
   if (!metadata.contains("model") || !metadata.contains("lora")) {
-    throw std::invalid_argument(source + " holds no LoRA adapters (it was not written by a run "
+    throw std::invalid_argument(source +
+                                " holds no LoRA adapters (it was not written by a run "
                                 "with lora.rank > 0); export it without --lora");
   }
   const ModelConfig config = detail::model_from_description(metadata.at("model"), source);
@@ -78,10 +79,9 @@ void export_lora_checkpoint(const std::string& checkpoint_dir, const std::string
       for (const std::string& suffix : {kA, kB}) {
         const TensorSpec* spec = reader.find(layer + suffix);
         if (!spec) throw std::invalid_argument(source + " has no tensor '" + layer + suffix + "'");
-        tensors.push_back({"base_model.model." + module + suffix, at::kFloat, spec->shape, false,
-                           [&reader, name = layer + suffix] {
-                             return reader.read(name).to(at::kFloat);
-                           }});
+        tensors.push_back(
+            {"base_model.model." + module + suffix, at::kFloat, spec->shape, false,
+             [&reader, name = layer + suffix] { return reader.read(name).to(at::kFloat); }});
       }
     }
     const nlohmann::json adapter_config = {
@@ -97,6 +97,8 @@ void export_lora_checkpoint(const std::string& checkpoint_dir, const std::string
         {"base_model_name_or_path", lora.value("init_from", std::string())}};
     detail::write_export(out_dir, overwrite, "adapter_model.safetensors", tensors,
                          "adapter_config.json", adapter_config.dump(2) + "\n");
+    // As PEFT saves a fine-tune: the adapters with the tokenizer they were trained with.
+    detail::copy_tokenizer_files(reader.metadata(), out_dir);
     return;
   }
 
@@ -147,6 +149,7 @@ void export_lora_checkpoint(const std::string& checkpoint_dir, const std::string
   }
   detail::write_export(out_dir, overwrite, "model.safetensors", tensors, "config.json",
                        hf_config_json(config, at::kFloat));
+  detail::copy_tokenizer_files(reader.metadata(), out_dir);
 }
 
 }  // namespace shardtrain

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <sstream>
@@ -114,6 +115,9 @@ const std::map<std::string, Setter>& known_keys() {
       {"model.norm_eps", model_field(&ModelConfig::norm_eps)},
       {"model.rope_theta", model_field(&ModelConfig::rope_theta)},
       {"model.tie_embeddings", model_field(&ModelConfig::tie_embeddings)},
+      {"model.head_dim", model_field(&ModelConfig::head_dim)},
+      {"model.attention_bias", model_field(&ModelConfig::attention_bias)},
+      {"model.qk_norm", model_field(&ModelConfig::qk_norm)},
       {"data.corpus",
        [](TrainConfig& c, const toml::node& n, const std::string& name) {
          c.corpus.clear();
@@ -125,6 +129,10 @@ const std::map<std::string, Setter>& known_keys() {
          for (const auto& item : *n.as_array()) c.corpus.push_back(as_string(item, name));
        }},
       {"data.tokenizer", field(&TrainConfig::tokenizer)},
+      {"data.format", field(&TrainConfig::format)},
+      {"data.chat_template", field(&TrainConfig::chat_template)},
+      {"data.packing", field(&TrainConfig::packing)},
+      {"data.overlong", field(&TrainConfig::overlong)},
       {"data.gpt2_dir", field(&TrainConfig::gpt2_dir)},
       {"data.seq_len", field(&TrainConfig::seq_len)},
       {"data.eval_sequences", field(&TrainConfig::eval_sequences)},
@@ -470,12 +478,26 @@ void TrainConfig::validate() const {
   auto require = [](bool ok, const std::string& message) {
     if (!ok) throw std::invalid_argument(message);
   };
-  require(tokenizer == "byte" || tokenizer == "gpt2",
-          "data.tokenizer must be \"byte\" or \"gpt2\", got \"" + tokenizer + "\"");
+  std::error_code error;
+  require(tokenizer.empty() || tokenizer == "byte" || tokenizer == "gpt2" ||
+              std::filesystem::exists(tokenizer, error),
+          "data.tokenizer must be \"byte\", \"gpt2\" or a tokenizer.json file or model folder, "
+          "got \"" +
+              tokenizer + "\", which does not exist");
+  require(
+      format == "text" || format == "chat" || format == "prompt_completion",
+      "data.format must be \"text\", \"chat\" or \"prompt_completion\", got \"" + format + "\"");
+  require(overlong == "truncate" || overlong == "drop",
+          "data.overlong must be \"truncate\" or \"drop\", got \"" + overlong + "\"");
   require(seq_len >= 1, "data.seq_len must be at least 1");
   require(seq_len <= model.context_length,
           "data.seq_len " + std::to_string(seq_len) + " exceeds the model's context length " +
               std::to_string(model.context_length) + " (model.context_length)");
+  require(model.sliding_window == 0 || seq_len <= model.sliding_window,
+          "data.seq_len " + std::to_string(seq_len) + " exceeds the model's sliding attention " +
+              "window of " + std::to_string(model.sliding_window) +
+              " tokens, which shardtrain does not implement: set data.seq_len to at most " +
+              std::to_string(model.sliding_window));
   require(eval_sequences >= 0, "data.eval_sequences must be >= 0");
   require(steps >= 1, "train.steps must be at least 1");
   require(micro_batch >= 1, "train.micro_batch must be at least 1");
@@ -496,8 +518,8 @@ void TrainConfig::validate() const {
                                    {"model.norm_eps", model.norm_eps},
                                    {"model.rope_theta", model.rope_theta},
                                    {"run.timeout", timeout}}) {
-    require(std::isfinite(value), std::string(key) + " must be a finite number, got " +
-                                      std::to_string(value));
+    require(std::isfinite(value),
+            std::string(key) + " must be a finite number, got " + std::to_string(value));
   }
   require(lr > 0, "train.lr must be positive");
   require(min_lr >= 0 && min_lr <= lr, "train.min_lr must be between 0 and train.lr");
@@ -528,8 +550,8 @@ void TrainConfig::validate() const {
   require(initial_scale > 0 && min_scale > 0 && scale_window >= 1,
           "precision.initial_scale and min_scale must be positive, scale_window >= 1");
   require(strategy == "none" || strategy == "ddp" || strategy == "fsdp" || strategy == "zero",
-          "parallel.strategy must be \"none\", \"ddp\", \"fsdp\" or \"zero\", got \"" +
-              strategy + "\"");
+          "parallel.strategy must be \"none\", \"ddp\", \"fsdp\" or \"zero\", got \"" + strategy +
+              "\"");
   require(zero_stage >= 1 && zero_stage <= 3,
           "parallel.zero.stage must be 1, 2 or 3, got " + std::to_string(zero_stage));
   require(tp >= 1, "parallel.tp must be at least 1, got " + std::to_string(tp));
@@ -553,16 +575,16 @@ void TrainConfig::validate() const {
   for (const auto& [key, value] :
        {std::pair<std::string, std::string>{"offload_optimizer", zero_offload_optimizer},
         {"offload_param", zero_offload_param}}) {
-    require(value == "none" || value == "cpu" || value == "nvme",
-            "parallel.zero." + key + " must be \"none\", \"cpu\" or \"nvme\", got \"" + value +
-                "\"");
+    require(
+        value == "none" || value == "cpu" || value == "nvme",
+        "parallel.zero." + key + " must be \"none\", \"cpu\" or \"nvme\", got \"" + value + "\"");
   }
   require(zero_offload_param == "none" || zero_stage == 3,
           "parallel.zero.offload_param needs parallel.zero.stage = 3 (stages 1 and 2 keep the "
           "parameters whole on every rank)");
-  require((zero_offload_optimizer != "nvme" && zero_offload_param != "nvme") ||
-              !zero_nvme_path.empty(),
-          "parallel.zero offload to nvme needs parallel.zero.nvme_path");
+  require(
+      (zero_offload_optimizer != "nvme" && zero_offload_param != "nvme") || !zero_nvme_path.empty(),
+      "parallel.zero offload to nvme needs parallel.zero.nvme_path");
   require(zero_contiguous_gradients,
           "parallel.zero.contiguous_gradients = false is not supported: gradients are always "
           "reduced from one contiguous buffer per unit");
@@ -577,8 +599,8 @@ void TrainConfig::validate() const {
     require(value == "fp32" || value == "bf16",
             "precision." + key + " must be \"fp32\" or \"bf16\", got \"" + value + "\"");
   }
-  require(strategy == "fsdp" || strategy == "zero" || (param_dtype == "fp32" && reduce_dtype == "fp32" &&
-                                 buffer_dtype == "fp32"),
+  require(strategy == "fsdp" || strategy == "zero" ||
+              (param_dtype == "fp32" && reduce_dtype == "fp32" && buffer_dtype == "fp32"),
           "precision.param_dtype, reduce_dtype and buffer_dtype are FSDP's mixed-precision "
           "policy: they need parallel.strategy = \"fsdp\" or \"zero\" (use precision.autocast "
           "otherwise)");
@@ -589,8 +611,7 @@ void TrainConfig::validate() const {
     throw std::invalid_argument(std::string("parallel.fsdp: ") + e.what());
   }
   require(fsdp_wrap == "block" || fsdp_wrap == "size" || fsdp_wrap == "class",
-          "parallel.fsdp.wrap must be \"block\", \"size\" or \"class\", got \"" + fsdp_wrap +
-              "\"");
+          "parallel.fsdp.wrap must be \"block\", \"size\" or \"class\", got \"" + fsdp_wrap + "\"");
   require(fsdp_wrap != "class" || !fsdp_wrap_classes.empty(),
           "parallel.fsdp.wrap = \"class\" needs parallel.fsdp.wrap_classes");
   require(fsdp_min_params > 0, "parallel.fsdp.min_params must be positive");
@@ -600,8 +621,10 @@ void TrainConfig::validate() const {
   require(ddp_comm_hook == "none" || ddp_comm_hook == "bf16" || ddp_comm_hook == "fp16",
           "parallel.ddp.comm_hook must be \"none\", \"bf16\" or \"fp16\", got \"" + ddp_comm_hook +
               "\"");
-  require(lora_rank >= 0, "lora.rank must be positive (0 trains every parameter, no adapters), "
-                          "got " + std::to_string(lora_rank));
+  require(lora_rank >= 0,
+          "lora.rank must be positive (0 trains every parameter, no adapters), "
+          "got " +
+              std::to_string(lora_rank));
   if (lora_rank > 0) {
     require(std::isfinite(lora_alpha) && lora_alpha >= 0,
             "lora.alpha must be a finite number >= 0, got " + std::to_string(lora_alpha));
@@ -610,9 +633,9 @@ void TrainConfig::validate() const {
     require(!lora_target_modules.empty(),
             "lora.target_modules is empty: name the linear layers to adapt (e.g. [\"attn.q\", "
             "\"attn.v\"]) or \"all-linear\"");
-    require(lora_base_dtype == "fp32" || lora_base_dtype == "bf16" || lora_base_dtype == "nf4",
-            "lora.base_dtype must be \"fp32\", \"bf16\" or \"nf4\", got \"" +
-                lora_base_dtype + "\"");
+    require(
+        lora_base_dtype == "fp32" || lora_base_dtype == "bf16" || lora_base_dtype == "nf4",
+        "lora.base_dtype must be \"fp32\", \"bf16\" or \"nf4\", got \"" + lora_base_dtype + "\"");
     require(strategy != "zero",
             "lora.rank > 0 with parallel.strategy = \"zero\": ZeRO keeps optimizer state for "
             "every parameter and cannot hold a frozen base; use parallel.strategy = \"fsdp\" "
@@ -625,8 +648,8 @@ void TrainConfig::validate() const {
   require(threads >= 0, "run.threads must be >= 0");
   require(timeout > 0, "run.timeout must be a positive number of seconds");
   if (trace) {
-    const std::string range = "run.trace_steps [" + std::to_string(trace_first) + ", " +
-                              std::to_string(trace_last) + "]";
+    const std::string range =
+        "run.trace_steps [" + std::to_string(trace_first) + ", " + std::to_string(trace_last) + "]";
     require(trace_first >= 1 && trace_last >= 0 && (trace_last == 0 || trace_last >= trace_first),
             range + " is not a range of steps: steps count from 1 and last >= first");
     require(trace_first <= steps && trace_last <= steps,

@@ -6,8 +6,8 @@
 #include <cstring>
 #include <limits>
 #include <nlohmann/json.hpp>
-#include <queue>
 #include <stdexcept>
+#include <unordered_map>
 
 namespace shardtrain::detail {
 namespace {
@@ -58,6 +58,47 @@ size_t line_of_byte(const std::string& text, size_t byte) {
 }
 
 }  // namespace
+
+const char* const kGpt2SplitPattern =
+    R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
+
+void MergeTable::reserve(size_t count) {
+  size_t capacity = 16;
+  int bits = 4;
+  // At most three quarters full: a miss (the common case: most pairs have no merge) still stops
+  // within a few slots, and the table stays small (Llama 3's 280k merges: 8 MB), which matters
+  // more, since every lookup of a cold piece is a cache miss.
+  while (4 * count > 3 * capacity) capacity *= 2, ++bits;
+  if (capacity <= slots_.size()) return;
+  std::vector<Slot> old = std::move(slots_);
+  slots_.assign(capacity, Slot{kEmpty, {}});
+  mask_ = capacity - 1;
+  shift_ = 64 - bits;
+  size_ = 0;
+  for (const Slot& slot : old) {
+    if (slot.key != kEmpty) {
+      insert_or_assign(static_cast<int32_t>(slot.key >> 32), static_cast<int32_t>(slot.key),
+                       slot.merge);
+    }
+  }
+}
+
+void MergeTable::insert_or_assign(int32_t left, int32_t right, BpeMerge merge) {
+  if (4 * (size_ + 1) > 3 * slots_.size()) reserve(size_ + 1);
+  const uint64_t key = pair_key(left, right);
+  for (size_t i = slot_of(key);; i = (i + 1) & mask_) {
+    Slot& slot = slots_[i];
+    if (slot.key == key) {
+      slot.merge = merge;
+      return;
+    }
+    if (slot.key == kEmpty) {
+      slot = Slot{key, merge};
+      ++size_;
+      return;
+    }
+  }
+}
 
 std::array<uint32_t, 256> gpt2_byte_to_code_point() {
   std::array<uint32_t, 256> table{};
@@ -193,61 +234,110 @@ BpeVocab load_gpt2_vocab(const std::string& encoder_json, const std::string& voc
     require(l, left);
     require(r, right);
     require(m, left + right);  // id-form BPE needs every merge result to have an id
-    // A repeated pair keeps its last rank, as Python's dict(zip(merges, range(...))) does.
-    vocab.merges[BpeVocab::pair_key(l->second, r->second)] = BpeMerge{rank++, m->second};
+    vocab.merges.insert_or_assign(l->second, r->second, BpeMerge{rank++, m->second});
   }
   return vocab;
 }
 
-void bpe_encode_piece(const BpeVocab& vocab, std::string_view piece, std::vector<int32_t>& out) {
-  const auto n = static_cast<int32_t>(piece.size());
-  if (n <= 1) {
-    if (n == 1) out.push_back(vocab.byte_to_id[static_cast<unsigned char>(piece[0])]);
-    return;
-  }
-  // Symbols form a linked list over the piece; a merge folds the right symbol into the left one.
-  struct Symbol {
-    int32_t id, prev, next;
+namespace {
+
+// Most uncached pre-tokens are a word of a few bytes. For those, a scan of the pairs' ranks for
+// the lowest (leftmost on ties) does without the queue and its bookkeeping; it looks up exactly
+// the pairs the queue would, and those lookups (cache misses in a large table) are the real cost.
+constexpr int32_t kShortPiece = 16;
+
+void merge_short(const MergeTable& merges, std::vector<int32_t>& ids, size_t first) {
+  int32_t* const id = ids.data() + first;
+  int32_t n = static_cast<int32_t>(ids.size() - first);
+  constexpr int32_t kNone = std::numeric_limits<int32_t>::max();
+  int32_t rank[kShortPiece], result[kShortPiece];
+  auto look_up = [&](int32_t i) {
+    const BpeMerge* m = merges.find(id[i], id[i + 1]);
+    rank[i] = m ? m->rank : kNone;
+    result[i] = m ? m->result : -1;
   };
-  std::vector<Symbol> symbols(n);
-  for (int32_t i = 0; i < n; ++i) {
-    symbols[i] = {vocab.byte_to_id[static_cast<unsigned char>(piece[i])], i - 1,
-                  i + 1 < n ? i + 1 : -1};
+  for (int32_t i = 0; i + 1 < n; ++i) look_up(i);
+  while (true) {
+    int32_t best = -1, best_rank = kNone;
+    for (int32_t i = 0; i + 1 < n; ++i) {
+      if (rank[i] < best_rank) best = i, best_rank = rank[i];
+    }
+    if (best < 0) break;
+    id[best] = result[best];
+    for (int32_t i = best + 1; i + 1 < n; ++i) id[i] = id[i + 1];
+    for (int32_t i = best + 1; i + 2 < n; ++i) rank[i] = rank[i + 1], result[i] = result[i + 1];
+    --n;
+    if (best > 0) look_up(best - 1);
+    if (best + 1 < n) look_up(best);
   }
+  ids.resize(first + static_cast<size_t>(n));
+}
+
+}  // namespace
+
+void bpe_merge(const MergeTable& merges, std::vector<int32_t>& ids, size_t first) {
+  const auto n = static_cast<int32_t>(ids.size() - first);
+  if (n < 2) return;
+  int32_t* const id = ids.data() + first;
+  if (n <= kShortPiece) return merge_short(merges, ids, first);
+  // Symbols form a linked list over the piece; a merge folds the right symbol into the left one.
+  // The buffers are per thread and reused: allocating them for every pre-token costs more than
+  // merging a short one.
+  struct Link {
+    int32_t prev, next;
+  };
   struct Candidate {
     int32_t rank, pos, left, right, result;
   };
+  thread_local std::vector<Link> links;
+  thread_local std::vector<Candidate> heap;
+  links.resize(n);
+  heap.clear();
+  for (int32_t i = 0; i < n; ++i) links[i] = {i - 1, i + 1 < n ? i + 1 : -1};
   // Lowest rank first and, within one rank, leftmost first: that reproduces the reference's
   // "merge every occurrence of the best pair, left to right" because a merge only creates pairs
   // containing its result, which rank after the pair that produced it.
   auto later = [](const Candidate& a, const Candidate& b) {
     return a.rank != b.rank ? a.rank > b.rank : a.pos > b.pos;
   };
-  std::priority_queue<Candidate, std::vector<Candidate>, decltype(later)> queue(later);
   auto consider = [&](int32_t pos) {
-    const int32_t next = symbols[pos].next;
+    const int32_t next = links[pos].next;
     if (next < 0) return;
-    const auto it = vocab.merges.find(BpeVocab::pair_key(symbols[pos].id, symbols[next].id));
-    if (it != vocab.merges.end()) {
-      queue.push({it->second.rank, pos, symbols[pos].id, symbols[next].id, it->second.result});
+    if (const BpeMerge* m = merges.find(id[pos], id[next])) {
+      heap.push_back({m->rank, pos, id[pos], id[next], m->result});
+      std::push_heap(heap.begin(), heap.end(), later);
     }
   };
   for (int32_t i = 0; i + 1 < n; ++i) consider(i);
-  while (!queue.empty()) {
-    const Candidate c = queue.top();
-    queue.pop();
-    Symbol& left = symbols[c.pos];
+  while (!heap.empty()) {
+    std::pop_heap(heap.begin(), heap.end(), later);
+    const Candidate c = heap.back();
+    heap.pop_back();
+    Link& left = links[c.pos];
     // Entries go stale when a neighbour merged first; the ids tell whether the pair still exists.
-    if (left.id != c.left || left.next < 0 || symbols[left.next].id != c.right) continue;
-    Symbol& right = symbols[left.next];
-    left.id = c.result;
-    left.next = right.next;
-    if (right.next >= 0) symbols[right.next].prev = c.pos;
-    right.id = -1;
+    if (id[c.pos] != c.left || left.next < 0 || id[left.next] != c.right) continue;
+    const int32_t right = left.next;
+    id[c.pos] = c.result;
+    left.next = links[right].next;
+    if (left.next >= 0) links[left.next].prev = c.pos;
+    id[right] = -1;
     if (left.prev >= 0) consider(left.prev);
     consider(c.pos);
   }
-  for (int32_t i = 0; i >= 0; i = symbols[i].next) out.push_back(symbols[i].id);
+  size_t kept = first;
+  for (int32_t i = 0; i >= 0; i = links[i].next) ids[kept++] = id[i];
+  ids.resize(kept);
+  // A pathological piece (a megabyte with no pre-tokenizer split) must not pin its buffers.
+  if (n > (1 << 16)) {
+    std::vector<Link>().swap(links);
+    std::vector<Candidate>().swap(heap);
+  }
+}
+
+void bpe_encode_piece(const BpeVocab& vocab, std::string_view piece, std::vector<int32_t>& out) {
+  const size_t first = out.size();
+  for (const char c : piece) out.push_back(vocab.byte_to_id[static_cast<unsigned char>(c)]);
+  bpe_merge(vocab.merges, out, first);
 }
 
 }  // namespace shardtrain::detail

@@ -1,3 +1,4 @@
+#include <algorithm>
 #include <random>
 #include <stdexcept>
 
@@ -5,24 +6,45 @@
 
 namespace shardtrain {
 
-DataLoader::DataLoader(std::shared_ptr<TokenShard> shard, DataLoaderOptions options, int dp_rank,
-                       int dp_size)
-    : shard_(std::move(shard)), options_(options), dp_rank_(dp_rank), dp_size_(dp_size) {
-  const auto& o = options_;
+namespace {
+
+void check_options(const DataLoaderOptions& o, int dp_rank, int dp_size) {
   if (o.seq_len_ < 1 || o.micro_batch_ < 1 || o.grad_accum_ < 1 || o.eval_sequences_ < 0) {
     throw std::invalid_argument("data loader: seq_len, micro_batch and grad_accum must be >= 1");
   }
   TORCH_CHECK(dp_rank >= 0 && dp_rank < dp_size, "data loader: rank ", dp_rank,
               " outside data-parallel size ", dp_size);
+}
+
+}  // namespace
+
+DataLoader::DataLoader(std::shared_ptr<TokenShard> shard, DataLoaderOptions options, int dp_rank,
+                       int dp_size)
+    : shard_(std::move(shard)), options_(options), dp_rank_(dp_rank), dp_size_(dp_size) {
+  check_options(options_, dp_rank, dp_size);
   // Each sequence needs seq_len + 1 tokens (targets are shifted by one); windows don't overlap.
-  const int64_t total = (shard_->size() - 1) / o.seq_len_;
-  train_sequences_ = total - o.eval_sequences_;
+  set_train_sequences((shard_->size() - 1) / options_.seq_len_,
+                      "corpus '" + shard_->path() +
+                          "' is too small: " + std::to_string(shard_->size()) + " tokens make");
+}
+
+DataLoader::DataLoader(std::shared_ptr<SampleShard> samples, DataLoaderOptions options, int dp_rank,
+                       int dp_size)
+    : samples_(std::move(samples)), options_(options), dp_rank_(dp_rank), dp_size_(dp_size) {
+  check_options(options_, dp_rank, dp_size);
+  pack_rows();
+  set_train_sequences(packing_.rows, "data '" + samples_->path() + "' is too small: " +
+                                         std::to_string(packing_.samples) + " samples (" +
+                                         std::to_string(packing_.dropped) + " dropped) fill");
+}
+
+void DataLoader::set_train_sequences(int64_t total, const std::string& source) {
+  train_sequences_ = total - options_.eval_sequences_;
   if (train_sequences_ < 1) {
-    throw std::invalid_argument("corpus '" + shard_->path() +
-                                "' is too small: " + std::to_string(shard_->size()) +
-                                " tokens make " + std::to_string(total) + " sequences of seq_len " +
-                                std::to_string(o.seq_len_) + ", and " +
-                                std::to_string(o.eval_sequences_) + " are held out for evaluation");
+    throw std::invalid_argument(source + " " + std::to_string(total) + " sequences of seq_len " +
+                                std::to_string(options_.seq_len_) + ", and " +
+                                std::to_string(options_.eval_sequences_) +
+                                " are held out for evaluation");
   }
 }
 
@@ -48,12 +70,16 @@ int64_t DataLoader::sequence_at(int64_t position) const {
 }
 
 Batch DataLoader::gather(const std::vector<int64_t>& sequences) const {
+  if (samples_) return gather_rows(sequences);
   const int64_t len = options_.seq_len_;
   at::Tensor tokens = at::empty({static_cast<int64_t>(sequences.size()), len + 1}, at::kLong);
   for (size_t i = 0; i < sequences.size(); ++i) {
     tokens[static_cast<int64_t>(i)].copy_(shard_->read(sequences[i] * len, len + 1));
   }
-  return Batch{tokens.narrow(1, 0, len).contiguous(), tokens.narrow(1, 1, len).contiguous()};
+  Batch batch;
+  batch.inputs = tokens.narrow(1, 0, len).contiguous();
+  batch.targets = tokens.narrow(1, 1, len).contiguous();
+  return batch;
 }
 
 Batch DataLoader::micro_batch(int64_t samples_before_step, int micro_step) const {
@@ -63,7 +89,23 @@ Batch DataLoader::micro_batch(int64_t samples_before_step, int micro_step) const
   const int64_t first = samples_before_step + micro_step * m * dp_size_ + dp_rank_ * m;
   std::vector<int64_t> sequences;
   for (int64_t i = 0; i < m; ++i) sequences.push_back(sequence_at(first + i));
-  return gather(sequences);
+  Batch batch = gather(sequences);
+  if (samples_) {
+    // The global batch's loss tokens, shared by its grad_accum x dp micro-batches (at least one
+    // token, so that a batch of prompts alone gives loss 0 rather than 0 / 0).
+    const int64_t global = loss_tokens_of(samples_before_step, global_batch_size());
+    batch.loss_divisor = static_cast<double>(std::max<int64_t>(global, 1)) /
+                         static_cast<double>(options_.grad_accum_ * dp_size_);
+  }
+  return batch;
+}
+
+int64_t DataLoader::loss_tokens_of(int64_t first_position, int64_t count) const {
+  int64_t total = 0;
+  for (int64_t p = first_position; p < first_position + count; ++p) {
+    total += row_loss_[sequence_at(p)];
+  }
+  return total;
 }
 
 Batch DataLoader::eval_batch(int64_t index) const {
@@ -71,10 +113,14 @@ Batch DataLoader::eval_batch(int64_t index) const {
               "data loader: no sequences are held out for evaluation");
   const int64_t m = options_.micro_batch_;
   std::vector<int64_t> sequences;
+  int64_t loss_tokens = 0;
   for (int64_t i = 0; i < m; ++i) {
     sequences.push_back(train_sequences_ + (index * m + i) % options_.eval_sequences_);
+    if (samples_) loss_tokens += row_loss_[sequences.back()];
   }
-  return gather(sequences);
+  Batch batch = gather(sequences);
+  if (samples_) batch.loss_divisor = static_cast<double>(std::max<int64_t>(loss_tokens, 1));
+  return batch;
 }
 
 }  // namespace shardtrain

@@ -1,15 +1,11 @@
-#include <fcntl.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
-#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <stdexcept>
 
+#include "data/shard_io.h"
 #include "shardtrain/data.h"
 
 namespace shardtrain {
@@ -17,17 +13,45 @@ namespace {
 
 constexpr char kMagic[8] = {'S', 'T', 'T', 'O', 'K', 'E', 'N', 'S'};
 
-template <typename T>
-void put(std::string& out, T value) {
-  out.append(reinterpret_cast<const char*>(&value), sizeof(T));
-}
-
 std::string read_text(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) throw std::invalid_argument("corpus file '" + path + "' cannot be read");
   std::ostringstream text;
   text << in.rdbuf();
   return text.str();
+}
+
+// A document's tokens: what the tokenizer adds before a sequence (Llama's BOS; nothing for
+// GPT-2), its text, and the end-of-text token.
+void append_document(const Tokenizer& tokenizer, const std::string& text,
+                     std::vector<int32_t>& tokens) {
+  const std::vector<int32_t> ids = tokenizer.encode(text, /*add_special=*/true);
+  tokens.insert(tokens.end(), ids.begin(), ids.end());
+  if (ids.empty() || ids.back() != tokenizer.eos_id()) tokens.push_back(tokenizer.eos_id());
+}
+
+// A .jsonl file holds one document per line, {"text": ...}; blank lines are skipped.
+void append_jsonl_documents(const Tokenizer& tokenizer, const std::string& path,
+                            std::vector<int32_t>& tokens) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw std::invalid_argument("corpus file '" + path + "' cannot be read");
+  std::string line;
+  for (int64_t number = 1; std::getline(in, line); ++number) {
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    const std::string where = "'" + path + "' line " + std::to_string(number);
+    nlohmann::json json;
+    try {
+      json = nlohmann::json::parse(line);
+    } catch (const nlohmann::json::exception& e) {
+      throw std::invalid_argument(where + " is not JSON (" + e.what() + ")");
+    }
+    if (!json.is_object() || !json.contains("text") || !json.at("text").is_string()) {
+      throw std::invalid_argument(where +
+                                  " has no string \"text\" (data.format \"text\" reads "
+                                  "{\"text\": ...} lines from .jsonl files)");
+    }
+    append_document(tokenizer, json.at("text").get<std::string>(), tokens);
+  }
 }
 
 }  // namespace
@@ -38,89 +62,54 @@ void write_token_shard(const std::string& path, const std::vector<int32_t>& toke
   const uint32_t token_bytes = vocab_size <= 65536 ? 2 : 4;
   std::string header;
   header.append(kMagic, sizeof(kMagic));
-  put<uint32_t>(header, 1);
-  put<uint32_t>(header, token_bytes);
-  put<uint64_t>(header, tokens.size());
-  put<uint64_t>(header, static_cast<uint64_t>(vocab_size));
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    if (!out) throw std::invalid_argument("cannot write token shard '" + path + "'");
-    out.write(header.data(), header.size());
-    if (token_bytes == 2) {
-      std::vector<uint16_t> narrow(tokens.begin(), tokens.end());
-      out.write(reinterpret_cast<const char*>(narrow.data()), narrow.size() * 2);
+  detail::put<uint32_t>(header, 1);
+  detail::put<uint32_t>(header, token_bytes);
+  detail::put<uint64_t>(header, tokens.size());
+  detail::put<uint64_t>(header, static_cast<uint64_t>(vocab_size));
+  detail::write_atomically(path, "token shard", [&](std::ofstream& out) {
+    out.write(header.data(), static_cast<std::streamsize>(header.size()));
+    detail::write_ids(out, tokens, token_bytes);
+  });
+}
+
+std::vector<int32_t> tokenize_corpus(const std::vector<std::string>& inputs,
+                                     const Tokenizer& tokenizer) {
+  if (inputs.empty()) throw std::invalid_argument("no corpus given");
+  std::vector<int32_t> tokens;
+  for (const auto& file : detail::files_of(inputs, "corpus")) {
+    if (std::filesystem::path(file).extension() == ".jsonl") {
+      append_jsonl_documents(tokenizer, file, tokens);
     } else {
-      out.write(reinterpret_cast<const char*>(tokens.data()), tokens.size() * 4);
+      append_document(tokenizer, read_text(file), tokens);
     }
-    if (!out.flush()) throw std::runtime_error("writing token shard '" + path + "' failed");
   }
-  std::filesystem::rename(tmp, path);
+  return tokens;
 }
 
 int64_t prepare_token_shard(const std::vector<std::string>& inputs, const Tokenizer& tokenizer,
                             const std::string& out_path) {
-  if (inputs.empty()) throw std::invalid_argument("no corpus given");
-  std::vector<std::string> files;
-  for (const auto& input : inputs) {
-    std::error_code error;
-    if (std::filesystem::is_directory(input, error)) {
-      std::vector<std::string> inside;
-      for (const auto& entry : std::filesystem::directory_iterator(input)) {
-        if (entry.is_regular_file()) inside.push_back(entry.path().string());
-      }
-      std::sort(inside.begin(), inside.end());
-      files.insert(files.end(), inside.begin(), inside.end());
-    } else if (std::filesystem::is_regular_file(input, error)) {
-      files.push_back(input);
-    } else {
-      throw std::invalid_argument("corpus '" + input + "' does not exist");
-    }
-  }
-  std::vector<int32_t> tokens;
-  for (const auto& file : files) {
-    const std::vector<int32_t> ids = tokenizer.encode(read_text(file));
-    tokens.insert(tokens.end(), ids.begin(), ids.end());
-    tokens.push_back(tokenizer.eos_id());
-  }
+  const std::vector<int32_t> tokens = tokenize_corpus(inputs, tokenizer);
   write_token_shard(out_path, tokens, tokenizer.vocab_size());
   return static_cast<int64_t>(tokens.size());
 }
 
-TokenShard::TokenShard(const std::string& path) : path_(path) {
-  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    throw std::invalid_argument("token shard '" + path +
-                                "' cannot be opened: " + std::strerror(errno));
-  }
-  struct stat info {};
-  fstat(fd, &info);
-  const size_t bytes = static_cast<size_t>(info.st_size);
-  if (bytes < kTokenShardHeaderBytes) {
-    close(fd);
-    throw std::invalid_argument("token shard '" + path + "' is truncated: " +
-                                std::to_string(bytes) + " bytes, shorter than its header");
-  }
-  void* mapping = mmap(nullptr, bytes, PROT_READ, MAP_PRIVATE, fd, 0);
-  close(fd);
-  if (mapping == MAP_FAILED) {
-    throw std::runtime_error("token shard '" + path +
-                             "' cannot be mapped: " + std::strerror(errno));
-  }
-  data_ = static_cast<const unsigned char*>(mapping);
-  mapped_bytes_ = bytes;
+TokenShard::TokenShard(const std::string& path)
+    : path_(path), file_(std::make_unique<detail::MappedFile>(path, "token shard")) {
+  const size_t bytes = file_->size();
+  data_ = file_->data();
   auto fail = [&](const std::string& what) {
-    munmap(const_cast<unsigned char*>(data_), mapped_bytes_);
-    data_ = nullptr;
     throw std::invalid_argument("token shard '" + path + "' " + what);
   };
+  if (bytes < kTokenShardHeaderBytes) {
+    fail("is truncated: " + std::to_string(bytes) + " bytes, shorter than its header");
+  }
   if (std::memcmp(data_, kMagic, sizeof(kMagic)) != 0) {
     fail("is not a token shard (bad magic; write one with `shardtrain data prepare`)");
   }
-  std::memcpy(&header_.version, data_ + 8, 4);
-  std::memcpy(&header_.token_bytes, data_ + 12, 4);
-  std::memcpy(&header_.num_tokens, data_ + 16, 8);
-  std::memcpy(&header_.vocab_size, data_ + 24, 8);
+  header_.version = detail::get<uint32_t>(data_ + 8);
+  header_.token_bytes = detail::get<uint32_t>(data_ + 12);
+  header_.num_tokens = detail::get<uint64_t>(data_ + 16);
+  header_.vocab_size = detail::get<uint64_t>(data_ + 24);
   if (header_.version != 1)
     fail("has format version " + std::to_string(header_.version) + ", expected 1");
   if (header_.token_bytes != 2 && header_.token_bytes != 4) {
@@ -134,9 +123,7 @@ TokenShard::TokenShard(const std::string& path) : path_(path) {
   }
 }
 
-TokenShard::~TokenShard() {
-  if (data_) munmap(const_cast<unsigned char*>(data_), mapped_bytes_);
-}
+TokenShard::~TokenShard() = default;
 
 at::Tensor TokenShard::read(int64_t begin, int64_t count) const {
   TORCH_CHECK(begin >= 0 && count >= 0 && begin + count <= size(), "token shard '", path_,

@@ -15,17 +15,14 @@ namespace shardtrain {
 namespace detail {
 namespace {
 
-// GPT-2's pre-tokenizer, verbatim from openai/gpt-2 encoder.py. It splits text into words with
-// their leading space, numbers, punctuation runs and whitespace; BPE never merges across pieces.
-constexpr const char* kGpt2Pattern =
-    R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
-
 std::string pcre2_message(int code) {
   PCRE2_UCHAR buffer[256];
   pcre2_get_error_message(code, buffer, sizeof(buffer));
   return reinterpret_cast<const char*>(buffer);
 }
 
+// GPT-2's pre-tokenizer (kGpt2SplitPattern) splits text into words with their leading space,
+// numbers, punctuation runs and whitespace; BPE never merges across pieces.
 class Gpt2Pretokenizer {
  public:
   Gpt2Pretokenizer() {
@@ -35,7 +32,7 @@ class Gpt2Pretokenizer {
     // lets bytes that are not UTF-8 through (they match nothing and come back as gaps), and spares
     // the O(rest of text) validity check PCRE2 would otherwise make on every one of our calls.
     code_ =
-        pcre2_compile(reinterpret_cast<PCRE2_SPTR>(kGpt2Pattern), PCRE2_ZERO_TERMINATED,
+        pcre2_compile(reinterpret_cast<PCRE2_SPTR>(kGpt2SplitPattern), PCRE2_ZERO_TERMINATED,
                       PCRE2_UTF | PCRE2_UCP | PCRE2_MATCH_INVALID_UTF, &error, &offset, nullptr);
     if (!code_) {
       throw std::runtime_error("GPT-2 pre-tokenizer pattern does not compile at offset " +

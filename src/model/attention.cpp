@@ -6,11 +6,38 @@
 #include <limits>
 
 #include "model/layers.h"
+#include "shardtrain/tensor_parallel.h"
 
 namespace shardtrain::detail {
 
+namespace {
+
+// Attention whose mask is not plain causality (packed samples): 0 where allowed, -inf elsewhere,
+// added to the scores. Every query may attend at least to itself, so no row is all -inf.
+at::Tensor masked_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                            double dropout_p, bool use_sdpa, const at::Tensor& allowed) {
+  const at::Tensor bias =
+      at::zeros(allowed.sizes(), q.options())
+          .masked_fill(allowed.logical_not(), -std::numeric_limits<double>::infinity());
+  if (use_sdpa) {
+#if TORCH_VERSION_MAJOR >= 2
+    return at::scaled_dot_product_attention(q, k, v, bias, dropout_p, /*is_causal=*/false);
+#else
+    return std::get<0>(at::_scaled_dot_product_attention(
+        q, k, v, bias, dropout_p, /*need_attn_weights=*/false, /*is_causal=*/false));
+#endif
+  }
+  const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(-1)));
+  at::Tensor probs = at::softmax(at::matmul(q, k.transpose(-2, -1)) * scale + bias, -1);
+  if (dropout_p > 0.0) probs = at::dropout(probs, dropout_p, /*train=*/true);
+  return at::matmul(probs, v);
+}
+
+}  // namespace
+
 at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                            double dropout_p, bool use_sdpa) {
+                            double dropout_p, bool use_sdpa, const at::Tensor& allowed) {
+  if (allowed.defined()) return masked_attention(q, k, v, dropout_p, use_sdpa, allowed);
   if (use_sdpa) {
 #if TORCH_VERSION_MAJOR >= 2
     return at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, dropout_p,
@@ -31,13 +58,33 @@ at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::
   return at::matmul(probs, v);
 }
 
-std::pair<at::Tensor, at::Tensor> rope_tables(int64_t length, int64_t head_dim, double theta,
-                                              const at::TensorOptions& options) {
-  // Double precision keeps the angles of late positions (up to 8192 x 1 rad) exact before the
-  // cast; HF computes them in float32, which differs by at most a rounding of the result.
+at::Tensor rope_inverse_frequencies(int64_t head_dim, double theta, const RopeScaling& scaling) {
   const auto f64 = at::TensorOptions().dtype(at::kDouble);
   const at::Tensor exponents = at::arange(0, head_dim, 2, f64) / static_cast<double>(head_dim);
   const at::Tensor inv_freq = at::pow(theta, -exponents);
+  if (!scaling.enabled()) return inv_freq;
+  // Llama 3.1: wavelengths longer than the original context / low_freq_factor are stretched by
+  // `factor`, those shorter than context / high_freq_factor kept, and those between blended
+  // linearly in context / wavelength, so that long-range positions interpolate while local ones
+  // stay as trained.
+  const double context = static_cast<double>(scaling.original_context_length);
+  const double low_wavelen = context / scaling.low_freq_factor;
+  const double high_wavelen = context / scaling.high_freq_factor;
+  const at::Tensor wavelen = 2.0 * M_PI / inv_freq;
+  const at::Tensor smooth = (context / wavelen - scaling.low_freq_factor) /
+                            (scaling.high_freq_factor - scaling.low_freq_factor);
+  const at::Tensor blended = (1.0 - smooth) * inv_freq / scaling.factor + smooth * inv_freq;
+  at::Tensor scaled = at::where(wavelen > low_wavelen, inv_freq / scaling.factor, inv_freq);
+  return at::where((wavelen >= high_wavelen) & (wavelen <= low_wavelen), blended, scaled);
+}
+
+std::pair<at::Tensor, at::Tensor> rope_tables(int64_t length, int64_t head_dim, double theta,
+                                              const at::TensorOptions& options,
+                                              const RopeScaling& scaling) {
+  // Double precision keeps the angles of late positions (up to 8192 x 1 rad) exact before the
+  // cast; HF computes them in float32, which differs by at most a rounding of the result.
+  const auto f64 = at::TensorOptions().dtype(at::kDouble);
+  const at::Tensor inv_freq = rope_inverse_frequencies(head_dim, theta, scaling);
   const at::Tensor angles = at::outer(at::arange(length, f64), inv_freq);
   const at::Tensor full = at::cat({angles, angles}, -1);
   return {full.cos().to(options), full.sin().to(options)};
@@ -74,25 +121,46 @@ at::Tensor Gpt2AttentionImpl::forward(const at::Tensor& x, const BlockContext& c
   const auto parts = qkv->forward(x).chunk(3, -1);
   const at::Tensor out = causal_attention(
       split_heads(parts[0], head_dim_), split_heads(parts[1], head_dim_),
-      split_heads(parts[2], head_dim_), is_training() ? dropout_ : 0.0, ctx.use_sdpa);
+      split_heads(parts[2], head_dim_), is_training() ? dropout_ : 0.0, ctx.use_sdpa, ctx.allowed);
   return proj->forward(merge_heads(out));
 }
 
+HeadNormImpl::HeadNormImpl(int64_t head_dim, double eps, bool deferred) : eps_(eps) {
+  weight = register_parameter("weight", new_parameter({head_dim}, deferred));
+}
+
+at::Tensor HeadNormImpl::forward(const at::Tensor& x, const std::shared_ptr<TpState>& tp) {
+  return rms_norm(x, tp ? copy_to_tensor_parallel(weight, *tp->group) : weight, eps_);
+}
+
 LlamaAttentionImpl::LlamaAttentionImpl(const ModelConfig& config, bool deferred)
-    : head_dim_(config.d_model / config.n_heads), dropout_(config.dropout) {
+    : head_dim_(config.head_size()), dropout_(config.dropout) {
   const int64_t d = config.d_model;
-  const int64_t kv_width = config.n_kv_heads * (d / config.n_heads);
-  auto linear = [deferred](int64_t in, int64_t out) { return Linear(in, out, false, deferred); };
-  q = register_module("q", linear(d, d));
-  k = register_module("k", linear(d, kv_width));
-  v = register_module("v", linear(d, kv_width));
-  o = register_module("o", linear(d, d));
+  const int64_t q_width = config.n_heads * head_dim_;
+  const int64_t kv_width = config.n_kv_heads * head_dim_;
+  const bool bias = config.attention_bias;
+  auto linear = [deferred](int64_t in, int64_t out, bool bias) {
+    return Linear(in, out, bias, deferred);
+  };
+  q = register_module("q", linear(d, q_width, bias));
+  k = register_module("k", linear(d, kv_width, bias));
+  v = register_module("v", linear(d, kv_width, bias));
+  o = register_module("o", linear(q_width, d, false));
+  if (config.qk_norm) {
+    q_norm = register_module("q_norm", HeadNorm(head_dim_, config.norm_eps, deferred));
+    k_norm = register_module("k_norm", HeadNorm(head_dim_, config.norm_eps, deferred));
+  }
 }
 
 at::Tensor LlamaAttentionImpl::forward(const at::Tensor& x, const BlockContext& ctx) {
-  const at::Tensor queries =
-      apply_rope(split_heads(q->forward(x), head_dim_), ctx.rope_cos, ctx.rope_sin);
-  at::Tensor keys = apply_rope(split_heads(k->forward(x), head_dim_), ctx.rope_cos, ctx.rope_sin);
+  at::Tensor queries = split_heads(q->forward(x), head_dim_);
+  at::Tensor keys = split_heads(k->forward(x), head_dim_);
+  if (q_norm) {  // Qwen3 normalizes each head before the rotation
+    queries = q_norm->forward(queries, q->tp);
+    keys = k_norm->forward(keys, k->tp);
+  }
+  queries = apply_rope(queries, ctx.rope_cos, ctx.rope_sin);
+  keys = apply_rope(keys, ctx.rope_cos, ctx.rope_sin);
   at::Tensor values = split_heads(v->forward(x), head_dim_);
   if (keys.size(1) != queries.size(1)) {
     // Query head h reads key/value head h / group, as HF's repeat_kv: expand, then fold the group
@@ -108,8 +176,8 @@ at::Tensor LlamaAttentionImpl::forward(const at::Tensor& x, const BlockContext& 
     keys = repeat(keys);
     values = repeat(values);
   }
-  const at::Tensor out =
-      causal_attention(queries, keys, values, is_training() ? dropout_ : 0.0, ctx.use_sdpa);
+  const at::Tensor out = causal_attention(queries, keys, values, is_training() ? dropout_ : 0.0,
+                                          ctx.use_sdpa, ctx.allowed);
   return o->forward(merge_heads(out));
 }
 

@@ -31,8 +31,8 @@ at::Tensor LinearImpl::forward(const at::Tensor& x) {
     const AutocastState autocast = autocast_state();
     through_frozen = !autocast.cpu && !autocast.cuda;
   }
-  at::Tensor y = through_frozen ? frozen_linear(x, weight, bias, nf4_shape)
-                                : at::linear(x, weight, bias);
+  at::Tensor y =
+      through_frozen ? frozen_linear(x, weight, bias, nf4_shape) : at::linear(x, weight, bias);
   if (!lora_a) return y;
   return y + lora_delta(x, lora_a->weight, lora_b->weight, lora_scale, lora_dropout, is_training());
 }
@@ -91,12 +91,16 @@ RMSNormImpl::RMSNormImpl(int64_t dim, double eps, bool deferred) : eps_(eps) {
   weight = register_parameter("weight", new_parameter({dim}, deferred));
 }
 
-at::Tensor RMSNormImpl::forward(const at::Tensor& x) {
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
   // As HF Llama: normalize in float32 even for half-precision activations, then scale in the
   // input dtype, so bf16 training matches the reference implementation.
   const at::Tensor wide = x.to(at::promote_types(x.scalar_type(), at::kFloat));
-  const at::Tensor normed = wide * at::rsqrt(wide.pow(2).mean(-1, /*keepdim=*/true) + eps_);
-  return sequence_parallel_weight(weight, tp) * normed.to(x.scalar_type());
+  const at::Tensor normed = wide * at::rsqrt(wide.pow(2).mean(-1, /*keepdim=*/true) + eps);
+  return weight * normed.to(x.scalar_type());
+}
+
+at::Tensor RMSNormImpl::forward(const at::Tensor& x) {
+  return rms_norm(x, sequence_parallel_weight(weight, tp), eps_);
 }
 
 Gpt2MlpImpl::Gpt2MlpImpl(const ModelConfig& config, bool deferred) {
@@ -127,8 +131,7 @@ at::Tensor residual_dropout(const at::Tensor& x, double p, bool training) {
 
 }  // namespace
 
-Gpt2BlockImpl::Gpt2BlockImpl(const ModelConfig& config, bool deferred)
-    : dropout_(config.dropout) {
+Gpt2BlockImpl::Gpt2BlockImpl(const ModelConfig& config, bool deferred) : dropout_(config.dropout) {
   ln1 = register_module("ln1", LayerNorm(config.d_model, config.norm_eps, deferred));
   attn = register_module("attn", Gpt2Attention(config, deferred));
   ln2 = register_module("ln2", LayerNorm(config.d_model, config.norm_eps, deferred));

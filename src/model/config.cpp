@@ -26,6 +26,35 @@ void add(std::vector<ParameterShape>& shapes, std::string name, std::vector<int6
   shapes.push_back(ParameterShape{std::move(name), std::move(shape)});
 }
 
+// What only the Llama family's variants have (Qwen2's biases, Qwen3's head norms and head size,
+// Llama 3.1's RoPE scaling, Mistral's window) is refused in the GPT-2 family, and checked here.
+void validate_llama_variant(const ModelConfig& c) {
+  const bool llama = c.family == ModelFamily::kLlama;
+  if (!llama && (c.head_dim != 0 || c.attention_bias || c.qk_norm || c.rope_scaling.enabled() ||
+                 c.sliding_window != 0)) {
+    fail(c,
+         "head_dim, attention_bias, qk_norm, rope_scaling and sliding_window belong to the "
+         "llama family, not gpt2");
+  }
+  if (c.head_dim < 0) fail(c, "head_dim must be positive, got " + std::to_string(c.head_dim));
+  if (c.sliding_window < 0) {
+    fail(c, "sliding_window must be positive, got " + std::to_string(c.sliding_window));
+  }
+  const std::string& type = c.hf_model_type;
+  if (!type.empty() && type != to_string(c.family) &&
+      !(llama && (type == "mistral" || type == "qwen2" || type == "qwen3"))) {
+    fail(c, "hf_model_type \"" + type + "\" is not one of " +
+                (llama ? "llama, mistral, qwen2, qwen3" : "gpt2"));
+  }
+  const RopeScaling& r = c.rope_scaling;
+  if (r.enabled() && !(r.factor >= 1.0 && r.low_freq_factor > 0.0 &&
+                       r.high_freq_factor > r.low_freq_factor && r.original_context_length > 0)) {
+    fail(c,
+         "rope_scaling needs factor >= 1, 0 < low_freq_factor < high_freq_factor and a "
+         "positive original context length");
+  }
+}
+
 }  // namespace
 
 std::string to_string(ModelFamily family) {
@@ -36,6 +65,10 @@ std::string to_string(ModelFamily family) {
       return "llama";
   }
   return "unknown";
+}
+
+std::string ModelConfig::model_type() const {
+  return hf_model_type.empty() ? to_string(family) : hf_model_type;
 }
 
 int64_t ParameterShape::numel() const {
@@ -55,7 +88,7 @@ void ModelConfig::validate() const {
   require_positive(*this, "n_heads", n_heads);
   require_positive(*this, "n_kv_heads", n_kv_heads);
   require_positive(*this, "ffn_hidden", ffn_hidden);
-  if (d_model % n_heads != 0) {
+  if (head_dim == 0 && d_model % n_heads != 0) {
     fail(*this, "d_model " + std::to_string(d_model) + " is not divisible by n_heads " +
                     std::to_string(n_heads));
   }
@@ -69,8 +102,8 @@ void ModelConfig::validate() const {
                     std::to_string(n_heads) + " in the gpt2 family (no grouped-query attention)");
   }
   // rotate_half pairs the first and second half of each head: the head size must split evenly.
-  if (family == ModelFamily::kLlama && (d_model / n_heads) % 2 != 0) {
-    fail(*this, "head size d_model / n_heads = " + std::to_string(d_model / n_heads) +
+  if (family == ModelFamily::kLlama && head_size() % 2 != 0) {
+    fail(*this, "head size " + std::to_string(head_size()) +
                     " must be even for rotary position embeddings");
   }
   if (!(norm_eps > 0.0)) fail(*this, "norm_eps must be positive, got " + std::to_string(norm_eps));
@@ -80,12 +113,14 @@ void ModelConfig::validate() const {
   if (!(dropout >= 0.0 && dropout < 1.0)) {
     fail(*this, "dropout must be in [0, 1), got " + std::to_string(dropout));
   }
+  validate_llama_variant(*this);
 }
 
 std::vector<ParameterShape> ModelConfig::parameter_shapes() const {
   validate();  // the shapes below divide by n_heads
   const int64_t d = d_model;
-  const int64_t kv_width = n_kv_heads * (d_model / n_heads);
+  const int64_t q_width = n_heads * head_size();
+  const int64_t kv_width = n_kv_heads * head_size();
   std::vector<ParameterShape> shapes;
   add(shapes, "tok_emb.weight", {vocab_size, d});
   if (family == ModelFamily::kGpt2) add(shapes, "pos_emb.weight", {context_length, d});
@@ -106,10 +141,18 @@ std::vector<ParameterShape> ModelConfig::parameter_shapes() const {
       add(shapes, p + "mlp.proj.bias", {d});
     } else {
       add(shapes, p + "attn_norm.weight", {d});
-      add(shapes, p + "attn.q.weight", {d, d});
+      // The attention's registration order: q, k, v (each with its bias), o, the head norms.
+      add(shapes, p + "attn.q.weight", {q_width, d});
+      if (attention_bias) add(shapes, p + "attn.q.bias", {q_width});
       add(shapes, p + "attn.k.weight", {kv_width, d});
+      if (attention_bias) add(shapes, p + "attn.k.bias", {kv_width});
       add(shapes, p + "attn.v.weight", {kv_width, d});
-      add(shapes, p + "attn.o.weight", {d, d});
+      if (attention_bias) add(shapes, p + "attn.v.bias", {kv_width});
+      add(shapes, p + "attn.o.weight", {d, q_width});
+      if (qk_norm) {
+        add(shapes, p + "attn.q_norm.weight", {head_size()});
+        add(shapes, p + "attn.k_norm.weight", {head_size()});
+      }
       add(shapes, p + "ffn_norm.weight", {d});
       add(shapes, p + "mlp.gate.weight", {ffn_hidden, d});
       add(shapes, p + "mlp.up.weight", {ffn_hidden, d});

@@ -20,7 +20,7 @@ class FrozenLinearFunction : public torch::autograd::Function<FrozenLinearFuncti
     ctx->save_for_backward({weight});
     ctx->saved_data["nf4_shape"] = nf4_shape;
     const at::Tensor w = unpacked(weight, nf4_shape, x.scalar_type());
-    return at::linear(x, w, bias.defined() ? bias.to(x.scalar_type()) : bias);
+    return at::linear(x, w, bias.numel() > 0 ? bias.to(x.scalar_type()) : at::Tensor());
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
@@ -70,7 +70,9 @@ at::Tensor stored_weight_values(const at::Tensor& weight, at::IntArrayRef nf4_sh
 
 at::Tensor frozen_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
                          at::IntArrayRef nf4_shape) {
-  return FrozenLinearFunction::apply(x, weight, bias, nf4_shape.vec());
+  // An autograd function takes no undefined tensor: a layer without bias passes an empty one.
+  return FrozenLinearFunction::apply(x, weight, bias.defined() ? bias : at::empty({0}, x.options()),
+                                     nf4_shape.vec());
 }
 
 void store_frozen_linears(torch::nn::Module& model, const std::string& storage) {
@@ -93,8 +95,9 @@ void store_frozen_linears(torch::nn::Module& model, const std::string& storage) 
     if (is_materialized(w)) {
       w.set_data(nf4 ? nf4_pack(nf4_quantize(w)) : w.detach().to(at::kBFloat16));
     } else {
-      at::Tensor described = nf4 ? at::empty({nf4_packed_bytes(shape)}, w.options().dtype(at::kByte))
-                                 : at::empty(shape, w.options().dtype(at::kBFloat16));
+      at::Tensor described =
+          nf4 ? at::empty({nf4_packed_bytes(shape)}, w.options().dtype(at::kByte))
+              : at::empty(shape, w.options().dtype(at::kBFloat16));
       release_storage(described);
       w.set_data(described);
     }

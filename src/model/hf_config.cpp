@@ -1,6 +1,7 @@
 // Import of Hugging Face config.json files. Anything the model here cannot reproduce exactly
-// (another activation, biases in Llama attention, RoPE scaling) is refused rather than ignored, so
-// an imported configuration never silently describes a different network.
+// (another activation, a bias on the attention's output, RoPE scaling other than Llama 3.1's, a
+// sliding window Qwen switches on) is refused rather than ignored, so an imported configuration
+// never silently describes a different network.
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
@@ -82,9 +83,35 @@ ModelConfig read_gpt2(const JsonReader& in) {
   return c;
 }
 
-ModelConfig read_llama(const JsonReader& in) {
+// rope_scaling: null, or Llama 3.1's "llama3" type; the other kinds (linear, dynamic, yarn, ...)
+// would change every angle differently and are refused.
+RopeScaling read_rope_scaling(const JsonReader& in, const nlohmann::json& json) {
+  RopeScaling r;
+  if (!in.has("rope_scaling")) return r;
+  const nlohmann::json& j = json.at("rope_scaling");
+  const JsonReader scaling(j, "");
+  const std::string kind =
+      j.is_object() ? scaling.string_or("rope_type", scaling.string_or("type", "")) : "";
+  in.refuse_unless(kind == "llama3", "rope_scaling");
+  auto number = [&](const char* key) {
+    if (!j.contains(key) || !j.at(key).is_number()) {
+      in.fail("rope_scaling of type llama3 needs a number \"" + std::string(key) + "\"");
+    }
+    return j.at(key).get<double>();
+  };
+  r.factor = number("factor");
+  r.low_freq_factor = number("low_freq_factor");
+  r.high_freq_factor = number("high_freq_factor");
+  r.original_context_length = static_cast<int64_t>(number("original_max_position_embeddings"));
+  return r;
+}
+
+// Llama and the models built on its decoder: Mistral (no biases, an optional sliding window),
+// Qwen2/2.5 (biases on q, k and v) and Qwen3 (per-head q/k norms, head_dim of its own).
+ModelConfig read_llama(const JsonReader& in, const nlohmann::json& json, const std::string& type) {
   ModelConfig c;
   c.family = ModelFamily::kLlama;
+  c.hf_model_type = type;
   c.vocab_size = in.integer("vocab_size");
   c.context_length = in.integer("max_position_embeddings");
   c.d_model = in.integer("hidden_size");
@@ -97,12 +124,21 @@ ModelConfig read_llama(const JsonReader& in) {
   c.dropout = in.number_or("attention_dropout", 0.0);
   c.tie_embeddings = in.boolean_or("tie_word_embeddings", false);
   in.refuse_unless(in.string_or("hidden_act", "silu") == "silu", "hidden_act");
-  in.refuse_unless(!in.boolean_or("attention_bias", false), "attention_bias");
   in.refuse_unless(!in.boolean_or("mlp_bias", false), "mlp_bias");
-  // Llama 3.1's "llama3" frequency scaling changes every rotary angle; not implemented.
-  in.refuse_unless(!in.has("rope_scaling"), "rope_scaling");
-  if (in.has("head_dim") && c.n_heads > 0) {
-    in.refuse_unless(in.integer("head_dim") == c.d_model / c.n_heads, "head_dim");
+  // Llama's and Qwen3's attention_bias puts a bias on the output projection too, which the
+  // model here does not have; Qwen2 always has biases on q, k and v only.
+  if (type != "qwen2") in.refuse_unless(!in.boolean_or("attention_bias", false), "attention_bias");
+  c.attention_bias = type == "qwen2";
+  c.qk_norm = type == "qwen3";
+  // transformers' Qwen3Config defaults head_dim to 128; the others to hidden_size / heads.
+  c.head_dim = in.integer_or("head_dim", type == "qwen3" ? 128 : 0);
+  if (c.n_heads > 0 && c.head_dim * c.n_heads == c.d_model) c.head_dim = 0;
+  c.rope_scaling = read_rope_scaling(in, json);
+  if (type == "mistral") {
+    c.sliding_window = in.integer_or("sliding_window", 0);
+  } else if (type == "qwen2" || type == "qwen3") {
+    // Qwen's window applies only from max_window_layers on, and only when switched on.
+    in.refuse_unless(!in.boolean_or("use_sliding_window", false), "use_sliding_window");
   }
   return c;
 }
@@ -128,10 +164,11 @@ ModelConfig model_config_from_hf_json(const std::string& path) {
   ModelConfig config;
   if (type == "gpt2") {
     config = read_gpt2(in);
-  } else if (type == "llama") {
-    config = read_llama(in);
+  } else if (type == "llama" || type == "mistral" || type == "qwen2" || type == "qwen3") {
+    config = read_llama(in, json, type);
   } else {
-    in.fail("unsupported model_type \"" + type + "\" (supported: gpt2, llama)");
+    in.fail("unsupported model_type \"" + type +
+            "\" (supported: gpt2, llama, mistral, qwen2, qwen3)");
   }
   config.name = "custom";
   try {

@@ -18,21 +18,31 @@ namespace shardtrain::detail {
 
 // What a block needs beyond its input, computed once per forward by the Transformer.
 struct BlockContext {
-  at::Tensor rope_cos;  // [T, head_dim] in the activations' dtype; Llama only
+  // [T, head_dim] in the activations' dtype; [B, 1, T, head_dim] for packed samples (each
+  // token's own position). Llama only.
+  at::Tensor rope_cos;
   at::Tensor rope_sin;
+  // Packed samples: [B, 1, T, T], true where query t may attend to key s (s <= t, same sample);
+  // undefined: plain causal attention.
+  at::Tensor allowed;
   bool use_sdpa = true;
 };
 
 // softmax(q k^T / sqrt(head_dim) with the future masked) v, through LibTorch's fused kernel or
 // the reference computation. q, k, v: [B, heads, T, head_dim] with as many k/v heads as q heads.
+// With `allowed` defined, what it forbids is masked instead of the future alone.
 at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                            double dropout_p, bool use_sdpa);
+                            double dropout_p, bool use_sdpa, const at::Tensor& allowed = {});
 
+// The rotary frequencies theta^(-2j/head_dim), j < head_dim/2, in double; with `scaling`
+// enabled, Llama 3.1's rescaling of them (Hugging Face's _compute_llama3_parameters).
+at::Tensor rope_inverse_frequencies(int64_t head_dim, double theta, const RopeScaling& scaling);
 // cos/sin tables of rotary embeddings for positions [0, length), in the "rotate_half" layout of
-// Hugging Face Llama: column j and j + head_dim/2 share the frequency theta^(-2j/head_dim).
-// Computed in double on the CPU, returned as [length, head_dim] with `options`.
+// Hugging Face Llama: column j and j + head_dim/2 share frequency j. Computed in double on the
+// CPU, returned as [length, head_dim] with `options`.
 std::pair<at::Tensor, at::Tensor> rope_tables(int64_t length, int64_t head_dim, double theta,
-                                              const at::TensorOptions& options);
+                                              const at::TensorOptions& options,
+                                              const RopeScaling& scaling = RopeScaling());
 // x [..., T, head_dim] rotated by position: x * cos + rotate_half(x) * sin.
 at::Tensor apply_rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
 
@@ -117,6 +127,10 @@ class EmbeddingImpl : public torch::nn::Module {
 };
 TORCH_MODULE(Embedding);
 
+// x / rms(x) * weight over the last dim, normalized in float32 even for half-precision input and
+// scaled in the input's dtype, as Hugging Face's Llama and Qwen3 do.
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
+
 class RMSNormImpl : public torch::nn::Module {
  public:
   RMSNormImpl(int64_t dim, double eps, bool deferred);
@@ -143,11 +157,27 @@ class Gpt2AttentionImpl : public torch::nn::Module {
 };
 TORCH_MODULE(Gpt2Attention);
 
+// Qwen3's q_norm and k_norm: RMSNorm of each head's [head_dim] vector. Not a sequence-parallel
+// norm: every tensor-parallel rank holds the whole weight and normalizes only its own heads.
+class HeadNormImpl : public torch::nn::Module {
+ public:
+  HeadNormImpl(int64_t head_dim, double eps, bool deferred);
+  // x [..., head_dim]. Split by tensor parallelism (`tp` set), the weight goes through Megatron's
+  // f so that its gradient, partial on each rank, is summed across the group.
+  at::Tensor forward(const at::Tensor& x, const std::shared_ptr<TpState>& tp);
+  at::Tensor weight;
+
+ private:
+  double eps_;
+};
+TORCH_MODULE(HeadNorm);
+
 class LlamaAttentionImpl : public torch::nn::Module {
  public:
   LlamaAttentionImpl(const ModelConfig& config, bool deferred);
   at::Tensor forward(const at::Tensor& x, const BlockContext& ctx);
   Linear q{nullptr}, k{nullptr}, v{nullptr}, o{nullptr};
+  HeadNorm q_norm{nullptr}, k_norm{nullptr};  // null unless config.qk_norm
 
  private:
   int64_t head_dim_;  // as Gpt2AttentionImpl's

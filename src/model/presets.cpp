@@ -1,5 +1,6 @@
 // Named model configurations. The large presets exist for the planner (parameter_shapes() needs no
-// allocation); their sizes follow the published GPT-2 and Llama 3 configurations.
+// allocation); their sizes follow the published GPT-2, Llama 3/3.1/3.2, Qwen2.5, Qwen3 and
+// Mistral configurations (config.json of each model).
 #include <functional>
 #include <stdexcept>
 #include <utility>
@@ -62,6 +63,87 @@ ModelConfig tiny_llama() {
   return c;
 }
 
+// Llama 3.1's RoPE scaling as every Llama 3.1, 3.2 and 3.3 config.json states it, with its
+// own factor (8 for 3.1 and 3.3, 32 for 3.2).
+RopeScaling llama31_scaling(double factor) {
+  RopeScaling r;
+  r.factor = factor;
+  r.low_freq_factor = 1.0;
+  r.high_freq_factor = 4.0;
+  r.original_context_length = 8192;
+  return r;
+}
+
+ModelConfig llama31(std::string name, int64_t d_model, int64_t n_layers, int64_t n_heads,
+                    int64_t ffn_hidden, double scaling_factor, bool tied) {
+  ModelConfig c = llama3(std::move(name), d_model, n_layers, n_heads, ffn_hidden);
+  c.hf_model_type = "llama";
+  c.context_length = 131072;
+  c.rope_scaling = llama31_scaling(scaling_factor);
+  c.tie_embeddings = tied;
+  return c;
+}
+
+// Qwen2.5 (biases on q, k, v) and Qwen3 (head norms, 128-wide heads) share a vocabulary of
+// 151,936 rows and RoPE base 10^6; the small ones tie their embeddings.
+ModelConfig qwen(std::string name, const std::string& type, int64_t d_model, int64_t n_layers,
+                 int64_t n_heads, int64_t n_kv_heads, int64_t ffn_hidden) {
+  ModelConfig c = llama3(std::move(name), d_model, n_layers, n_heads, ffn_hidden);
+  c.hf_model_type = type;
+  c.vocab_size = 151936;
+  c.n_kv_heads = n_kv_heads;
+  c.norm_eps = 1e-6;
+  c.rope_theta = 1000000.0;
+  c.tie_embeddings = true;
+  if (type == "qwen2") {
+    c.context_length = 32768;
+    c.attention_bias = true;
+  } else {
+    c.context_length = 40960;
+    c.head_dim = 128;
+    c.qk_norm = true;
+  }
+  return c;
+}
+
+ModelConfig mistral_7b() {
+  // Mistral-7B-v0.3: v0.1's shape with a 32,768-token vocabulary and no sliding window.
+  ModelConfig c = llama3("mistral-7b", 4096, 32, 32, 14336);
+  c.hf_model_type = "mistral";
+  c.vocab_size = 32768;
+  c.context_length = 32768;
+  c.rope_theta = 1000000.0;
+  return c;
+}
+
+// The tiny models of each variant, for tests: tiny-llama's shape with what the variant adds.
+ModelConfig tiny_variant(const std::string& name) {
+  ModelConfig c = tiny_llama();
+  c.name = name;
+  if (name == "tiny-llama3.2") {
+    c.hf_model_type = "llama";
+    c.tie_embeddings = true;
+    // An original context of 32 puts the head's frequencies in all three bands of the scaling.
+    c.rope_scaling = llama31_scaling(32.0);
+    c.rope_scaling.original_context_length = 32;
+  } else if (name == "tiny-qwen2") {
+    c.hf_model_type = "qwen2";
+    c.attention_bias = true;
+    c.tie_embeddings = true;
+    c.rope_theta = 1000000.0;
+  } else if (name == "tiny-qwen3") {
+    c.hf_model_type = "qwen3";
+    c.head_dim = 32;  // 4 heads of 32 from d_model 64: wider than d_model / n_heads, as Qwen3
+    c.qk_norm = true;
+    c.tie_embeddings = true;
+    c.norm_eps = 1e-6;
+  } else {
+    c.hf_model_type = "mistral";
+    c.sliding_window = c.context_length;
+  }
+  return c;
+}
+
 const std::vector<std::pair<std::string, std::function<ModelConfig()>>>& presets() {
   static const std::vector<std::pair<std::string, std::function<ModelConfig()>>> table = {
       {"tiny", tiny},
@@ -71,6 +153,18 @@ const std::vector<std::pair<std::string, std::function<ModelConfig()>>>& presets
       {"llama3-8b", [] { return llama3("llama3-8b", 4096, 32, 32, 14336); }},
       {"llama3-70b", [] { return llama3("llama3-70b", 8192, 80, 64, 28672); }},
       {"llama3-405b", [] { return llama3("llama3-405b", 16384, 126, 128, 53248); }},
+      {"llama3.1-8b", [] { return llama31("llama3.1-8b", 4096, 32, 32, 14336, 8.0, false); }},
+      {"llama3.2-1b", [] { return llama31("llama3.2-1b", 2048, 16, 32, 8192, 32.0, true); }},
+      {"llama3.2-3b", [] { return llama31("llama3.2-3b", 3072, 28, 24, 8192, 32.0, true); }},
+      {"qwen2.5-0.5b", [] { return qwen("qwen2.5-0.5b", "qwen2", 896, 24, 14, 2, 4864); }},
+      {"qwen2.5-1.5b", [] { return qwen("qwen2.5-1.5b", "qwen2", 1536, 28, 12, 2, 8960); }},
+      {"qwen3-0.6b", [] { return qwen("qwen3-0.6b", "qwen3", 1024, 28, 16, 8, 3072); }},
+      {"qwen3-1.7b", [] { return qwen("qwen3-1.7b", "qwen3", 2048, 28, 16, 8, 6144); }},
+      {"mistral-7b", mistral_7b},
+      {"tiny-llama3.2", [] { return tiny_variant("tiny-llama3.2"); }},
+      {"tiny-qwen2", [] { return tiny_variant("tiny-qwen2"); }},
+      {"tiny-qwen3", [] { return tiny_variant("tiny-qwen3"); }},
+      {"tiny-mistral", [] { return tiny_variant("tiny-mistral"); }},
   };
   return table;
 }

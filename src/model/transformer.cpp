@@ -37,6 +37,13 @@ void check_tokens(const at::Tensor& tokens, const ModelConfig& config) {
                                 " exceeds the model's context length " +
                                 std::to_string(config.context_length));
   }
+  if (config.sliding_window > 0 && tokens.size(1) > config.sliding_window) {
+    throw std::invalid_argument("sequence length " + std::to_string(tokens.size(1)) +
+                                " exceeds the model's sliding attention window of " +
+                                std::to_string(config.sliding_window) +
+                                " tokens, which is not implemented: use sequences of at most "
+                                "the window");
+  }
   if (tokens.numel() == 0) {
     throw std::invalid_argument("Transformer::forward: tokens is empty");
   }
@@ -53,6 +60,21 @@ void check_tokens(const at::Tensor& tokens, const ModelConfig& config) {
                                 " at [" + std::to_string(b) + ", " + std::to_string(t) +
                                 "] is outside the vocabulary [0, " +
                                 std::to_string(config.vocab_size) + ")");
+  }
+}
+
+void check_layout(const SequenceLayout& layout, const at::Tensor& tokens) {
+  if (!layout.defined()) return;
+  if (!layout.segments.defined() || !layout.positions.sizes().equals(tokens.sizes()) ||
+      !layout.segments.sizes().equals(tokens.sizes()) ||
+      layout.positions.scalar_type() != at::kLong || layout.segments.scalar_type() != at::kLong) {
+    std::ostringstream got;
+    got << "positions " << layout.positions.sizes() << ", segments "
+        << (layout.segments.defined() ? layout.segments.sizes() : at::IntArrayRef{});
+    throw std::invalid_argument(
+        "Transformer::forward: a sequence layout needs int64 positions and segments shaped as "
+        "the tokens " +
+        c10::str(tokens.sizes()) + ", got " + got.str());
   }
 }
 
@@ -135,7 +157,12 @@ std::vector<std::shared_ptr<torch::nn::Module>> TransformerImpl::hook_points() c
 }
 
 at::Tensor TransformerImpl::forward(const at::Tensor& tokens) {
+  return forward(tokens, SequenceLayout());
+}
+
+at::Tensor TransformerImpl::forward(const at::Tensor& tokens, const SequenceLayout& layout) {
   check_tokens(tokens, config_);
+  check_layout(layout, tokens);
   if (!parts_.embedding || !parts_.head || !parts_.holds_block(0) || parts_.blocks.size() != 1 ||
       parts_.blocks[0].second != config_.n_layers) {
     throw std::logic_error(
@@ -145,42 +172,62 @@ at::Tensor TransformerImpl::forward(const at::Tensor& tokens) {
   const std::shared_ptr<ForwardHooks> hooks = module_hooks(*this);
   if (hooks) hooks->pre_forward(*this);
   detail::BlockContext ctx;
-  at::Tensor x = embed(tokens, tokens.size(1), ctx);
+  at::Tensor x = embed(tokens, tokens.size(1), layout, ctx);
   x = head(run_blocks(x, 0, static_cast<int64_t>(blocks_->size()), ctx));
   return hooks ? hooks->post_forward(*this, x) : x;
 }
 
 at::Tensor TransformerImpl::forward_stage(const at::Tensor& input, int64_t begin, int64_t end,
-                                          int64_t length) {
+                                          int64_t length, const SequenceLayout& layout) {
   detail::BlockContext ctx;
   at::Tensor x;
   if (begin == 0) {
     check_tokens(input, config_);
-    x = embed(input, length, ctx);
+    check_layout(layout, input);
+    x = embed(input, length, layout, ctx);
   } else {
     if (tp_) tp_->sequence_parallel_now = tp_->sequence_parallel && length % tp_->size() == 0;
     x = input;
-    prepare_context(x, length, ctx);
+    prepare_context(x, length, layout, ctx);
   }
   x = run_blocks(x, begin, end, ctx);
   return end == config_.n_layers ? head(x) : x;
 }
 
 void TransformerImpl::prepare_context(const at::Tensor& x, int64_t length,
-                                      detail::BlockContext& ctx) {
+                                      const SequenceLayout& layout, detail::BlockContext& ctx) {
   ctx.use_sdpa = use_sdpa_;
+  if (layout.defined()) {
+    const at::Tensor segments = layout.segments.to(x.device());
+    const at::Tensor same = segments.unsqueeze(2) == segments.unsqueeze(1);  // [B, T, T]
+    const at::Tensor causal =
+        at::ones({length, length}, segments.options().dtype(at::kBool)).tril();
+    ctx.allowed = (same & causal).unsqueeze(1);
+  }
   if (config_.family == ModelFamily::kGpt2) return;
   if (!rope_cos_.defined() || rope_cos_.device() != x.device() ||
       rope_cos_.scalar_type() != x.scalar_type()) {
-    std::tie(rope_cos_, rope_sin_) = detail::rope_tables(
-        config_.context_length, config_.d_model / config_.n_heads, config_.rope_theta, x.options());
+    std::tie(rope_cos_, rope_sin_) =
+        detail::rope_tables(config_.context_length, config_.head_size(), config_.rope_theta,
+                            x.options(), config_.rope_scaling);
+  }
+  if (layout.defined()) {
+    // Each token's own position: [B, 1, T, head_dim], broadcast over the heads.
+    const at::Tensor positions = layout.positions.to(x.device());
+    auto rows = [&](const at::Tensor& table) {
+      return table.index_select(0, positions.reshape({-1}))
+          .view({positions.size(0), 1, positions.size(1), table.size(1)});
+    };
+    ctx.rope_cos = rows(rope_cos_);
+    ctx.rope_sin = rows(rope_sin_);
+    return;
   }
   ctx.rope_cos = rope_cos_.narrow(0, 0, length);
   ctx.rope_sin = rope_sin_.narrow(0, 0, length);
 }
 
 at::Tensor TransformerImpl::embed(const at::Tensor& tokens, int64_t length,
-                                  detail::BlockContext& ctx) {
+                                  const SequenceLayout& layout, detail::BlockContext& ctx) {
   if (!parts_.embedding) {
     throw std::logic_error("Transformer: this pipeline stage does not hold the embeddings");
   }
@@ -198,11 +245,13 @@ at::Tensor TransformerImpl::embed(const at::Tensor& tokens, int64_t length,
     const int64_t first = sequence_parallel ? tp_->rank() * local : 0;
     auto& pos_emb = dynamic_cast<detail::EmbeddingImpl&>(*pos_emb_);
     // The positions of this rank's part of the sequence; their gradient is partial.
-    x = x + at::embedding(detail::sequence_parallel_weight(pos_emb.weight, tp_),
-                          at::arange(first, first + local, tokens.options()));
+    const at::Tensor positions = layout.defined()
+                                     ? layout.positions.to(tokens.device()).narrow(1, first, local)
+                                     : at::arange(first, first + local, tokens.options());
+    x = x + at::embedding(detail::sequence_parallel_weight(pos_emb.weight, tp_), positions);
     if (dropout > 0.0) x = at::dropout(x, dropout, /*train=*/true);  // GPT-2's embedding dropout
   }
-  prepare_context(x, length, ctx);
+  prepare_context(x, length, layout, ctx);
   return x;
 }
 

@@ -14,6 +14,7 @@ PlanModel PlanModel::from_config(const ModelConfig& config) {
   m.d_model = config.d_model;
   m.n_heads = config.n_heads;
   m.n_kv_heads = config.n_kv_heads;
+  m.head_dim = config.head_dim;
   m.ffn_hidden = config.ffn_hidden;
   m.vocab_size = config.vocab_size;
   m.gated_mlp = config.family == ModelFamily::kLlama;
@@ -32,9 +33,10 @@ PlanModel PlanModel::from_config(const ModelConfig& config) {
 int64_t PlanModel::block_lora_parameters(int64_t rank) const {
   const int64_t d = d_model, f = ffn_hidden;
   if (!gated_mlp) return rank * (8 * d + 2 * f);  // qkv d->3d, proj d->d, fc d->f, proj f->d
-  const int64_t kv = d * n_kv_heads / std::max<int64_t>(1, n_heads);
-  // q and o d->d, k and v d->kv, gate and up d->f, down f->d
-  return rank * (4 * d + 2 * (d + kv) + 2 * (d + f) + (f + d));
+  const int64_t head = head_dim > 0 ? head_dim : d / std::max<int64_t>(1, n_heads);
+  const int64_t q = n_heads * head, kv = n_kv_heads * head;
+  // q d->q and o q->d, k and v d->kv, gate and up d->f, down f->d
+  return rank * (2 * (d + q) + 2 * (d + kv) + 2 * (d + f) + (f + d));
 }
 
 PlanModel PlanModel::from_shapes(int64_t num_parameters, int64_t n_layers, int64_t d_model,

@@ -3,7 +3,6 @@
 #include <malloc.h>
 
 #include <cstdlib>
-
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -13,12 +12,6 @@ namespace fs = std::filesystem;
 
 namespace shardtrain::detail {
 namespace {
-
-bool is_token_shard(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  char magic[8] = {};
-  return in.read(magic, 8) && std::string(magic, 8) == "STTOKENS";
-}
 
 int64_t status_field_kib(const char* field) {
   std::ifstream in("/proc/self/status");
@@ -31,55 +24,6 @@ int64_t status_field_kib(const char* field) {
 }
 
 }  // namespace
-
-std::unique_ptr<Tokenizer> make_tokenizer(const TrainConfig& config) {
-  if (config.tokenizer == "byte") return make_byte_tokenizer();
-  const fs::path dir = config.gpt2_dir.empty() ? default_gpt2_dir() : config.gpt2_dir;
-  return make_gpt2_tokenizer((dir / "encoder.json").string(), (dir / "vocab.bpe").string());
-}
-
-std::shared_ptr<TokenShard> open_token_shard_corpus(const TrainConfig& config) {
-  if (config.corpus.empty()) {
-    throw std::invalid_argument("data.corpus is not set (a token shard, text files or folders)");
-  }
-  if (config.corpus.size() == 1 && fs::is_regular_file(config.corpus[0]) &&
-      is_token_shard(config.corpus[0])) {
-    return std::make_shared<TokenShard>(config.corpus[0]);
-  }
-  for (const auto& input : config.corpus) {
-    std::error_code error;
-    if (!fs::exists(input, error)) {
-      throw std::invalid_argument("data.corpus: '" + input + "' does not exist");
-    }
-  }
-  return nullptr;
-}
-
-std::shared_ptr<TokenShard> open_corpus(const TrainConfig& config, const Tokenizer& tokenizer) {
-  if (auto shard = open_token_shard_corpus(config)) return shard;
-  // Tokenizing takes a while; the shard is kept beside a description of what it was made from.
-  nlohmann::json made_from = {{"tokenizer", tokenizer.name()}, {"inputs", nlohmann::json::array()}};
-  for (const auto& input : config.corpus) {
-    std::error_code error;
-    const auto stamp = fs::last_write_time(input, error).time_since_epoch().count();
-    made_from["inputs"].push_back({{"path", fs::absolute(input).string()}, {"mtime", stamp}});
-  }
-  const fs::path shard = fs::path(config.dir) / "corpus.tokens";
-  const fs::path sidecar = fs::path(config.dir) / "corpus.tokens.json";
-  nlohmann::json existing;
-  if (std::ifstream in(sidecar); in) {
-    try {
-      in >> existing;
-    } catch (const std::exception&) {
-      existing = nullptr;
-    }
-  }
-  if (existing != made_from || !fs::exists(shard)) {
-    prepare_token_shard(config.corpus, tokenizer, shard.string());
-    std::ofstream(sidecar) << made_from.dump(2) << "\n";
-  }
-  return std::make_shared<TokenShard>(shard.string());
-}
 
 bool return_memory_promptly(const TrainConfig& config) {
 #ifdef __GLIBC__

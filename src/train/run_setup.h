@@ -1,4 +1,5 @@
-// What the trainer builds before its loop: the tokenizer, the token shard, process memory reads.
+// What the trainer builds before its loop: process memory reads, LoRA options, the loss, the
+// checkpoint's tensors (run_data.h: the tokenizer and the data).
 #pragma once
 
 #include <torch/optim/adamw.h>
@@ -15,17 +16,6 @@
 #include "shardtrain/tokenizer.h"
 
 namespace shardtrain::detail {
-
-// "byte", or "gpt2" from data.gpt2_dir (default_gpt2_dir() when empty).
-std::unique_ptr<Tokenizer> make_tokenizer(const TrainConfig& config);
-
-// data.corpus when it is one token shard (opened and its header checked), else null after
-// checking that every text input exists. Writes nothing.
-std::shared_ptr<TokenShard> open_token_shard_corpus(const TrainConfig& config);
-
-// data.corpus as a token shard: used directly when it is one, else tokenized once into
-// RUN_DIR/corpus.tokens (re-made when the inputs or the tokenizer change).
-std::shared_ptr<TokenShard> open_corpus(const TrainConfig& config, const Tokenizer& tokenizer);
 
 // Resident and peak-resident memory of this process, bytes (Linux /proc/self/status).
 int64_t resident_bytes();

@@ -19,6 +19,7 @@
 #include "parallel/pipeline/pipeline_runner.h"
 #include "shardtrain/checkpoint.h"
 #include "shardtrain/fused_adamw.h"
+#include "shardtrain/generate.h"
 #include "shardtrain/hf.h"
 #include "shardtrain/lora.h"
 #include "shardtrain/memory.h"
@@ -28,6 +29,7 @@
 #include "trace/telemetry.h"
 #include "train/memory_check.h"
 #include "train/rank_agreement.h"
+#include "train/run_data.h"
 #include "train/run_dir.h"
 #include "train/run_manifest.h"
 #include "train/run_setup.h"
@@ -36,17 +38,22 @@ namespace shardtrain {
 
 at::Tensor detail::logits_loss(Transformer& model, const at::Tensor& logits, const Batch& batch) {
   const at::Tensor flat = logits.reshape({-1, logits.size(-1)}).to(at::kFloat);
+  const at::Tensor targets = batch.targets.reshape({-1});
   // Split over the vocabulary: the loss is reduced across the group, never gathered.
   if (const auto& tp = model->tensor_parallel()) {
-    return vocab_parallel_cross_entropy(flat, batch.targets.reshape({-1}), *tp->group);
+    return vocab_parallel_cross_entropy(flat, targets, *tp->group, batch.loss_divisor);
   }
-  return at::cross_entropy_loss(flat, batch.targets.reshape({-1}));
+  if (batch.loss_divisor <= 0) return at::cross_entropy_loss(flat, targets);
+  // A sum over the tokens that carry a loss, divided by the global batch's share: every micro-
+  // batch then weighs by its loss tokens, and the step's loss is the mean over all of them.
+  return at::cross_entropy_loss(flat, targets, /*weight=*/{}, at::Reduction::Sum, kIgnoreIndex) /
+         batch.loss_divisor;
 }
 
 namespace {
 
 at::Tensor token_loss(Transformer& model, const Batch& batch) {
-  return detail::logits_loss(model, model->forward(batch.inputs), batch);
+  return detail::logits_loss(model, model->forward(batch.inputs, batch.layout), batch);
 }
 
 }  // namespace
@@ -84,6 +91,7 @@ Trainer::Trainer(TrainConfig config, std::shared_ptr<ProcessGroup> world)
   // Inputs first: nothing under run.dir changes until the config, the tokenizer and the
   // corpus have been checked and every rank has decided how the run starts.
   tokenizer_ = detail::make_tokenizer(config_);
+  chat_template_ = detail::make_chat_template(config_);
   if (!config_.vocab_size_set) {
     config_.model.vocab_size = tokenizer_->vocab_size();
   } else if (config_.model.vocab_size < tokenizer_->vocab_size()) {
@@ -106,36 +114,49 @@ Trainer::Trainer(TrainConfig config, std::shared_ptr<ProcessGroup> world)
   }
   // Heads, key/value heads and the FFN width too, before the run directory is touched.
   if (config_.tp > 1) transformer_tp_plan(config_.model, static_cast<int>(config_.tp));
-  shard_ = detail::open_token_shard_corpus(config_);  // null when the corpus is text
-  if (shard_) check_vocabulary();
+  // Nothing yet when the corpus is to be tokenized.
+  data_ = std::make_unique<detail::TrainingData>(detail::open_prepared_data(config_));
+  if (data_->defined()) check_vocabulary();
+  const detail::RunStart start = detail::plan_run_start(config_, detail::restarted_by_launcher());
+  // Rank 0 tokenizes before anything under run.dir changes: bad data stops every rank there.
+  detail::TokenizedData tokenized;
+  std::string bad_data;
+  if (!data_->defined() && rank() == 0) {
+    try {
+      tokenized = detail::tokenize_data(config_, *tokenizer_, chat_template_.get(),
+                                        start.move_aside.empty());
+    } catch (const std::invalid_argument& e) {
+      bad_data = e.what();
+    }
+  }
+  if (world_ ? detail::on_any_rank(*world_, !bad_data.empty()) : !bad_data.empty()) {
+    throw std::invalid_argument(rank() == 0 ? bad_data
+                                            : "rank 0 could not tokenize data.corpus (its error "
+                                              "says why)");
+  }
   // Before anything is allocated: a run that cannot fit says so instead of being killed.
   resident_at_start_ = detail::resident_bytes();
   if (config_.memory_check) {
     detail::check_memory_fits(config_, world_size(), detail::rank_memory_budget(world_.get()),
                               resident_at_start_);
   }
-  const detail::RunStart start = detail::plan_run_start(config_, detail::restarted_by_launcher());
   barrier();  // every rank has looked before rank 0 changes the directory
   if (rank() == 0) detail::prepare_run_dir(config_, start);
   barrier();
   std::filesystem::create_directories(config_.dir);  // ranks on other hosts' file systems
   // Checkpoints are written by every rank into one directory: it must be the same storage.
   if (world_) detail::check_shared_run_dir(config_, *world_);
-  if (!shard_) {
-    // Rank 0 tokenizes the text into RUN_DIR once, before the others open the shard.
-    if (rank() == 0) shard_ = detail::open_corpus(config_, *tokenizer_);
+  if (!data_->defined()) {
+    // Rank 0 writes the tokenized data into RUN_DIR once, before the others open the shard.
+    if (rank() == 0) {
+      *data_ = detail::store_data(config_, tokenized, tokenizer_->vocab_size());
+      tokenized = detail::TokenizedData();
+    }
     barrier();
-    if (rank() != 0) shard_ = detail::open_corpus(config_, *tokenizer_);
+    if (rank() != 0) *data_ = detail::open_data(config_);
   }
   check_vocabulary();
-  loader_ = std::make_unique<DataLoader>(shard_,
-                                         DataLoaderOptions()
-                                             .seq_len(config_.seq_len)
-                                             .micro_batch(config_.micro_batch)
-                                             .grad_accum(config_.grad_accum)
-                                             .seed(static_cast<uint64_t>(config_.seed))
-                                             .eval_sequences(config_.eval_sequences),
-                                         dp_rank(), dp_size());
+  loader_ = detail::make_loader(config_, *data_, tokenizer_->eos_id(), dp_rank(), dp_size());
   {
     // The seed fixes the initial weights (ModelInit); dropout draws from LibTorch's global
     // generator, which ranks that are threads of one process share: seeded one at a time.
@@ -206,9 +227,10 @@ Trainer::Trainer(TrainConfig config, std::shared_ptr<ProcessGroup> world)
 }
 
 void Trainer::check_vocabulary() const {
-  if (static_cast<int64_t>(shard_->header().vocab_size) > config_.model.vocab_size) {
-    throw std::invalid_argument("token shard '" + shard_->path() + "' was written with a " +
-                                std::to_string(shard_->header().vocab_size) +
+  if (static_cast<int64_t>(data_->vocab_size()) > config_.model.vocab_size) {
+    throw std::invalid_argument(std::string(data_->tokens ? "token" : "sample") + " shard '" +
+                                data_->path() + "' was written with a " +
+                                std::to_string(data_->vocab_size()) +
                                 "-token vocabulary, larger than model.vocab_size " +
                                 std::to_string(config_.model.vocab_size));
   }
@@ -270,9 +292,11 @@ StepResult Trainer::train_step() {
       loss = token_loss(model_, batch);
     }
     detail::TraceSpan backward_span("backward", "backward", {{"micro_batch", a}});
-    // Every micro-batch has the same number of tokens, so the mean over the global batch is
-    // the mean of the micro-batch means: each contributes 1/grad_accum of the gradient (and
-    // DDP averages over the ranks). Only the last micro-batch's backward communicates.
+    // Every micro-batch has the same number of tokens (or, for instruction data, its loss is
+    // its sum over the global batch's mean share of loss tokens: Batch::loss_divisor), so the
+    // mean over the global batch is the mean of the micro-batch losses: each contributes
+    // 1/grad_accum of the gradient (and DDP averages over the ranks). Only the last
+    // micro-batch's backward communicates.
     const at::Tensor scaled = loss * (scaler_.scale() / static_cast<double>(config_.grad_accum));
     if (ddp_ && a + 1 < config_.grad_accum) {
       auto local_only = ddp_->no_sync();
@@ -372,7 +396,8 @@ double Trainer::evaluate() {
     const Batch batch = loader_->eval_batch(i);
     if (!pipeline_) {
       total += token_loss(model_, batch).item<double>();
-    } else if (const at::Tensor logits = pipeline_->forward(batch.inputs); logits.defined()) {
+    } else if (const at::Tensor logits = pipeline_->forward(batch.inputs, batch.layout);
+               logits.defined()) {
       total += detail::logits_loss(model_, logits, batch).item<double>();
     }
   }
@@ -390,7 +415,15 @@ std::string Trainer::generate(const std::string& prompt, int64_t tokens) {
   torch::NoGradGuard no_grad;
   model_->eval();
   const detail::GatheredStage gathered(pipeline_ ? fsdp_.get() : nullptr);
-  std::vector<int32_t> ids = tokenizer_->encode(prompt);
+  // Trained on conversations, the model continues the template's text: the prompt is the
+  // user's message, the assistant's turn is opened, and the reply ends with its special token.
+  const bool chat = chat_template_ && config_.format == "chat";
+  const std::string text =
+      chat ? chat_template_->render({ChatMessage{"user", prompt}}, /*add_generation_prompt=*/true)
+           : prompt;
+  // Documents were trained on with what the tokenizer puts before them (Llama's BOS); a chat
+  // template writes its own.
+  std::vector<int32_t> ids = tokenizer_->encode(text, /*add_special=*/!chat);
   if (ids.empty()) ids.push_back(tokenizer_->eos_id());
   const size_t prompt_length = ids.size();
   auto generator = at::make_generator<at::CPUGeneratorImpl>(static_cast<uint64_t>(config_.seed));
@@ -406,24 +439,21 @@ std::string Trainer::generate(const std::string& prompt, int64_t tokens) {
     if (pipeline_) {
       mesh_->group(MeshAxis::kPp).broadcast(next, pipeline_->last_stage_rank())->wait();
     }
-    ids.push_back(static_cast<int32_t>(next.item<int64_t>()));
+    const auto id = static_cast<int32_t>(next.item<int64_t>());
+    // Every rank drew (or was sent) the same id, so all stop together.
+    if (chat && tokenizer_->is_special(id)) break;
+    ids.push_back(id);
   }
   model_->train();
   std::vector<int32_t> generated(ids.begin() + static_cast<int64_t>(prompt_length), ids.end());
-  return prompt + tokenizer_->decode(generated);
+  return text + tokenizer_->decode(generated);
 }
 
 int64_t Trainer::sample_next(at::Tensor logits, at::Generator& generator) {
   logits = logits.to(at::kFloat);
   if (const auto& tp = model_->tensor_parallel()) logits = gather_vocabulary(logits, *tp->group);
-  // A vocabulary padded past the tokenizer's (model.vocab_size) has ids nothing decodes.
-  logits = logits.narrow(0, 0, std::min<int64_t>(logits.size(0), tokenizer_->vocab_size()));
-  logits = logits / config_.sample_temperature;
-  if (config_.sample_top_k > 0 && config_.sample_top_k < logits.size(0)) {
-    const at::Tensor kth = std::get<0>(logits.topk(config_.sample_top_k)).min();
-    logits = logits.masked_fill(logits < kth, -INFINITY);
-  }
-  return at::multinomial(logits.softmax(0), 1, false, generator).item<int64_t>();
+  return sample_token(logits, tokenizer_->vocab_size(), config_.sample_temperature,
+                      config_.sample_top_k, generator);
 }
 
 void Trainer::fail_if_injected() const {
@@ -447,13 +477,13 @@ void Trainer::fit() {
   const bool talk = rank() == 0;
   if (talk) {
     std::printf(
-        "training %s (%s, %.2fM parameters) on %lld tokens of '%s', %lld steps of %lld "
-        "sequences x %lld tokens\n",
-        config_.model.name.c_str(), to_string(config_.model.family).c_str(),
-        static_cast<double>(config_.model.num_parameters()) / 1e6,
-        static_cast<long long>(shard_->size()), shard_->path().c_str(),
+        "training %s (%s, %.2fM parameters) on %s, %lld steps of %lld sequences x %lld "
+        "tokens\n",
+        config_.model.name.c_str(), config_.model.model_type().c_str(),
+        static_cast<double>(config_.model.num_parameters()) / 1e6, data_->describe().c_str(),
         static_cast<long long>(config_.steps), static_cast<long long>(loader_->global_batch_size()),
         static_cast<long long>(config_.seq_len));
+    if (data_->samples) print_packing();
     if (config_.lora_rank > 0) {
       int64_t trainable = 0, layers = 0;
       for (const auto& item : model_->named_parameters()) {

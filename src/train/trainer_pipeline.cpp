@@ -34,10 +34,14 @@ double Trainer::pipeline_step() {
   inputs.tokens = [this](int micro_batch) {
     return loader_->micro_batch(samples_, micro_batch).inputs;
   };
+  inputs.layout = [this](int micro_batch) {
+    return loader_->micro_batch(samples_, micro_batch).layout;
+  };
   inputs.loss = [this](const at::Tensor& logits, int micro_batch) {
     return detail::logits_loss(model_, logits, loader_->micro_batch(samples_, micro_batch));
   };
-  // Every micro-batch has the same number of tokens, as without a pipeline.
+  // As without a pipeline: each micro-batch's loss is a mean, or its share of the global batch's
+  // loss tokens (Batch::loss_divisor), so that 1/grad_accum of each makes the step's.
   inputs.loss_factor = scaler_.scale() / static_cast<double>(config_.grad_accum);
   inputs.bf16_autocast = config_.autocast == "bf16";
   const double loss_sum = pipeline_->step(inputs, config_.seq_len);

@@ -8,6 +8,7 @@
 #include "shardtrain/memory.h"
 #include "shardtrain/train.h"
 #include "trace/telemetry.h"
+#include "train/run_data.h"
 #include "train/run_setup.h"
 
 namespace shardtrain {
@@ -89,6 +90,31 @@ void Trainer::print_progress(const StepResult& result, double eval_loss) {
                 static_cast<long long>(config_.steps), duration_text(eta).c_str());
   }
   std::fflush(stdout);
+}
+
+}  // namespace shardtrain
+
+namespace shardtrain {
+
+void Trainer::print_packing() const {
+  const SampleShard& samples = *data_->samples;
+  int64_t loss_tokens = 0;
+  for (int64_t i = 0; i < samples.num_samples(); ++i) {
+    loss_tokens += samples.loss_tokens(i, 0, samples.length(i));
+  }
+  const PackingStats& packed = loader_->packing_stats();
+  const double positions = static_cast<double>(packed.rows * config_.seq_len);
+  std::printf(
+      "%s data: %lld samples, %lld tokens (%lld with a loss, %lld masked); %s into %lld "
+      "sequences of %lld (%.1f%% padding), %lld cut to %lld tokens, %lld dropped\n",
+      config_.format.c_str(), static_cast<long long>(samples.num_samples()),
+      static_cast<long long>(samples.num_tokens()), static_cast<long long>(loss_tokens),
+      static_cast<long long>(samples.num_tokens() - loss_tokens),
+      config_.packing ? "packed" : "one per row", static_cast<long long>(packed.rows),
+      static_cast<long long>(config_.seq_len),
+      positions > 0 ? 100.0 * static_cast<double>(packed.padding) / positions : 0.0,
+      static_cast<long long>(packed.truncated), static_cast<long long>(config_.seq_len + 1),
+      static_cast<long long>(packed.dropped));
 }
 
 }  // namespace shardtrain

@@ -19,6 +19,7 @@
 #include "shardtrain/sharded_checkpoint.h"
 #include "shardtrain/train.h"
 #include "trace/telemetry.h"
+#include "train/run_data.h"
 #include "train/run_setup.h"
 
 namespace fs = std::filesystem;
@@ -179,19 +180,25 @@ std::string Trainer::save_checkpoint() {
     slices = detail::owned_slices(config_.strategy, rank(), world_size(), tp, dp_rank(), dp_size(),
                                   tensors);
   }
-  const nlohmann::json training = {{"step", step_},
-                                   {"samples", samples_},
-                                   {"global_batch", loader_->global_batch_size()},
-                                   {"loss_scale", scaler_.scale()},
-                                   {"loss_scale_good_steps", scaler_.good_steps()},
-                                   {"loss_scale_skipped", scaler_.skipped_steps()},
-                                   {"schedule",
-                                    {{"lr", schedule_.lr},
-                                     {"min_lr", schedule_.min_lr},
-                                     {"warmup", schedule_.warmup},
-                                     {"steps", schedule_.total_steps},
-                                     {"kind", schedule_.kind}}},
-                                   {"tokenizer", tokenizer_->name()}};
+  const nlohmann::json training = {
+      {"step", step_},
+      {"samples", samples_},
+      {"global_batch", loader_->global_batch_size()},
+      {"loss_scale", scaler_.scale()},
+      {"loss_scale_good_steps", scaler_.good_steps()},
+      {"loss_scale_skipped", scaler_.skipped_steps()},
+      {"schedule",
+       {{"lr", schedule_.lr},
+        {"min_lr", schedule_.min_lr},
+        {"warmup", schedule_.warmup},
+        {"steps", schedule_.total_steps},
+        {"kind", schedule_.kind}}},
+      {"tokenizer", tokenizer_->name()},
+      // What `shardtrain generate` reads the checkpoint with.
+      {"tokenizer_path", detail::tokenizer_path(config_)},
+      {"chat_template",
+       chat_template_ && config_.format == "chat" ? chat_template_->origin() : std::string()},
+      {"format", config_.format}};
   nlohmann::json metadata = {{"model", detail::describe_model(config_.model)},
                              {"training", training}};
   if (config_.lora_rank > 0) {
@@ -216,8 +223,8 @@ std::string Trainer::save_checkpoint() {
   // committed, as a machine failing mid-save would.
   const char* kill_at = std::getenv("SHARDTRAIN_FAULT_KILL_BEFORE_COMMIT");
   if (kill_at && std::string(kill_at) == name) options.before_commit([] { std::raise(SIGKILL); });
-  const std::string dir = save_sharded_checkpoint(config_.dir + "/checkpoints", name, specs,
-                                                   slices, world_.get(), options);
+  const std::string dir = save_sharded_checkpoint(config_.dir + "/checkpoints", name, specs, slices,
+                                                  world_.get(), options);
   if (fsdp_) fsdp_->store_shards();
   return dir;
 }
@@ -325,16 +332,16 @@ void Trainer::streamed_slices(std::vector<TensorSpec>& specs, std::vector<FlatSl
     });
     if (!has_state) continue;
     for (const bool second : {false, true}) {
-      slices.push_back({"optim." + s.name + (second ? ".exp_avg_sq" : ".exp_avg"), s.offset,
-                        described(numel)});
+      slices.push_back(
+          {"optim." + s.name + (second ? ".exp_avg_sq" : ".exp_avg"), s.offset, described(numel)});
       fetchers.push_back([bring, loaded, second, unit = s.unit, at = s.shard_offset, numel] {
         bring(unit);
         return (second ? loaded->exp_avg_sq : loaded->exp_avg).narrow(0, at, numel).clone();
       });
     }
     if (s.offset == 0) {
-      slices.push_back({"optim." + s.name + ".step", 0,
-                        at::scalar_tensor(nvme_steps_, at::kLong).reshape({1})});
+      slices.push_back(
+          {"optim." + s.name + ".step", 0, at::scalar_tensor(nvme_steps_, at::kLong).reshape({1})});
       fetchers.emplace_back();
     }
   }
@@ -404,7 +411,6 @@ void Trainer::load_checkpoint(const std::string& dir) {
 
 void Trainer::restore_replicated(const ShardedCheckpointReader& reader,
                                  const NamedTensors& model_tensors) {
-
   // AdamW state is created for the parameters the checkpoint has state for, then filled.
   NamedTensors targets = model_tensors;
   std::vector<std::pair<at::Tensor, at::Tensor>> steps;  // parameter, its step read back
@@ -423,8 +429,8 @@ void Trainer::restore_replicated(const ShardedCheckpointReader& reader,
   }
   restore_tensors(config_.strategy, reader, model_->tensor_parallel().get(), targets);
   for (const auto& [param, step] : steps) {
-    auto* state =
-        static_cast<torch::optim::AdamWParamState*>(optimizer_->state().at(detail::optimizer_state_key(param)).get());
+    auto* state = static_cast<torch::optim::AdamWParamState*>(
+        optimizer_->state().at(detail::optimizer_state_key(param)).get());
     state->step(step.item<int64_t>());
   }
 }

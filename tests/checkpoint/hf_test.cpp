@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cctype>
 #include <filesystem>
 #include <fstream>
 #include <mutex>
@@ -66,12 +67,19 @@ TEST_P(HfTest, ExportedCheckpointStartsARunWithTheSameOutputs) {
         at::equal(hf.at("transformer.h.0.mlp.c_fc.weight"), params["blocks.0.mlp.fc.weight"].t()));
     EXPECT_TRUE(at::equal(hf.at("transformer.wte.weight"), params["tok_emb.weight"]));
   } else {
-    EXPECT_EQ(hf.size(), 3 + 9 * static_cast<size_t>(c.n_layers));  // untied: lm_head too
+    // Every tensor under its Hugging Face name, unchanged (a tied head has no lm_head).
+    EXPECT_EQ(hf.size(), c.parameter_shapes().size());
+    for (const HfParameterName& name : hf_parameter_names(c)) {
+      ASSERT_EQ(hf.count(name.hf_name), 1u) << name.hf_name;
+      EXPECT_TRUE(at::equal(hf.at(name.hf_name), params[name.name])) << name.hf_name;
+    }
     EXPECT_TRUE(at::equal(hf.at("model.layers.1.self_attn.k_proj.weight"),
                           params["blocks.1.attn.k.weight"]));
     EXPECT_TRUE(at::equal(hf.at("model.layers.0.post_attention_layernorm.weight"),
                           params["blocks.0.ffn_norm.weight"]));
-    EXPECT_TRUE(at::equal(hf.at("lm_head.weight"), params["lm_head.weight"]));
+    EXPECT_EQ(hf.count("lm_head.weight"), c.tie_embeddings ? 0u : 1u);
+    EXPECT_EQ(hf.count("model.layers.0.self_attn.q_proj.bias"), c.attention_bias ? 1u : 0u);
+    EXPECT_EQ(hf.count("model.layers.0.self_attn.q_norm.weight"), c.qk_norm ? 1u : 0u);
   }
   const ModelConfig read_back = model_config_from_hf_json(out + "/config.json");
   EXPECT_NE(hf_config_json(c, at::kBFloat16).find("\"torch_dtype\": \"bfloat16\""),
@@ -80,6 +88,13 @@ TEST_P(HfTest, ExportedCheckpointStartsARunWithTheSameOutputs) {
   EXPECT_EQ(read_back.n_kv_heads, c.n_kv_heads);
   EXPECT_EQ(read_back.tie_embeddings, c.tie_embeddings);
   EXPECT_EQ(read_back.num_parameters(), c.num_parameters());
+  EXPECT_EQ(read_back.model_type(), c.model_type());
+  EXPECT_EQ(read_back.head_size(), c.head_size());
+  EXPECT_EQ(read_back.attention_bias, c.attention_bias);
+  EXPECT_EQ(read_back.qk_norm, c.qk_norm);
+  EXPECT_EQ(read_back.sliding_window, c.sliding_window);
+  EXPECT_DOUBLE_EQ(read_back.rope_scaling.factor, c.rope_scaling.factor);
+  EXPECT_EQ(read_back.rope_scaling.original_context_length, c.rope_scaling.original_context_length);
 
   auto overrides = base("imported");
   overrides.push_back("model.hf_config=\"" + out + "/config.json\"");
@@ -90,6 +105,11 @@ TEST_P(HfTest, ExportedCheckpointStartsARunWithTheSameOutputs) {
   trained.model()->eval();
   imported.model()->eval();
   EXPECT_TRUE(at::equal(trained.model()->forward(tokens), imported.model()->forward(tokens)));
+  // Every tensor came back as it was exported.
+  auto imported_params = imported.model()->named_parameters();
+  for (const auto& item : params) {
+    EXPECT_TRUE(at::equal(imported_params[item.key()], item.value())) << item.key();
+  }
   // A fresh model of the same seed differs: the outputs came from the imported weights.
   Trainer fresh(
       parse_train_config("[model]\npreset = \"" + preset + "\"\n", "c.toml", base("fresh")));
@@ -97,7 +117,14 @@ TEST_P(HfTest, ExportedCheckpointStartsARunWithTheSameOutputs) {
   EXPECT_FALSE(at::equal(fresh.model()->forward(tokens), imported.model()->forward(tokens)));
 }
 
-INSTANTIATE_TEST_SUITE_P(Families, HfTest, ::testing::Values("tiny", "tiny-llama"));
+INSTANTIATE_TEST_SUITE_P(Families, HfTest,
+                         ::testing::Values("tiny", "tiny-llama", "tiny-llama3.2", "tiny-qwen2",
+                                           "tiny-qwen3", "tiny-mistral"),
+                         [](const ::testing::TestParamInfo<std::string>& info) {
+                           std::string name = info.param;
+                           for (char& ch : name) ch = std::isalnum(ch) ? ch : '_';
+                           return name;
+                         });
 
 TEST(HfImportTest, ShardedRanksStreamTheirSlicesFromSplitFiles) {
   // Weights split over two files with an index, as large Hugging Face models are; 3 ranks of a

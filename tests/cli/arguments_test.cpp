@@ -103,6 +103,12 @@ class CliArgumentsTest : public ::testing::Test {
         {{"data", "prepare", "--corpus", a, "--out", b, "--tokenizer", "byte", "--gpt2-dir", b},
          2,
          true},
+        {{"data", "prepare", "--corpus", a, "--out", b, "--format", "chat", "--tokenizer", b},
+         2,
+         false},
+        {{"data", "tokenize", "--tokenizer", a}, 2, true},
+        {{"data", "tokenize", "--tokenizer", "byte", "--chat", b, "--chat-template", a}, 2, true},
+        {{"generate", a, "--tokenizer", b, "--chat-template", b, "--prompt", b}, 2, true},
         {{"plan", "--model", a, "--out", b, "--chart", b}, 2, true},
         {{"plan", "--validate", a}, 2, true},
         {{"bench", "collectives", "--op", a}, 2, true},
@@ -153,7 +159,8 @@ TEST_F(CliArgumentsTest, ExportWritesToOutputFoldersOfAnyLength) {
       "/configs/demo.toml --set model.preset=tiny --set train.steps=2 --set "
       "train.checkpoint_every=2 --set train.sample_tokens=0 --set data.tokenizer=byte --set "
       "data.seq_len=32 --set data.eval_sequences=4 --set train.eval_every=0 --set "
-      "data.corpus=" + SHARDTRAIN_SOURCE_DIR + "/README.md --set run.dir=" + (dir_ / "s1").string());
+      "data.corpus=" +
+      SHARDTRAIN_SOURCE_DIR + "/README.md --set run.dir=" + (dir_ / "s1").string());
   ASSERT_EQ(trained.exit_code, 0) << trained.output;
   const fs::path deep = dir_ / repeat("a", 30);
   fs::create_directories(deep);
@@ -163,9 +170,8 @@ TEST_F(CliArgumentsTest, ExportWritesToOutputFoldersOfAnyLength) {
            {dir_ / "s1", (deep / "out_long_name").string()},
            {dir_ / "s1", repeat("o", 40)},
            {dir_ / "s1", repeat("o", 55)}}) {
-    const auto exported = testing::run_command(testing::cli() + " ckpt export " +
-                                               (from / "checkpoints").string() +
-                                               " --format hf " + out);
+    const auto exported = testing::run_command(
+        testing::cli() + " ckpt export " + (from / "checkpoints").string() + " --format hf " + out);
     ASSERT_EQ(exported.exit_code, 0) << exported.output;
     EXPECT_TRUE(fs::exists(fs::path(out) / "model.safetensors")) << out;
   }

@@ -24,14 +24,19 @@ TEST(FuzzCorpusReplay, EveryCorpusInputIsHandled) {
       {"safetensors_header", fuzz::safetensors_header},
       {"checkpoint_index", fuzz::checkpoint_index},
       {"hf_config", fuzz::hf_config},
-      {"token_shard", fuzz::token_shard}};
+      {"token_shard", fuzz::token_shard},
+      {"sample_shard", fuzz::sample_shard},
+      {"instruction_jsonl", fuzz::instruction_jsonl},
+      {"chat_template", fuzz::chat_template},
+      {"hf_tokenizer", fuzz::hf_tokenizer}};
   const fs::path root = fs::path(SHARDTRAIN_SOURCE_DIR) / "fuzz" / "corpus";
   for (const auto& [name, target] : targets) {
     int inputs = 0;
     for (const auto& entry : fs::directory_iterator(root / name)) {
       SCOPED_TRACE(entry.path().string());
       std::ifstream in(entry.path(), std::ios::binary);
-      const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+      const std::string bytes((std::istreambuf_iterator<char>(in)),
+                              std::istreambuf_iterator<char>());
       // A target returns normally for every input: bad ones are refused inside it.
       EXPECT_NO_THROW(target(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size()));
       ++inputs;

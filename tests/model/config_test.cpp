@@ -35,6 +35,9 @@ void expect_shapes_match_module(const ModelConfig& config) {
 TEST(ModelConfig, ParameterShapesMatchNamedParameters) {
   expect_shapes_match_module(model_preset("tiny"));
   expect_shapes_match_module(model_preset("tiny-llama"));
+  for (const char* variant : {"tiny-llama3.2", "tiny-qwen2", "tiny-qwen3", "tiny-mistral"}) {
+    expect_shapes_match_module(model_preset(variant));
+  }
   // The other head choice of each family: an untied GPT-2 head, a tied Llama one.
   ModelConfig untied = model_preset("tiny");
   untied.tie_embeddings = false;
@@ -54,9 +57,42 @@ TEST(ModelConfig, PresetParameterCountsArePublishedOnes) {
   EXPECT_EQ(model_preset("llama3-405b").num_parameters(), 405853388800);
 }
 
+// The model cards' figures: total parameters (tied embeddings counted once) and, where the card
+// gives it, the count without the embedding, in billions as published (rounded to the digits
+// they print).
+TEST(ModelConfig, FamilyPresetsHaveThePublishedParameterCounts) {
+  EXPECT_EQ(model_preset("llama3.1-8b").num_parameters(), 8030261248);
+  EXPECT_EQ(model_preset("llama3.2-1b").num_parameters(), 1235814400);
+  EXPECT_EQ(model_preset("llama3.2-3b").num_parameters(), 3212749824);
+  EXPECT_EQ(model_preset("mistral-7b").num_parameters(), 7248023552);
+  struct Card {
+    const char* preset;
+    double total, non_embedding, digits;  // billions, rounded to `digits`
+  };
+  for (const Card& card :
+       {Card{"qwen2.5-0.5b", 0.49, 0.36, 0.01}, Card{"qwen2.5-1.5b", 1.54, 1.31, 0.01},
+        Card{"qwen3-0.6b", 0.6, 0.44, 0.1}, Card{"qwen3-1.7b", 1.7, 1.4, 0.1}}) {
+    const ModelConfig c = model_preset(card.preset);
+    const double total = static_cast<double>(c.num_parameters()) / 1e9;
+    const double embedding = static_cast<double>(c.vocab_size * c.d_model) / 1e9;
+    EXPECT_NEAR(total, card.total, card.digits / 2) << card.preset;
+    EXPECT_NEAR(total - embedding, card.non_embedding, card.digits / 2) << card.preset;
+  }
+  // Qwen3's heads are wider than hidden_size / heads: q projects 1024 -> 16 x 128.
+  const ModelConfig qwen3 = model_preset("qwen3-0.6b");
+  EXPECT_EQ(qwen3.head_size(), 128);
+  for (const auto& p : qwen3.parameter_shapes()) {
+    if (p.name == "blocks.0.attn.q.weight") {
+      EXPECT_EQ(p.shape, (std::vector<int64_t>{2048, 1024}));
+    } else if (p.name == "blocks.0.attn.o.weight") {
+      EXPECT_EQ(p.shape, (std::vector<int64_t>{1024, 2048}));
+    }
+  }
+}
+
 TEST(ModelConfig, PresetsAreValidAndNamed) {
   const auto names = model_preset_names();
-  ASSERT_EQ(names.size(), 7u);
+  ASSERT_EQ(names.size(), 19u);
   for (const auto& name : names) {
     const ModelConfig config = model_preset(name);
     EXPECT_EQ(config.name, name);

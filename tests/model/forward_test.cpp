@@ -70,19 +70,38 @@ at::Tensor reference_gpt2(const ModelConfig& c, Params p, const at::Tensor& toke
   return dense(layer_norm(x, "ln_f"), p["tok_emb.weight"]);
 }
 
-// Rotation of each (j, j + hd/2) pair of x [B, H, T, hd] by position * theta^(-2j/hd).
-at::Tensor reference_rope(const at::Tensor& x, double theta) {
+// Meta's apply_scaling() of Llama 3.1 (llama-models, reference implementation), one frequency at
+// a time: wavelengths below context / high_freq_factor kept, above context / low_freq_factor
+// divided by the factor, and blended between.
+double llama31_scaled(double freq, const RopeScaling& r) {
+  if (!r.enabled()) return freq;
+  const double context = static_cast<double>(r.original_context_length);
+  const double low_freq_wavelen = context / r.low_freq_factor;
+  const double high_freq_wavelen = context / r.high_freq_factor;
+  const double wavelen = 2 * M_PI / freq;
+  if (wavelen < high_freq_wavelen) return freq;
+  if (wavelen > low_freq_wavelen) return freq / r.factor;
+  const double smooth =
+      (context / wavelen - r.low_freq_factor) / (r.high_freq_factor - r.low_freq_factor);
+  return (1 - smooth) * freq / r.factor + smooth * freq;
+}
+
+// Rotation of each (j, j + hd/2) pair of x [B, H, T, hd] by position * theta^(-2j/hd), with
+// Llama 3.1's scaling of the frequencies when the config has it.
+at::Tensor reference_rope(const at::Tensor& x, double theta, const RopeScaling& scaling = {}) {
   const int64_t t = x.size(2), half = x.size(3) / 2;
   at::Tensor angle = at::empty({t, half}, x.options());
   for (int64_t pos = 0; pos < t; ++pos) {
     for (int64_t j = 0; j < half; ++j) {
-      angle[pos][j] = pos * std::pow(theta, -2.0 * j / (2.0 * half));
+      angle[pos][j] = pos * llama31_scaled(std::pow(theta, -2.0 * j / (2.0 * half)), scaling);
     }
   }
   const at::Tensor x1 = x.narrow(-1, 0, half), x2 = x.narrow(-1, half, half);
   return at::cat({x1 * angle.cos() - x2 * angle.sin(), x2 * angle.cos() + x1 * angle.sin()}, -1);
 }
 
+// Llama and its variants: Qwen2's q/k/v biases, Qwen3's per-head norms and head size, Llama
+// 3.1's RoPE scaling.
 at::Tensor reference_llama(const ModelConfig& c, Params p, const at::Tensor& tokens) {
   auto rms_norm = [&](const at::Tensor& x, const std::string& name) {
     return x / at::sqrt(x.pow(2).mean(-1, true) + c.norm_eps) * p[name + ".weight"];
@@ -92,11 +111,15 @@ at::Tensor reference_llama(const ModelConfig& c, Params p, const at::Tensor& tok
   for (int64_t i = 0; i < c.n_layers; ++i) {
     const std::string b = "blocks." + std::to_string(i) + ".";
     const at::Tensor h = rms_norm(x, b + "attn_norm");
-    const at::Tensor q =
-        reference_rope(heads(dense(h, p[b + "attn.q.weight"]), c.n_heads), c.rope_theta);
-    const at::Tensor k =
-        reference_rope(heads(dense(h, p[b + "attn.k.weight"]), c.n_kv_heads), c.rope_theta);
-    const at::Tensor v = heads(dense(h, p[b + "attn.v.weight"]), c.n_kv_heads);
+    auto project = [&](const std::string& name, int64_t n) {
+      at::Tensor y = dense(h, p[b + "attn." + name + ".weight"]);
+      if (c.attention_bias) y = y + p[b + "attn." + name + ".bias"];
+      y = heads(y, n);
+      return c.qk_norm && name != "v" ? rms_norm(y, b + "attn." + name + "_norm") : y;
+    };
+    const at::Tensor q = reference_rope(project("q", c.n_heads), c.rope_theta, c.rope_scaling);
+    const at::Tensor k = reference_rope(project("k", c.n_kv_heads), c.rope_theta, c.rope_scaling);
+    const at::Tensor v = project("v", c.n_kv_heads);
     const at::Tensor att =
         reference_attention(q, k.repeat_interleave(group, 1), v.repeat_interleave(group, 1));
     x = x + dense(unheads(att), p[b + "attn.o.weight"]);
@@ -147,6 +170,61 @@ TEST(ModelForward, LlamaMatchesReference) {
     ASSERT_EQ(logits.sizes(), (at::IntArrayRef{2, 23, c.vocab_size}));
     EXPECT_LT(max_diff(logits, reference_llama(c, params_of(model), tokens)), 1e-10) << tied;
   }
+}
+
+// Each variant of the Llama decoder against the reference: the biases and norm weights are
+// drawn at random, since their initialization (zero, one) would hide a bias or norm not applied.
+TEST(ModelForward, LlamaVariantsMatchReference) {
+  for (const char* preset : {"tiny-llama3.2", "tiny-qwen2", "tiny-qwen3", "tiny-mistral"}) {
+    torch::manual_seed(0);
+    const ModelConfig c = model_preset(preset);
+    Transformer model(c);
+    model->to(at::kDouble);
+    torch::NoGradGuard no_grad;
+    for (auto& param : model->parameters()) {
+      if (param.dim() == 1) param.add_(at::randn_like(param) * 0.5);
+    }
+    const at::Tensor tokens = random_tokens(c, 2, 31);
+    for (bool sdpa : {true, false}) {
+      model->set_use_sdpa(sdpa);
+      const at::Tensor logits = model->forward(tokens);
+      ASSERT_EQ(logits.sizes(), (at::IntArrayRef{2, 31, c.vocab_size})) << preset;
+      EXPECT_LT(max_diff(logits, reference_llama(c, params_of(model), tokens)), 1e-10)
+          << preset << " sdpa " << sdpa;
+    }
+  }
+}
+
+// Llama 3.1's scaled frequencies against Meta's formula, for the published settings (3.1 and
+// 3.3: factor 8; 3.2: 32) and the test preset whose short original context reaches all three
+// bands; and the bands are where the formula puts them.
+TEST(ModelForward, Llama31ScaledRopeFrequenciesEqualThePublishedFormula) {
+  for (const char* preset : {"llama3.1-8b", "llama3.2-1b", "llama3.2-3b", "tiny-llama3.2"}) {
+    const ModelConfig c = model_preset(preset);
+    ASSERT_TRUE(c.rope_scaling.enabled()) << preset;
+    const at::Tensor freqs =
+        detail::rope_inverse_frequencies(c.head_size(), c.rope_theta, c.rope_scaling);
+    const int64_t half = c.head_size() / 2;
+    ASSERT_EQ(freqs.numel(), half);
+    int kept = 0, divided = 0, blended = 0;
+    for (int64_t j = 0; j < half; ++j) {
+      const double plain = std::pow(c.rope_theta, -2.0 * j / static_cast<double>(c.head_size()));
+      const double expected = llama31_scaled(plain, c.rope_scaling);
+      EXPECT_NEAR(freqs[j].item<double>(), expected, 1e-14 * std::abs(expected))
+          << preset << " j " << j;
+      kept += expected == plain;
+      divided += expected == plain / c.rope_scaling.factor;
+      blended += expected != plain && expected != plain / c.rope_scaling.factor;
+    }
+    EXPECT_GT(kept, 0) << preset;
+    EXPECT_GT(divided, 0) << preset;
+    EXPECT_GT(blended, 0) << preset;
+  }
+  // Without scaling the frequencies are the plain ones.
+  const ModelConfig plain = model_preset("llama3-8b");
+  const at::Tensor freqs =
+      detail::rope_inverse_frequencies(plain.head_size(), plain.rope_theta, plain.rope_scaling);
+  EXPECT_DOUBLE_EQ(freqs[1].item<double>(), std::pow(500000.0, -2.0 / 128.0));
 }
 
 TEST(ModelForward, LaterTokensDoNotChangeEarlierLogits) {

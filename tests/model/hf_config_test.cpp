@@ -141,5 +141,84 @@ TEST_F(ModelHfConfig, ErrorsNameFileAndKey) {
   EXPECT_NE(import_error(llama).find("n_kv_heads 5"), std::string::npos);
 }
 
+// The config.json files of the model families people fine-tune, abridged (keys the import does
+// not read left out): each imports as the preset of the same model.
+TEST_F(ModelHfConfig, ImportsTheFamiliesAsTheirPresets) {
+  struct Case {
+    const char* preset;
+    const char* json;
+  };
+  const Case cases[] = {
+      {"llama3.2-1b", R"({
+        "architectures": ["LlamaForCausalLM"], "attention_bias": false, "head_dim": 64,
+        "hidden_act": "silu", "hidden_size": 2048, "intermediate_size": 8192,
+        "max_position_embeddings": 131072, "mlp_bias": false, "model_type": "llama",
+        "num_attention_heads": 32, "num_hidden_layers": 16, "num_key_value_heads": 8,
+        "rms_norm_eps": 1e-05, "rope_scaling": {"factor": 32.0, "high_freq_factor": 4.0,
+        "low_freq_factor": 1.0, "original_max_position_embeddings": 8192, "rope_type": "llama3"},
+        "rope_theta": 500000.0, "tie_word_embeddings": true, "vocab_size": 128256})"},
+      {"qwen2.5-0.5b", R"({
+        "architectures": ["Qwen2ForCausalLM"], "attention_dropout": 0.0, "hidden_act": "silu",
+        "hidden_size": 896, "intermediate_size": 4864, "max_position_embeddings": 32768,
+        "max_window_layers": 24, "model_type": "qwen2", "num_attention_heads": 14,
+        "num_hidden_layers": 24, "num_key_value_heads": 2, "rms_norm_eps": 1e-06,
+        "rope_theta": 1000000.0, "sliding_window": 32768, "tie_word_embeddings": true,
+        "use_sliding_window": false, "vocab_size": 151936})"},
+      {"qwen3-0.6b", R"({
+        "architectures": ["Qwen3ForCausalLM"], "attention_bias": false, "head_dim": 128,
+        "hidden_act": "silu", "hidden_size": 1024, "intermediate_size": 3072,
+        "max_position_embeddings": 40960, "max_window_layers": 28, "model_type": "qwen3",
+        "num_attention_heads": 16, "num_hidden_layers": 28, "num_key_value_heads": 8,
+        "rms_norm_eps": 1e-06, "rope_scaling": null, "rope_theta": 1000000,
+        "sliding_window": null, "tie_word_embeddings": true, "use_sliding_window": false,
+        "vocab_size": 151936})"},
+      {"mistral-7b", R"({
+        "architectures": ["MistralForCausalLM"], "hidden_act": "silu", "hidden_size": 4096,
+        "intermediate_size": 14336, "max_position_embeddings": 32768, "model_type": "mistral",
+        "num_attention_heads": 32, "num_hidden_layers": 32, "num_key_value_heads": 8,
+        "rms_norm_eps": 1e-05, "rope_theta": 1000000.0, "sliding_window": null,
+        "tie_word_embeddings": false, "vocab_size": 32768})"},
+  };
+  for (const Case& c : cases) {
+    const ModelConfig imported = model_config_from_hf_json(write(c.json));
+    const ModelConfig preset = model_preset(c.preset);
+    EXPECT_EQ(imported.model_type(), preset.model_type()) << c.preset;
+    EXPECT_EQ(imported.head_size(), preset.head_size()) << c.preset;
+    EXPECT_EQ(imported.attention_bias, preset.attention_bias) << c.preset;
+    EXPECT_EQ(imported.qk_norm, preset.qk_norm) << c.preset;
+    EXPECT_EQ(imported.tie_embeddings, preset.tie_embeddings) << c.preset;
+    EXPECT_EQ(imported.context_length, preset.context_length) << c.preset;
+    EXPECT_DOUBLE_EQ(imported.rope_theta, preset.rope_theta) << c.preset;
+    EXPECT_DOUBLE_EQ(imported.rope_scaling.factor, preset.rope_scaling.factor) << c.preset;
+    EXPECT_EQ(imported.rope_scaling.original_context_length,
+              preset.rope_scaling.original_context_length)
+        << c.preset;
+    EXPECT_EQ(imported.sliding_window, 0) << c.preset;
+    EXPECT_EQ(imported.num_parameters(), preset.num_parameters()) << c.preset;
+  }
+}
+
+TEST_F(ModelHfConfig, RefusesWhatTheFamiliesCannotReproduce) {
+  const std::string qwen3 = R"({"model_type": "qwen3", "vocab_size": 257,
+      "max_position_embeddings": 64, "hidden_size": 64, "num_hidden_layers": 2,
+      "num_attention_heads": 4, "intermediate_size": 176)";
+  // Qwen3's head_dim defaults to 128 as in transformers' Qwen3Config.
+  EXPECT_EQ(model_config_from_hf_json(write(qwen3 + "}")).head_size(), 128);
+  EXPECT_NE(import_error(qwen3 + R"(, "attention_bias": true})").find("attention_bias"),
+            std::string::npos);
+  EXPECT_NE(import_error(qwen3 + R"(, "use_sliding_window": true})").find("use_sliding_window"),
+            std::string::npos);
+  EXPECT_NE(import_error(qwen3 + R"(, "rope_scaling": {"rope_type": "yarn", "factor": 4.0}})")
+                .find("rope_scaling"),
+            std::string::npos);
+  // Mistral 7B v0.1's 4096-token window is kept: training refuses longer sequences.
+  std::string mistral = qwen3;
+  mistral.replace(mistral.find("qwen3"), 5, "mistral");
+  const ModelConfig windowed =
+      model_config_from_hf_json(write(mistral + R"(, "sliding_window": 32})"));
+  EXPECT_EQ(windowed.sliding_window, 32);
+  EXPECT_EQ(windowed.head_size(), 16);
+}
+
 }  // namespace
 }  // namespace shardtrain

@@ -37,9 +37,10 @@ std::vector<Strategy> strategies() {
                                       FSDPOptions().sharding(ShardingStrategy::kFullShard));
                  }});
   for (int stage : {1, 2, 3}) {
-    all.push_back({"zero " + std::to_string(stage), [stage](Transformer model, const DeviceMesh& mesh) {
-                     return zero_shard(model, mesh, ZeroOptions().stage(stage));
-                   }});
+    all.push_back(
+        {"zero " + std::to_string(stage), [stage](Transformer model, const DeviceMesh& mesh) {
+           return zero_shard(model, mesh, ZeroOptions().stage(stage));
+         }});
   }
   // Units below the persistence threshold stay gathered from the start: their full values are
   // initialized whole on every rank, the others only as shards.
@@ -59,6 +60,10 @@ std::vector<Strategy> strategies() {
 std::vector<std::pair<std::string, ModelConfig>> configs() {
   return {{"tiny", model_preset("tiny")},
           {"tiny-llama", model_preset("tiny-llama")},
+          {"tiny-llama3.2", model_preset("tiny-llama3.2")},
+          {"tiny-qwen2", model_preset("tiny-qwen2")},
+          {"tiny-qwen3", model_preset("tiny-qwen3")},
+          {"tiny-mistral", model_preset("tiny-mistral")},
           {"odd sizes", small_config()}};
 }
 
@@ -82,8 +87,8 @@ TEST(DeferredInit, InitializerFillsAnyRangeAsTheWholeParameter) {
   const ParameterInitializer init = model->initializer();
   const auto want = whole_model(model_preset("tiny"));
   const at::Tensor& embedding = want.at("tok_emb.weight");
-  for (const auto& [begin, length] : {std::pair<int64_t, int64_t>{0, 1}, {1, 1}, {1, 2}, {7, 100},
-                                      {embedding.numel() - 3, 3}}) {
+  for (const auto& [begin, length] :
+       {std::pair<int64_t, int64_t>{0, 1}, {1, 1}, {1, 2}, {7, 100}, {embedding.numel() - 3, 3}}) {
     at::Tensor out = at::empty({length});
     init("tok_emb.weight", begin, out);
     EXPECT_TRUE(at::equal(out, embedding.narrow(0, begin, length))) << begin << "+" << length;
@@ -92,8 +97,8 @@ TEST(DeferredInit, InitializerFillsAnyRangeAsTheWholeParameter) {
   EXPECT_THROW(init("tok_emb.weight", embedding.numel() - 3, out), std::invalid_argument);
   EXPECT_THROW(init("no.such.weight", 0, out), std::invalid_argument);
   // The seed matters, and draws look like N(0, 0.02).
-  const at::Tensor other =
-      Transformer(model_preset("tiny"), ModelInit().seed(kSeed + 1))->named_parameters()["tok_emb.weight"];
+  const at::Tensor other = Transformer(model_preset("tiny"), ModelInit().seed(kSeed + 1))
+                               ->named_parameters()["tok_emb.weight"];
   EXPECT_FALSE(at::equal(other.reshape({-1}), embedding));
   EXPECT_NEAR(embedding.std().item<double>(), 0.02, 0.001);
   EXPECT_NEAR(embedding.mean().item<double>(), 0.0, 0.001);
@@ -134,7 +139,8 @@ TEST(DeferredInit, EachRankInitializesItsSlicesBitIdentically) {
         EXPECT_TRUE(wrong.empty()) << "first differing parameter: " << wrong.front();
         EXPECT_EQ(covered, total);  // the shards partition the model
         ASSERT_EQ(gathered.size(), want.size());
-        for (const auto& [name, value] : want) EXPECT_TRUE(at::equal(gathered.at(name), value)) << name;
+        for (const auto& [name, value] : want)
+          EXPECT_TRUE(at::equal(gathered.at(name), value)) << name;
       }
     }
   }

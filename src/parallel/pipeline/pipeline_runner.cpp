@@ -168,7 +168,8 @@ void PipelineRunner::run(const PipelineAction& action, const PipelineStepInputs&
     held->input = s == 0 ? inputs.tokens(mb) : received.requires_grad_(true);
     const auto [begin, end] = blocks_.at(s);
     AutocastScope autocast(cpu_bf16_autocast(inputs.bf16_autocast));
-    at::Tensor output = model_->forward_stage(held->input, begin, end, length);
+    const SequenceLayout layout = inputs.layout ? inputs.layout(mb) : SequenceLayout();
+    at::Tensor output = model_->forward_stage(held->input, begin, end, length, layout);
     if (s < stages - 1) {
       send(output, s + 1, mb, false);
       held->output = std::move(output);
@@ -252,7 +253,7 @@ double PipelineRunner::step(const PipelineStepInputs& inputs, int64_t length) {
   return loss_sum;
 }
 
-at::Tensor PipelineRunner::forward(const at::Tensor& tokens) {
+at::Tensor PipelineRunner::forward(const at::Tensor& tokens, const SequenceLayout& layout) {
   const int stages = schedule_.stages();
   const int64_t length = tokens.size(1);
   at::Tensor x;
@@ -264,7 +265,7 @@ at::Tensor PipelineRunner::forward(const at::Tensor& tokens) {
       group_->recv(input, rank_of(s - 1), kForwardOnlyTag + s)->wait();
     }
     const auto [begin, end] = blocks_.at(s);
-    x = model_->forward_stage(input, begin, end, length);
+    x = model_->forward_stage(input, begin, end, length, layout);
     if (s < stages - 1) {
       const at::Tensor wire = x.to(at::kFloat).contiguous();
       group_->send(wire, rank_of(s + 1), kForwardOnlyTag + s + 1)->wait();

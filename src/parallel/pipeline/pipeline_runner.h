@@ -18,6 +18,8 @@ namespace shardtrain::detail {
 // What one training step gives the pipeline.
 struct PipelineStepInputs {
   std::function<at::Tensor(int micro_batch)> tokens;  // read on the first stage's rank
+  // Packed samples' positions and segments, read on every rank; unset: plain sequences.
+  std::function<SequenceLayout(int micro_batch)> layout;
   // The mean loss of a micro-batch's logits, on the last stage's rank.
   std::function<at::Tensor(const at::Tensor& logits, int micro_batch)> loss;
   double loss_factor = 1.0;    // each micro-batch's loss is multiplied by this for backward
@@ -42,7 +44,7 @@ class PipelineRunner {
   double step(const PipelineStepInputs& inputs, int64_t length);
   // Forward only (evaluation, generation): every rank of the group passes the same tokens;
   // returns the logits on the rank holding the last stage, an undefined tensor on the others.
-  at::Tensor forward(const at::Tensor& tokens);
+  at::Tensor forward(const at::Tensor& tokens, const SequenceLayout& layout = SequenceLayout());
   // With tied embeddings: adds the first and the last stage's gradients of the token embedding,
   // so that both copies take the same step. With `average_first`, each is averaged over that
   // group (the stage's data-parallel ranks) before (FSDP and ZeRO, which reduce afterwards,

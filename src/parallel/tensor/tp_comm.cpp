@@ -118,13 +118,14 @@ class ReduceScatterSequence : public torch::autograd::Function<ReduceScatterSequ
 class VocabParallelCrossEntropy : public torch::autograd::Function<VocabParallelCrossEntropy> {
  public:
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& logits,
-                            const at::Tensor& targets, int64_t group_handle) {
+                            const at::Tensor& targets, int64_t group_handle, double divisor) {
     ProcessGroup& group = *reinterpret_cast<ProcessGroup*>(group_handle);
     const int64_t local = logits.size(1);
     const int64_t start = static_cast<int64_t>(group.rank()) * local;
     at::Tensor max = std::get<0>(logits.max(1));
     timed(bytes_of(max), [&] { group.all_reduce(max, ReduceOp::kMax)->wait(); });
     at::Tensor softmax = logits - max.unsqueeze(1);  // shifted logits, then their softmax
+    // An ignored target (-100) lies in no rank's slice, so its target logit adds 0.
     const at::Tensor mine = (targets >= start) & (targets < start + local);
     const at::Tensor index = (targets - start).clamp(0, local - 1);
     const at::Tensor target_logit =
@@ -135,9 +136,17 @@ class VocabParallelCrossEntropy : public torch::autograd::Function<VocabParallel
     timed(bytes_of(sums), [&] { group.all_reduce(sums)->wait(); });
     const int64_t n = logits.size(0);
     const at::Tensor total = sums.narrow(0, 0, n);
-    const at::Tensor loss = (total.log() - sums.narrow(0, n, n)).mean();
+    const at::Tensor per_token = total.log() - sums.narrow(0, n, n);
+    at::Tensor loss, kept;
+    if (divisor > 0) {
+      kept = (targets != kIgnoreIndex).to(per_token.scalar_type());
+      loss = (per_token * kept).sum() / divisor;
+    } else {
+      loss = per_token.mean();
+    }
     softmax.div_(total.unsqueeze(1));
-    ctx->save_for_backward({softmax, index, mine});
+    ctx->save_for_backward({softmax, index, mine, kept});
+    ctx->saved_data["divisor"] = divisor;
     return loss;
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
@@ -151,8 +160,15 @@ class VocabParallelCrossEntropy : public torch::autograd::Function<VocabParallel
     const at::Tensor& index = saved[1];
     const at::Tensor& mine = saved[2];
     grad.scatter_add_(1, index.unsqueeze(1), -mine.to(grad.scalar_type()).unsqueeze(1));
-    grad.mul_(grads[0] / static_cast<double>(grad.size(0)));
-    return {grad, at::Tensor(), at::Tensor()};
+    const double divisor = ctx->saved_data["divisor"].toDouble();
+    if (divisor > 0) {
+      // d loss / d z_iv = kept_i (softmax_iv - [v == target_i]) / divisor
+      grad.mul_(saved[3].unsqueeze(1));
+      grad.mul_(grads[0] / divisor);
+    } else {
+      grad.mul_(grads[0] / static_cast<double>(grad.size(0)));
+    }
+    return {grad, at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -175,12 +191,12 @@ at::Tensor reduce_scatter_sequence(const at::Tensor& x, ProcessGroup& group) {
 }
 
 at::Tensor vocab_parallel_cross_entropy(const at::Tensor& local_logits, const at::Tensor& targets,
-                                        ProcessGroup& group) {
+                                        ProcessGroup& group, double divisor) {
   TORCH_CHECK(
       local_logits.dim() == 2 && targets.dim() == 1 && local_logits.size(0) == targets.size(0),
       "vocab_parallel_cross_entropy: expected logits [N, V/size] and targets [N], got ",
       local_logits.sizes(), " and ", targets.sizes());
-  return VocabParallelCrossEntropy::apply(local_logits, targets, handle_of(group));
+  return VocabParallelCrossEntropy::apply(local_logits, targets, handle_of(group), divisor);
 }
 
 at::Tensor gather_vocabulary(const at::Tensor& local_logits, ProcessGroup& group) {

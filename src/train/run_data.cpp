@@ -1,0 +1,205 @@
+#include "train/run_data.h"
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "shardtrain/hf_tokenizer.h"
+
+namespace fs = std::filesystem;
+
+namespace shardtrain::detail {
+namespace {
+
+bool has_magic(const std::string& path, const char (&magic)[9]) {
+  std::ifstream in(path, std::ios::binary);
+  char head[8] = {};
+  return in.read(head, 8) && std::string(head, 8) == magic;
+}
+
+// The folder a tokenizer.json or model folder path stands for.
+fs::path model_folder(const std::string& path) {
+  std::error_code error;
+  return fs::is_directory(path, error) ? fs::path(path) : fs::path(path).parent_path();
+}
+
+nlohmann::json stamped(const std::string& path) {
+  std::error_code error;
+  const auto stamp = fs::last_write_time(path, error).time_since_epoch().count();
+  return {{"path", fs::absolute(path).string()}, {"mtime", stamp}};
+}
+
+// What a tokenized corpus was made from: when it differs, the corpus is made again.
+nlohmann::json made_from(const TrainConfig& config, const Tokenizer& tokenizer,
+                         const ChatTemplate* chat_template) {
+  nlohmann::json inputs = nlohmann::json::array();
+  for (const auto& input : config.corpus) inputs.push_back(stamped(input));
+  nlohmann::json made = {{"tokenizer", tokenizer.name()}, {"inputs", inputs}};
+  if (config.format != "text") {
+    made["format"] = config.format;
+    if (chat_template && config.format == "chat")
+      made["chat_template"] = stamped(chat_template->origin());
+  }
+  return made;
+}
+
+nlohmann::json read_json(const fs::path& path) {
+  std::ifstream in(path);
+  if (!in) return nullptr;
+  try {
+    nlohmann::json json;
+    in >> json;
+    return json;
+  } catch (const std::exception&) {
+    return nullptr;
+  }
+}
+
+}  // namespace
+
+std::string tokenizer_source(const TrainConfig& config) {
+  if (!config.tokenizer.empty()) return config.tokenizer;
+  if (!config.init_from.empty() && is_hf_tokenizer_path(model_folder(config.init_from).string())) {
+    return model_folder(config.init_from).string();
+  }
+  return "byte";
+}
+
+std::string tokenizer_path(const TrainConfig& config) {
+  const std::string source = tokenizer_source(config);
+  if (source == "byte") return source;
+  if (source == "gpt2") {
+    return config.gpt2_dir.empty() ? source : "gpt2:" + fs::absolute(config.gpt2_dir).string();
+  }
+  return fs::absolute(source).string();
+}
+
+std::unique_ptr<Tokenizer> make_tokenizer(const TrainConfig& config) {
+  return shardtrain::make_tokenizer(tokenizer_source(config), config.gpt2_dir);
+}
+
+std::unique_ptr<ChatTemplate> make_chat_template(const TrainConfig& config) {
+  if (!config.chat_template.empty()) {
+    return std::make_unique<ChatTemplate>(ChatTemplate::from_model_files(config.chat_template));
+  }
+  const std::string tokenizer = tokenizer_source(config);
+  if (tokenizer != "byte" && tokenizer != "gpt2") {
+    const fs::path folder = model_folder(tokenizer);
+    if (fs::exists(folder / "chat_template.jinja") ||
+        fs::exists(folder / "tokenizer_config.json")) {
+      try {
+        return std::make_unique<ChatTemplate>(ChatTemplate::from_model_files(folder.string()));
+      } catch (const std::invalid_argument&) {
+        // A tokenizer_config.json without a template: only an error when chat data needs one.
+        if (config.format == "chat") throw;
+      }
+    }
+  }
+  if (config.format == "chat") {
+    throw std::invalid_argument(
+        "data.format \"chat\" needs a chat template: the tokenizer '" + tokenizer +
+        "' has none beside it; set data.chat_template to a tokenizer_config.json, a "
+        "chat_template.jinja or a model folder");
+  }
+  return nullptr;
+}
+
+std::string TrainingData::describe() const {
+  if (tokens) {
+    return std::to_string(tokens->size()) + " tokens of '" + tokens->path() + "'";
+  }
+  return std::to_string(samples->num_samples()) + " samples (" +
+         std::to_string(samples->num_tokens()) + " tokens) of '" + samples->path() + "'";
+}
+
+TrainingData open_prepared_data(const TrainConfig& config) {
+  if (config.corpus.empty()) {
+    throw std::invalid_argument("data.corpus is not set (a token shard, text files or folders)");
+  }
+  const std::string& first = config.corpus[0];
+  std::error_code error;
+  if (config.corpus.size() == 1 && fs::is_regular_file(first, error)) {
+    if (config.format == "text" && has_magic(first, "STTOKENS")) {
+      return {std::make_shared<TokenShard>(first), nullptr};
+    }
+    if (config.format != "text" && has_magic(first, "STSAMPLE")) {
+      return {nullptr, std::make_shared<SampleShard>(first)};
+    }
+  }
+  for (const auto& input : config.corpus) {
+    if (!fs::exists(input, error)) {
+      throw std::invalid_argument("data.corpus: '" + input + "' does not exist");
+    }
+  }
+  return {};
+}
+
+namespace {
+
+fs::path shard_path(const TrainConfig& config) {
+  return fs::path(config.dir) / (config.format == "text" ? "corpus.tokens" : "samples.bin");
+}
+
+}  // namespace
+
+TokenizedData tokenize_data(const TrainConfig& config, const Tokenizer& tokenizer,
+                            const ChatTemplate* chat_template, bool dir_kept) {
+  TokenizedData data;
+  data.made_from = made_from(config, tokenizer, chat_template).dump();
+  const fs::path shard = shard_path(config);
+  const nlohmann::json existing = read_json(shard.string() + ".json");
+  if (dir_kept && existing.is_object() &&
+      existing.value("made_from", nlohmann::json()).dump() == data.made_from && fs::exists(shard)) {
+    data.current = true;
+    return data;
+  }
+  if (config.format == "text") {
+    data.tokens = tokenize_corpus(config.corpus, tokenizer);
+  } else {
+    data.samples = tokenize_samples(config.corpus, data_format_from_string(config.format),
+                                    tokenizer, chat_template);
+  }
+  return data;
+}
+
+TrainingData store_data(const TrainConfig& config, const TokenizedData& tokenized,
+                        int64_t vocab_size) {
+  if (!tokenized.current) {
+    const fs::path shard = shard_path(config);
+    nlohmann::json record = {{"made_from", nlohmann::json::parse(tokenized.made_from)}};
+    if (config.format == "text") {
+      write_token_shard(shard.string(), tokenized.tokens, vocab_size);
+    } else {
+      const TokenizedSamples& samples = tokenized.samples;
+      write_sample_shard(shard.string(), samples.tokens, samples.loss, samples.offsets, vocab_size);
+      record["samples"] = samples.stats.samples;
+      record["tokens"] = samples.stats.tokens;
+      record["loss_tokens"] = samples.stats.loss_tokens;
+    }
+    std::ofstream(shard.string() + ".json") << record.dump(2) << "\n";
+  }
+  return open_data(config);
+}
+
+TrainingData open_data(const TrainConfig& config) {
+  const fs::path shard = shard_path(config);
+  if (config.format == "text") return {std::make_shared<TokenShard>(shard.string()), nullptr};
+  return {nullptr, std::make_shared<SampleShard>(shard.string())};
+}
+
+std::unique_ptr<DataLoader> make_loader(const TrainConfig& config, const TrainingData& data,
+                                        int64_t pad_id, int dp_rank, int dp_size) {
+  const DataLoaderOptions options = DataLoaderOptions()
+                                        .seq_len(config.seq_len)
+                                        .micro_batch(config.micro_batch)
+                                        .grad_accum(config.grad_accum)
+                                        .seed(static_cast<uint64_t>(config.seed))
+                                        .eval_sequences(config.eval_sequences)
+                                        .packing(config.packing)
+                                        .drop_overlong(config.overlong == "drop")
+                                        .pad_id(pad_id);
+  if (data.tokens) return std::make_unique<DataLoader>(data.tokens, options, dp_rank, dp_size);
+  return std::make_unique<DataLoader>(data.samples, options, dp_rank, dp_size);
+}
+
+}  // namespace shardtrain::detail
