@@ -92,4 +92,12 @@ struct Program {
   Body body;
 };
 
+// A new expression node of `kind` at template line `line`.
+inline ExprPtr make_expr(ExprKind kind, int line) {
+  auto e = std::make_unique<Expr>();
+  e->kind = kind;
+  e->line = line;
+  return e;
+}
+
 }  // namespace shardtrain::detail::jinja

@@ -9,15 +9,8 @@
 namespace shardtrain::detail::jinja {
 namespace {
 
-ExprPtr make(ExprKind kind, int line) {
-  auto e = std::make_unique<Expr>();
-  e->kind = kind;
-  e->line = line;
-  return e;
-}
-
 ExprPtr binary(const std::string& op, ExprPtr left, ExprPtr right, int line) {
-  auto e = make(ExprKind::kBinary, line);
+  auto e = make_expr(ExprKind::kBinary, line);
   e->name = op;
   e->operands.push_back(std::move(left));
   e->operands.push_back(std::move(right));
@@ -90,7 +83,7 @@ ExprPtr Parser::parse_tuple(bool with_condexpr, std::initializer_list<const char
     if (!items.empty()) return std::move(items[0]);
     if (!explicit_parentheses) fail_unexpected("an expression");
   }
-  auto e = make(ExprKind::kTuple, line);
+  auto e = make_expr(ExprKind::kTuple, line);
   e->operands = std::move(items);
   return e;
 }
@@ -99,7 +92,7 @@ ExprPtr Parser::parse_condexpr() {
   const int line = current().line;
   ExprPtr expr = parse_or();
   while (skip_name("if")) {
-    auto cond = make(ExprKind::kCondExpr, line);
+    auto cond = make_expr(ExprKind::kCondExpr, line);
     cond->operands.push_back(parse_or());
     cond->operands.push_back(std::move(expr));
     cond->operands.push_back(skip_name("else") ? parse_condexpr() : nullptr);
@@ -129,7 +122,7 @@ ExprPtr Parser::parse_and() {
 ExprPtr Parser::parse_not() {
   if (!at_name("not")) return parse_compare();
   const DepthGuard guard(*this);
-  auto e = make(ExprKind::kUnary, next().line);
+  auto e = make_expr(ExprKind::kUnary, next().line);
   e->name = "not";
   e->operands.push_back(parse_not());
   return e;
@@ -155,7 +148,7 @@ ExprPtr Parser::parse_compare() {
       break;
     }
     if (!cmp) {
-      cmp = make(ExprKind::kCompare, line);
+      cmp = make_expr(ExprKind::kCompare, line);
       cmp->operands.push_back(std::move(first));
     }
     cmp->ops.push_back(op);
@@ -205,7 +198,7 @@ ExprPtr Parser::parse_unary(bool with_filter) {
   ExprPtr node;
   if (at_op("-") || at_op("+")) {
     const Token op = next();
-    node = make(ExprKind::kUnary, op.line);
+    node = make_expr(ExprKind::kUnary, op.line);
     node->name = op.value;
     node->operands.push_back(parse_unary(false));
   } else {

@@ -8,20 +8,10 @@
 #include "data/jinja_parser.h"
 
 namespace shardtrain::detail::jinja {
-namespace {
-
-ExprPtr make(ExprKind kind, int line) {
-  auto e = std::make_unique<Expr>();
-  e->kind = kind;
-  e->line = line;
-  return e;
-}
-
-}  // namespace
 
 ExprPtr Parser::parse_primary() {
   const Token& tok = current();
-  auto node = make(ExprKind::kConst, tok.line);
+  auto node = make_expr(ExprKind::kConst, tok.line);
   if (tok.type == TokenType::kName) {
     const std::string& n = tok.value;
     if (n == "true" || n == "True") {
@@ -128,14 +118,14 @@ ExprPtr Parser::parse_subscript(ExprPtr node) {
   if (op.value == ".") {
     const Token attr = next();
     if (attr.type == TokenType::kName) {
-      auto e = make(ExprKind::kGetattr, op.line);
+      auto e = make_expr(ExprKind::kGetattr, op.line);
       e->name = attr.value;
       e->operands.push_back(std::move(node));
       return e;
     }
     if (attr.type != TokenType::kInteger) fail("expected a name or number after '.'");
-    auto e = make(ExprKind::kGetitem, op.line);
-    auto index = make(ExprKind::kConst, op.line);
+    auto e = make_expr(ExprKind::kGetitem, op.line);
+    auto index = make_expr(ExprKind::kConst, op.line);
     index->constant = Value::integer(std::stoll(attr.value));
     e->operands.push_back(std::move(node));
     e->operands.push_back(std::move(index));
@@ -152,7 +142,7 @@ ExprPtr Parser::parse_subscript(ExprPtr node) {
     args[0]->operands[0] = std::move(node);
     return std::move(args[0]);
   }
-  auto e = make(ExprKind::kGetitem, op.line);
+  auto e = make_expr(ExprKind::kGetitem, op.line);
   e->operands.push_back(std::move(node));
   e->operands.push_back(std::move(args[0]));
   return e;
@@ -161,7 +151,7 @@ ExprPtr Parser::parse_subscript(ExprPtr node) {
 // One subscript: an expression, or a slice `start:stop:step` with any part left out.
 ExprPtr Parser::parse_subscribed() {
   const int line = current().line;
-  auto slice = make(ExprKind::kSlice, line);
+  auto slice = make_expr(ExprKind::kSlice, line);
   slice->operands.push_back(nullptr);  // the object, filled in by parse_subscript
   if (skip_op(":")) {
     slice->operands.push_back(nullptr);
@@ -181,7 +171,7 @@ ExprPtr Parser::parse_subscribed() {
 }
 
 ExprPtr Parser::parse_call(ExprPtr callee) {
-  auto call = make(ExprKind::kCall, current().line);
+  auto call = make_expr(ExprKind::kCall, current().line);
   call->operands.push_back(std::move(callee));
   parse_call_args(*call);
   return call;
@@ -221,7 +211,7 @@ ExprPtr Parser::parse_filter(ExprPtr node, bool start_inline) {
     const Support support = filter_support(name);
     if (support == Support::kUnsupported) unsupported("the filter '" + name + "'", line);
     if (support == Support::kUnknown) throw JinjaError("no filter named '" + name + "'", line);
-    auto filter = make(ExprKind::kFilter, line);
+    auto filter = make_expr(ExprKind::kFilter, line);
     filter->name = name;
     filter->operands.push_back(std::move(node));
     if (at_op("(")) parse_call_args(*filter);
@@ -232,7 +222,7 @@ ExprPtr Parser::parse_filter(ExprPtr node, bool start_inline) {
 
 ExprPtr Parser::parse_test(ExprPtr node) {
   const int line = next().line;  // `is`
-  auto test = make(ExprKind::kTest, line);
+  auto test = make_expr(ExprKind::kTest, line);
   test->negated = skip_name("not");
   test->name = expect_name();
   const Support support = test_support(test->name);

@@ -24,13 +24,8 @@ void write_sample_shard(const std::string& path, const std::vector<int32_t>& tok
     throw std::invalid_argument("sample shard '" + path +
                                 "': tokens, loss flags and offsets do not agree");
   }
-  const uint32_t token_bytes = vocab_size <= 65536 ? 2 : 4;
-  std::string header;
-  header.append(kMagic, sizeof(kMagic));
-  detail::put<uint32_t>(header, 1);
-  detail::put<uint32_t>(header, token_bytes);
-  detail::put<uint64_t>(header, tokens.size());
-  detail::put<uint64_t>(header, static_cast<uint64_t>(vocab_size));
+  uint32_t token_bytes = 0;
+  std::string header = detail::shard_header(kMagic, tokens.size(), vocab_size, token_bytes);
   detail::put<uint64_t>(header, offsets.size() - 1);
   detail::write_atomically(path, "sample shard", [&](std::ofstream& out) {
     out.write(header.data(), static_cast<std::streamsize>(header.size()));

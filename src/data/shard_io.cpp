@@ -12,6 +12,17 @@
 
 namespace shardtrain::detail {
 
+std::string shard_header(const char (&magic)[8], uint64_t tokens, int64_t vocab_size,
+                         uint32_t& token_bytes) {
+  token_bytes = vocab_size <= 65536 ? 2 : 4;
+  std::string header(magic, sizeof(magic));
+  put<uint32_t>(header, 1);
+  put<uint32_t>(header, token_bytes);
+  put<uint64_t>(header, tokens);
+  put<uint64_t>(header, static_cast<uint64_t>(vocab_size));
+  return header;
+}
+
 void write_atomically(const std::string& path, const std::string& what,
                       const std::function<void(std::ofstream&)>& write) {
   const std::string tmp = path + ".tmp";

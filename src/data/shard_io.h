@@ -2,6 +2,7 @@
 // a temporary renamed into place, read-only mappings, and the files a corpus argument names.
 #pragma once
 
+#include <cstdint>
 #include <cstring>
 #include <fstream>
 #include <functional>
@@ -21,6 +22,12 @@ T get(const unsigned char* at) {
   std::memcpy(&value, at, sizeof(T));
   return value;
 }
+
+// The fields both shard headers begin with: the 8-byte magic, format version 1, bytes per token
+// (2 when the vocabulary fits in 16 bits, else 4: returned through `token_bytes`), the number of
+// tokens and the vocabulary size.
+std::string shard_header(const char (&magic)[8], uint64_t tokens, int64_t vocab_size,
+                         uint32_t& token_bytes);
 
 // Writes `path` through `path`.tmp, renamed over it once `write` has filled it and it was
 // flushed, so a reader never sees half a file. `what` names the file in errors.

@@ -59,13 +59,8 @@ void append_jsonl_documents(const Tokenizer& tokenizer, const std::string& path,
 void write_token_shard(const std::string& path, const std::vector<int32_t>& tokens,
                        int64_t vocab_size) {
   TORCH_CHECK(vocab_size > 0, "token shard: vocabulary size must be positive");
-  const uint32_t token_bytes = vocab_size <= 65536 ? 2 : 4;
-  std::string header;
-  header.append(kMagic, sizeof(kMagic));
-  detail::put<uint32_t>(header, 1);
-  detail::put<uint32_t>(header, token_bytes);
-  detail::put<uint64_t>(header, tokens.size());
-  detail::put<uint64_t>(header, static_cast<uint64_t>(vocab_size));
+  uint32_t token_bytes = 0;
+  const std::string header = detail::shard_header(kMagic, tokens.size(), vocab_size, token_bytes);
   detail::write_atomically(path, "token shard", [&](std::ofstream& out) {
     out.write(header.data(), static_cast<std::streamsize>(header.size()));
     detail::write_ids(out, tokens, token_bytes);
