@@ -88,12 +88,12 @@ struct MixedPrecision {
 // it, stage 0 is FSDP. Sizes in elements; 0 means unbounded.
 struct ZeroBehaviour {
   int stage = 0;
-  bool overlap_comm = true;             // false: wait for each gradient reduction at once
-  int64_t reduce_bucket_size = 0;       // gradient elements being reduced at once
-  int64_t allgather_bucket_size = 0;    // parameter elements being gathered after a step
-  int64_t prefetch_bucket_size = 0;     // stage 3: elements prefetched ahead of the current unit
-  int64_t persistence_threshold = 0;    // stage 3: units smaller than this stay gathered
-  int64_t max_live_parameters = 0;      // stage 3: most elements gathered at once
+  bool overlap_comm = true;           // false: wait for each gradient reduction at once
+  int64_t reduce_bucket_size = 0;     // gradient elements being reduced at once
+  int64_t allgather_bucket_size = 0;  // parameter elements being gathered after a step
+  int64_t prefetch_bucket_size = 0;   // stage 3: elements prefetched ahead of the current unit
+  int64_t persistence_threshold = 0;  // stage 3: units smaller than this stay gathered
+  int64_t max_live_parameters = 0;    // stage 3: most elements gathered at once
 };
 
 struct FSDPOptions {
@@ -189,13 +189,13 @@ struct ShardSegment {
 
 // Bytes this rank holds, for the progress line and metrics.
 struct FSDPMemory {
-  int64_t param_shards = 0;     // fp32 master shards (+ their param_dtype copies)
-  int64_t grad_shards = 0;      // fp32 gradient shards
-  int64_t gathered = 0;         // full parameters gathered right now
-  int64_t gathered_peak = 0;    // most gathered at once since reset_peak()
-  int64_t largest_unit = 0;     // bytes of the largest gathered non-root unit
-  int64_t root_unit = 0;        // bytes of the gathered root unit
-  int64_t resident_full = 0;    // whole parameters kept gathered between steps (ZeRO-1/2)
+  int64_t param_shards = 0;          // fp32 master shards (+ their param_dtype copies)
+  int64_t grad_shards = 0;           // fp32 gradient shards
+  int64_t gathered = 0;              // full parameters gathered right now
+  int64_t gathered_peak = 0;         // most gathered at once since reset_peak()
+  int64_t largest_unit = 0;          // bytes of the largest gathered non-root unit
+  int64_t root_unit = 0;             // bytes of the gathered root unit
+  int64_t resident_full = 0;         // whole parameters kept gathered between steps (ZeRO-1/2)
   int64_t param_shards_on_file = 0;  // master shards kept in files (param_swap_dir)
   int64_t grad_shards_on_file = 0;   // gradient shards kept in files (grad_swap_dir)
 };
@@ -203,7 +203,7 @@ struct FSDPMemory {
 namespace detail {
 class IoThread;
 class GradAccumulatedHook;
-}
+}  // namespace detail
 
 class FullyShardedDataParallel {
  public:
@@ -289,6 +289,22 @@ class FullyShardedDataParallel {
     bool first = false;  // the unit's first block in forward order
     bool last = false;
   };
+  // The constructor's phases, in order: the options against the mesh; the shard and replicate
+  // groups; the directories of shards kept in files; the units from the wrap policy, then the
+  // root; frozen parameters moved to companion units; rank 0's values broadcast (a materialized
+  // model) and buffers cast. Then for each unit: its flat parameter, shard and gradient laid
+  // out (`init` fills what a deferred model has no values for); the optimizer's segments; the
+  // shards moved to their files; the hooks that reduce its gradients.
+  void check_options(const DeviceMesh& mesh);
+  void choose_groups(const DeviceMesh& mesh);
+  void open_swap_dirs();
+  void form_units(const DeviceMesh& mesh);
+  void split_frozen_parameters();
+  void sync_module_states();
+  void lay_out_flat(Unit& unit, const ParameterInitializer& init);
+  void add_segments(Unit& unit);
+  void move_shards_to_files(Unit& unit);
+  void add_gradient_hooks(Unit& unit);
   void install_hooks();
   bool reshard_after_forward() const;
   void pre_forward(torch::nn::Module& module);
@@ -347,7 +363,7 @@ class FullyShardedDataParallel {
   std::vector<ShardSegment> segments_;
   std::shared_ptr<ForwardHooks> hooks_;  // attached to the model and each unit's blocks
   std::map<const torch::nn::Module*, HookPoint> hook_points_;
-  std::set<const torch::nn::Module*> ran_;  // hook points run in the current forward
+  std::set<const torch::nn::Module*> ran_;               // hook points run in the current forward
   std::vector<detail::GradAccumulatedHook> grad_hooks_;  // one per parameter
   enum class Phase { kIdle, kForward, kBackward } phase_ = Phase::kIdle;
   bool pipelined_ = false;  // between begin_pipeline() and end_pipeline()
@@ -360,8 +376,9 @@ class FullyShardedDataParallel {
   std::unique_ptr<detail::IoThread> io_;
 };
 
-// PyTorch's spelling: shards `model` over the mesh's data-parallel ranks.
-std::unique_ptr<FullyShardedDataParallel> fully_shard(Transformer model, const DeviceMesh& mesh,
-                                                      FSDPOptions options = {});
+// Shards `model` over the mesh's data-parallel ranks in flat units (PyTorch's FSDP1 layout);
+// fully_shard (fully_shard.h) is the per-parameter sharding of any module.
+std::unique_ptr<FullyShardedDataParallel> flat_shard(Transformer model, const DeviceMesh& mesh,
+                                                     FSDPOptions options = {});
 
 }  // namespace shardtrain

@@ -157,7 +157,7 @@ TEST(HfImportTest, ShardedRanksStreamTheirSlicesFromSplitFiles) {
       DeviceMesh mesh(shared, MeshShape());
       Transformer model(config,
                         ModelInit().deferred().values(hf_initializer(config, folder.string())));
-      auto fsdp = fully_shard(model, mesh, FSDPOptions());
+      auto fsdp = flat_shard(model, mesh, FSDPOptions());
       std::lock_guard<std::mutex> lock(mutex);
       for (const auto& s : fsdp->segments()) {
         const at::Tensor want = params[s.name]

@@ -33,7 +33,7 @@ std::vector<TensorSpec> specs_of(const NamedTensors& tensors) {
 
 // FSDP-like ownership: within each dtype, the tensors are laid end to end and rank r owns the
 // r-th equal range of that flat buffer, so a rank's slices start and end inside tensors.
-std::vector<FlatSlice> flat_shard(const NamedTensors& tensors, int world, int rank) {
+std::vector<FlatSlice> flat_slices_of(const NamedTensors& tensors, int world, int rank) {
   std::vector<FlatSlice> slices;
   int64_t total = 0;
   for (const auto& [name, t] : tensors) total += t.numel();
@@ -61,7 +61,7 @@ class ShardedCheckpointTest : public ::testing::Test {
     run_local_ranks(world, [&](ProcessGroup& group) {
       const std::string dir = save_sharded_checkpoint(
           (dir_ / "root").string(), name, specs_of(tensors),
-          flat_shard(tensors, world, group.rank()), &group,
+          flat_slices_of(tensors, world, group.rank()), &group,
           ShardedSaveOptions()
               .strategy("fsdp")
               .metadata(R"({"step": 3})")
@@ -112,9 +112,9 @@ TEST_F(ShardedCheckpointTest, ReadsEveryTensorAndAnyRangeBackFromThreeRanks) {
 TEST_F(ShardedCheckpointTest, SlicesThatMissOrOverlapAreRefusedAndNothingIsCommitted) {
   const auto tensors = sample_tensors();
   const std::string root = (dir_ / "root").string();
-  save_sharded_checkpoint(root, "step_000001", specs_of(tensors), flat_shard(tensors, 1, 0),
+  save_sharded_checkpoint(root, "step_000001", specs_of(tensors), flat_slices_of(tensors, 1, 0),
                           nullptr);
-  auto gap = flat_shard(tensors, 1, 0);
+  auto gap = flat_slices_of(tensors, 1, 0);
   gap[0].data = gap[0].data.narrow(0, 0, 30);  // "w" has 35 elements
   try {
     save_sharded_checkpoint(root, "step_000002", specs_of(tensors), gap, nullptr);
@@ -126,7 +126,7 @@ TEST_F(ShardedCheckpointTest, SlicesThatMissOrOverlapAreRefusedAndNothingIsCommi
   // Two in-process ranks that both write all of "b": the overlap is named on every rank.
   std::vector<std::string> errors(2);
   run_local_ranks(2, [&](ProcessGroup& group) {
-    auto slices = flat_shard(tensors, 2, group.rank());
+    auto slices = flat_slices_of(tensors, 2, group.rank());
     if (group.rank() == 1) slices.push_back({"b", 0, tensors[1].second.reshape({-1})});
     try {
       save_sharded_checkpoint(root, "step_000003", specs_of(tensors), slices, &group);

@@ -33,8 +33,8 @@ struct Strategy {
 std::vector<Strategy> strategies() {
   std::vector<Strategy> all;
   all.push_back({"fsdp full_shard", [](Transformer model, const DeviceMesh& mesh) {
-                   return fully_shard(model, mesh,
-                                      FSDPOptions().sharding(ShardingStrategy::kFullShard));
+                   return flat_shard(model, mesh,
+                                     FSDPOptions().sharding(ShardingStrategy::kFullShard));
                  }});
   for (int stage : {1, 2, 3}) {
     all.push_back(
@@ -50,7 +50,7 @@ std::vector<Strategy> strategies() {
                    return zero_shard(model, mesh, ZeroOptions().stage(3).behaviour(knobs));
                  }});
   all.push_back({"fsdp full_shard, bf16 parameters", [](Transformer model, const DeviceMesh& mesh) {
-                   return fully_shard(
+                   return flat_shard(
                        model, mesh,
                        FSDPOptions().mixed_precision(MixedPrecision().param_dtype(at::kBFloat16)));
                  }});

@@ -11,15 +11,15 @@ void apply_fsdp(Transformer& model, const TrainConfig& config, const DeviceMesh&
                               ? WrapPolicy::class_name(config.fsdp_wrap_classes)
                               : WrapPolicy::blocks();
   out.sharded =
-      fully_shard(model, mesh,
-                  FSDPOptions()
-                      .sharding(sharding)
-                      .wrap(wrap)
-                      .backward_prefetch(backward_prefetch_from_string(config.fsdp_prefetch))
-                      .forward_prefetch(config.fsdp_forward_prefetch)
-                      .limit_all_gathers(static_cast<int>(config.fsdp_limit_all_gathers))
-                      .cpu_offload(config.fsdp_cpu_offload)
-                      .mixed_precision(mixed_precision_of(config)));
+      flat_shard(model, mesh,
+                 FSDPOptions()
+                     .sharding(sharding)
+                     .wrap(wrap)
+                     .backward_prefetch(backward_prefetch_from_string(config.fsdp_prefetch))
+                     .forward_prefetch(config.fsdp_forward_prefetch)
+                     .limit_all_gathers(static_cast<int>(config.fsdp_limit_all_gathers))
+                     .cpu_offload(config.fsdp_cpu_offload)
+                     .mixed_precision(mixed_precision_of(config)));
 }
 
 }  // namespace shardtrain

@@ -15,9 +15,61 @@
 
 namespace shardtrain {
 
+namespace {
+
+// Elements [begin, begin + out.numel()) of a unit's flat parameter: the parameters' values,
+// or their initialization where they have none; zeros in the padding.
+template <typename UnitT>
+void fill_flat(const ParameterInitializer& init, const UnitT& unit, int64_t begin,
+               const at::Tensor& out) {
+  const int64_t end = begin + out.numel();
+  for (size_t k = 0; k < unit.params.size(); ++k) {
+    const int64_t first = unit.offsets[k];
+    const int64_t lo = std::max(begin, first);
+    const int64_t hi = std::min(end, first + unit.params[k].numel());
+    if (lo >= hi) continue;
+    at::Tensor piece = out.narrow(0, lo - begin, hi - lo);
+    if (is_materialized(unit.params[k])) {
+      piece.copy_(unit.params[k].detach().reshape({-1}).narrow(0, lo - first, hi - lo));
+    } else {
+      init(unit.names[k], lo - first, piece);
+    }
+  }
+  const int64_t pad = std::max(begin, unit.numel);
+  if (pad < end) out.narrow(0, pad - begin, end - pad).zero_();
+}
+
+}  // namespace
+
 FullyShardedDataParallel::FullyShardedDataParallel(Transformer model, const DeviceMesh& mesh,
                                                    FSDPOptions options)
     : model_(std::move(model)), options_(std::move(options)) {
+  check_options(mesh);
+  choose_groups(mesh);
+  open_swap_dirs();
+  form_units(mesh);
+  split_frozen_parameters();
+  torch::NoGradGuard no_grad;
+  // A deferred model (ModelInit().deferred()) has no parameter memory: each rank initializes
+  // just the elements it holds, bit-identical to the same slice of a whole model.
+  const ParameterInitializer init = model_->initializer();
+  sync_module_states();
+  std::vector<Unit*> every_unit;  // the units, each followed by its companions
+  for (auto& unit : units_) {
+    for (Unit* u = unit.get(); u; u = u->companion.get()) every_unit.push_back(u);
+  }
+  for (Unit* unit : every_unit) {
+    lay_out_flat(*unit, init);
+    release(*unit);              // start sharded, unless it stays gathered
+    if (unit->frozen) continue;  // nothing for the optimizer or the gradient hooks
+    add_segments(*unit);
+    move_shards_to_files(*unit);
+    add_gradient_hooks(*unit);
+  }
+  install_hooks();
+}
+
+void FullyShardedDataParallel::check_options(const DeviceMesh& mesh) {
   const int stage = options_.zero_.stage;
   if (stage < 0 || stage > 3) {
     throw std::invalid_argument("ZeRO stage must be 1, 2 or 3, got " + std::to_string(stage));
@@ -26,9 +78,6 @@ FullyShardedDataParallel::FullyShardedDataParallel(Transformer model, const Devi
   // full_shard.
   if (stage == 1 || stage == 2) options_.sharding_ = ShardingStrategy::kShardGradOp;
   if (stage == 3) options_.sharding_ = ShardingStrategy::kFullShard;
-  const auto strategy = options_.sharding_;
-  const int replicate = mesh.size(MeshAxis::kDpReplicate);
-  const int shard = mesh.size(MeshAxis::kDpShard);
   // Across tensor-parallel ranks the model is already split (parallelize_module), and across
   // pipeline ranks it holds one stage's parts: each rank shards what it holds over its
   // data-parallel peers.
@@ -41,12 +90,19 @@ FullyShardedDataParallel::FullyShardedDataParallel(Transformer model, const Devi
     throw std::invalid_argument("FSDP limit_all_gathers must be at least 1, got " +
                                 std::to_string(options_.limit_all_gathers_));
   }
+}
+
+void FullyShardedDataParallel::choose_groups(const DeviceMesh& mesh) {
+  const auto strategy = options_.sharding_;
+  const int replicate = mesh.size(MeshAxis::kDpReplicate);
+  const int shard = mesh.size(MeshAxis::kDpShard);
   dp_group_ = mesh.dp_ptr();
   if (strategy == ShardingStrategy::kHybridShard) {
     if (replicate < 2 || shard < 2) {
       throw std::invalid_argument(
           "hybrid_shard needs a 2-D mesh with dp_replicate > 1 and dp_shard > 1, got "
-          "dp_replicate=" + std::to_string(replicate) + " x dp_shard=" + std::to_string(shard));
+          "dp_replicate=" +
+          std::to_string(replicate) + " x dp_shard=" + std::to_string(shard));
     }
     shard_group_ = mesh.group_ptr(MeshAxis::kDpShard);
     replicate_group_ = mesh.group_ptr(MeshAxis::kDpReplicate);
@@ -56,8 +112,8 @@ FullyShardedDataParallel::FullyShardedDataParallel(Transformer model, const Devi
     if (replicate != 1) {
       throw std::invalid_argument(to_string(strategy) +
                                   " shards over every data-parallel rank, but the mesh has "
-                                  "dp_replicate=" + std::to_string(replicate) +
-                                  "; use hybrid_shard for a 2-D mesh");
+                                  "dp_replicate=" +
+                                  std::to_string(replicate) + "; use hybrid_shard for a 2-D mesh");
     }
     if (dp_group_->size() > 1) shard_group_ = dp_group_;
   }
@@ -65,12 +121,18 @@ FullyShardedDataParallel::FullyShardedDataParallel(Transformer model, const Devi
     shard_rank_ = shard_group_->rank();
     shard_size_ = shard_group_->size();
   }
+}
+
+void FullyShardedDataParallel::open_swap_dirs() {
+  const auto strategy = options_.sharding_;
+  const int stage = options_.zero_.stage;
   const bool on_file = !options_.param_swap_dir_.empty();
   if (on_file) {
     if (strategy != ShardingStrategy::kFullShard) {
-      throw std::invalid_argument("FSDP: parameter shards in files (param_swap_dir) need "
-                                  "full_shard sharding (ZeRO stage 3), not " +
-                                  to_string(strategy));
+      throw std::invalid_argument(
+          "FSDP: parameter shards in files (param_swap_dir) need "
+          "full_shard sharding (ZeRO stage 3), not " +
+          to_string(strategy));
     }
     std::error_code error;
     if (!std::filesystem::is_directory(options_.param_swap_dir_, error)) {
@@ -82,8 +144,9 @@ FullyShardedDataParallel::FullyShardedDataParallel(Transformer model, const Devi
   const bool grads_on_file = !options_.grad_swap_dir_.empty();
   if (grads_on_file) {
     if (stage == 1) {
-      throw std::invalid_argument("FSDP: gradient shards in files (grad_swap_dir) need ZeRO "
-                                  "stage 2 or 3 or FSDP; stage 1 keeps whole gradients");
+      throw std::invalid_argument(
+          "FSDP: gradient shards in files (grad_swap_dir) need ZeRO "
+          "stage 2 or 3 or FSDP; stage 1 keeps whole gradients");
     }
     std::error_code error;
     if (!std::filesystem::is_directory(options_.grad_swap_dir_, error)) {
@@ -93,7 +156,9 @@ FullyShardedDataParallel::FullyShardedDataParallel(Transformer model, const Devi
   }
 
   if (on_file || grads_on_file) io_ = std::make_unique<detail::IoThread>();
+}
 
+void FullyShardedDataParallel::form_units(const DeviceMesh& mesh) {
   // Units: the policy's groups of blocks in forward order, then the root with the rest.
   const auto points = model_->hook_points();
   for (size_t i = 0; i < points.size(); ++i) {
@@ -153,7 +218,9 @@ FullyShardedDataParallel::FullyShardedDataParallel(Transformer model, const Devi
     }
     add_params(*units_.back(), rest);
   }
+}
 
+void FullyShardedDataParallel::split_frozen_parameters() {
   // Frozen parameters leave their unit's flat parameter for companions, one per dtype (unit.h).
   bool any_frozen = false;
   for (auto& unit : units_) {
@@ -201,178 +268,161 @@ FullyShardedDataParallel::FullyShardedDataParallel(Transformer model, const Devi
       tail = tail->companion.get();
     }
   }
+  const int stage = options_.zero_.stage;
   if (any_frozen && stage != 0) {
     throw std::invalid_argument(
-        "ZeRO stage " + std::to_string(stage) + " keeps optimizer state for every parameter; "
+        "ZeRO stage " + std::to_string(stage) +
+        " keeps optimizer state for every parameter; "
         "the model has frozen parameters (requires_grad false, e.g. a LoRA base): shard it with "
         "FSDP (shard_grad_op is ZeRO-2's layout, full_shard ZeRO-3's)");
   }
+}
 
-  torch::NoGradGuard no_grad;
-  // A deferred model (ModelInit().deferred()) has no parameter memory: each rank initializes
-  // just the elements it holds, bit-identical to the same slice of a whole model.
-  const bool materialized = model_->materialized();
-  const ParameterInitializer init = model_->initializer();
-  if (options_.sync_module_states_ && dp_group_->size() > 1 && materialized) {
+void FullyShardedDataParallel::sync_module_states() {
+  if (options_.sync_module_states_ && dp_group_->size() > 1 && model_->materialized()) {
     std::vector<WorkHandle> pending;
     for (auto& p : model_->parameters()) pending.push_back(dp_group_->broadcast(p.data(), 0));
     for (auto& b : model_->buffers()) pending.push_back(dp_group_->broadcast(b, 0));
     for (auto& w : pending) w->wait();
   }
-  const at::ScalarType policy_dtype = options_.mixed_precision_.param_dtype_;
   for (auto& b : model_->buffers()) b.set_data(b.to(options_.mixed_precision_.buffer_dtype_));
+}
 
-  // Elements [begin, begin + out.numel()) of a unit's flat parameter: the parameters' values,
-  // or their initialization where they have none; zeros in the padding.
-  auto fill_flat = [&init](const Unit& unit, int64_t begin, const at::Tensor& out) {
-    const int64_t end = begin + out.numel();
-    for (size_t k = 0; k < unit.params.size(); ++k) {
-      const int64_t first = unit.offsets[k];
-      const int64_t lo = std::max(begin, first);
-      const int64_t hi = std::min(end, first + unit.params[k].numel());
-      if (lo >= hi) continue;
-      at::Tensor piece = out.narrow(0, lo - begin, hi - lo);
-      if (is_materialized(unit.params[k])) {
-        piece.copy_(unit.params[k].detach().reshape({-1}).narrow(0, lo - first, hi - lo));
+void FullyShardedDataParallel::lay_out_flat(Unit& unit, const ParameterInitializer& init) {
+  const int stage = options_.zero_.stage;
+  const bool on_file = !options_.param_swap_dir_.empty();
+  const bool grads_on_file = !options_.grad_swap_dir_.empty();
+  const at::ScalarType policy_dtype = options_.mixed_precision_.param_dtype_;
+  for (const auto& p : unit.params) {
+    unit.offsets.push_back(unit.numel);
+    unit.shapes.push_back(p.sizes().vec());
+    unit.numel += p.numel();
+  }
+  unit.padded = (unit.numel + shard_size_ - 1) / shard_size_ * shard_size_;
+  unit.shard_numel = unit.padded / shard_size_;
+  // What trains keeps an fp32 master and computes in the policy's dtype. Frozen parameters
+  // keep the dtype they were given (a LoRA base in bf16 stays bf16 on the wire and gathered);
+  // frozen fp32 ones follow the policy.
+  const at::ScalarType stored =
+      unit.frozen && !unit.params.empty() ? unit.params.front().scalar_type() : at::kFloat;
+  const at::ScalarType param_dtype = stored == at::kFloat ? policy_dtype : stored;
+  const at::TensorOptions options =
+      (unit.params.empty() ? at::TensorOptions() : unit.params.front().options()).dtype(stored);
+  unit.aliased = shard_size_ == 1 && param_dtype == stored && !on_file;
+  unit.master_in_full = (stage == 1 || stage == 2) && param_dtype == at::kFloat && !unit.aliased;
+  if (unit.master_in_full) {
+    // ZeRO-1/2 keep the whole parameters on every rank: the fp32 master is a slice of them,
+    // updated in place, then all-gathered.
+    unit.full = at::empty({unit.padded}, options);
+    fill_flat(init, unit, 0, unit.full);
+    unit.master = unit.full.narrow(0, shard_rank_ * unit.shard_numel, unit.shard_numel);
+  } else {
+    unit.master = at::empty({unit.shard_numel}, options);
+    fill_flat(init, unit, shard_rank_ * unit.shard_numel, unit.master);
+    unit.full = unit.aliased ? unit.master : at::empty({unit.padded}, options.dtype(param_dtype));
+    // Only a unit that stays gathered needs its full values now; the others are released
+    // below and gathered from the shards when they compute.
+    if (!unit.aliased && keeps_gathered(unit)) {
+      if (param_dtype == stored) {
+        fill_flat(init, unit, 0, unit.full);
       } else {
-        init(unit.names[k], lo - first, piece);
+        at::Tensor wide = at::empty({unit.padded}, options);
+        fill_flat(init, unit, 0, wide);
+        unit.full.copy_(wide);
       }
     }
-    const int64_t pad = std::max(begin, unit.numel);
-    if (pad < end) out.narrow(0, pad - begin, end - pad).zero_();
-  };
-
-  std::vector<Unit*> every_unit;  // the units, each followed by its companions
-  for (auto& unit : units_) {
-    for (Unit* u = unit.get(); u; u = u->companion.get()) every_unit.push_back(u);
   }
-  for (Unit* unit_ptr : every_unit) {
-    Unit& unit = *unit_ptr;
-    for (const auto& p : unit.params) {
-      unit.offsets.push_back(unit.numel);
-      unit.shapes.push_back(p.sizes().vec());
-      unit.numel += p.numel();
-    }
-    unit.padded = (unit.numel + shard_size_ - 1) / shard_size_ * shard_size_;
-    unit.shard_numel = unit.padded / shard_size_;
-    // What trains keeps an fp32 master and computes in the policy's dtype. Frozen parameters
-    // keep the dtype they were given (a LoRA base in bf16 stays bf16 on the wire and gathered);
-    // frozen fp32 ones follow the policy.
-    const at::ScalarType stored =
-        unit.frozen && !unit.params.empty() ? unit.params.front().scalar_type() : at::kFloat;
-    const at::ScalarType param_dtype = stored == at::kFloat ? policy_dtype : stored;
-    const at::TensorOptions options =
-        (unit.params.empty() ? at::TensorOptions() : unit.params.front().options()).dtype(stored);
-    unit.aliased = shard_size_ == 1 && param_dtype == stored && !on_file;
-    unit.master_in_full = (stage == 1 || stage == 2) && param_dtype == at::kFloat && !unit.aliased;
-    if (unit.master_in_full) {
-      // ZeRO-1/2 keep the whole parameters on every rank: the fp32 master is a slice of them,
-      // updated in place, then all-gathered.
-      unit.full = at::empty({unit.padded}, options);
-      fill_flat(unit, 0, unit.full);
-      unit.master = unit.full.narrow(0, shard_rank_ * unit.shard_numel, unit.shard_numel);
-    } else {
-      unit.master = at::empty({unit.shard_numel}, options);
-      fill_flat(unit, shard_rank_ * unit.shard_numel, unit.master);
-      unit.full = unit.aliased ? unit.master : at::empty({unit.padded}, options.dtype(param_dtype));
-      // Only a unit that stays gathered needs its full values now; the others are released
-      // below and gathered from the shards when they compute.
-      if (!unit.aliased && keeps_gathered(unit)) {
-        if (param_dtype == stored) {
-          fill_flat(unit, 0, unit.full);
-        } else {
-          at::Tensor wide = at::empty({unit.padded}, options);
-          fill_flat(unit, 0, wide);
-          unit.full.copy_(wide);
-        }
+  // On file in half precision, the all-gather's input is cast from the master as it is read.
+  if (param_dtype == stored) {
+    unit.wire = unit.master;
+  } else if (!on_file) {
+    unit.wire = unit.master.to(param_dtype);
+  }
+  if (unit.frozen) {
+    // no gradient shard
+  } else if (stage == 1) {
+    unit.grad_full = at::zeros({unit.padded}, unit.master.options());
+    unit.grad_shard = unit.grad_full.narrow(0, shard_rank_ * unit.shard_numel, unit.shard_numel);
+    unit.grads_in_full =
+        param_dtype == at::kFloat && options_.mixed_precision_.reduce_dtype_ == at::kFloat;
+  } else {
+    unit.grad_shard = grads_on_file ? at::empty_like(unit.master) : at::zeros_like(unit.master);
+  }
+  // The module's parameters become views into the flat buffer, in the compute dtype.
+  for (size_t k = 0; k < unit.params.size(); ++k) {
+    at::Tensor& p = unit.params[k];
+    if (p.scalar_type() != param_dtype) p.set_data(at::empty({0}, options.dtype(param_dtype)));
+    p.set_(unit.full.storage(), unit.offsets[k], unit.shapes[k],
+           c10::contiguous_strides(unit.shapes[k]));
+    // Autograd adds into a defined .grad in place, as DDP's bucket views rely on.
+    p.mutable_grad() =
+        unit.grads_in_full
+            ? unit.grad_full.narrow(0, unit.offsets[k], p.numel()).view(unit.shapes[k])
+            : at::Tensor();
+  }
+  unit.gathered = !unit.aliased;
+  if (unit.gathered) {
+    gathered_bytes_ += unit.full_bytes();
+    gathered_elements_ += unit.padded;
+    gathered_peak_ = std::max(gathered_peak_, gathered_bytes_);
+  }
+}
+
+void FullyShardedDataParallel::add_segments(Unit& unit) {
+  // The optimizer's pieces: where each parameter meets this rank's shard.
+  const int64_t begin = shard_rank_ * unit.shard_numel;
+  const int64_t end = begin + unit.shard_numel;
+  for (size_t k = 0; k < unit.params.size(); ++k) {
+    const int64_t lo = std::max(begin, unit.offsets[k]);
+    const int64_t hi = std::min(end, unit.offsets[k] + unit.params[k].numel());
+    if (lo >= hi) continue;
+    ShardSegment segment;
+    segment.name = unit.names[k];
+    segment.shape = unit.shapes[k];
+    segment.offset = lo - unit.offsets[k];
+    segment.unit = unit.index;
+    segment.shard_offset = lo - begin;
+    segment.param = unit.master.narrow(0, lo - begin, hi - lo);
+    segment.param.requires_grad_(true);
+    segment.param.mutable_grad() = unit.grad_shard.narrow(0, lo - begin, hi - lo);
+    segments_.push_back(std::move(segment));
+  }
+}
+
+void FullyShardedDataParallel::move_shards_to_files(Unit& unit) {
+  const bool on_file = !options_.param_swap_dir_.empty();
+  const bool grads_on_file = !options_.grad_swap_dir_.empty();
+  if (on_file) {
+    const int64_t bytes = unit.shard_numel * 4;
+    unit.swap = std::make_unique<detail::SwapFile>(
+        detail::unique_swap_stem(options_.param_swap_dir_, "param") + "." + unit.name, bytes);
+    unit.swap->write(unit.master.data_ptr(), bytes, 0);
+    drop_master(unit);
+  }
+  if (grads_on_file) {
+    // Created as holes: nothing is written until a reduction adds into the shard.
+    unit.grad_swap = std::make_unique<detail::SwapFile>(
+        detail::unique_swap_stem(options_.grad_swap_dir_, "grad") + "." + unit.name,
+        unit.shard_numel * 4);
+    unit.grad_zero = true;
+    unit.grad_squares = at::zeros({}, at::kDouble);
+    detail::release_storage(unit.grad_shard);
+    unit.grad_resident = false;
+  }
+}
+
+void FullyShardedDataParallel::add_gradient_hooks(Unit& unit) {
+  unit.ready_flags.assign(unit.params.size(), false);
+  for (size_t k = 0; k < unit.params.size(); ++k) {
+    Unit* target = &unit;
+    grad_hooks_.emplace_back(unit.params[k], [this, target, k] {
+      if (pipelined_) return;  // reduced at end_pipeline()
+      if (!target->ready_flags[k]) {
+        target->ready_flags[k] = true;
+        if (++target->ready == target->params.size()) reduce(*target);
       }
-    }
-    // On file in half precision, the all-gather's input is cast from the master as it is read.
-    if (param_dtype == stored) {
-      unit.wire = unit.master;
-    } else if (!on_file) {
-      unit.wire = unit.master.to(param_dtype);
-    }
-    if (unit.frozen) {
-      // no gradient shard
-    } else if (stage == 1) {
-      unit.grad_full = at::zeros({unit.padded}, unit.master.options());
-      unit.grad_shard = unit.grad_full.narrow(0, shard_rank_ * unit.shard_numel, unit.shard_numel);
-      unit.grads_in_full = param_dtype == at::kFloat &&
-                           options_.mixed_precision_.reduce_dtype_ == at::kFloat;
-    } else {
-      unit.grad_shard = grads_on_file ? at::empty_like(unit.master) : at::zeros_like(unit.master);
-    }
-    // The module's parameters become views into the flat buffer, in the compute dtype.
-    for (size_t k = 0; k < unit.params.size(); ++k) {
-      at::Tensor& p = unit.params[k];
-      if (p.scalar_type() != param_dtype) p.set_data(at::empty({0}, options.dtype(param_dtype)));
-      p.set_(unit.full.storage(), unit.offsets[k], unit.shapes[k],
-             c10::contiguous_strides(unit.shapes[k]));
-      // Autograd adds into a defined .grad in place, as DDP's bucket views rely on.
-      p.mutable_grad() = unit.grads_in_full ? unit.grad_full.narrow(0, unit.offsets[k], p.numel())
-                                                  .view(unit.shapes[k])
-                                            : at::Tensor();
-    }
-    unit.gathered = !unit.aliased;
-    if (unit.gathered) {
-      gathered_bytes_ += unit.full_bytes();
-      gathered_elements_ += unit.padded;
-      gathered_peak_ = std::max(gathered_peak_, gathered_bytes_);
-    }
-    release(unit);  // start sharded, unless it stays gathered
-
-    if (unit.frozen) continue;  // nothing for the optimizer or the gradient hooks
-    // The optimizer's pieces: where each parameter meets this rank's shard.
-    const int64_t begin = shard_rank_ * unit.shard_numel;
-    const int64_t end = begin + unit.shard_numel;
-    for (size_t k = 0; k < unit.params.size(); ++k) {
-      const int64_t lo = std::max(begin, unit.offsets[k]);
-      const int64_t hi = std::min(end, unit.offsets[k] + unit.params[k].numel());
-      if (lo >= hi) continue;
-      ShardSegment segment;
-      segment.name = unit.names[k];
-      segment.shape = unit.shapes[k];
-      segment.offset = lo - unit.offsets[k];
-      segment.unit = unit.index;
-      segment.shard_offset = lo - begin;
-      segment.param = unit.master.narrow(0, lo - begin, hi - lo);
-      segment.param.requires_grad_(true);
-      segment.param.mutable_grad() = unit.grad_shard.narrow(0, lo - begin, hi - lo);
-      segments_.push_back(std::move(segment));
-    }
-
-    if (on_file) {
-      const int64_t bytes = unit.shard_numel * 4;
-      unit.swap = std::make_unique<detail::SwapFile>(
-          detail::unique_swap_stem(options_.param_swap_dir_, "param") + "." + unit.name, bytes);
-      unit.swap->write(unit.master.data_ptr(), bytes, 0);
-      drop_master(unit);
-    }
-    if (grads_on_file) {
-      // Created as holes: nothing is written until a reduction adds into the shard.
-      unit.grad_swap = std::make_unique<detail::SwapFile>(
-          detail::unique_swap_stem(options_.grad_swap_dir_, "grad") + "." + unit.name,
-          unit.shard_numel * 4);
-      unit.grad_zero = true;
-      unit.grad_squares = at::zeros({}, at::kDouble);
-      detail::release_storage(unit.grad_shard);
-      unit.grad_resident = false;
-    }
-
-    unit.ready_flags.assign(unit.params.size(), false);
-    for (size_t k = 0; k < unit.params.size(); ++k) {
-      Unit* target = &unit;
-      grad_hooks_.emplace_back(unit.params[k], [this, target, k] {
-        if (pipelined_) return;  // reduced at end_pipeline()
-        if (!target->ready_flags[k]) {
-          target->ready_flags[k] = true;
-          if (++target->ready == target->params.size()) reduce(*target);
-        }
-      });
-    }
+    });
   }
-  install_hooks();
 }
 
 FullyShardedDataParallel::~FullyShardedDataParallel() {
@@ -394,8 +444,8 @@ FullyShardedDataParallel::~FullyShardedDataParallel() {
   }
 }
 
-std::unique_ptr<FullyShardedDataParallel> fully_shard(Transformer model, const DeviceMesh& mesh,
-                                                      FSDPOptions options) {
+std::unique_ptr<FullyShardedDataParallel> flat_shard(Transformer model, const DeviceMesh& mesh,
+                                                     FSDPOptions options) {
   return std::make_unique<FullyShardedDataParallel>(std::move(model), mesh, std::move(options));
 }
 
