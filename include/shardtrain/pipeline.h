@@ -8,12 +8,9 @@
 #include <utility>
 #include <vector>
 
-namespace shardtrain {
+#include "shardtrain/parallel_names.h"
 
-enum class PipelineScheduleKind { kGpipe, kOneFOneB, kInterleaved1F1B, kZeroBubble };
-std::string to_string(PipelineScheduleKind kind);
-// "gpipe", "1f1b", "interleaved_1f1b", "zero_bubble"; throws std::invalid_argument listing them.
-PipelineScheduleKind pipeline_schedule_from_string(const std::string& name);
+namespace shardtrain {
 
 // One unit of a rank's work. Stage s (0 .. ranks x virtual_stages - 1) lives on pipeline rank
 // s % ranks, so that with virtual stages each rank holds every ranks-th stage (Megatron's

@@ -10,8 +10,7 @@
 #include <stdexcept>
 
 #include "shardtrain/config.h"
-#include "shardtrain/fsdp.h"
-#include "shardtrain/pipeline.h"
+#include "shardtrain/parallel_names.h"
 
 namespace shardtrain {
 namespace {
@@ -421,7 +420,7 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
 namespace {
 
 // The pipeline's settings against each other and the model; the world size is checked with the
-// mesh (train_mesh_shape).
+// mesh (train_mesh_shape), the split and the schedule by check_parallel_settings.
 void validate_pipeline(const TrainConfig& c) {
   auto require = [](bool ok, const std::string& message) {
     if (!ok) throw std::invalid_argument(message);
@@ -467,9 +466,8 @@ void validate_pipeline(const TrainConfig& c) {
                 " blocks do not divide into parallel.pp x parallel.pp_virtual_stages = " +
                 std::to_string(stages) + " stages (or give parallel.pp_split)");
   }
-  pipeline_stage_blocks(c.model.n_layers, stages, c.pp_split);
-  make_pipeline_schedule(kind, static_cast<int>(c.pp), static_cast<int>(c.pp_virtual_stages),
-                         static_cast<int>(c.grad_accum));
+  // The split and the schedule against the micro-batches are the pipeline's own rules:
+  // check_parallel_settings (parallel/parallelize.h) applies them.
 }
 
 }  // namespace

@@ -15,6 +15,15 @@ MixedPrecision mixed_precision_of(const TrainConfig& config) {
       .buffer_dtype(dtype(config.buffer_dtype));
 }
 
+void check_parallel_settings(const TrainConfig& config) {
+  if (config.pp == 1) return;
+  pipeline_stage_blocks(config.model.n_layers,
+                        static_cast<int>(config.pp * config.pp_virtual_stages), config.pp_split);
+  make_pipeline_schedule(pipeline_schedule_from_string(config.pp_schedule),
+                         static_cast<int>(config.pp), static_cast<int>(config.pp_virtual_stages),
+                         static_cast<int>(config.grad_accum));
+}
+
 void apply_activation_checkpointing(Transformer& model, const TrainConfig& config) {
   model->set_activation_checkpointing(config.activation_checkpointing);
 }

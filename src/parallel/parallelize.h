@@ -28,6 +28,11 @@ struct Parallelized {
   ~Parallelized();
 };
 
+// What only a strategy's own rules can judge, checked before anything is allocated or written:
+// today the pipeline's stages (parallel.pp_split against the model's blocks) and its schedule
+// (against the micro-batches per step). Throws std::invalid_argument naming the settings.
+void check_parallel_settings(const TrainConfig& config);
+
 // Applies config's parallelisms to `model`, in this order (torchtitan's):
 //   0. pipeline parallelism: `model` holds this rank's stages already (built with
 //      ModelInit::parts(pipeline_parts(...)), since a stage never builds the other stages' parts);

@@ -61,6 +61,7 @@ at::Tensor token_loss(Transformer& model, const Batch& batch) {
 Trainer::Trainer(TrainConfig config, std::shared_ptr<ProcessGroup> world)
     : config_(std::move(config)), world_(std::move(world)) {
   config_.validate();
+  check_parallel_settings(config_);
   // Before anything else: every rank runs the same settings (a rank started with other ones
   // would fail later, or worse, not).
   if (world_) detail::check_same_config(config_, *world_);

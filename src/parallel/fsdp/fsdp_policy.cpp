@@ -93,40 +93,4 @@ std::vector<std::vector<size_t>> plan_units(
 
 }  // namespace detail
 
-ShardingStrategy sharding_strategy_from_string(const std::string& name) {
-  if (name == "full_shard") return ShardingStrategy::kFullShard;
-  if (name == "shard_grad_op") return ShardingStrategy::kShardGradOp;
-  if (name == "no_shard") return ShardingStrategy::kNoShard;
-  if (name == "hybrid_shard") return ShardingStrategy::kHybridShard;
-  throw std::invalid_argument("unknown FSDP sharding strategy '" + name +
-                              "' (expected full_shard, shard_grad_op, no_shard or hybrid_shard)");
-}
-
-BackwardPrefetch backward_prefetch_from_string(const std::string& name) {
-  if (name == "backward_pre") return BackwardPrefetch::kBackwardPre;
-  if (name == "backward_post") return BackwardPrefetch::kBackwardPost;
-  if (name == "none") return BackwardPrefetch::kNone;
-  throw std::invalid_argument("unknown FSDP backward prefetch '" + name +
-                              "' (expected backward_pre, backward_post or none)");
-}
-
-std::string to_string(ShardingStrategy strategy) {
-  switch (strategy) {
-    case ShardingStrategy::kFullShard: return "full_shard";
-    case ShardingStrategy::kShardGradOp: return "shard_grad_op";
-    case ShardingStrategy::kNoShard: return "no_shard";
-    case ShardingStrategy::kHybridShard: return "hybrid_shard";
-  }
-  return "?";
-}
-
-std::string to_string(BackwardPrefetch prefetch) {
-  switch (prefetch) {
-    case BackwardPrefetch::kBackwardPre: return "backward_pre";
-    case BackwardPrefetch::kBackwardPost: return "backward_post";
-    case BackwardPrefetch::kNone: return "none";
-  }
-  return "?";
-}
-
 }  // namespace shardtrain

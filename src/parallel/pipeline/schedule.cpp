@@ -14,14 +14,6 @@ namespace {
 
 using Kind = PipelineAction::Kind;
 
-const std::vector<std::pair<std::string, PipelineScheduleKind>>& schedule_names() {
-  static const std::vector<std::pair<std::string, PipelineScheduleKind>> names = {
-      {"gpipe", PipelineScheduleKind::kGpipe},
-      {"1f1b", PipelineScheduleKind::kOneFOneB},
-      {"interleaved_1f1b", PipelineScheduleKind::kInterleaved1F1B},
-      {"zero_bubble", PipelineScheduleKind::kZeroBubble}};
-  return names;
-}
 
 // The forwards and backwards of one rank in the schedule's order (the zero-bubble schedule's
 // weight gradients are placed by simulate()).
@@ -137,22 +129,6 @@ void simulate(PipelineSchedule& schedule, const std::vector<std::vector<Pipeline
 }
 
 }  // namespace
-
-std::string to_string(PipelineScheduleKind kind) {
-  for (const auto& [name, value] : schedule_names()) {
-    if (value == kind) return name;
-  }
-  return "unknown";
-}
-
-PipelineScheduleKind pipeline_schedule_from_string(const std::string& name) {
-  std::string known;
-  for (const auto& [candidate, value] : schedule_names()) {
-    if (candidate == name) return value;
-    known += (known.empty() ? "" : ", ") + ("\"" + candidate + "\"");
-  }
-  throw std::invalid_argument("parallel.pp_schedule \"" + name + "\" is not one of " + known);
-}
 
 std::string to_string(const PipelineAction& action) {
   const char* letter = action.kind == Kind::kForward         ? "F"
