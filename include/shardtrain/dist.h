@@ -76,11 +76,18 @@ struct ProcessGroupOptions {
     interface_ = std::move(value);
     return *this;
   }
+  // Ranks on each node, as the launcher said (init_from_environment sets it from the
+  // rendezvous); 0: not known. Its subgroups carry the same number.
+  ProcessGroupOptions& ranks_per_node(int value) {
+    ranks_per_node_ = value;
+    return *this;
+  }
 
   std::chrono::milliseconds timeout_{std::chrono::minutes(5)};
   Backend backend_ = Backend::kGloo;
   std::string hostname_;
   std::string interface_;
+  int ranks_per_node_ = 0;
 };
 
 // A set of ranks that communicate. Every collective (all_reduce, all_gather, reduce_scatter,
@@ -101,6 +108,8 @@ class ProcessGroup {
   const std::vector<int>& global_ranks() const { return global_ranks_; }
   const std::string& name() const { return name_; }
   virtual Backend backend() const = 0;
+  // Ranks on each node of the job (ProcessGroupOptions::ranks_per_node); 0: not known.
+  int ranks_per_node() const { return ranks_per_node_; }
 
   // In place: afterwards every member holds the reduction of all members' `tensor`.
   virtual WorkHandle all_reduce(at::Tensor tensor, ReduceOp op = ReduceOp::kSum) = 0;
@@ -151,6 +160,7 @@ class ProcessGroup {
   std::string name_;
   int rank_;
   std::vector<int> global_ranks_;
+  int ranks_per_node_ = 0;
 
  private:
   std::mutex subgroups_mutex_;

@@ -109,10 +109,10 @@ class Trainer {
   int world_size() const { return world_ ? world_->size() : 1; }
   // Ranks that see different data: tensor-parallel peers (parallel.tp neighbouring ranks) and
   // the stages of one pipeline see the same batch.
-  int dp_size() const { return world_size() / static_cast<int>(config_.tp * config_.pp); }
-  int dp_rank() const { return rank() / static_cast<int>(config_.tp) % dp_size(); }
+  int dp_size() const { return mesh_ ? mesh_->dp().size() : 1; }
+  int dp_rank() const { return mesh_ ? mesh_->dp().rank() : 0; }
   // This rank's place on the pipeline (the mesh's outermost axis).
-  int pp_rank() const { return rank() / (world_size() / static_cast<int>(config_.pp)); }
+  int pp_rank() const { return mesh_ ? mesh_->coordinate(MeshAxis::kPp) : 0; }
   Transformer& model() { return model_; }
   const TrainConfig& config() const { return config_; }
   const LossScaler& loss_scaler() const { return scaler_; }

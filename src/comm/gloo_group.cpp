@@ -149,6 +149,7 @@ GlooProcessGroup::GlooProcessGroup(std::string name, c10::intrusive_ptr<c10d::St
       store_(std::move(store)),
       options_(std::move(options)),
       device_(std::move(device)) {
+  ranks_per_node_ = options_.ranks_per_node_;
   wait_for_members(*store_, name_, rank_, global_ranks_, options_.timeout_);
   auto context = std::make_shared<gloo::rendezvous::Context>(rank_, size());
   context->setTimeout(options_.timeout_);

@@ -146,7 +146,7 @@ std::vector<HostSlots> select_hosts(std::vector<HostSlots> hosts, const std::str
   const auto selection = parse_selection(including ? include : exclude, flag);
   for (const auto& [name, slots] : selection) {
     auto host = std::find_if(hosts.begin(), hosts.end(),
-                             [&](const HostSlots& h) { return h.host == name; });
+                             [&name = name](const HostSlots& h) { return h.host == name; });
     if (host == hosts.end()) {
       throw std::invalid_argument(flag + " names host '" + name + "', which the hostfile lacks");
     }

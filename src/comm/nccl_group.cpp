@@ -58,6 +58,7 @@ NcclProcessGroup::NcclProcessGroup(std::string name, c10::intrusive_ptr<c10d::St
     : ProcessGroup(std::move(name), rank, std::move(global_ranks)),
       store_(std::move(store)),
       options_(std::move(options)) {
+  ranks_per_node_ = options_.ranks_per_node_;
   wait_for_members(*store_, name_, rank_, global_ranks_, options_.timeout_);
   auto nccl_options = c10d::ProcessGroupNCCL::Options::create();
   nccl_options->timeout = options_.timeout_;

@@ -243,6 +243,7 @@ std::shared_ptr<ProcessGroup> init_from_environment(ProcessGroupOptions options)
 
 std::shared_ptr<ProcessGroup> init_from_environment(const RendezvousInfo& info,
                                                     ProcessGroupOptions options) {
+  options.ranks_per_node(info.local_world_size);
   if (options.hostname_.empty() && options.interface_.empty() && info.world_size > 1) {
     const TransportAddress chosen = transport_address(info.master_addr, info.master_port);
     options.hostname(chosen.hostname);

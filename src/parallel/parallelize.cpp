@@ -1,6 +1,5 @@
 #include "parallel/parallelize.h"
 
-#include <cstdlib>
 #include <stdexcept>
 
 #include "parallel/pipeline/pipeline_runner.h"
@@ -61,7 +60,7 @@ std::unique_ptr<detail::PipelineRunner> apply_pp(Transformer& model, const Train
       /*split_backward=*/!config.activation_checkpointing);
 }
 
-MeshShape train_mesh_shape(const TrainConfig& config, int world_size) {
+MeshShape train_mesh_shape(const TrainConfig& config, int world_size, int ranks_per_node) {
   const int tp = static_cast<int>(config.tp);
   if (world_size % tp != 0) {
     throw std::invalid_argument("world size " + std::to_string(world_size) +
@@ -80,9 +79,8 @@ MeshShape train_mesh_shape(const TrainConfig& config, int world_size) {
     if (replicate == 0) {
       // One replica per node, sharding inside it, as PyTorch's hybrid_shard does. Pipeline
       // stages are the mesh's outermost axis: a stage's ranks span nodes / pp nodes.
-      const char* local = std::getenv("LOCAL_WORLD_SIZE");
-      const int per_node = local ? std::atoi(local) : 0;
-      const int nodes = per_node > 0 && world_size % per_node == 0 ? world_size / per_node : 0;
+      const int nodes =
+          ranks_per_node > 0 && world_size % ranks_per_node == 0 ? world_size / ranks_per_node : 0;
       if (nodes % pp != 0 || nodes / pp < 2) {
         throw std::invalid_argument(
             "parallel.fsdp.sharding = \"hybrid_shard\" needs parallel.fsdp.replicate (the "
@@ -96,32 +94,29 @@ MeshShape train_mesh_shape(const TrainConfig& config, int world_size) {
 }
 
 Parallelized parallelize(Transformer& model, const TrainConfig& config,
-                         const std::shared_ptr<ProcessGroup>& world) {
+                         const std::shared_ptr<ProcessGroup>& world, const DeviceMesh* mesh) {
   Parallelized out;
   const bool sharded = config.strategy == "fsdp" || config.strategy == "zero";
   const bool meshed = config.tp > 1 || config.pp > 1 || sharded;
-  if (!world && meshed) {
+  if (!(world && mesh) && meshed) {
     throw std::invalid_argument("parallel.tp > 1, parallel.pp > 1 and parallel.strategy \"" +
                                 config.strategy + "\" need a process group");
   }
-  // Plain DDP keeps the world as its group; everything else works on the mesh's axes.
-  if (world && meshed) {
-    out.mesh = std::make_unique<DeviceMesh>(world, train_mesh_shape(config, world->size()));
-  }
-  if (config.tp > 1) apply_tp(model, config, *out.mesh);
+  if (config.tp > 1) apply_tp(model, config, *mesh);
   apply_activation_checkpointing(model, config);
   if (config.strategy == "fsdp") {
-    apply_fsdp(model, config, *out.mesh, out);
+    apply_fsdp(model, config, *mesh, out);
   } else if (config.strategy == "zero") {
-    apply_zero(model, config, *out.mesh, out);
+    apply_zero(model, config, *mesh, out);
   } else if (config.strategy == "ddp" && world) {
-    const auto dp = out.mesh ? out.mesh->dp_ptr() : world;
+    // Plain DDP keeps the world as its group; under tp or pp it runs on the mesh's dp axis.
+    const auto dp = meshed ? mesh->dp_ptr() : world;
     if (dp->size() > 1) out.ddp = apply_ddp(model, config, dp);
   }
   // What no sharded step took over is held whole (each rank's slices of what tensor
   // parallelism split): "none", and DDP on one data-parallel rank.
   if (!out.sharded) model->materialize();
-  if (out.mesh) out.pipeline = apply_pp(model, config, *out.mesh);
+  if (mesh) out.pipeline = apply_pp(model, config, *mesh);
   return out;
 }
 

@@ -16,10 +16,9 @@ namespace detail {
 class PipelineRunner;
 }
 
-// What parallelize() made of a model: the mesh (null for one process), and at most one
-// data-parallel wrapper (none for strategy "none", or DDP on one data-parallel rank).
+// What parallelize() made of a model: at most one data-parallel wrapper (none for strategy
+// "none", or DDP on one data-parallel rank), and the pipeline's runner.
 struct Parallelized {
-  std::unique_ptr<DeviceMesh> mesh;
   std::unique_ptr<DistributedDataParallel> ddp;
   std::unique_ptr<FullyShardedDataParallel> sharded;  // fsdp, or zero at any stage
   std::unique_ptr<detail::PipelineRunner> pipeline;   // parallel.pp > 1
@@ -43,15 +42,18 @@ void check_parallel_settings(const TrainConfig& config);
 //      apply_zero;
 //   4. materialization: a sharded step allocates and initializes only this rank's shards of a
 //      deferred model; every other path materializes the whole model.
-// `model` may be deferred (ModelInit().deferred()). Collective over `world` (null: one process).
-// Throws std::invalid_argument for settings a strategy refuses, naming them.
+// `model` may be deferred (ModelInit().deferred()). `mesh` is the trainer's mesh over `world`
+// (train_mesh_shape), built before the model; both null for one process. Collective over
+// `world`. Throws std::invalid_argument for settings a strategy refuses, naming them.
 Parallelized parallelize(Transformer& model, const TrainConfig& config,
-                         const std::shared_ptr<ProcessGroup>& world);
+                         const std::shared_ptr<ProcessGroup>& world, const DeviceMesh* mesh);
 
-// The trainer's mesh over `world`: pp = parallel.pp outermost, tp = parallel.tp innermost,
-// dp_replicate from hybrid_shard's parallel.fsdp.replicate (one per node when 0), dp_shard the
-// ranks left over. Throws std::invalid_argument naming the sizes when they do not divide the world.
-MeshShape train_mesh_shape(const TrainConfig& config, int world_size);
+// The trainer's mesh over `world_size` ranks: pp = parallel.pp outermost, tp = parallel.tp
+// innermost, dp_replicate from hybrid_shard's parallel.fsdp.replicate (0: one replica per node
+// of `ranks_per_node` ranks, ProcessGroup::ranks_per_node; 0 there means not known), dp_shard
+// the ranks left over. Throws std::invalid_argument naming the sizes when they do not divide
+// the world.
+MeshShape train_mesh_shape(const TrainConfig& config, int world_size, int ranks_per_node);
 
 // The blocks of every pipeline stage (parallel.pp x pp_virtual_stages, pp_split), and the
 // parts of the model pipeline rank `pp_rank` builds: stages pp_rank, pp_rank + pp, ...

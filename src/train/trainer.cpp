@@ -65,9 +65,12 @@ Trainer::Trainer(TrainConfig config, std::shared_ptr<ProcessGroup> world)
   // Before anything else: every rank runs the same settings (a rank started with other ones
   // would fail later, or worse, not).
   if (world_) detail::check_same_config(config_, *world_);
-  // The mesh: tp dividing the world, hybrid_shard's replicas.
-  train_mesh_shape(config_, world_size());
-  if (dp_size() > 1 && config_.strategy == "none") {
+  // The mesh first, the one source of data-parallel rank and size: tp dividing the world,
+  // hybrid_shard's replicas.
+  const MeshShape shape =
+      train_mesh_shape(config_, world_size(), world_ ? world_->ranks_per_node() : 1);
+  if (shape.degree(MeshAxis::kDpReplicate) * shape.degree(MeshAxis::kDpShard) > 1 &&
+      config_.strategy == "none") {
     throw std::invalid_argument(
         "parallel.strategy = \"none\" trains on one process" +
         std::string(config_.tp > 1 ? " (or one tensor-parallel group)" : "") +
@@ -78,6 +81,7 @@ Trainer::Trainer(TrainConfig config, std::shared_ptr<ProcessGroup> world)
     // FSDP's sharding, policy and accounting on one rank, so a single process can run it too.
     world_ = init_process_group(c10::make_intrusive<c10d::HashStore>(), 0, 1);
   }
+  if (world_) mesh_ = std::make_unique<DeviceMesh>(world_, shape);
   if (config_.autocast == "fp16") {
     // LibTorch's CPU autocast has no fp16 kernels; fp16 needs the CUDA path.
     throw std::invalid_argument(
@@ -183,8 +187,7 @@ Trainer::Trainer(TrainConfig config, std::shared_ptr<ProcessGroup> world)
   }
   const bool prompt = detail::return_memory_promptly(config_);
   {
-    Parallelized parallel = parallelize(model_, config_, world_);
-    mesh_ = std::move(parallel.mesh);
+    Parallelized parallel = parallelize(model_, config_, world_, mesh_.get());
     ddp_ = std::move(parallel.ddp);
     fsdp_ = std::move(parallel.sharded);
     pipeline_ = std::move(parallel.pipeline);

@@ -104,6 +104,7 @@ TEST(RendezvousTest, RanksMeetOverTheTcpStore) {
   info.master_addr = "127.0.0.1";
   info.master_port = testing::free_port();
   std::vector<float> results(2);
+  std::vector<int> per_node(2), per_node_of_subgroup(2);
   std::vector<std::string> errors(2);
   std::vector<std::thread> threads;
   for (int rank = 0; rank < 2; ++rank) {
@@ -116,6 +117,9 @@ TEST(RendezvousTest, RanksMeetOverTheTcpStore) {
         at::Tensor t = at::full({3}, rank + 1.0f);
         group->all_reduce(t)->wait();
         results[rank] = t[0].item<float>();
+        // The launcher's ranks per node reach the world group and the groups split from it.
+        per_node[rank] = group->ranks_per_node();
+        per_node_of_subgroup[rank] = group->new_group({1, 0})->ranks_per_node();
       } catch (const std::exception& e) {
         errors[rank] = e.what();
       }
@@ -126,6 +130,8 @@ TEST(RendezvousTest, RanksMeetOverTheTcpStore) {
   EXPECT_EQ(errors[1], "");
   EXPECT_EQ(results[0], 3.0f);
   EXPECT_EQ(results[1], 3.0f);
+  EXPECT_EQ(per_node, std::vector<int>({2, 2}));
+  EXPECT_EQ(per_node_of_subgroup, std::vector<int>({2, 2}));
 }
 
 // With a loopback master the transport stays on loopback. With a master elsewhere it uses the

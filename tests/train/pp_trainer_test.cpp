@@ -270,14 +270,12 @@ TEST_F(PipelineTrainerTest, HybridShardFindsEachStagesNodes) {
                       {"parallel.pp=2", "parallel.strategy=\"fsdp\"",
                        "parallel.fsdp.sharding=\"hybrid_shard\"", "parallel.fsdp.replicate=0"}};
   const TrainConfig cfg = config(layout, dir_ / "hybrid", 1);
-  ASSERT_EQ(setenv("LOCAL_WORLD_SIZE", "2", 1), 0);  // 4 nodes of 2 ranks
-  const MeshShape shape = train_mesh_shape(cfg, 8);
+  const MeshShape shape = train_mesh_shape(cfg, 8, /*ranks_per_node=*/2);  // 4 nodes
   EXPECT_EQ(shape.degree(MeshAxis::kPp), 2);
   EXPECT_EQ(shape.degree(MeshAxis::kDpReplicate), 2);
   EXPECT_EQ(shape.degree(MeshAxis::kDpShard), 2);
-  ASSERT_EQ(setenv("LOCAL_WORLD_SIZE", "4", 1), 0);  // 2 nodes: each stage on one
   try {
-    train_mesh_shape(cfg, 8);
+    train_mesh_shape(cfg, 8, /*ranks_per_node=*/4);  // 2 nodes: each stage on one
     ADD_FAILURE() << "a stage on one node was given replicas";
   } catch (const std::invalid_argument& e) {
     EXPECT_NE(std::string(e.what()).find("when the ranks of a pipeline stage are not on several "
@@ -285,7 +283,6 @@ TEST_F(PipelineTrainerTest, HybridShardFindsEachStagesNodes) {
               std::string::npos)
         << e.what();
   }
-  unsetenv("LOCAL_WORLD_SIZE");
 }
 
 TEST_F(PipelineTrainerTest, RefusesWhatDoesNotFit) {
