@@ -3,6 +3,7 @@
 // which print differently (`{{ xs|map(...) }}` prints a generator object in Python) but iterate,
 // join and count the same.
 #include <algorithm>
+#include <charconv>
 
 #include "data/jinja_eval.h"
 #include "data/jinja_filters.h"
@@ -21,8 +22,12 @@ Value attribute_path(const Value& item, const Value& attribute) {
     const size_t dot = path.find('.', start);
     const std::string part = path.substr(start, dot == std::string::npos ? dot : dot - start);
     require_defined(current);
-    const bool digits = !part.empty() && std::all_of(part.begin(), part.end(), ::isdigit);
-    current = get_item(current, digits ? Value::integer(std::stoll(part)) : Value::str(part));
+    // A part of digits is an index (one past 64 bits indexes nothing: a key, as Jinja's would).
+    long long index = 0;
+    const bool digits =
+        !part.empty() && std::all_of(part.begin(), part.end(), ::isdigit) &&
+        std::from_chars(part.data(), part.data() + part.size(), index).ec == std::errc();
+    current = get_item(current, digits ? Value::integer(index) : Value::str(part));
     if (dot == std::string::npos) return current;
     start = dot + 1;
   }

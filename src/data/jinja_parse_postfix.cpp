@@ -126,7 +126,12 @@ ExprPtr Parser::parse_subscript(ExprPtr node) {
     if (attr.type != TokenType::kInteger) fail("expected a name or number after '.'");
     auto e = make_expr(ExprKind::kGetitem, op.line);
     auto index = make_expr(ExprKind::kConst, op.line);
-    index->constant = Value::integer(std::stoll(attr.value));
+    char* end = nullptr;
+    errno = 0;
+    const long long position = std::strtoll(attr.value.c_str(), &end, 10);
+    if (errno == ERANGE) unsupported("an integer literal beyond 64 bits", attr.line);
+    if (*end) fail("malformed number '" + attr.value + "' after '.'");
+    index->constant = Value::integer(position);
     e->operands.push_back(std::move(node));
     e->operands.push_back(std::move(index));
     return e;

@@ -398,6 +398,8 @@ TEST(ChatTemplate, RefusesUnsupportedConstructs) {
   expect_error(parse("{% if x is escaped %}{% endif %}"), {"the test 'escaped' is not supported"});
   expect_error(parse("{% for x in y recursive %}{% endfor %}"),
                {"a recursive for loop is not supported"});
+  expect_error(parse("{{ 99999999999999999999 }}"), {"an integer literal beyond 64 bits"});
+  expect_error(parse("{{ m.99999999999999999999 }}"), {"an integer literal beyond 64 bits"});
   // Methods are resolved when reached: the template parses, the render refuses.
   const ChatTemplate format("\n{{ '{} x'.format(1) }}", "f.jinja");
   expect_error([&] { format.render({}, false); },
@@ -486,6 +488,12 @@ TEST(ChatTemplate, RendersMessagesAndVariables) {
   expect_error([&] { chat.render_json("[", false); }, {"chat messages is not valid JSON"});
   expect_error([&] { chat.render_json("[]", false, R"j({"messages": []})j"); },
                {"must not set 'messages'"});
+  // A dotted attribute path indexes with its digits; past 64 bits they index nothing.
+  const ChatTemplate path(
+      "{{ (messages|map(attribute='content.99999999999999999999')|list)|length }}|"
+      "{{ messages|map(attribute='content.1')|join(',') }}",
+      "path");
+  EXPECT_EQ(path.render_json(R"j([{"role": "user", "content": ["a", "b"]}])j", false), "1|b");
 }
 
 }  // namespace
