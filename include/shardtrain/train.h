@@ -26,6 +26,7 @@
 
 namespace shardtrain {
 namespace detail {
+struct SwapIoTotals;
 class Telemetry;
 class PipelineRunner;
 struct TrainingData;
@@ -122,6 +123,31 @@ class Trainer {
   void set_after_backward(std::function<void(int64_t step)> hook) { after_backward_ = hook; }
 
  private:
+  // The constructor's phases, in order. set_up_ranks: the settings checked and agreed across
+  // ranks, the mesh built (the one source of data-parallel rank and size). set_up_tokenizer:
+  // the tokenizer, the chat template and the vocabulary against the model. prepare_data: the
+  // corpus tokenized or opened, the memory check, the run directory, the loader; returns the
+  // checkpoint to resume from ("" for a new run). build_model: the model described, adapters
+  // added, parallelize() applied. build_optimizer: AdamW over what this rank updates, the
+  // schedule, the loss scaler.
+  void set_up_ranks();
+  void set_up_tokenizer();
+  std::string prepare_data();
+  void build_model();
+  void build_optimizer();
+  // train_step()'s parts. forward_backward: the step's micro-batches forward and backward
+  // (through the pipeline's schedule under pp); returns the step's loss summed over the
+  // micro-batches, the same number on every rank. gradients_finite: unscaled, and finite on
+  // every rank that holds a piece of them. clip_gradients: the global norm before clipping.
+  // optimizer_step: AdamW at `lr` (with the state in files under ZeRO's nvme offload).
+  // add_step_totals: the step's time, communication and file transfers into `result`.
+  double forward_backward();
+  bool gradients_finite();
+  double clip_gradients();
+  void optimizer_step(double lr);
+  void add_step_totals(StepResult& result, std::chrono::steady_clock::time_point start,
+                       std::chrono::steady_clock::time_point end,
+                       const detail::SwapIoTotals& io_before);
   void write_metrics(const StepResult& result, double eval_loss);
   // The optimizer step with ZeRO's NVMe-offloaded state.
   void nvme_step(double lr);
@@ -169,6 +195,12 @@ class Trainer {
   void write_trace();
   // The progress line printed every run.log_every steps (rank 0), and the bar on a terminal.
   void print_progress(const StepResult& result, double eval_loss);
+  // Rank 0, before the first step: the model, the data and how the run is parallelized.
+  void print_start() const;
+  // Counts consecutive skipped steps and remembers the last finite loss; check_divergence()
+  // throws after train.max_skipped of them in a row.
+  void count_skipped(const StepResult& result);
+  void check_divergence() const;
 
   TrainConfig config_;
   std::shared_ptr<ProcessGroup> world_;

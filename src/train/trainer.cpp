@@ -60,6 +60,17 @@ at::Tensor token_loss(Transformer& model, const Batch& batch) {
 
 Trainer::Trainer(TrainConfig config, std::shared_ptr<ProcessGroup> world)
     : config_(std::move(config)), world_(std::move(world)) {
+  set_up_ranks();
+  set_up_tokenizer();
+  const std::string resume_from = prepare_data();
+  build_model();
+  build_optimizer();
+  if (!resume_from.empty()) load_checkpoint(resume_from);
+  // Written last, so a run that fails to start leaves the previous run.json as it was.
+  if (rank() == 0) detail::write_run_manifest(config_, world_size(), resident_at_start_);
+}
+
+void Trainer::set_up_ranks() {
   config_.validate();
   check_parallel_settings(config_);
   // Before anything else: every rank runs the same settings (a rank started with other ones
@@ -92,7 +103,9 @@ Trainer::Trainer(TrainConfig config, std::shared_ptr<ProcessGroup> world)
   install_cpu_memory_tracking();
   telemetry_ = std::make_shared<detail::Telemetry>(rank());
   progress_bar_ = rank() == 0 && isatty(STDOUT_FILENO);
+}
 
+void Trainer::set_up_tokenizer() {
   // Inputs first: nothing under run.dir changes until the config, the tokenizer and the
   // corpus have been checked and every rank has decided how the run starts.
   tokenizer_ = detail::make_tokenizer(config_);
@@ -119,6 +132,9 @@ Trainer::Trainer(TrainConfig config, std::shared_ptr<ProcessGroup> world)
   }
   // Heads, key/value heads and the FFN width too, before the run directory is touched.
   if (config_.tp > 1) transformer_tp_plan(config_.model, static_cast<int>(config_.tp));
+}
+
+std::string Trainer::prepare_data() {
   // Nothing yet when the corpus is to be tokenized.
   data_ = std::make_unique<detail::TrainingData>(detail::open_prepared_data(config_));
   if (data_->defined()) check_vocabulary();
@@ -162,6 +178,10 @@ Trainer::Trainer(TrainConfig config, std::shared_ptr<ProcessGroup> world)
   }
   check_vocabulary();
   loader_ = detail::make_loader(config_, *data_, tokenizer_->eos_id(), dp_rank(), dp_size());
+  return start.checkpoint;
+}
+
+void Trainer::build_model() {
   {
     // The seed fixes the initial weights (ModelInit); dropout draws from LibTorch's global
     // generator, which ranks that are threads of one process share: seeded one at a time.
@@ -193,7 +213,9 @@ Trainer::Trainer(TrainConfig config, std::shared_ptr<ProcessGroup> world)
     pipeline_ = std::move(parallel.pipeline);
   }
   if (prompt) detail::trim_heap();  // what initialization used and freed
+}
 
+void Trainer::build_optimizer() {
   // Weight decay on matrices only: biases, norms and 1-D tensors are not decayed (as GPT-2
   // and Llama training do). Under FSDP the optimizer holds this rank's pieces of them.
   std::vector<at::Tensor> decay, no_decay;
@@ -225,9 +247,6 @@ Trainer::Trainer(TrainConfig config, std::shared_ptr<ProcessGroup> world)
       LrSchedule{config_.lr, config_.min_lr, config_.warmup, config_.steps, config_.schedule};
   scaler_ = LossScaler::from_config(config_.loss_scale, config_.initial_scale, config_.scale_window,
                                     config_.min_scale);
-  if (!start.checkpoint.empty()) load_checkpoint(start.checkpoint);
-  // Written last, so a run that fails to start leaves the previous run.json as it was.
-  if (rank() == 0) detail::write_run_manifest(config_, world_size(), resident_at_start_);
 }
 
 void Trainer::check_vocabulary() const {
@@ -286,6 +305,34 @@ StepResult Trainer::train_step() {
   // backward add at their peak: activations, gradients and temporaries.
   const int64_t before = cpu_memory_stats().live_bytes;
   reset_peak_cpu_memory();
+  const double loss_sum = forward_backward();
+  StepResult result;
+  result.step = step_ + 1;
+  result.loss = loss_sum / static_cast<double>(config_.grad_accum);
+  result.activations_peak = cpu_memory_stats().peak_bytes - before;
+  if (after_backward_) after_backward_(step_);
+
+  std::optional<detail::TraceSpan> update_span(std::in_place, "optimizer", "optimizer");
+  const bool finite = gradients_finite();
+  result.lr = schedule_.at(step_);
+  result.grad_norm = NAN;  // none when the gradients are not finite (null in metrics.jsonl)
+  if (finite) result.grad_norm = clip_gradients();
+  result.skipped = !scaler_.update(finite);
+  if (!result.skipped) optimizer_step(result.lr);
+  update_span.reset();
+  // A skipped step still consumes its data and advances the schedule, as AMP and DeepSpeed do.
+  ++step_;
+  samples_ += loader_->global_batch_size();
+  const auto end = std::chrono::steady_clock::now();
+  result.step_time_s = std::chrono::duration<double>(end - start).count();
+  add_step_totals(result, start, end, io_before);
+  result.tokens_per_s =
+      static_cast<double>(loader_->global_batch_size() * config_.seq_len) / result.step_time_s;
+  peak_rss_ = std::max(peak_rss_, detail::peak_resident_bytes());
+  return result;
+}
+
+double Trainer::forward_backward() {
   double loss_sum = 0.0;
   for (int a = 0; a < config_.grad_accum && !pipeline_; ++a) {
     const Batch batch = loader_->micro_batch(samples_, a);
@@ -318,55 +365,49 @@ StepResult Trainer::train_step() {
     world_->all_reduce(mean, ReduceOp::kAvg)->wait();
     loss_sum = mean.item<double>() * static_cast<double>(config_.pp);
   }
-  StepResult result;
-  result.step = step_ + 1;
-  result.loss = loss_sum / static_cast<double>(config_.grad_accum);
-  result.activations_peak = cpu_memory_stats().peak_bytes - before;
-  if (after_backward_) after_backward_(step_);
+  return loss_sum;
+}
 
-  std::optional<detail::TraceSpan> update_span(std::in_place, "optimizer", "optimizer");
-  const auto params = parameters();
+bool Trainer::gradients_finite() {
   bool finite = true;
   if (fsdp_) {
     if (scaler_.enabled()) fsdp_->unscale(scaler_.scale());
     finite = fsdp_->grads_finite();  // over its data-parallel and tensor-parallel ranks
   } else {
-    finite = scaler_.unscale(params);
+    finite = scaler_.unscale(parameters());
   }
   if (const auto& tp = model_->tensor_parallel(); pipeline_ || (tp && !fsdp_)) {
     // Each rank checked its own slices or stages: all skip a step together or not at all.
     finite = !detail::on_any_rank(pipeline_ ? *world_ : *tp->group, !finite);
   }
-  result.lr = schedule_.at(step_);
-  result.grad_norm = NAN;  // none when the gradients are not finite (null in metrics.jsonl)
-  if (finite) {
-    ProcessGroup* pipeline = pipeline_ ? &mesh_->group(MeshAxis::kPp) : nullptr;
-    std::set<std::string> tied_copy;  // a pipeline's last stage counts no tied embedding
-    if (detail::is_tied_head_copy(*model_, "tok_emb.weight")) tied_copy.insert("tok_emb.weight");
-    result.grad_norm = fsdp_ ? fsdp_->clip_grad_norm(config_.clip, pipeline, tied_copy)
-                       : model_->tensor_parallel() || pipeline
-                           ? clip_grad_norm(model_, config_.clip, pipeline)
-                           : clip_grad_norm(params, config_.clip);
+  return finite;
+}
+
+double Trainer::clip_gradients() {
+  ProcessGroup* pipeline = pipeline_ ? &mesh_->group(MeshAxis::kPp) : nullptr;
+  std::set<std::string> tied_copy;  // a pipeline's last stage counts no tied embedding
+  if (detail::is_tied_head_copy(*model_, "tok_emb.weight")) tied_copy.insert("tok_emb.weight");
+  return fsdp_ ? fsdp_->clip_grad_norm(config_.clip, pipeline, tied_copy)
+         : model_->tensor_parallel() || pipeline ? clip_grad_norm(model_, config_.clip, pipeline)
+                                                 : clip_grad_norm(parameters(), config_.clip);
+}
+
+void Trainer::optimizer_step(double lr) {
+  for (auto& group : optimizer_->param_groups()) {
+    static_cast<torch::optim::AdamWOptions&>(group.options()).lr(lr);
   }
-  result.skipped = !scaler_.update(finite);
-  if (!result.skipped) {
-    for (auto& group : optimizer_->param_groups()) {
-      static_cast<torch::optim::AdamWOptions&>(group.options()).lr(result.lr);
-    }
-    if (nvme_.empty()) {
-      if (fsdp_) fsdp_->load_shards();  // parameter shards kept in files
-      optimizer_->step();
-    } else {
-      nvme_step(result.lr);
-    }
-    if (fsdp_) fsdp_->after_optimizer_step();
+  if (nvme_.empty()) {
+    if (fsdp_) fsdp_->load_shards();  // parameter shards kept in files
+    optimizer_->step();
+  } else {
+    nvme_step(lr);
   }
-  update_span.reset();
-  // A skipped step still consumes its data and advances the schedule, as AMP and DeepSpeed do.
-  ++step_;
-  samples_ += loader_->global_batch_size();
-  const auto end = std::chrono::steady_clock::now();
-  result.step_time_s = std::chrono::duration<double>(end - start).count();
+  if (fsdp_) fsdp_->after_optimizer_step();
+}
+
+void Trainer::add_step_totals(StepResult& result, std::chrono::steady_clock::time_point start,
+                              std::chrono::steady_clock::time_point end,
+                              const detail::SwapIoTotals& io_before) {
   // A collective started before the step (ZeRO's gathers after the previous optimizer step)
   // counts here when it finishes during the step.
   const detail::Telemetry::Totals comm = telemetry_->interval();
@@ -382,10 +423,6 @@ StepResult Trainer::train_step() {
   result.file_written_bytes = io.written_bytes - io_before.written_bytes;
   result.file_io_s = io.seconds - io_before.seconds;
   result.file_wait_s = io.wait_seconds - io_before.wait_seconds;
-  result.tokens_per_s =
-      static_cast<double>(loader_->global_batch_size() * config_.seq_len) / result.step_time_s;
-  peak_rss_ = std::max(peak_rss_, detail::peak_resident_bytes());
-  return result;
 }
 
 double Trainer::evaluate() {
@@ -479,68 +516,7 @@ void Trainer::fail_if_injected() const {
 void Trainer::fit() {
   detail::TelemetryScope telemetry(telemetry_);
   const bool talk = rank() == 0;
-  if (talk) {
-    std::printf(
-        "training %s (%s, %.2fM parameters) on %s, %lld steps of %lld sequences x %lld "
-        "tokens\n",
-        config_.model.name.c_str(), config_.model.model_type().c_str(),
-        static_cast<double>(config_.model.num_parameters()) / 1e6, data_->describe().c_str(),
-        static_cast<long long>(config_.steps), static_cast<long long>(loader_->global_batch_size()),
-        static_cast<long long>(config_.seq_len));
-    if (data_->samples) print_packing();
-    if (config_.lora_rank > 0) {
-      int64_t trainable = 0, layers = 0;
-      for (const auto& item : model_->named_parameters()) {
-        if (!item.value().requires_grad()) continue;
-        trainable += item.value().numel();
-        layers += item.key().find(".lora_A.") != std::string::npos ? 1 : 0;
-      }
-      std::printf(
-          "lora rank %lld on %lld layers: %.3fM trainable parameters (%.2f%%), base "
-          "frozen in %s\n",
-          static_cast<long long>(config_.lora_rank), static_cast<long long>(layers),
-          static_cast<double>(trainable) / 1e6,
-          100.0 * static_cast<double>(trainable) /
-              static_cast<double>(config_.model.num_parameters()),
-          config_.lora_base_dtype.c_str());
-    }
-    if (fsdp_ && config_.strategy == "zero") {
-      std::printf(
-          "zero stage %lld over %d rank(s), %zu units, optimizer offload %s, parameter "
-          "offload %s\n",
-          static_cast<long long>(config_.zero_stage), dp_size(), fsdp_->unit_layout().size(),
-          config_.zero_offload_optimizer.c_str(), config_.zero_offload_param.c_str());
-    } else if (fsdp_) {
-      const MeshShape& mesh = mesh_->shape();
-      const int replicas = mesh.degree(MeshAxis::kDpReplicate);
-      const std::string groups =
-          replicas > 1 ? " (" + std::to_string(replicas) + " replicas of " +
-                             std::to_string(mesh.degree(MeshAxis::kDpShard)) + "-rank shard groups)"
-                       : "";
-      std::printf("fsdp %s over %d rank(s)%s, %zu units\n", config_.fsdp_sharding.c_str(),
-                  dp_size(), groups.c_str(), fsdp_->unit_layout().size());
-    } else if (dp_size() > 1) {
-      std::printf("data parallel (%s) over %d ranks\n", config_.strategy.c_str(), dp_size());
-    }
-    if (pipeline_) {
-      std::string split;
-      for (const auto& [begin, end] : pipeline_blocks(config_)) {
-        split += (split.empty() ? "" : ", ") + std::to_string(end - begin);
-      }
-      std::printf(
-          "pipeline parallel over %lld ranks (%s, %lld stage(s) of [%s] blocks), %lld "
-          "micro-batches per step\n",
-          static_cast<long long>(config_.pp), config_.pp_schedule.c_str(),
-          static_cast<long long>(config_.pp * config_.pp_virtual_stages), split.c_str(),
-          static_cast<long long>(config_.grad_accum));
-    }
-    if (config_.tp > 1) {
-      std::printf("tensor parallel over groups of %lld ranks%s, %d data-parallel rank(s)\n",
-                  static_cast<long long>(config_.tp),
-                  config_.sequence_parallel ? " with sequence parallelism" : "", dp_size());
-    }
-    std::fflush(stdout);
-  }
+  if (talk) print_start();
   while (step_ < config_.steps) {
     const StepResult result = train_step();
     double eval_loss = NAN;
@@ -548,25 +524,8 @@ void Trainer::fit() {
       eval_loss = evaluate();
     }
     write_metrics(result, eval_loss);
-    if (!result.skipped && std::isfinite(result.loss)) {
-      skipped_in_a_row_ = 0;
-      last_finite_loss_ = result.loss;
-      last_good_step_ = step_;
-    } else if (result.skipped) {
-      ++skipped_in_a_row_;
-    }
-    if (skipped_in_a_row_ >= config_.max_skipped) {
-      char text[64];
-      std::snprintf(text, sizeof(text), "%.6g", last_finite_loss_);
-      throw std::runtime_error(
-          "training diverged: steps " + std::to_string(step_ - skipped_in_a_row_ + 1) + " to " +
-          std::to_string(step_) + " all had non-finite gradients (train.max_skipped = " +
-          std::to_string(config_.max_skipped) + "); the last finite loss was " +
-          (last_good_step_ > 0 ? std::string(text) + " at step " + std::to_string(last_good_step_)
-                               : std::string("never seen")) +
-          ". No checkpoint was written since; lower train.lr or raise train.clip / "
-          "train.max_skipped");
-    }
+    count_skipped(result);
+    check_divergence();
     print_progress(result, eval_loss);
     // A model whose last step was skipped may have diverged: it never replaces `latest`.
     if (config_.checkpoint_every > 0 && step_ % config_.checkpoint_every == 0 &&

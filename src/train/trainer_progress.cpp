@@ -1,10 +1,12 @@
-// What a run shows while it runs: the progress line with its ETA, the bar on a terminal, and
-// the timeline trace of the steps run.trace asks for.
+// What a run shows while it runs: what it trains and how (at the start), the progress line with its
+// ETA, the bar on a terminal, and the timeline trace of the steps run.trace asks for.
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <stdexcept>
 #include <string>
 
+#include "parallel/parallelize.h"
 #include "shardtrain/memory.h"
 #include "shardtrain/train.h"
 #include "trace/telemetry.h"
@@ -115,6 +117,94 @@ void Trainer::print_packing() const {
       positions > 0 ? 100.0 * static_cast<double>(packed.padding) / positions : 0.0,
       static_cast<long long>(packed.truncated), static_cast<long long>(config_.seq_len + 1),
       static_cast<long long>(packed.dropped));
+}
+
+void Trainer::print_start() const {
+  std::printf(
+      "training %s (%s, %.2fM parameters) on %s, %lld steps of %lld sequences x %lld "
+      "tokens\n",
+      config_.model.name.c_str(), config_.model.model_type().c_str(),
+      static_cast<double>(config_.model.num_parameters()) / 1e6, data_->describe().c_str(),
+      static_cast<long long>(config_.steps), static_cast<long long>(loader_->global_batch_size()),
+      static_cast<long long>(config_.seq_len));
+  if (data_->samples) print_packing();
+  if (config_.lora_rank > 0) {
+    int64_t trainable = 0, layers = 0;
+    for (const auto& item : model_->named_parameters()) {
+      if (!item.value().requires_grad()) continue;
+      trainable += item.value().numel();
+      layers += item.key().find(".lora_A.") != std::string::npos ? 1 : 0;
+    }
+    std::printf(
+        "lora rank %lld on %lld layers: %.3fM trainable parameters (%.2f%%), base "
+        "frozen in %s\n",
+        static_cast<long long>(config_.lora_rank), static_cast<long long>(layers),
+        static_cast<double>(trainable) / 1e6,
+        100.0 * static_cast<double>(trainable) /
+            static_cast<double>(config_.model.num_parameters()),
+        config_.lora_base_dtype.c_str());
+  }
+  if (fsdp_ && config_.strategy == "zero") {
+    std::printf(
+        "zero stage %lld over %d rank(s), %zu units, optimizer offload %s, parameter "
+        "offload %s\n",
+        static_cast<long long>(config_.zero_stage), dp_size(), fsdp_->unit_layout().size(),
+        config_.zero_offload_optimizer.c_str(), config_.zero_offload_param.c_str());
+  } else if (fsdp_) {
+    const MeshShape& mesh = mesh_->shape();
+    const int replicas = mesh.degree(MeshAxis::kDpReplicate);
+    const std::string groups = replicas > 1 ? " (" + std::to_string(replicas) + " replicas of " +
+                                                  std::to_string(mesh.degree(MeshAxis::kDpShard)) +
+                                                  "-rank shard groups)"
+                                            : "";
+    std::printf("fsdp %s over %d rank(s)%s, %zu units\n", config_.fsdp_sharding.c_str(), dp_size(),
+                groups.c_str(), fsdp_->unit_layout().size());
+  } else if (dp_size() > 1) {
+    std::printf("data parallel (%s) over %d ranks\n", config_.strategy.c_str(), dp_size());
+  }
+  if (pipeline_) {
+    std::string split;
+    for (const auto& [begin, end] : pipeline_blocks(config_)) {
+      split += (split.empty() ? "" : ", ") + std::to_string(end - begin);
+    }
+    std::printf(
+        "pipeline parallel over %lld ranks (%s, %lld stage(s) of [%s] blocks), %lld "
+        "micro-batches per step\n",
+        static_cast<long long>(config_.pp), config_.pp_schedule.c_str(),
+        static_cast<long long>(config_.pp * config_.pp_virtual_stages), split.c_str(),
+        static_cast<long long>(config_.grad_accum));
+  }
+  if (config_.tp > 1) {
+    std::printf("tensor parallel over groups of %lld ranks%s, %d data-parallel rank(s)\n",
+                static_cast<long long>(config_.tp),
+                config_.sequence_parallel ? " with sequence parallelism" : "", dp_size());
+  }
+  std::fflush(stdout);
+}
+
+void Trainer::count_skipped(const StepResult& result) {
+  if (!result.skipped && std::isfinite(result.loss)) {
+    skipped_in_a_row_ = 0;
+    last_finite_loss_ = result.loss;
+    last_good_step_ = step_;
+  } else if (result.skipped) {
+    ++skipped_in_a_row_;
+  }
+}
+
+void Trainer::check_divergence() const {
+  if (skipped_in_a_row_ >= config_.max_skipped) {
+    char text[64];
+    std::snprintf(text, sizeof(text), "%.6g", last_finite_loss_);
+    throw std::runtime_error(
+        "training diverged: steps " + std::to_string(step_ - skipped_in_a_row_ + 1) + " to " +
+        std::to_string(step_) + " all had non-finite gradients (train.max_skipped = " +
+        std::to_string(config_.max_skipped) + "); the last finite loss was " +
+        (last_good_step_ > 0 ? std::string(text) + " at step " + std::to_string(last_good_step_)
+                             : std::string("never seen")) +
+        ". No checkpoint was written since; lower train.lr or raise train.clip / "
+        "train.max_skipped");
+  }
 }
 
 }  // namespace shardtrain

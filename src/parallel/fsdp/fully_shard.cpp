@@ -53,17 +53,16 @@ int64_t flat_begin(const ShardedParameter& p) {
   return p.row_begin * row_numel;
 }
 
-}  // namespace
+// The sharded modules inside the one being sharded, and the prefix of their tensors' names.
+struct Inner {
+  std::string prefix;
+  std::shared_ptr<FSDPModule> handle;
+  detail::ShardGroup* group;
+};
 
-std::shared_ptr<FSDPModule> fully_shard(std::shared_ptr<torch::nn::Module> module,
-                                        const DeviceMesh& mesh, FullyShardOptions options) {
-  if (!module) throw std::invalid_argument("fully_shard: the module is null");
-  const std::string name = module->name();
-  if (module->parameters().empty()) {
-    throw std::invalid_argument("fully_shard: module " + name +
-                                " has no parameters; there is nothing to shard");
-  }
-  // The state of modules that are gone; destroyed outside the lock (their destructors take it).
+// Drops the registry's entries of modules that are gone; their state is destroyed outside the
+// lock (its destructors take it).
+void forget_gone_modules() {
   std::vector<std::shared_ptr<FSDPModule>> gone;
   {
     Registry& reg = registry();
@@ -78,71 +77,88 @@ std::shared_ptr<FSDPModule> fully_shard(std::shared_ptr<torch::nn::Module> modul
     }
   }
   gone.clear();
+}
+
+// What fully_shard(module) shards itself: the parameters and buffers that no sharded module
+// inside it holds (`own`, `own_buffers`), and those inner modules. Throws std::invalid_argument
+// for a module sharded already, one inside a sharded module, or a parameter another sharded
+// module holds.
+void claim_tensors(const std::shared_ptr<torch::nn::Module>& module,
+                   std::vector<std::pair<std::string, at::Tensor>>& own,
+                   std::vector<at::Tensor>& own_buffers, std::vector<Inner>& inner) {
+  const std::string name = module->name();
+  Registry& reg = registry();
+  std::lock_guard<std::mutex> lock(reg.mutex);
+  if (reg.modules.count(module.get())) {
+    throw std::invalid_argument("fully_shard: module " + name +
+                                " is sharded already; apply fully_shard once per module");
+  }
+  for (const auto& [other, entry] : reg.modules) {
+    if (entry.group->subtree().count(module.get())) {
+      throw std::invalid_argument(
+          "fully_shard: module '" + path_in(*other, *module) + "' (" + name + ") lies inside " +
+          other->name() +
+          ", which was sharded first; apply fully_shard to the children first, then to the "
+          "parent");
+    }
+  }
+  // The sharded modules inside this one, and the prefix of their tensors' names.
+  for (const auto& item : module->named_modules(/*name_prefix=*/"", /*include_self=*/false)) {
+    const auto found = reg.modules.find(item.value().get());
+    if (found == reg.modules.end()) continue;
+    inner.push_back({item.key() + ".", found->second.handle, found->second.group});
+  }
+  // The sharded module inside this one that `name` lies in, or null.
+  auto inner_module_of = [&inner](const std::string& name) -> const torch::nn::Module* {
+    const torch::nn::Module* under = nullptr;
+    for (const auto& item : inner) {
+      if (starts_with(name, item.prefix)) under = item.group->module_address();
+    }
+    return under;
+  };
+  for (const auto& item : module->named_buffers(/*recurse=*/true)) {
+    if (!inner_module_of(item.key())) own_buffers.push_back(item.value());
+  }
+  std::unordered_set<const c10::TensorImpl*> taken;  // by this module
+  for (const auto& item : module->named_parameters(/*recurse=*/true)) {
+    const std::string& pname = item.key();
+    const at::Tensor& tensor = item.value();
+    const torch::nn::Module* under = inner_module_of(pname);
+    const auto owner = reg.params.find(tensor.unsafeGetTensorImpl());
+    if (under) {
+      if (owner != reg.params.end() && owner->second == under) continue;  // the inner one's
+    } else if (owner == reg.params.end()) {
+      if (taken.insert(tensor.unsafeGetTensorImpl()).second && tensor.numel() > 0) {
+        own.emplace_back(pname, tensor);
+      }
+      continue;
+    }
+    const std::string holder =
+        owner == reg.params.end() ? std::string("another module") : owner->second->name();
+    throw std::invalid_argument(
+        "fully_shard: parameter '" + pname + "' of " + name +
+        " is the same tensor as a parameter that fully_shard(" + holder +
+        ") shards already; a parameter shared between modules must be sharded with their "
+        "common parent: apply fully_shard to the parent only");
+  }
+}
+
+}  // namespace
+
+std::shared_ptr<FSDPModule> fully_shard(std::shared_ptr<torch::nn::Module> module,
+                                        const DeviceMesh& mesh, FullyShardOptions options) {
+  if (!module) throw std::invalid_argument("fully_shard: the module is null");
+  const std::string name = module->name();
+  if (module->parameters().empty()) {
+    throw std::invalid_argument("fully_shard: module " + name +
+                                " has no parameters; there is nothing to shard");
+  }
+  forget_gone_modules();
   auto group = std::make_shared<detail::ShardGroup>(*module, mesh, options);
   std::vector<std::pair<std::string, at::Tensor>> own;
   std::vector<at::Tensor> own_buffers;
-  struct Inner {
-    std::string prefix;
-    std::shared_ptr<FSDPModule> handle;
-    detail::ShardGroup* group;
-  };
   std::vector<Inner> inner;
-  {
-    Registry& reg = registry();
-    std::lock_guard<std::mutex> lock(reg.mutex);
-    if (reg.modules.count(module.get())) {
-      throw std::invalid_argument("fully_shard: module " + name +
-                                  " is sharded already; apply fully_shard once per module");
-    }
-    for (const auto& [other, entry] : reg.modules) {
-      if (entry.group->subtree().count(module.get())) {
-        throw std::invalid_argument(
-            "fully_shard: module '" + path_in(*other, *module) + "' (" + name +
-            ") lies inside " + other->name() +
-            ", which was sharded first; apply fully_shard to the children first, then to the "
-            "parent");
-      }
-    }
-    // The sharded modules inside this one, and the prefix of their tensors' names.
-    for (const auto& item : module->named_modules(/*name_prefix=*/"", /*include_self=*/false)) {
-      const auto found = reg.modules.find(item.value().get());
-      if (found == reg.modules.end()) continue;
-      inner.push_back({item.key() + ".", found->second.handle, found->second.group});
-    }
-    // The sharded module inside this one that `name` lies in, or null.
-    auto inner_module_of = [&inner](const std::string& name) -> const torch::nn::Module* {
-      const torch::nn::Module* under = nullptr;
-      for (const auto& item : inner) {
-        if (starts_with(name, item.prefix)) under = item.group->module_address();
-      }
-      return under;
-    };
-    for (const auto& item : module->named_buffers(/*recurse=*/true)) {
-      if (!inner_module_of(item.key())) own_buffers.push_back(item.value());
-    }
-    std::unordered_set<const c10::TensorImpl*> taken;  // by this module
-    for (const auto& item : module->named_parameters(/*recurse=*/true)) {
-      const std::string& pname = item.key();
-      const at::Tensor& tensor = item.value();
-      const torch::nn::Module* under = inner_module_of(pname);
-      const auto owner = reg.params.find(tensor.unsafeGetTensorImpl());
-      if (under) {
-        if (owner != reg.params.end() && owner->second == under) continue;  // the inner one's
-      } else if (owner == reg.params.end()) {
-        if (taken.insert(tensor.unsafeGetTensorImpl()).second && tensor.numel() > 0) {
-          own.emplace_back(pname, tensor);
-        }
-        continue;
-      }
-      const std::string holder =
-          owner == reg.params.end() ? std::string("another module") : owner->second->name();
-      throw std::invalid_argument(
-          "fully_shard: parameter '" + pname + "' of " + name +
-          " is the same tensor as a parameter that fully_shard(" + holder +
-          ") shards already; a parameter shared between modules must be sharded with their "
-          "common parent: apply fully_shard to the parent only");
-    }
-  }
+  claim_tensors(module, own, own_buffers, inner);
 
   group->shard(std::move(own), std::move(own_buffers));
   for (auto& item : inner) group->adopt(item.prefix, std::move(item.handle), *item.group);
