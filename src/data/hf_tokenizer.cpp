@@ -200,7 +200,7 @@ class HfTokenizer final : public Tokenizer {
                     "special token of the file");
       }
     }
-    if (config.is_null()) return;
+    if (config.is_null()) return check_post_processor_ids(json_file);
     for (const bool bos : {true, false}) {
       const char* flag = bos ? "add_bos_token" : "add_eos_token";
       const char* key = bos ? "bos_token" : "eos_token";
@@ -215,6 +215,12 @@ class HfTokenizer final : public Tokenizer {
         hf_fail(config_file, std::string(flag) + " is true but " + key + " is not set");
       side.push_back(id_of(token, key));
     }
+    check_post_processor_ids(json_file);
+  }
+
+  // The ids the post-processor (or tokenizer_config.json's add_bos/eos_token) adds must be
+  // tokens of the vocabulary.
+  void check_post_processor_ids(const std::string& json_file) const {
     for (const std::vector<int32_t>* side : {&post_.prefix, &post_.suffix}) {
       for (const int32_t id : *side) {
         if (id < 0 || id >= vocab_size() || !present_[id]) {

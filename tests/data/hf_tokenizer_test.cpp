@@ -709,6 +709,12 @@ TEST_F(HfTokenizerErrors, NameTheFileAndTheProblem) {
                  {"unsupported decoder type 'WordPiece'"});
   expect_refused(with("post_processor", {{"type", "Odd"}}),
                  {"unsupported post-processor type 'Odd'"});
+  // The ids a post-processor adds must be tokens (its special_tokens map holds ids of its own).
+  expect_refused(with("post_processor", json::parse(R"({"type": "TemplateProcessing",
+                     "single": [{"SpecialToken": {"id": "<s>", "type_id": 0}},
+                                {"Sequence": {"id": "A", "type_id": 0}}],
+                     "special_tokens": {"<s>": {"id": "<s>", "ids": [9], "tokens": ["<s>"]}}})")),
+                 {"post_processor adds id 9, which is not in the vocabulary"});
   json model = tiny_tokenizer();
   model["model"]["type"] = "WordPiece";
   expect_refused(model.dump(), {"unsupported model type 'WordPiece'"});
