@@ -213,15 +213,16 @@ void add_processor(const Json& json, const std::string& file, HfPostProcessor& p
     bool after_sequence = false;
     for (const Json& item : single) {
       if (item.contains("Sequence")) {
-        if (item["Sequence"].value("id", "") != "A") {
+        if (json_string(item["Sequence"], "id", "", file, where + " single item") != "A") {
           hf_fail(file, where + ": the single template names sequence " + item.dump());
         }
         after_sequence = true;
         continue;
       }
-      const std::string name = item.contains("SpecialToken") && item["SpecialToken"].is_object()
-                                   ? item["SpecialToken"].value("id", "")
-                                   : "";
+      const std::string name =
+          item.contains("SpecialToken") && item["SpecialToken"].is_object()
+              ? json_string(item["SpecialToken"], "id", "", file, where + " single item")
+              : "";
       if (name.empty()) hf_fail(file, where + ": unsupported template item " + item.dump());
       if (!specials.is_object() || !specials.contains(name) || !specials[name].contains("ids") ||
           !specials[name]["ids"].is_array()) {

@@ -715,6 +715,9 @@ TEST_F(HfTokenizerErrors, NameTheFileAndTheProblem) {
                                 {"Sequence": {"id": "A", "type_id": 0}}],
                      "special_tokens": {"<s>": {"id": "<s>", "ids": [9], "tokens": ["<s>"]}}})")),
                  {"post_processor adds id 9, which is not in the vocabulary"});
+  expect_refused(with("post_processor", json::parse(R"({"type": "TemplateProcessing",
+                     "single": [{"SpecialToken": {"id": 7, "type_id": 0}}]})")),
+                 {"post-processor TemplateProcessing single item.id: expected a string, found 7"});
   json model = tiny_tokenizer();
   model["model"]["type"] = "WordPiece";
   expect_refused(model.dump(), {"unsupported model type 'WordPiece'"});
