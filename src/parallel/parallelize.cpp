@@ -14,15 +14,6 @@ MixedPrecision mixed_precision_of(const TrainConfig& config) {
       .buffer_dtype(dtype(config.buffer_dtype));
 }
 
-void check_parallel_settings(const TrainConfig& config) {
-  if (config.pp == 1) return;
-  pipeline_stage_blocks(config.model.n_layers,
-                        static_cast<int>(config.pp * config.pp_virtual_stages), config.pp_split);
-  make_pipeline_schedule(pipeline_schedule_from_string(config.pp_schedule),
-                         static_cast<int>(config.pp), static_cast<int>(config.pp_virtual_stages),
-                         static_cast<int>(config.grad_accum));
-}
-
 void apply_activation_checkpointing(Transformer& model, const TrainConfig& config) {
   model->set_activation_checkpointing(config.activation_checkpointing);
 }
@@ -35,6 +26,18 @@ std::vector<std::pair<int64_t, int64_t>> pipeline_blocks(const TrainConfig& conf
   return pipeline_stage_blocks(config.model.n_layers,
                                static_cast<int>(config.pp * config.pp_virtual_stages),
                                config.pp_split);
+}
+
+PipelineSchedule pipeline_schedule(const TrainConfig& config) {
+  return make_pipeline_schedule(
+      pipeline_schedule_from_string(config.pp_schedule), static_cast<int>(config.pp),
+      static_cast<int>(config.pp_virtual_stages), static_cast<int>(config.grad_accum));
+}
+
+void check_parallel_settings(const TrainConfig& config) {
+  if (config.pp == 1) return;
+  pipeline_blocks(config);
+  pipeline_schedule(config);
 }
 
 ModelParts pipeline_parts(const TrainConfig& config, int pp_rank) {
@@ -52,11 +55,8 @@ ModelParts pipeline_parts(const TrainConfig& config, int pp_rank) {
 std::unique_ptr<detail::PipelineRunner> apply_pp(Transformer& model, const TrainConfig& config,
                                                  const DeviceMesh& mesh) {
   if (mesh.size(MeshAxis::kPp) == 1) return nullptr;
-  PipelineSchedule schedule = make_pipeline_schedule(
-      pipeline_schedule_from_string(config.pp_schedule), static_cast<int>(config.pp),
-      static_cast<int>(config.pp_virtual_stages), static_cast<int>(config.grad_accum));
   return std::make_unique<detail::PipelineRunner>(
-      model, mesh.group_ptr(MeshAxis::kPp), std::move(schedule), pipeline_blocks(config),
+      model, mesh.group_ptr(MeshAxis::kPp), pipeline_schedule(config), pipeline_blocks(config),
       /*split_backward=*/!config.activation_checkpointing);
 }
 

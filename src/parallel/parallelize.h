@@ -58,6 +58,9 @@ MeshShape train_mesh_shape(const TrainConfig& config, int world_size, int ranks_
 // The blocks of every pipeline stage (parallel.pp x pp_virtual_stages, pp_split), and the
 // parts of the model pipeline rank `pp_rank` builds: stages pp_rank, pp_rank + pp, ...
 std::vector<std::pair<int64_t, int64_t>> pipeline_blocks(const TrainConfig& config);
+// The schedule every pipeline rank runs (parallel.pp_schedule over train.grad_accum
+// micro-batches).
+PipelineSchedule pipeline_schedule(const TrainConfig& config);
 ModelParts pipeline_parts(const TrainConfig& config, int pp_rank);
 
 // The steps, each a no-op when its setting is off.
