@@ -156,11 +156,12 @@ void expect_pinned(const std::vector<double>& got, const fs::path& file) {
   const auto want = read_losses(file);
   ASSERT_FALSE(want.empty()) << "no pinned losses in " << file << " (bash scripts/pin_losses.sh)";
   ASSERT_EQ(got.size(), want.size()) << file;
-  static const bool same_kernels = kernel_fingerprint() == pinned_fingerprint();
+  static const std::string here = kernel_fingerprint(), pinned = pinned_fingerprint();
+  const bool same_kernels = here == pinned;
   if (!same_kernels) {
     std::cout << "note: this machine's kernels round differently from those that pinned "
-              << file.filename() << " (fingerprint " << kernel_fingerprint() << " vs "
-              << pinned_fingerprint() << "): compared within 1e-3, not bit for bit\n";
+              << file.filename() << " (fingerprint " << here << " vs " << pinned
+              << "): compared within 1e-3, not bit for bit\n";
   }
   for (size_t i = 0; i < got.size(); ++i) {
     if (same_kernels) {
