@@ -25,10 +25,10 @@
 #include "shardtrain/zero.h"
 
 namespace shardtrain {
+class ParallelModel;
 namespace detail {
 struct SwapIoTotals;
 class Telemetry;
-class PipelineRunner;
 struct TrainingData;
 }  // namespace detail
 
@@ -135,49 +135,21 @@ class Trainer {
   std::string prepare_data();
   void build_model();
   void build_optimizer();
-  // train_step()'s parts. forward_backward: the step's micro-batches forward and backward
-  // (through the pipeline's schedule under pp); returns the step's loss summed over the
-  // micro-batches, the same number on every rank. gradients_finite: unscaled, and finite on
-  // every rank that holds a piece of them. clip_gradients: the global norm before clipping.
-  // optimizer_step: AdamW at `lr` (with the state in files under ZeRO's nvme offload).
+  // train_step()'s parts, each asking parallel_ for what differs between strategies.
+  // forward_backward: the step's micro-batches forward and backward; returns the step's loss
+  // summed over the micro-batches, the same number on every rank. gradients_finite: unscaled,
+  // and finite on every rank that holds a piece of them. optimizer_step: AdamW at `lr`.
   // add_step_totals: the step's time, communication and file transfers into `result`.
   double forward_backward();
   bool gradients_finite();
-  double clip_gradients();
   void optimizer_step(double lr);
   void add_step_totals(StepResult& result, std::chrono::steady_clock::time_point start,
                        std::chrono::steady_clock::time_point end,
                        const detail::SwapIoTotals& io_before);
   void write_metrics(const StepResult& result, double eval_loss);
-  // The optimizer step with ZeRO's NVMe-offloaded state.
-  void nvme_step(double lr);
-  // Checkpoint pieces under FSDP/ZeRO, and the restore paths by strategy.
-  // What a sharded checkpoint holds (fp32 parameters, buffers, with `has_state` AdamW's state),
-  // and rank 0's slices of the buffers.
-  void model_specs(std::vector<TensorSpec>& specs, std::vector<FlatSlice>& slices, bool has_state);
-  void sharded_slices(std::vector<TensorSpec>& specs, std::vector<FlatSlice>& slices);
-  // With ZeRO's optimizer state in files: slices whose values `fetchers` produce as the save
-  // writes them (null: the slice's own data), one unit in memory at a time.
-  void streamed_slices(std::vector<TensorSpec>& specs, std::vector<FlatSlice>& slices,
-                       std::vector<std::function<at::Tensor()>>& fetchers);
-  void restore_sharded(const ShardedCheckpointReader& reader);
-  // restore_sharded()'s shards and moments with ZeRO's optimizer state in files: one unit's in
-  // memory at a time, each written to its files before the next is read.
-  void restore_streamed(const ShardedCheckpointReader& reader);
-  void restore_replicated(const ShardedCheckpointReader& reader, const NamedTensors& model_tensors);
   void restore_training_state(const ShardedCheckpointReader& reader, const std::string& dir);
-  std::vector<at::Tensor> parameters() const;
-  // Pipeline parallelism (trainer_pipeline.cpp): one step's forwards and backwards by the
-  // schedule, gradients summed across tied copies and averaged over data-parallel ranks; the sum
-  // of the micro-batches' losses on the last stage (0 elsewhere).
-  double pipeline_step();
   // One token drawn from the logits of the last position (train.sample_*).
-  int64_t sample_next(at::Tensor logits, at::Generator& generator);
-  // The checkpoint's tensors (the whole model's, the same on every rank) and this rank's slices.
-  void pipeline_slices(std::vector<TensorSpec>& specs, std::vector<FlatSlice>& slices);
-  // The whole model's tensors, listed on every stage: the parameters, then with `has_state`
-  // AdamW's state of each.
-  void pipeline_specs(std::vector<TensorSpec>& specs, bool has_state) const;
+  int64_t sample_next(const at::Tensor& logits, at::Generator& generator);
   // SHARDTRAIN_KILL_AFTER_STEP / SHARDTRAIN_STOP_AFTER_STEP: the last rank kills or stops
   // itself after that step (first attempt only).
   void fail_if_injected() const;
@@ -204,17 +176,14 @@ class Trainer {
 
   TrainConfig config_;
   std::shared_ptr<ProcessGroup> world_;
-  std::unique_ptr<DistributedDataParallel> ddp_;
   std::unique_ptr<DeviceMesh> mesh_;
-  std::unique_ptr<FullyShardedDataParallel> fsdp_;
-  std::unique_ptr<detail::PipelineRunner> pipeline_;  // parallel.pp > 1
-  std::vector<std::unique_ptr<NvmeAdamW>> nvme_;      // one per unit shard, with offload to nvme
-  int64_t nvme_steps_ = 0;
   std::unique_ptr<Tokenizer> tokenizer_;
   std::unique_ptr<ChatTemplate> chat_template_;  // null unless data.* or the tokenizer has one
   std::unique_ptr<detail::TrainingData> data_;
   std::unique_ptr<DataLoader> loader_;
   Transformer model_{nullptr};
+  // The model as parallelize() made it: what the trainer drives for every strategy.
+  std::unique_ptr<ParallelModel> parallel_;
   std::unique_ptr<torch::optim::AdamW> optimizer_;
   LrSchedule schedule_;
   LossScaler scaler_;

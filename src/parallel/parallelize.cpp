@@ -1,8 +1,10 @@
 #include "parallel/parallelize.h"
 
+#include <numeric>
 #include <stdexcept>
 
-#include "parallel/pipeline/pipeline_runner.h"
+#include "parallel/pipeline/pipelined_model.h"
+#include "shardtrain/tensor_parallel.h"
 
 namespace shardtrain {
 
@@ -17,10 +19,6 @@ MixedPrecision mixed_precision_of(const TrainConfig& config) {
 void apply_activation_checkpointing(Transformer& model, const TrainConfig& config) {
   model->set_activation_checkpointing(config.activation_checkpointing);
 }
-
-Parallelized::Parallelized() = default;
-Parallelized::Parallelized(Parallelized&&) noexcept = default;
-Parallelized::~Parallelized() = default;
 
 std::vector<std::pair<int64_t, int64_t>> pipeline_blocks(const TrainConfig& config) {
   return pipeline_stage_blocks(config.model.n_layers,
@@ -52,12 +50,65 @@ ModelParts pipeline_parts(const TrainConfig& config, int pp_rank) {
   return parts;
 }
 
-std::unique_ptr<detail::PipelineRunner> apply_pp(Transformer& model, const TrainConfig& config,
-                                                 const DeviceMesh& mesh) {
-  if (mesh.size(MeshAxis::kPp) == 1) return nullptr;
-  return std::make_unique<detail::PipelineRunner>(
+std::unique_ptr<ParallelModel> apply_pp(std::unique_ptr<ParallelModel> stage, Transformer& model,
+                                        const TrainConfig& config,
+                                        const std::shared_ptr<ProcessGroup>& world,
+                                        const DeviceMesh& mesh) {
+  if (mesh.size(MeshAxis::kPp) == 1) return stage;
+  auto runner = std::make_unique<detail::PipelineRunner>(
       model, mesh.group_ptr(MeshAxis::kPp), pipeline_schedule(config), pipeline_blocks(config),
       /*split_backward=*/!config.activation_checkpointing);
+  std::string split;
+  for (const auto& [begin, end] : pipeline_blocks(config)) {
+    split += (split.empty() ? "" : ", ") + std::to_string(end - begin);
+  }
+  const std::string description = stage->description() + "pipeline parallel over " +
+                                  std::to_string(config.pp) + " ranks (" + config.pp_schedule +
+                                  ", " + std::to_string(config.pp * config.pp_virtual_stages) +
+                                  " stage(s) of [" + split + "] blocks), " +
+                                  std::to_string(config.grad_accum) + " micro-batches per step\n";
+  return std::make_unique<PipelinedModel>(std::move(stage), std::move(runner),
+                                          mesh.group(MeshAxis::kPp), world, model, description);
+}
+
+bool runs_on_a_group(const TrainConfig& config) {
+  return config.strategy == "fsdp" || config.strategy == "zero";
+}
+
+void check_data_parallel_ranks(const TrainConfig& config, const MeshShape& shape, int world_size) {
+  if (shape.degree(MeshAxis::kDpReplicate) * shape.degree(MeshAxis::kDpShard) > 1 &&
+      config.strategy == "none") {
+    throw std::invalid_argument(
+        "parallel.strategy = \"none\" trains on one process" +
+        std::string(config.tp > 1 ? " (or one tensor-parallel group)" : "") +
+        ", but the world has " + std::to_string(world_size) +
+        " ranks; set parallel.strategy = \"ddp\" or \"fsdp\"");
+  }
+}
+
+void check_tp_sizes(const TrainConfig& config, const std::string& vocabulary) {
+  if (config.tp == 1) return;
+  if (config.model.vocab_size % config.tp != 0) {
+    const int64_t tp = config.tp, vocab = config.model.vocab_size;
+    const int64_t multiple = std::lcm<int64_t>(tp, 64);
+    throw std::invalid_argument(
+        "tensor parallelism splits the vocabulary: " + vocabulary + " (" + std::to_string(vocab) +
+        ") is not divisible by parallel.tp=" + std::to_string(tp) +
+        "; set model.vocab_size to a multiple of " + std::to_string(tp) + " that holds it, e.g. " +
+        std::to_string((vocab + multiple - 1) / multiple * multiple) +
+        " (a multiple of 64 too, so that its checkpoints resume at any tp dividing 64)");
+  }
+  // Heads, key/value heads and the FFN width too.
+  transformer_tp_plan(config.model, static_cast<int>(config.tp));
+}
+
+bool keeps_state_in_files(const TrainConfig& config) {
+  return config.strategy == "zero" &&
+         (config.zero_offload_param == "nvme" || config.zero_offload_optimizer == "nvme");
+}
+
+void limit_to_own_stages(ModelInit& init, const TrainConfig& config, int pp_rank) {
+  if (config.pp > 1) init.parts(pipeline_parts(config, pp_rank));
 }
 
 MeshShape train_mesh_shape(const TrainConfig& config, int world_size, int ranks_per_node) {
@@ -93,30 +144,28 @@ MeshShape train_mesh_shape(const TrainConfig& config, int world_size, int ranks_
   return resolve_mesh(MeshShape().pp(pp).dp_replicate(replicate).tp(tp), world_size);
 }
 
-Parallelized parallelize(Transformer& model, const TrainConfig& config,
-                         const std::shared_ptr<ProcessGroup>& world, const DeviceMesh* mesh) {
-  Parallelized out;
-  const bool sharded = config.strategy == "fsdp" || config.strategy == "zero";
-  const bool meshed = config.tp > 1 || config.pp > 1 || sharded;
+std::unique_ptr<ParallelModel> parallelize(Transformer& model, const TrainConfig& config,
+                                           const std::shared_ptr<ProcessGroup>& world,
+                                           const DeviceMesh* mesh) {
+  const bool meshed = config.tp > 1 || config.pp > 1 || runs_on_a_group(config);
   if (!(world && mesh) && meshed) {
     throw std::invalid_argument("parallel.tp > 1, parallel.pp > 1 and parallel.strategy \"" +
                                 config.strategy + "\" need a process group");
   }
   if (config.tp > 1) apply_tp(model, config, *mesh);
   apply_activation_checkpointing(model, config);
-  if (config.strategy == "fsdp") {
-    apply_fsdp(model, config, *mesh, out);
-  } else if (config.strategy == "zero") {
-    apply_zero(model, config, *mesh, out);
-  } else if (config.strategy == "ddp" && world) {
-    // Plain DDP keeps the world as its group; under tp or pp it runs on the mesh's dp axis.
-    const auto dp = meshed ? mesh->dp_ptr() : world;
-    if (dp->size() > 1) out.ddp = apply_ddp(model, config, dp);
+  // One data-parallel step, each strategy's from its own folder.
+  std::unique_ptr<ParallelModel> out =
+      config.strategy == "fsdp"   ? apply_fsdp(model, config, world, *mesh)
+      : config.strategy == "zero" ? apply_zero(model, config, world, *mesh)
+                                  : apply_ddp(model, config, world, mesh);
+  if (mesh) out = apply_pp(std::move(out), model, config, world, *mesh);
+  if (config.tp > 1) {
+    out->append_description("tensor parallel over groups of " + std::to_string(config.tp) +
+                            " ranks" +
+                            (config.sequence_parallel ? " with sequence parallelism" : "") + ", " +
+                            std::to_string(mesh->dp().size()) + " data-parallel rank(s)\n");
   }
-  // What no sharded step took over is held whole (each rank's slices of what tensor
-  // parallelism split): "none", and DDP on one data-parallel rank.
-  if (!out.sharded) model->materialize();
-  if (mesh) out.pipeline = apply_pp(model, config, *mesh);
   return out;
 }
 

@@ -4,6 +4,7 @@
 
 #include <memory>
 
+#include "parallel/parallel_model.h"
 #include "shardtrain/config.h"
 #include "shardtrain/ddp.h"
 #include "shardtrain/fsdp.h"
@@ -16,37 +17,45 @@ namespace detail {
 class PipelineRunner;
 }
 
-// What parallelize() made of a model: at most one data-parallel wrapper (none for strategy
-// "none", or DDP on one data-parallel rank), and the pipeline's runner.
-struct Parallelized {
-  std::unique_ptr<DistributedDataParallel> ddp;
-  std::unique_ptr<FullyShardedDataParallel> sharded;  // fsdp, or zero at any stage
-  std::unique_ptr<detail::PipelineRunner> pipeline;   // parallel.pp > 1
-  Parallelized();
-  Parallelized(Parallelized&&) noexcept;
-  ~Parallelized();
-};
-
 // What only a strategy's own rules can judge, checked before anything is allocated or written:
 // today the pipeline's stages (parallel.pp_split against the model's blocks) and its schedule
 // (against the micro-batches per step). Throws std::invalid_argument naming the settings.
 void check_parallel_settings(const TrainConfig& config);
 
-// Applies config's parallelisms to `model`, in this order (torchtitan's):
+// Applies config's parallelisms to `model`, in this order (torchtitan's), and returns the one
+// object the trainer drives (ParallelModel):
 //   0. pipeline parallelism: `model` holds this rank's stages already (built with
 //      ModelInit::parts(pipeline_parts(...)), since a stage never builds the other stages' parts);
-//      apply_pp, last, gives it the schedule's runner on the mesh's pp axis;
+//      apply_pp, last, runs them by the schedule around the stage's data-parallel step;
 //   1. tensor parallelism (apply_tp, parallel.tp) on the mesh's tp axis;
 //   2. activation checkpointing, per block;
-//   3. one data-parallel step on the mesh's data-parallel ranks: apply_ddp, apply_fsdp or
-//      apply_zero;
+//   3. one data-parallel step on the mesh's data-parallel ranks: apply_fsdp, apply_zero, or
+//      apply_ddp (replicated: "ddp", and "none");
 //   4. materialization: a sharded step allocates and initializes only this rank's shards of a
 //      deferred model; every other path materializes the whole model.
 // `model` may be deferred (ModelInit().deferred()). `mesh` is the trainer's mesh over `world`
 // (train_mesh_shape), built before the model; both null for one process. Collective over
 // `world`. Throws std::invalid_argument for settings a strategy refuses, naming them.
-Parallelized parallelize(Transformer& model, const TrainConfig& config,
-                         const std::shared_ptr<ProcessGroup>& world, const DeviceMesh* mesh);
+std::unique_ptr<ParallelModel> parallelize(Transformer& model, const TrainConfig& config,
+                                           const std::shared_ptr<ProcessGroup>& world,
+                                           const DeviceMesh* mesh);
+
+// Before the mesh and the model: whether config's data-parallel step runs on a process group
+// even on one process (FSDP and ZeRO: their sharding, policy and accounting), and whether the
+// data-parallel ranks `shape` gives (of `world_size`) have a strategy that uses them; throws
+// std::invalid_argument naming the setting otherwise.
+bool runs_on_a_group(const TrainConfig& config);
+void check_data_parallel_ranks(const TrainConfig& config, const MeshShape& shape, int world_size);
+// Before the run directory is touched: the sizes tensor parallelism splits (the vocabulary,
+// described as `vocabulary` in the message, the heads, key/value heads and the FFN width)
+// divide by parallel.tp. Throws std::invalid_argument naming them.
+void check_tp_sizes(const TrainConfig& config, const std::string& vocabulary);
+// Whether the run keeps state in files (ZeRO's offload to nvme): memory is then bounded by the
+// units in flight and should go back to the system at once.
+bool keeps_state_in_files(const TrainConfig& config);
+// What pipeline rank `pp_rank` builds of the model: its stages only (nothing changes for
+// parallel.pp = 1).
+void limit_to_own_stages(ModelInit& init, const TrainConfig& config, int pp_rank);
 
 // The trainer's mesh over `world_size` ranks: pp = parallel.pp outermost, tp = parallel.tp
 // innermost, dp_replicate from hybrid_shard's parallel.fsdp.replicate (0: one replica per node
@@ -63,22 +72,28 @@ std::vector<std::pair<int64_t, int64_t>> pipeline_blocks(const TrainConfig& conf
 PipelineSchedule pipeline_schedule(const TrainConfig& config);
 ModelParts pipeline_parts(const TrainConfig& config, int pp_rank);
 
-// The steps, each a no-op when its setting is off.
-// The schedule's runner on the mesh's pp axis (null for pp = 1).
-std::unique_ptr<detail::PipelineRunner> apply_pp(Transformer& model, const TrainConfig& config,
-                                                 const DeviceMesh& mesh);
+// The steps. apply_pp: the stage's model `stage` run by the schedule on the mesh's pp axis
+// (`stage` itself for pp = 1).
+std::unique_ptr<ParallelModel> apply_pp(std::unique_ptr<ParallelModel> stage, Transformer& model,
+                                        const TrainConfig& config,
+                                        const std::shared_ptr<ProcessGroup>& world,
+                                        const DeviceMesh& mesh);
 // Splits the model's layers across the mesh's tp axis (transformer_tp_plan).
 void apply_tp(Transformer& model, const TrainConfig& config, const DeviceMesh& mesh);
 void apply_activation_checkpointing(Transformer& model, const TrainConfig& config);
-// DDP over the data-parallel ranks `dp` (materializes the model first).
-std::unique_ptr<DistributedDataParallel> apply_ddp(Transformer& model, const TrainConfig& config,
-                                                   const std::shared_ptr<ProcessGroup>& dp);
-// FSDP (parallel.fsdp.*) on the mesh's dp_replicate x dp_shard axes, stored in `out`.
-void apply_fsdp(Transformer& model, const TrainConfig& config, const DeviceMesh& mesh,
-                Parallelized& out);
-// ZeRO (parallel.zero.*) over the mesh's data-parallel ranks, stored in `out`.
-void apply_zero(Transformer& model, const TrainConfig& config, const DeviceMesh& mesh,
-                Parallelized& out);
+// The replicated step: the whole model materialized on every data-parallel rank, DDP
+// (parallel.ddp.*) over them under "ddp" when there are several.
+std::unique_ptr<ParallelModel> apply_ddp(Transformer& model, const TrainConfig& config,
+                                         const std::shared_ptr<ProcessGroup>& world,
+                                         const DeviceMesh* mesh);
+// FSDP (parallel.fsdp.*) on the mesh's dp_replicate x dp_shard axes.
+std::unique_ptr<ParallelModel> apply_fsdp(Transformer& model, const TrainConfig& config,
+                                          const std::shared_ptr<ProcessGroup>& world,
+                                          const DeviceMesh& mesh);
+// ZeRO (parallel.zero.*) over the mesh's data-parallel ranks.
+std::unique_ptr<ParallelModel> apply_zero(Transformer& model, const TrainConfig& config,
+                                          const std::shared_ptr<ProcessGroup>& world,
+                                          const DeviceMesh& mesh);
 
 // precision.param_dtype, reduce_dtype and buffer_dtype ("bf16" or "fp32").
 MixedPrecision mixed_precision_of(const TrainConfig& config);

@@ -20,8 +20,13 @@ struct RunEstimate {
 
 // `run` has run.json's keys (world_size, model, train, parallel, precision); `source` names it
 // in errors. For a CPU host: offload to "cpu" changes nothing (it is the same memory), offload
-// to files ("nvme") takes the optimizer state / the fp32 parameter shards out of the estimate. Throws std::invalid_argument naming a missing key or an impossible shape.
+// to files ("nvme") takes the optimizer state / the fp32 parameter shards out of the estimate.
+// Throws std::invalid_argument naming a missing key or an impossible shape.
 RunEstimate estimate_run(const nlohmann::json& run, const HardwareSpec& host,
                          const std::string& source);
+
+// The config keys that select data-parallel candidate `c` (one of RunEstimate::alternatives),
+// as a sentence's object: "parallel.strategy = \"zero\" with parallel.zero.stage = 1".
+std::string config_setting(const Candidate& c);
 
 }  // namespace shardtrain::detail

@@ -228,10 +228,11 @@ RunEstimate estimate_run(const nlohmann::json& run, const HardwareSpec& host,
                      prefetch_elements, heap_kept);
   // The data-parallel strategies at the same world size, least sharded first; the last one is
   // ZeRO-3 with parameters and optimizer state in files.
-  for (const auto& [strategy, files] :
-       {std::pair{PlanStrategy::kDdp, false}, {PlanStrategy::kZero1, false},
-        {PlanStrategy::kZero2, false}, {PlanStrategy::kFullShard, false},
-        {PlanStrategy::kFullShard, true}}) {
+  for (const auto& [strategy, files] : {std::pair{PlanStrategy::kDdp, false},
+                                        {PlanStrategy::kZero1, false},
+                                        {PlanStrategy::kZero2, false},
+                                        {PlanStrategy::kFullShard, false},
+                                        {PlanStrategy::kFullShard, true}}) {
     // LoRA's alternatives are its decision tree's: DDP, FSDP shard_grad_op and full_shard.
     if (lora_rank > 0 && (strategy == PlanStrategy::kZero1 || files)) continue;
     // Under a pipeline: the same stages, with what combines with them (ddp, ZeRO-1).
@@ -252,8 +253,28 @@ RunEstimate estimate_run(const nlohmann::json& run, const HardwareSpec& host,
   return out;
 }
 
-}  // namespace detail
+std::string config_setting(const Candidate& c) {
+  if (c.lora && c.strategy == PlanStrategy::kZero2) {
+    return "parallel.strategy = \"fsdp\" with parallel.fsdp.sharding = \"shard_grad_op\"";
+  }
+  if (c.lora && c.strategy == PlanStrategy::kFullShard) {
+    return "parallel.strategy = \"fsdp\" (full_shard)";
+  }
+  switch (c.strategy) {
+    case PlanStrategy::kDdp:
+      return "parallel.strategy = \"ddp\"";
+    case PlanStrategy::kZero1:
+      return "parallel.strategy = \"zero\" with parallel.zero.stage = 1";
+    case PlanStrategy::kZero2:
+      return "parallel.strategy = \"zero\" with parallel.zero.stage = 2";
+    default:
+      return c.offload ? "parallel.strategy = \"zero\" with parallel.zero.stage = 3 and "
+                         "offload_optimizer = offload_param = \"nvme\""
+                       : "parallel.strategy = \"fsdp\" (full_shard), or \"zero\" with stage 3";
+  }
+}
 
+}  // namespace detail
 
 ValidationResult validate_run(const std::string& run_dir, const HardwareSpec& host) {
   const auto dir = std::filesystem::path(run_dir);

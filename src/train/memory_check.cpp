@@ -112,29 +112,6 @@ MemoryBudget rank_memory_budget(ProcessGroup* world) {
   return budget;
 }
 
-namespace {
-
-// The setting that selects `c` (a data-parallel candidate of estimate_run's alternatives).
-std::string setting_of(const Candidate& c) {
-  if (c.lora && c.strategy == PlanStrategy::kZero2) {
-    return "parallel.strategy = \"fsdp\" with parallel.fsdp.sharding = \"shard_grad_op\"";
-  }
-  if (c.lora && c.strategy == PlanStrategy::kFullShard) {
-    return "parallel.strategy = \"fsdp\" (full_shard)";
-  }
-  switch (c.strategy) {
-    case PlanStrategy::kDdp: return "parallel.strategy = \"ddp\"";
-    case PlanStrategy::kZero1: return "parallel.strategy = \"zero\" with parallel.zero.stage = 1";
-    case PlanStrategy::kZero2: return "parallel.strategy = \"zero\" with parallel.zero.stage = 2";
-    default:
-      return c.offload ? "parallel.strategy = \"zero\" with parallel.zero.stage = 3 and "
-                         "offload_optimizer = offload_param = \"nvme\""
-                       : "parallel.strategy = \"fsdp\" (full_shard), or \"zero\" with stage 3";
-  }
-}
-
-}  // namespace
-
 void check_memory_fits(const TrainConfig& config, int world_size, const MemoryBudget& budget,
                        int64_t held_bytes) {
   if (budget.bytes < 0) return;
@@ -153,15 +130,15 @@ void check_memory_fits(const TrainConfig& config, int world_size, const MemoryBu
   const MemoryBreakdown& m = estimate.run.memory;
   const double needed = held + m.total();
   if (needed <= limit) return;
-  std::string message =
-      "out of memory before the start: " + estimate.run.label() + " (parallel.strategy = \"" +
-      config.strategy + "\") on " + std::to_string(world_size) +
-      (world_size == 1 ? " rank" : " ranks") + " needs about " + gb(needed) +
-      " per rank (the planner's estimate: parameters " + gb(m.params) + ", gradients " +
-      gb(m.grads) + ", optimizer state " + gb(m.optimizer) +
-      ", activations " + gb(m.activations + m.temporary) + "; plus " + gb(held) +
-      " the process holds already), but each rank here may use " + gb(limit) + " (" +
-      budget.source + "). ";
+  std::string message = "out of memory before the start: " + estimate.run.label() +
+                        " (parallel.strategy = \"" + config.strategy + "\") on " +
+                        std::to_string(world_size) + (world_size == 1 ? " rank" : " ranks") +
+                        " needs about " + gb(needed) +
+                        " per rank (the planner's estimate: parameters " + gb(m.params) +
+                        ", gradients " + gb(m.grads) + ", optimizer state " + gb(m.optimizer) +
+                        ", activations " + gb(m.activations + m.temporary) + "; plus " + gb(held) +
+                        " the process holds already), but each rank here may use " + gb(limit) +
+                        " (" + budget.source + "). ";
   const Candidate* fits = nullptr;
   for (const auto& c : estimate.alternatives) {
     if (held + c.memory.total() <= limit) {
@@ -171,7 +148,7 @@ void check_memory_fits(const TrainConfig& config, int world_size, const MemoryBu
   }
   if (fits) {
     message += fits->label() + " fits (about " + gb(held + fits->memory.total()) +
-               " per rank): set " + setting_of(*fits) + ". ";
+               " per rank): set " + config_setting(*fits) + ". ";
   } else {
     message += "No data-parallel strategy fits on " + std::to_string(world_size) +
                " ranks: use more ranks or hosts. ";

@@ -6,7 +6,6 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
-#include <sstream>
 
 namespace fs = std::filesystem;
 
@@ -25,11 +24,9 @@ int64_t status_field_kib(const char* field) {
 
 }  // namespace
 
-bool return_memory_promptly(const TrainConfig& config) {
+bool return_memory_promptly(bool state_in_files) {
 #ifdef __GLIBC__
-  const bool in_files = config.strategy == "zero" && (config.zero_offload_param == "nvme" ||
-                                                      config.zero_offload_optimizer == "nvme");
-  if (!in_files || std::getenv("MALLOC_MMAP_MAX_") || std::getenv("MALLOC_TRIM_THRESHOLD_")) {
+  if (!state_in_files || std::getenv("MALLOC_MMAP_MAX_") || std::getenv("MALLOC_TRIM_THRESHOLD_")) {
     return false;
   }
   mallopt(M_MMAP_MAX, 1 << 20);
@@ -37,7 +34,7 @@ bool return_memory_promptly(const TrainConfig& config) {
   mallopt(M_TRIM_THRESHOLD, 4 << 20);
   return true;
 #else
-  (void)config;
+  (void)state_in_files;
   return false;
 #endif
 }
@@ -50,18 +47,6 @@ void trim_heap() {
 
 int64_t resident_bytes() { return status_field_kib("VmRSS") * 1024; }
 int64_t peak_resident_bytes() { return status_field_kib("VmHWM") * 1024; }
-
-bool on_any_rank(ProcessGroup& group, bool value) {
-  at::Tensor any = at::tensor(value ? 1.0 : 0.0, at::kDouble);
-  group.all_reduce(any, ReduceOp::kMax)->wait();
-  return any.item<double>() > 0;
-}
-
-std::string optimizer_state_key(const at::Tensor& parameter) {
-  std::ostringstream key;
-  key << parameter.unsafeGetTensorImpl();
-  return key.str();
-}
 
 LoraOptions lora_options(const TrainConfig& config) {
   return LoraOptions()

@@ -16,7 +16,6 @@
 #include "model/names.h"
 #include "optim/swap_file.h"
 #include "parallel/parallelize.h"
-#include "parallel/pipeline/pipeline_runner.h"
 #include "shardtrain/checkpoint.h"
 #include "shardtrain/fused_adamw.h"
 #include "shardtrain/generate.h"
@@ -35,28 +34,6 @@
 #include "train/run_setup.h"
 
 namespace shardtrain {
-
-at::Tensor detail::logits_loss(Transformer& model, const at::Tensor& logits, const Batch& batch) {
-  const at::Tensor flat = logits.reshape({-1, logits.size(-1)}).to(at::kFloat);
-  const at::Tensor targets = batch.targets.reshape({-1});
-  // Split over the vocabulary: the loss is reduced across the group, never gathered.
-  if (const auto& tp = model->tensor_parallel()) {
-    return vocab_parallel_cross_entropy(flat, targets, *tp->group, batch.loss_divisor);
-  }
-  if (batch.loss_divisor <= 0) return at::cross_entropy_loss(flat, targets);
-  // A sum over the tokens that carry a loss, divided by the global batch's share: every micro-
-  // batch then weighs by its loss tokens, and the step's loss is the mean over all of them.
-  return at::cross_entropy_loss(flat, targets, /*weight=*/{}, at::Reduction::Sum, kIgnoreIndex) /
-         batch.loss_divisor;
-}
-
-namespace {
-
-at::Tensor token_loss(Transformer& model, const Batch& batch) {
-  return detail::logits_loss(model, model->forward(batch.inputs, batch.layout), batch);
-}
-
-}  // namespace
 
 Trainer::Trainer(TrainConfig config, std::shared_ptr<ProcessGroup> world)
     : config_(std::move(config)), world_(std::move(world)) {
@@ -80,16 +57,9 @@ void Trainer::set_up_ranks() {
   // hybrid_shard's replicas.
   const MeshShape shape =
       train_mesh_shape(config_, world_size(), world_ ? world_->ranks_per_node() : 1);
-  if (shape.degree(MeshAxis::kDpReplicate) * shape.degree(MeshAxis::kDpShard) > 1 &&
-      config_.strategy == "none") {
-    throw std::invalid_argument(
-        "parallel.strategy = \"none\" trains on one process" +
-        std::string(config_.tp > 1 ? " (or one tensor-parallel group)" : "") +
-        ", but the world has " + std::to_string(world_size()) +
-        " ranks; set parallel.strategy = \"ddp\" or \"fsdp\"");
-  }
-  if (!world_ && (config_.strategy == "fsdp" || config_.strategy == "zero")) {
-    // FSDP's sharding, policy and accounting on one rank, so a single process can run it too.
+  check_data_parallel_ranks(config_, shape, world_size());
+  if (!world_ && runs_on_a_group(config_)) {
+    // A group of one rank, so that a single process runs the same step.
     world_ = init_process_group(c10::make_intrusive<c10d::HashStore>(), 0, 1);
   }
   if (world_) mesh_ = std::make_unique<DeviceMesh>(world_, shape);
@@ -118,20 +88,9 @@ void Trainer::set_up_tokenizer() {
                                 " tokenizer's vocabulary of " +
                                 std::to_string(tokenizer_->vocab_size()));
   }
-  if (config_.tp > 1 && config_.model.vocab_size % config_.tp != 0) {
-    const int64_t tp = config_.tp, vocab = config_.model.vocab_size;
-    const int64_t multiple = std::lcm<int64_t>(tp, 64);
-    throw std::invalid_argument(
-        "tensor parallelism splits the vocabulary: " +
-        std::string(config_.vocab_size_set ? "model.vocab_size"
-                                           : tokenizer_->name() + " tokenizer's vocabulary") +
-        " (" + std::to_string(vocab) + ") is not divisible by parallel.tp=" + std::to_string(tp) +
-        "; set model.vocab_size to a multiple of " + std::to_string(tp) + " that holds it, e.g. " +
-        std::to_string((vocab + multiple - 1) / multiple * multiple) +
-        " (a multiple of 64 too, so that its checkpoints resume at any tp dividing 64)");
-  }
-  // Heads, key/value heads and the FFN width too, before the run directory is touched.
-  if (config_.tp > 1) transformer_tp_plan(config_.model, static_cast<int>(config_.tp));
+  // The sizes tensor parallelism splits, before the run directory is touched.
+  check_tp_sizes(config_, config_.vocab_size_set ? std::string("model.vocab_size")
+                                                 : tokenizer_->name() + " tokenizer's vocabulary");
 }
 
 std::string Trainer::prepare_data() {
@@ -193,7 +152,7 @@ void Trainer::build_model() {
     ModelInit init = ModelInit().seed(static_cast<uint64_t>(config_.seed)).deferred();
     if (!config_.init_from.empty()) init.values(hf_initializer(config_.model, config_.init_from));
     // A pipeline rank builds its stages only.
-    if (config_.pp > 1) init.parts(pipeline_parts(config_, pp_rank()));
+    limit_to_own_stages(init, config_, pp_rank());
     model_ = Transformer(config_.model, std::move(init));
     // Fine-tuning with adapters: the base is frozen before any strategy sees the model, so
     // that only the adapters are in the optimizer, the gradient reductions and checkpoints.
@@ -205,13 +164,8 @@ void Trainer::build_model() {
       }
     }
   }
-  const bool prompt = detail::return_memory_promptly(config_);
-  {
-    Parallelized parallel = parallelize(model_, config_, world_, mesh_.get());
-    ddp_ = std::move(parallel.ddp);
-    fsdp_ = std::move(parallel.sharded);
-    pipeline_ = std::move(parallel.pipeline);
-  }
+  const bool prompt = detail::return_memory_promptly(keeps_state_in_files(config_));
+  parallel_ = parallelize(model_, config_, world_, mesh_.get());
   if (prompt) detail::trim_heap();  // what initialization used and freed
 }
 
@@ -219,13 +173,7 @@ void Trainer::build_optimizer() {
   // Weight decay on matrices only: biases, norms and 1-D tensors are not decayed (as GPT-2
   // and Llama training do). Under FSDP the optimizer holds this rank's pieces of them.
   std::vector<at::Tensor> decay, no_decay;
-  if (fsdp_) {
-    for (const auto& s : fsdp_->segments()) {
-      (s.shape.size() >= 2 ? decay : no_decay).push_back(s.param);
-    }
-  } else {
-    for (const auto& p : parameters()) (p.dim() >= 2 ? decay : no_decay).push_back(p);
-  }
+  for (const auto& t : parallel_->optimized()) (t.matrix ? decay : no_decay).push_back(t.tensor);
   auto options = torch::optim::AdamWOptions(config_.lr)
                      .betas({config_.beta1, config_.beta2})
                      .eps(config_.eps)
@@ -236,13 +184,6 @@ void Trainer::build_optimizer() {
                                     torch::optim::AdamWOptions(options).weight_decay(0.0)));
   // The fused kernel gives LibTorch's AdamW results bit for bit, in one pass over memory.
   optimizer_ = std::make_unique<FusedAdamW>(std::move(groups), options);
-  if (config_.strategy == "zero" && config_.zero_offload_optimizer == "nvme") {
-    // The moments of each unit's shard live in files; optimizer_ then holds no state.
-    for (const auto& [master, grad] : fsdp_->flat_shards()) {
-      nvme_.push_back(std::make_unique<NvmeAdamW>(master.numel(),
-                                                  NvmeAdamWOptions().dir(config_.zero_nvme_path)));
-    }
-  }
   schedule_ =
       LrSchedule{config_.lr, config_.min_lr, config_.warmup, config_.steps, config_.schedule};
   scaler_ = LossScaler::from_config(config_.loss_scale, config_.initial_scale, config_.scale_window,
@@ -257,18 +198,6 @@ void Trainer::check_vocabulary() const {
                                 "-token vocabulary, larger than model.vocab_size " +
                                 std::to_string(config_.model.vocab_size));
   }
-}
-
-std::vector<at::Tensor> Trainer::parameters() const {
-  std::vector<at::Tensor> pieces;
-  if (!fsdp_) {
-    for (const auto& p : model_->parameters()) {
-      if (p.requires_grad()) pieces.push_back(p);  // not a LoRA run's frozen base
-    }
-    return pieces;
-  }
-  for (const auto& s : fsdp_->segments()) pieces.push_back(s.param);
-  return pieces;
 }
 
 void Trainer::barrier() const {
@@ -295,12 +224,7 @@ StepResult Trainer::train_step() {
   telemetry_->name_thread("train");  // the row of whichever thread trains
   const detail::SwapIoTotals io_before = detail::swap_io_totals();
   model_->train();
-  if (fsdp_) {
-    fsdp_->zero_grad();  // the optimizer's gradients are views into the shards
-    fsdp_->reset_peak();
-  } else {
-    optimizer_->zero_grad();
-  }
+  parallel_->zero_grad(*optimizer_);
   // Everything above the bytes held now (parameters, optimizer state) that forward and
   // backward add at their peak: activations, gradients and temporaries.
   const int64_t before = cpu_memory_stats().live_bytes;
@@ -316,7 +240,7 @@ StepResult Trainer::train_step() {
   const bool finite = gradients_finite();
   result.lr = schedule_.at(step_);
   result.grad_norm = NAN;  // none when the gradients are not finite (null in metrics.jsonl)
-  if (finite) result.grad_norm = clip_gradients();
+  if (finite) result.grad_norm = parallel_->clip_grad_norm(config_.clip);
   result.skipped = !scaler_.update(finite);
   if (!result.skipped) optimizer_step(result.lr);
   update_span.reset();
@@ -333,76 +257,25 @@ StepResult Trainer::train_step() {
 }
 
 double Trainer::forward_backward() {
-  double loss_sum = 0.0;
-  for (int a = 0; a < config_.grad_accum && !pipeline_; ++a) {
-    const Batch batch = loader_->micro_batch(samples_, a);
-    at::Tensor loss;
-    {
-      detail::TraceSpan span("forward", "forward", {{"micro_batch", a}});
-      detail::AutocastScope autocast(detail::cpu_bf16_autocast(config_.autocast == "bf16"));
-      loss = token_loss(model_, batch);
-    }
-    detail::TraceSpan backward_span("backward", "backward", {{"micro_batch", a}});
-    // Every micro-batch has the same number of tokens (or, for instruction data, its loss is
-    // its sum over the global batch's mean share of loss tokens: Batch::loss_divisor), so the
-    // mean over the global batch is the mean of the micro-batch losses: each contributes
-    // 1/grad_accum of the gradient (and DDP averages over the ranks). Only the last
-    // micro-batch's backward communicates.
-    const at::Tensor scaled = loss * (scaler_.scale() / static_cast<double>(config_.grad_accum));
-    if (ddp_ && a + 1 < config_.grad_accum) {
-      auto local_only = ddp_->no_sync();
-      scaled.backward();
-    } else {
-      scaled.backward();
-    }
-    loss_sum += loss.item<double>();
-  }
-  if (pipeline_) loss_sum = pipeline_step();
-  if (world_size() > 1) {
-    // The reported loss is the global batch's, the same number on every rank. A pipeline's
-    // losses are on its last stage: the mean over the world is 1/pp of theirs.
-    at::Tensor mean = at::tensor(loss_sum, at::kDouble);
-    world_->all_reduce(mean, ReduceOp::kAvg)->wait();
-    loss_sum = mean.item<double>() * static_cast<double>(config_.pp);
-  }
-  return loss_sum;
+  StepInputs step;
+  step.micro_batch = [this](int micro_batch) {
+    return loader_->micro_batch(samples_, micro_batch);
+  };
+  step.micro_batches = static_cast<int>(config_.grad_accum);
+  step.loss_scale = scaler_.scale();
+  step.bf16_autocast = config_.autocast == "bf16";
+  step.rows = config_.micro_batch;
+  step.length = config_.seq_len;
+  return parallel_->forward_backward(step);
 }
 
-bool Trainer::gradients_finite() {
-  bool finite = true;
-  if (fsdp_) {
-    if (scaler_.enabled()) fsdp_->unscale(scaler_.scale());
-    finite = fsdp_->grads_finite();  // over its data-parallel and tensor-parallel ranks
-  } else {
-    finite = scaler_.unscale(parameters());
-  }
-  if (const auto& tp = model_->tensor_parallel(); pipeline_ || (tp && !fsdp_)) {
-    // Each rank checked its own slices or stages: all skip a step together or not at all.
-    finite = !detail::on_any_rank(pipeline_ ? *world_ : *tp->group, !finite);
-  }
-  return finite;
-}
-
-double Trainer::clip_gradients() {
-  ProcessGroup* pipeline = pipeline_ ? &mesh_->group(MeshAxis::kPp) : nullptr;
-  std::set<std::string> tied_copy;  // a pipeline's last stage counts no tied embedding
-  if (detail::is_tied_head_copy(*model_, "tok_emb.weight")) tied_copy.insert("tok_emb.weight");
-  return fsdp_ ? fsdp_->clip_grad_norm(config_.clip, pipeline, tied_copy)
-         : model_->tensor_parallel() || pipeline ? clip_grad_norm(model_, config_.clip, pipeline)
-                                                 : clip_grad_norm(parameters(), config_.clip);
-}
+bool Trainer::gradients_finite() { return parallel_->gradients_finite(scaler_); }
 
 void Trainer::optimizer_step(double lr) {
   for (auto& group : optimizer_->param_groups()) {
     static_cast<torch::optim::AdamWOptions&>(group.options()).lr(lr);
   }
-  if (nvme_.empty()) {
-    if (fsdp_) fsdp_->load_shards();  // parameter shards kept in files
-    optimizer_->step();
-  } else {
-    nvme_step(lr);
-  }
-  if (fsdp_) fsdp_->after_optimizer_step();
+  parallel_->optimizer_step(*optimizer_, lr);
 }
 
 void Trainer::add_step_totals(StepResult& result, std::chrono::steady_clock::time_point start,
@@ -430,32 +303,24 @@ double Trainer::evaluate() {
   detail::TraceSpan span("eval", "eval");
   torch::NoGradGuard no_grad;
   model_->eval();
-  const detail::GatheredStage gathered(pipeline_ ? fsdp_.get() : nullptr);
+  const std::unique_ptr<StageScope> held = parallel_->inference_scope();
   double total = 0.0;
   for (int64_t i = 0; i < config_.eval_batches; ++i) {
     detail::AutocastScope autocast(detail::cpu_bf16_autocast(config_.autocast == "bf16"));
     const Batch batch = loader_->eval_batch(i);
-    if (!pipeline_) {
-      total += token_loss(model_, batch).item<double>();
-    } else if (const at::Tensor logits = pipeline_->forward(batch.inputs, batch.layout);
-               logits.defined()) {
-      total += detail::logits_loss(model_, logits, batch).item<double>();
-    }
+    // Undefined on ranks that do not hold the last stage.
+    const at::Tensor logits = parallel_->logits(batch.inputs, batch.layout);
+    if (logits.defined()) total += parallel_->loss(logits, batch).item<double>();
   }
   model_->train();
-  if (pipeline_ && world_size() > 1) {
-    // On the last stage's ranks only (the same number on each).
-    at::Tensor mean = at::tensor(total, at::kDouble);
-    world_->all_reduce(mean, ReduceOp::kAvg)->wait();
-    total = mean.item<double>() * static_cast<double>(config_.pp);
-  }
+  total = parallel_->eval_total(total);
   return total / static_cast<double>(config_.eval_batches);
 }
 
 std::string Trainer::generate(const std::string& prompt, int64_t tokens) {
   torch::NoGradGuard no_grad;
   model_->eval();
-  const detail::GatheredStage gathered(pipeline_ ? fsdp_.get() : nullptr);
+  const std::unique_ptr<StageScope> held = parallel_->inference_scope();
   // Trained on conversations, the model continues the template's text: the prompt is the
   // user's message, the assistant's turn is opened, and the reply ends with its special token.
   const bool chat = chat_template_ && config_.format == "chat";
@@ -473,13 +338,11 @@ std::string Trainer::generate(const std::string& prompt, int64_t tokens) {
         std::max<int64_t>(0, static_cast<int64_t>(ids.size()) - config_.model.context_length);
     at::Tensor context =
         at::tensor(std::vector<int64_t>(ids.begin() + start, ids.end()), at::kLong).unsqueeze(0);
-    // Under pipeline parallelism the last stage samples, and the other stages learn the token.
-    const at::Tensor logits = pipeline_ ? pipeline_->forward(context) : model_->forward(context);
+    // The rank that holds the last position's logits samples; the others learn the token.
+    const at::Tensor logits = parallel_->logits(context, SequenceLayout());
     at::Tensor next = at::zeros({1}, at::kLong);
     if (logits.defined()) next.fill_(sample_next(logits[0][-1], generator));
-    if (pipeline_) {
-      mesh_->group(MeshAxis::kPp).broadcast(next, pipeline_->last_stage_rank())->wait();
-    }
+    parallel_->share_sampled(next);
     const auto id = static_cast<int32_t>(next.item<int64_t>());
     // Every rank drew (or was sent) the same id, so all stop together.
     if (chat && tokenizer_->is_special(id)) break;
@@ -490,11 +353,9 @@ std::string Trainer::generate(const std::string& prompt, int64_t tokens) {
   return text + tokenizer_->decode(generated);
 }
 
-int64_t Trainer::sample_next(at::Tensor logits, at::Generator& generator) {
-  logits = logits.to(at::kFloat);
-  if (const auto& tp = model_->tensor_parallel()) logits = gather_vocabulary(logits, *tp->group);
-  return sample_token(logits, tokenizer_->vocab_size(), config_.sample_temperature,
-                      config_.sample_top_k, generator);
+int64_t Trainer::sample_next(const at::Tensor& logits, at::Generator& generator) {
+  return sample_token(parallel_->whole_vocabulary(logits), tokenizer_->vocab_size(),
+                      config_.sample_temperature, config_.sample_top_k, generator);
 }
 
 void Trainer::fail_if_injected() const {
@@ -547,8 +408,8 @@ void Trainer::fit() {
     const std::string dir = save_checkpoint();
     if (talk) std::printf("checkpoint: %s\n", dir.c_str());
   }
-  // Under FSDP and tensor parallelism every rank takes part in the forward passes.
-  if ((talk || fsdp_ || config_.tp > 1 || pipeline_) && config_.sample_tokens > 0) {
+  // Where every rank takes part in the forward passes, every rank generates.
+  if ((talk || parallel_->forward_is_collective()) && config_.sample_tokens > 0) {
     const std::string sample = generate(config_.sample_prompt, config_.sample_tokens);
     if (talk) std::printf("sample: %s\n", sample.c_str());
   }

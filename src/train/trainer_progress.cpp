@@ -6,7 +6,7 @@
 #include <stdexcept>
 #include <string>
 
-#include "parallel/parallelize.h"
+#include "parallel/parallel_model.h"
 #include "shardtrain/memory.h"
 #include "shardtrain/train.h"
 #include "trace/telemetry.h"
@@ -74,12 +74,7 @@ void Trainer::print_progress(const StepResult& result, double eval_loss) {
         result.lr, result.tokens_per_s, result.step_time_s,
         static_cast<double>(detail::resident_bytes()) / (1 << 20),
         result.skipped ? " | skipped (overflow)" : "");
-    if (fsdp_) {
-      const FSDPMemory m = fsdp_->memory();
-      std::printf(" | shards %.1f MiB, gathered peak %.1f MiB",
-                  static_cast<double>(m.param_shards + m.grad_shards) / (1 << 20),
-                  static_cast<double>(m.gathered_peak) / (1 << 20));
-    }
+    std::printf("%s", parallel_->progress_note().c_str());
     if (!std::isnan(eval_loss)) std::printf(" | eval loss %.4f", eval_loss);
     if (step_ < config_.steps) std::printf(" | eta %s", duration_text(eta).c_str());
     std::printf("\n");
@@ -144,41 +139,8 @@ void Trainer::print_start() const {
             static_cast<double>(config_.model.num_parameters()),
         config_.lora_base_dtype.c_str());
   }
-  if (fsdp_ && config_.strategy == "zero") {
-    std::printf(
-        "zero stage %lld over %d rank(s), %zu units, optimizer offload %s, parameter "
-        "offload %s\n",
-        static_cast<long long>(config_.zero_stage), dp_size(), fsdp_->unit_layout().size(),
-        config_.zero_offload_optimizer.c_str(), config_.zero_offload_param.c_str());
-  } else if (fsdp_) {
-    const MeshShape& mesh = mesh_->shape();
-    const int replicas = mesh.degree(MeshAxis::kDpReplicate);
-    const std::string groups = replicas > 1 ? " (" + std::to_string(replicas) + " replicas of " +
-                                                  std::to_string(mesh.degree(MeshAxis::kDpShard)) +
-                                                  "-rank shard groups)"
-                                            : "";
-    std::printf("fsdp %s over %d rank(s)%s, %zu units\n", config_.fsdp_sharding.c_str(), dp_size(),
-                groups.c_str(), fsdp_->unit_layout().size());
-  } else if (dp_size() > 1) {
-    std::printf("data parallel (%s) over %d ranks\n", config_.strategy.c_str(), dp_size());
-  }
-  if (pipeline_) {
-    std::string split;
-    for (const auto& [begin, end] : pipeline_blocks(config_)) {
-      split += (split.empty() ? "" : ", ") + std::to_string(end - begin);
-    }
-    std::printf(
-        "pipeline parallel over %lld ranks (%s, %lld stage(s) of [%s] blocks), %lld "
-        "micro-batches per step\n",
-        static_cast<long long>(config_.pp), config_.pp_schedule.c_str(),
-        static_cast<long long>(config_.pp * config_.pp_virtual_stages), split.c_str(),
-        static_cast<long long>(config_.grad_accum));
-  }
-  if (config_.tp > 1) {
-    std::printf("tensor parallel over groups of %lld ranks%s, %d data-parallel rank(s)\n",
-                static_cast<long long>(config_.tp),
-                config_.sequence_parallel ? " with sequence parallelism" : "", dp_size());
-  }
+  // How the run is parallelized, as parallelize() described it.
+  std::printf("%s", parallel_->description().c_str());
   std::fflush(stdout);
 }
 

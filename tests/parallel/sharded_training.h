@@ -10,10 +10,10 @@
 #include <map>
 #include <mutex>
 
+#include "parallel/parallel_model.h"
 #include "shardtrain/fsdp.h"
 #include "shardtrain/optim.h"
 #include "shardtrain/rendezvous.h"
-#include "train/run_setup.h"
 
 namespace shardtrain::testing {
 
@@ -59,7 +59,7 @@ inline at::Tensor loss_of(Transformer& model, const at::Tensor& batch) {
 }
 
 inline torch::optim::AdamW make_adamw(const std::vector<at::Tensor>& decay,
-                               const std::vector<at::Tensor>& no_decay) {
+                                      const std::vector<at::Tensor>& no_decay) {
   // The key bias's gradient is zero in exact arithmetic (softmax cancels it) and rounding noise
   // in floating point; with eps = 1e-8 Adam turns that noise into steps of size lr whose sign
   // depends on summation order. A larger eps keeps those elements comparable.
@@ -96,8 +96,8 @@ inline TrainingRun reference(int steps, const ModelConfig& config = small_config
   return run;
 }
 
-using Shard = std::function<std::unique_ptr<FullyShardedDataParallel>(Transformer,
-                                                                       const DeviceMesh&)>;
+using Shard =
+    std::function<std::unique_ptr<FullyShardedDataParallel>(Transformer, const DeviceMesh&)>;
 
 // `world` in-process ranks, mesh dp_replicate x dp_shard, each rank on its slice of the batch.
 inline TrainingRun sharded_by(int world, int replicate, const Shard& shard, int steps,
@@ -113,7 +113,8 @@ inline TrainingRun sharded_by(int world, int replicate, const Shard& shard, int 
     auto owned = shard(model, mesh);
     FullyShardedDataParallel& fsdp = *owned;
     std::vector<at::Tensor> decay, no_decay;
-    for (const auto& s : fsdp.segments()) (s.shape.size() >= 2 ? decay : no_decay).push_back(s.param);
+    for (const auto& s : fsdp.segments())
+      (s.shape.size() >= 2 ? decay : no_decay).push_back(s.param);
     auto adamw = make_adamw(decay, no_decay);
     const int64_t per_rank = kGlobalBatch / world;
     const int64_t per_micro = per_rank / micro;
@@ -140,7 +141,8 @@ inline TrainingRun sharded_by(int world, int replicate, const Shard& shard, int 
     for (const auto& s : fsdp.segments()) {
       const auto& state = static_cast<const torch::optim::AdamWParamState&>(
           *adamw.state().at(detail::optimizer_state_key(s.param)));
-      run.optimizer_bytes += static_cast<int64_t>(state.exp_avg().nbytes() + state.exp_avg_sq().nbytes());
+      run.optimizer_bytes +=
+          static_cast<int64_t>(state.exp_avg().nbytes() + state.exp_avg_sq().nbytes());
     }
     std::lock_guard<std::mutex> lock(mutex);
     if (group.rank() == 0) result = std::move(run);
@@ -148,7 +150,9 @@ inline TrainingRun sharded_by(int world, int replicate, const Shard& shard, int 
   return result;
 }
 
-inline double relative(double a, double b) { return std::abs(a - b) / std::max(std::abs(b), 1e-12); }
+inline double relative(double a, double b) {
+  return std::abs(a - b) / std::max(std::abs(b), 1e-12);
+}
 
 inline void expect_equivalent(const TrainingRun& got, const TrainingRun& want, double tolerance) {
   ASSERT_EQ(got.losses.size(), want.losses.size());

@@ -1,11 +1,13 @@
 // The trainer's ZeRO step: parallel.zero.* and precision.* settings onto zero_shard.
 #include "parallel/parallelize.h"
+#include "parallel/zero/nvme_sharded_model.h"
 #include "shardtrain/zero.h"
 
 namespace shardtrain {
 
-void apply_zero(Transformer& model, const TrainConfig& config, const DeviceMesh& mesh,
-                Parallelized& out) {
+std::unique_ptr<ParallelModel> apply_zero(Transformer& model, const TrainConfig& config,
+                                          const std::shared_ptr<ProcessGroup>& world,
+                                          const DeviceMesh& mesh) {
   ZeroBehaviour knobs;
   knobs.overlap_comm = config.zero_overlap_comm;
   knobs.reduce_bucket_size = config.zero_reduce_bucket_size;
@@ -13,7 +15,7 @@ void apply_zero(Transformer& model, const TrainConfig& config, const DeviceMesh&
   knobs.prefetch_bucket_size = config.zero_prefetch_bucket_size;
   knobs.persistence_threshold = config.zero_param_persistence_threshold;
   knobs.max_live_parameters = config.zero_max_live_parameters;
-  out.sharded =
+  auto sharded =
       zero_shard(model, mesh,
                  ZeroOptions()
                      .stage(static_cast<int>(config.zero_stage))
@@ -22,6 +24,17 @@ void apply_zero(Transformer& model, const TrainConfig& config, const DeviceMesh&
                      .nvme_path(config.zero_nvme_path)
                      .behaviour(knobs)
                      .mixed_precision(mixed_precision_of(config)));
+  const std::string description = "zero stage " + std::to_string(config.zero_stage) + " over " +
+                                  std::to_string(mesh.dp().size()) + " rank(s), " +
+                                  std::to_string(sharded->unit_layout().size()) +
+                                  " units, optimizer offload " + config.zero_offload_optimizer +
+                                  ", parameter offload " + config.zero_offload_param + "\n";
+  if (config.zero_offload_optimizer == "nvme") {
+    // The moments of each unit's shard live in files; the trainer's AdamW then holds no state.
+    return std::make_unique<NvmeShardedModel>(model, world, std::move(sharded), &mesh.dp(),
+                                              config.zero_nvme_path, description);
+  }
+  return std::make_unique<ShardedModel>(model, world, std::move(sharded), &mesh.dp(), description);
 }
 
 }  // namespace shardtrain

@@ -1,0 +1,175 @@
+#include "parallel/ddp/replicated_model.h"
+
+#include <optional>
+
+#include "model/names.h"
+#include "parallel/tensor/tp_state.h"
+#include "shardtrain/tensor_parallel.h"
+
+namespace shardtrain {
+namespace {
+
+// DDP's gradients held back over a pipeline's schedule, all-reduced once at its end.
+class HeldReduction : public StageScope {
+ public:
+  explicit HeldReduction(DistributedDataParallel* ddp) : ddp_(ddp) {
+    if (ddp_) local_only_.emplace(*ddp_);
+  }
+  void reduce(const std::function<void(ProcessGroup*)>& sum_tied) override {
+    local_only_.reset();
+    // Averaged over the data-parallel ranks first: the two copies' averages are then added in
+    // one addition, which commutes, so both copies get the same bits (summed first, each
+    // stage's all-reduce would add in its own order).
+    if (ddp_) ddp_->all_reduce_gradients();
+    sum_tied(nullptr);
+  }
+
+ private:
+  DistributedDataParallel* ddp_;
+  std::optional<DistributedDataParallel::NoSync> local_only_;
+};
+
+// A pipeline's last stage holds the tied token embedding (or its optimizer state) as a copy:
+// the first stage's is written for both.
+bool is_tied_copy(const Transformer& model, const std::string& tensor) {
+  const std::string prefix = "optim.";
+  const bool state = tensor.rfind(prefix, 0) == 0;
+  const std::string parameter =
+      state ? tensor.substr(prefix.size(), tensor.rfind('.') - prefix.size()) : tensor;
+  return detail::is_tied_head_copy(*model, parameter);
+}
+
+}  // namespace
+
+NamedTensors detail::logical_tensors(Transformer& model, const torch::optim::AdamW& optimizer) {
+  NamedTensors tensors;
+  const auto trained = trained_parameters(model);
+  for (const auto& [name, value] : trained) tensors.emplace_back(name, value);
+  for (const auto& item : model->named_buffers()) tensors.emplace_back(item.key(), item.value());
+  for (const auto& [key, value] : trained) {
+    const auto* state = adam_state(optimizer, value);
+    if (!state) continue;
+    tensors.emplace_back("optim." + key + ".exp_avg", state->exp_avg());
+    tensors.emplace_back("optim." + key + ".exp_avg_sq", state->exp_avg_sq());
+    tensors.emplace_back("optim." + key + ".step", at::scalar_tensor(state->step(), at::kLong));
+  }
+  return tensors;
+}
+
+std::vector<FlatSlice> detail::owned_slices(int rank, int world, const TpState* tp, int dp_rank,
+                                            int dp_size, const NamedTensors& tensors) {
+  std::vector<FlatSlice> slices;
+  for (const auto& [name, tensor] : tensors) {
+    const bool split = tp && tp->layout_of(name);
+    const ShardRange range =
+        shard_range(tensor.numel(), split ? dp_size : world, split ? dp_rank : rank);
+    if (range.numel == 0) continue;
+    const FlatSlice local{name, range.offset,
+                          tensor.detach().reshape({-1}).narrow(0, range.offset, range.numel)};
+    for (auto& slice : detail::whole_slices(tp, local)) slices.push_back(std::move(slice));
+  }
+  return slices;
+}
+
+ReplicatedModel::ReplicatedModel(Transformer model, std::shared_ptr<ProcessGroup> world,
+                                 std::unique_ptr<DistributedDataParallel> ddp, int holder_rank,
+                                 int holders, int dp_rank, int dp_size, std::string description)
+    : ParallelModel(std::move(model), std::move(world), std::move(description)),
+      ddp_(std::move(ddp)),
+      holder_rank_(holder_rank),
+      holders_(holders),
+      dp_rank_(dp_rank),
+      dp_size_(dp_size) {}
+
+ReplicatedModel::~ReplicatedModel() = default;
+
+std::vector<OptimizedTensor> ReplicatedModel::optimized() const {
+  std::vector<OptimizedTensor> out;
+  for (const auto& p : model_->parameters()) {
+    if (p.requires_grad()) out.push_back({p, p.dim() >= 2});  // not a LoRA run's frozen base
+  }
+  return out;
+}
+
+std::shared_ptr<void> ReplicatedModel::local_backward(int a, int count) {
+  // Only the last micro-batch's backward communicates.
+  if (!ddp_ || a + 1 == count) return nullptr;
+  return std::make_shared<DistributedDataParallel::NoSync>(*ddp_);
+}
+
+std::unique_ptr<StageScope> ReplicatedModel::hold_stage() {
+  return std::make_unique<HeldReduction>(ddp_.get());
+}
+
+bool ReplicatedModel::unscale_gradients(const LossScaler& scaler) {
+  return scaler.unscale(parameters());
+}
+
+bool ReplicatedModel::finite_everywhere(bool local) {
+  // Each rank checked its own slices: the tensor-parallel group agrees.
+  const auto& tp = model_->tensor_parallel();
+  return tp ? !detail::on_any_rank(*tp->group, !local) : local;
+}
+
+double ReplicatedModel::clip_grad_norm(double max_norm, ProcessGroup* stages) {
+  return model_->tensor_parallel() || stages ? shardtrain::clip_grad_norm(model_, max_norm, stages)
+                                             : shardtrain::clip_grad_norm(parameters(), max_norm);
+}
+
+CheckpointContents ReplicatedModel::checkpoint_contents(const torch::optim::AdamW& optimizer) {
+  CheckpointContents out;
+  NamedTensors tensors;
+  for (auto& [name, tensor] : detail::logical_tensors(model_, optimizer)) {
+    if (!is_tied_copy(model_, name)) tensors.emplace_back(name, tensor);
+  }
+  const detail::TpState* tp = model_->tensor_parallel().get();
+  for (const auto& [name, tensor] : tensors) {
+    out.specs.push_back(
+        {name, detail::whole_shape(tp, name, tensor.sizes()), tensor.scalar_type()});
+  }
+  out.slices = detail::owned_slices(holder_rank_, holders_, tp, dp_rank_, dp_size_, tensors);
+  return out;
+}
+
+void ReplicatedModel::restore(const ShardedCheckpointReader& reader,
+                              torch::optim::AdamW& optimizer) {
+  // The module's own tensors are read into; AdamW state is created for the parameters the
+  // checkpoint has state for, then filled.
+  NamedTensors targets;
+  for (const auto& [name, value] : detail::trained_parameters(model_)) {
+    targets.emplace_back(name, value);
+  }
+  for (const auto& item : model_->named_buffers()) targets.emplace_back(item.key(), item.value());
+  std::vector<std::pair<at::Tensor, at::Tensor>> steps;  // parameter, its step read back
+  for (const auto& [name, value] : detail::trained_parameters(model_)) {
+    const std::string prefix = "optim." + name;
+    if (!reader.find(prefix + ".exp_avg")) continue;
+    auto state = std::make_unique<torch::optim::AdamWParamState>();
+    state->exp_avg(at::zeros_like(value));
+    state->exp_avg_sq(at::zeros_like(value));
+    at::Tensor step = at::zeros({}, at::kLong);
+    targets.emplace_back(prefix + ".exp_avg", state->exp_avg());
+    targets.emplace_back(prefix + ".exp_avg_sq", state->exp_avg_sq());
+    targets.emplace_back(prefix + ".step", step);
+    steps.emplace_back(value, step);
+    optimizer.state()[detail::optimizer_state_key(value)] = std::move(state);
+  }
+  {
+    torch::NoGradGuard no_grad;
+    const detail::TpState* tp = model_->tensor_parallel().get();
+    for (const auto& [name, target] : targets) {
+      if (tp && tp->layout_of(name)) {
+        detail::read_local_into(reader, tp, name, 0, target.view({-1}));
+      } else {
+        target.copy_(reader.read(name));
+      }
+    }
+  }
+  for (const auto& [param, step] : steps) {
+    auto* state = static_cast<torch::optim::AdamWParamState*>(
+        optimizer.state().at(detail::optimizer_state_key(param)).get());
+    state->step(step.item<int64_t>());
+  }
+}
+
+}  // namespace shardtrain

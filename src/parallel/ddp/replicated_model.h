@@ -1,0 +1,59 @@
+// The replicated strategies' ParallelModel: every data-parallel rank holds the whole model (or
+// its tensor-parallel slices): parallel.strategy "none", and "ddp".
+#pragma once
+
+#include <memory>
+
+#include "parallel/parallel_model.h"
+#include "shardtrain/ddp.h"
+
+namespace shardtrain {
+
+class ReplicatedModel : public ParallelModel {
+ public:
+  // `ddp`: null for "none" (or one data-parallel rank). A checkpoint's tensors are shared out
+  // among the `holders` ranks that hold this model (the world, or one pipeline stage's ranks),
+  // of which this is `holder_rank`; `dp_rank`/`dp_size` place it among the data-parallel ranks.
+  ReplicatedModel(Transformer model, std::shared_ptr<ProcessGroup> world,
+                  std::unique_ptr<DistributedDataParallel> ddp, int holder_rank, int holders,
+                  int dp_rank, int dp_size, std::string description);
+  ~ReplicatedModel() override;
+
+  std::vector<OptimizedTensor> optimized() const override;
+  void zero_grad(torch::optim::Optimizer& optimizer) override { optimizer.zero_grad(); }
+  void optimizer_step(torch::optim::AdamW& optimizer, double /*lr*/) override { optimizer.step(); }
+  CheckpointContents checkpoint_contents(const torch::optim::AdamW& optimizer) override;
+  void restore(const ShardedCheckpointReader& reader, torch::optim::AdamW& optimizer) override;
+  std::unique_ptr<StageScope> hold_stage() override;
+  double clip_grad_norm(double max_norm, ProcessGroup* stages) override;
+  bool unscale_gradients(const LossScaler& scaler) override;
+  bool finite_everywhere(bool local) override;
+
+ protected:
+  std::shared_ptr<void> local_backward(int a, int count) override;
+
+ private:
+  std::unique_ptr<DistributedDataParallel> ddp_;
+  int holder_rank_, holders_, dp_rank_, dp_size_;
+};
+
+namespace detail {
+
+struct TpState;
+
+// The logical tensors of a trainer checkpoint, in order: every trained parameter under its
+// module name (a LoRA run's adapters only), the buffers, then AdamW's state of each parameter
+// that has one ("optim.NAME.exp_avg", ".exp_avg_sq", and ".step" as a 0-dim int64), each as the
+// full tensor whatever the strategy, so that it reshards like the parameters.
+NamedTensors logical_tensors(Transformer& model, const torch::optim::AdamW& optimizer);
+
+// The flat slices of `tensors` this rank writes under a replicated strategy: each of the `world`
+// ranks that hold every tensor whole writes shard_range(numel, world, rank) of each, so that all
+// write in parallel. A tensor split by tensor parallelism (`tp`) is held whole by the
+// data-parallel ranks of one group position: they share it the same way, and its slices are
+// written as ranges of the whole tensor.
+std::vector<FlatSlice> owned_slices(int rank, int world, const TpState* tp, int dp_rank,
+                                    int dp_size, const NamedTensors& tensors);
+
+}  // namespace detail
+}  // namespace shardtrain

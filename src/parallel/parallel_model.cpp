@@ -1,0 +1,129 @@
+#include "parallel/parallel_model.h"
+
+#include <sstream>
+
+#include "model/autocast.h"
+#include "parallel/tensor/tp_state.h"
+#include "shardtrain/tensor_parallel.h"
+#include "trace/telemetry.h"
+
+namespace shardtrain {
+
+at::Tensor detail::logits_loss(Transformer& model, const at::Tensor& logits, const Batch& batch) {
+  const at::Tensor flat = logits.reshape({-1, logits.size(-1)}).to(at::kFloat);
+  const at::Tensor targets = batch.targets.reshape({-1});
+  // Split over the vocabulary: the loss is reduced across the group, never gathered.
+  if (const auto& tp = model->tensor_parallel()) {
+    return vocab_parallel_cross_entropy(flat, targets, *tp->group, batch.loss_divisor);
+  }
+  if (batch.loss_divisor <= 0) return at::cross_entropy_loss(flat, targets);
+  // A sum over the tokens that carry a loss, divided by the global batch's share: every micro-
+  // batch then weighs by its loss tokens, and the step's loss is the mean over all of them.
+  return at::cross_entropy_loss(flat, targets, /*weight=*/{}, at::Reduction::Sum, kIgnoreIndex) /
+         batch.loss_divisor;
+}
+
+bool detail::on_any_rank(ProcessGroup& group, bool value) {
+  at::Tensor any = at::tensor(value ? 1.0 : 0.0, at::kDouble);
+  group.all_reduce(any, ReduceOp::kMax)->wait();
+  return any.item<double>() > 0;
+}
+
+std::string detail::optimizer_state_key(const at::Tensor& parameter) {
+  std::ostringstream key;
+  key << parameter.unsafeGetTensorImpl();
+  return key.str();
+}
+
+const torch::optim::AdamWParamState* detail::adam_state(const torch::optim::AdamW& optimizer,
+                                                        const at::Tensor& parameter) {
+  auto it = optimizer.state().find(optimizer_state_key(parameter));
+  if (it == optimizer.state().end()) return nullptr;
+  return static_cast<const torch::optim::AdamWParamState*>(it->second.get());
+}
+
+std::vector<std::pair<std::string, at::Tensor>> detail::trained_parameters(Transformer& model) {
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  for (const auto& item : model->named_parameters()) {
+    if (item.value().requires_grad()) out.emplace_back(item.key(), item.value());
+  }
+  return out;
+}
+
+ParallelModel::ParallelModel(Transformer model, std::shared_ptr<ProcessGroup> world,
+                             std::string description)
+    : model_(std::move(model)), world_(std::move(world)), description_(std::move(description)) {}
+
+ParallelModel::~ParallelModel() = default;
+
+double ParallelModel::forward_backward(const StepInputs& step) {
+  double loss_sum = 0.0;
+  for (int a = 0; a < step.micro_batches; ++a) {
+    const Batch batch = step.micro_batch(a);
+    at::Tensor loss;
+    {
+      detail::TraceSpan span("forward", "forward", {{"micro_batch", a}});
+      detail::AutocastScope autocast(detail::cpu_bf16_autocast(step.bf16_autocast));
+      loss = this->loss(model_->forward(batch.inputs, batch.layout), batch);
+    }
+    detail::TraceSpan backward_span("backward", "backward", {{"micro_batch", a}});
+    // Every micro-batch has the same number of tokens (or, for instruction data, its loss is
+    // its sum over the global batch's mean share of loss tokens: Batch::loss_divisor), so the
+    // mean over the global batch is the mean of the micro-batch losses: each contributes
+    // 1/micro_batches of the gradient (and a data-parallel step averages over the ranks).
+    const at::Tensor scaled = loss * (step.loss_scale / static_cast<double>(step.micro_batches));
+    {
+      const std::shared_ptr<void> local_only = local_backward(a, step.micro_batches);
+      scaled.backward();
+    }
+    loss_sum += loss.item<double>();
+  }
+  return world_mean(loss_sum);
+}
+
+double ParallelModel::world_mean(double value) const {
+  // The reported loss is the global batch's, the same number on every rank.
+  if (!world_ || world_->size() == 1) return value;
+  at::Tensor mean = at::tensor(value, at::kDouble);
+  world_->all_reduce(mean, ReduceOp::kAvg)->wait();
+  return mean.item<double>();
+}
+
+std::vector<at::Tensor> ParallelModel::parameters() const {
+  std::vector<at::Tensor> out;
+  for (const auto& t : optimized()) out.push_back(t.tensor);
+  return out;
+}
+
+NamedTensors ParallelModel::checkpoint_expected() {
+  NamedTensors expected;
+  const detail::TpState* tp = model_->tensor_parallel().get();
+  const auto meta = at::TensorOptions(at::kFloat).device(at::kMeta);
+  for (const auto& [name, value] : detail::trained_parameters(model_)) {
+    expected.emplace_back(name, at::empty(detail::whole_shape(tp, name, value.sizes()), meta));
+  }
+  for (const auto& item : model_->named_buffers()) expected.emplace_back(item.key(), item.value());
+  return expected;
+}
+
+bool ParallelModel::gradients_finite(const LossScaler& scaler) {
+  return finite_everywhere(unscale_gradients(scaler));
+}
+
+at::Tensor ParallelModel::logits(const at::Tensor& tokens, const SequenceLayout& layout) {
+  return model_->forward(tokens, layout);
+}
+
+at::Tensor ParallelModel::loss(const at::Tensor& logits, const Batch& batch) {
+  return detail::logits_loss(model_, logits, batch);
+}
+
+at::Tensor ParallelModel::whole_vocabulary(const at::Tensor& logits) const {
+  const at::Tensor full = logits.to(at::kFloat);
+  if (const auto& tp = model_->tensor_parallel()) return gather_vocabulary(full, *tp->group);
+  return full;
+}
+
+bool ParallelModel::forward_is_collective() const { return model_->tensor_parallel() != nullptr; }
+
+}  // namespace shardtrain
