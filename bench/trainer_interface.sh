@@ -7,7 +7,8 @@
 # rank 0's median over its steps after the first (metrics.jsonl step_time_s); a layout's figure
 # is the median over the rounds, and the ratio AFTER / BEFORE.
 # Usage: bash bench/trainer_interface.sh BEFORE_BINARY [AFTER_BINARY] [ROUNDS] [STEPS]
-# (AFTER defaults to build/shardtrain; from the repository root, after a build)
+# (AFTER defaults to build/shardtrain; from the repository root, after a build). LAYOUTS="ddp
+# pp2" runs only those layouts.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 before="${1:?usage: bench/trainer_interface.sh BEFORE_BINARY [AFTER_BINARY] [ROUNDS] [STEPS]}"
@@ -43,7 +44,7 @@ threads = 1
 memory_check = false
 TOML
 
-layouts=(ddp fsdp_full_shard zero1 zero3 pp2)
+read -r -a layouts <<<"${LAYOUTS:-ddp fsdp_full_shard zero1 zero3 pp2}"
 flags() {
   case "$1" in
     ddp) echo "--set parallel.strategy=ddp" ;;
