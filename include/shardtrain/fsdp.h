@@ -74,6 +74,26 @@ struct ZeroBehaviour {
   int64_t prefetch_bucket_size = 0;   // stage 3: elements prefetched ahead of the current unit
   int64_t persistence_threshold = 0;  // stage 3: units smaller than this stay gathered
   int64_t max_live_parameters = 0;    // stage 3: most elements gathered at once
+
+  // What each stage means for the flat-parameter machinery (src/parallel/zero/).
+  // The sharding: ZeRO-1/2 shard over every data-parallel rank and keep the parameters
+  // gathered (shard_grad_op), ZeRO-3 is full_shard; stage 0 keeps FSDP's `fsdp`. Throws
+  // std::invalid_argument for a stage outside 0 to 3.
+  ShardingStrategy sharding(ShardingStrategy fsdp) const;
+  // Whether a unit of `numel` elements stays gathered between steps: always at stages 1 and 2,
+  // below persistence_threshold at stage 3.
+  bool keeps_gathered(int64_t numel) const;
+  // Stage 1: every rank keeps the whole gradient (an all-reduce), its shard a slice of it.
+  bool whole_gradients() const { return stage == 1; }
+  // Stages 1 and 2: the fp32 master is this rank's slice of the whole parameters it keeps.
+  bool master_in_whole_parameters() const { return stage == 1 || stage == 2; }
+  // Stage 3: prefetching bounded by prefetch_bucket_size and max_live_parameters elements
+  // instead of FSDP's count of units.
+  bool prefetch_by_elements() const { return stage == 3; }
+  // Throws std::invalid_argument when a ZeRO stage meets a model with frozen parameters, or
+  // gradients in files meet stage 1 (it keeps whole gradients).
+  void check_frozen(bool any_frozen) const;
+  void check_gradients_in_files() const;
 };
 
 struct FSDPOptions {

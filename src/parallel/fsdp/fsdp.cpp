@@ -70,14 +70,8 @@ FullyShardedDataParallel::FullyShardedDataParallel(Transformer model, const Devi
 }
 
 void FullyShardedDataParallel::check_options(const DeviceMesh& mesh) {
-  const int stage = options_.zero_.stage;
-  if (stage < 0 || stage > 3) {
-    throw std::invalid_argument("ZeRO stage must be 1, 2 or 3, got " + std::to_string(stage));
-  }
-  // ZeRO-1/2 shard over every data-parallel rank and keep the parameters gathered; ZeRO-3 is
-  // full_shard.
-  if (stage == 1 || stage == 2) options_.sharding_ = ShardingStrategy::kShardGradOp;
-  if (stage == 3) options_.sharding_ = ShardingStrategy::kFullShard;
+  // A ZeRO stage implies its sharding (src/parallel/zero/).
+  options_.sharding_ = options_.zero_.sharding(options_.sharding_);
   // Across tensor-parallel ranks the model is already split (parallelize_module), and across
   // pipeline ranks it holds one stage's parts: each rank shards what it holds over its
   // data-parallel peers.
@@ -125,7 +119,6 @@ void FullyShardedDataParallel::choose_groups(const DeviceMesh& mesh) {
 
 void FullyShardedDataParallel::open_swap_dirs() {
   const auto strategy = options_.sharding_;
-  const int stage = options_.zero_.stage;
   const bool on_file = !options_.param_swap_dir_.empty();
   if (on_file) {
     if (strategy != ShardingStrategy::kFullShard) {
@@ -143,11 +136,7 @@ void FullyShardedDataParallel::open_swap_dirs() {
 
   const bool grads_on_file = !options_.grad_swap_dir_.empty();
   if (grads_on_file) {
-    if (stage == 1) {
-      throw std::invalid_argument(
-          "FSDP: gradient shards in files (grad_swap_dir) need ZeRO "
-          "stage 2 or 3 or FSDP; stage 1 keeps whole gradients");
-    }
+    options_.zero_.check_gradients_in_files();
     std::error_code error;
     if (!std::filesystem::is_directory(options_.grad_swap_dir_, error)) {
       throw std::invalid_argument("FSDP: the directory for gradient shards '" +
@@ -268,14 +257,7 @@ void FullyShardedDataParallel::split_frozen_parameters() {
       tail = tail->companion.get();
     }
   }
-  const int stage = options_.zero_.stage;
-  if (any_frozen && stage != 0) {
-    throw std::invalid_argument(
-        "ZeRO stage " + std::to_string(stage) +
-        " keeps optimizer state for every parameter; "
-        "the model has frozen parameters (requires_grad false, e.g. a LoRA base): shard it with "
-        "FSDP (shard_grad_op is ZeRO-2's layout, full_shard ZeRO-3's)");
-  }
+  options_.zero_.check_frozen(any_frozen);
 }
 
 void FullyShardedDataParallel::sync_module_states() {
@@ -289,7 +271,7 @@ void FullyShardedDataParallel::sync_module_states() {
 }
 
 void FullyShardedDataParallel::lay_out_flat(Unit& unit, const ParameterInitializer& init) {
-  const int stage = options_.zero_.stage;
+  const ZeroBehaviour& zero = options_.zero_;
   const bool on_file = !options_.param_swap_dir_.empty();
   const bool grads_on_file = !options_.grad_swap_dir_.empty();
   const at::ScalarType policy_dtype = options_.mixed_precision_.param_dtype_;
@@ -309,7 +291,8 @@ void FullyShardedDataParallel::lay_out_flat(Unit& unit, const ParameterInitializ
   const at::TensorOptions options =
       (unit.params.empty() ? at::TensorOptions() : unit.params.front().options()).dtype(stored);
   unit.aliased = shard_size_ == 1 && param_dtype == stored && !on_file;
-  unit.master_in_full = (stage == 1 || stage == 2) && param_dtype == at::kFloat && !unit.aliased;
+  unit.master_in_full =
+      zero.master_in_whole_parameters() && param_dtype == at::kFloat && !unit.aliased;
   if (unit.master_in_full) {
     // ZeRO-1/2 keep the whole parameters on every rank: the fp32 master is a slice of them,
     // updated in place, then all-gathered.
@@ -340,7 +323,7 @@ void FullyShardedDataParallel::lay_out_flat(Unit& unit, const ParameterInitializ
   }
   if (unit.frozen) {
     // no gradient shard
-  } else if (stage == 1) {
+  } else if (zero.whole_gradients()) {
     unit.grad_full = at::zeros({unit.padded}, unit.master.options());
     unit.grad_shard = unit.grad_full.narrow(0, shard_rank_ * unit.shard_numel, unit.shard_numel);
     unit.grads_in_full =
@@ -569,9 +552,7 @@ void FullyShardedDataParallel::drop_master(Unit& unit) {
 }
 
 bool FullyShardedDataParallel::keeps_gathered(const Unit& unit) const {
-  const ZeroBehaviour& zero = options_.zero_;
-  return zero.stage == 1 || zero.stage == 2 ||
-         (zero.stage == 3 && unit.numel < zero.persistence_threshold);
+  return options_.zero_.keeps_gathered(unit.numel);
 }
 
 void FullyShardedDataParallel::release(Unit& unit, bool companion) {
@@ -616,7 +597,7 @@ void FullyShardedDataParallel::prefetch(int index) {
   if (index < 0 || index >= static_cast<int>(units_.size())) return;
   Unit& unit = *units_[index];
   if (unit.root || unit.gathered || unit.aliased) return;
-  if (options_.zero_.stage == 3) {
+  if (options_.zero_.prefetch_by_elements()) {
     const int64_t live = options_.zero_.max_live_parameters;
     if (live > 0 && gathered_elements_ + unit.padded > live) return;
   } else if (gathered_units() >= options_.limit_all_gathers_) {
@@ -626,7 +607,7 @@ void FullyShardedDataParallel::prefetch(int index) {
 }
 
 void FullyShardedDataParallel::prefetch_ahead(int index, int step) {
-  if (options_.zero_.stage != 3) {
+  if (!options_.zero_.prefetch_by_elements()) {
     prefetch(index + step);
     read_ahead(index, step);
     return;

@@ -62,7 +62,8 @@ void FullyShardedDataParallel::pre_forward(torch::nn::Module& module) {
   }
   if (!ran_.insert(&module).second) {
     throw std::logic_error(
-        "FSDP: unit " + unit.name + " ran twice in one forward; full_shard frees a unit's "
+        "FSDP: unit " + unit.name +
+        " ran twice in one forward; full_shard frees a unit's "
         "parameters after its forward, so a module called twice needs a wrap policy that puts it "
         "in the root unit, or sharding shard_grad_op / no_shard");
   }
@@ -148,7 +149,8 @@ void FullyShardedDataParallel::reduce(Unit& unit) {
     // passes since zero_grad: equal on every rank, so averaging the sum again adds this pass's
     // average to it.
     pending.output = unit.grad_full;
-    if (dp_group_->size() > 1) pending.scatter = dp_group_->all_reduce(unit.grad_full, ReduceOp::kAvg);
+    if (dp_group_->size() > 1)
+      pending.scatter = dp_group_->all_reduce(unit.grad_full, ReduceOp::kAvg);
     unit.pending.push_back(std::move(pending));
     reduction_issued(unit);
     return;
@@ -162,7 +164,7 @@ void FullyShardedDataParallel::reduce(Unit& unit) {
       grad = at::Tensor();  // the full gradient is not kept
     }
   }
-  if (options_.zero_.stage == 1) {
+  if (options_.zero_.whole_gradients()) {
     // ZeRO-1 keeps the whole gradient: an all-reduce, of which the optimizer reads its slice.
     pending.output = flat;
     if (dp_group_->size() > 1) pending.scatter = dp_group_->all_reduce(flat, ReduceOp::kAvg);
