@@ -231,7 +231,7 @@ auto call(ModulePtr& module, Args&&... args)
 }
 
 namespace detail {
-struct TpState;
+class LayerSplit;
 struct BlockContext;
 }  // namespace detail
 
@@ -289,10 +289,10 @@ class TransformerImpl : public torch::nn::Module {
   // Attention through LibTorch's scaled-dot-product-attention kernel (default) or the exact
   // reference computation (softmax(QK^T/sqrt(d) + causal mask) V) beside it.
   void set_use_sdpa(bool enabled) { use_sdpa_ = enabled; }
-  // Set by parallelize_module (tensor_parallel.h): the group the model is split across and how
-  // its parameters are cut; null when it is not split.
-  const std::shared_ptr<detail::TpState>& tensor_parallel() const { return tp_; }
-  void set_tensor_parallel(std::shared_ptr<detail::TpState> state) { tp_ = std::move(state); }
+  // Set by parallelize_module (tensor_parallel.h): what the model's layers ask of the group they
+  // are split across; null when it is not split.
+  const std::shared_ptr<detail::LayerSplit>& layer_split() const { return tp_; }
+  void set_layer_split(std::shared_ptr<detail::LayerSplit> split) { tp_ = std::move(split); }
 
   const ModelConfig& config() const { return config_; }
   // The transformer blocks, in order (the units FSDP wraps).
@@ -318,7 +318,7 @@ class TransformerImpl : public torch::nn::Module {
   ParameterInitializer values_;  // from ModelInit; empty for the random initialization
   bool checkpointing_ = false;
   bool use_sdpa_ = true;
-  std::shared_ptr<detail::TpState> tp_;
+  std::shared_ptr<detail::LayerSplit> tp_;
   ModelParts parts_;
   torch::nn::ModuleList blocks_;
   // Embeddings, final norm and head are registered by the implementation (src/model/), held as

@@ -6,7 +6,6 @@
 #include <limits>
 
 #include "model/layers.h"
-#include "shardtrain/tensor_parallel.h"
 
 namespace shardtrain::detail {
 
@@ -129,8 +128,8 @@ HeadNormImpl::HeadNormImpl(int64_t head_dim, double eps, bool deferred) : eps_(e
   weight = register_parameter("weight", new_parameter({head_dim}, deferred));
 }
 
-at::Tensor HeadNormImpl::forward(const at::Tensor& x, const std::shared_ptr<TpState>& tp) {
-  return rms_norm(x, tp ? copy_to_tensor_parallel(weight, *tp->group) : weight, eps_);
+at::Tensor HeadNormImpl::forward(const at::Tensor& x, const std::shared_ptr<LayerSplit>& tp) {
+  return rms_norm(x, tp ? tp->copy_in(weight) : weight, eps_);
 }
 
 LlamaAttentionImpl::LlamaAttentionImpl(const ModelConfig& config, bool deferred)

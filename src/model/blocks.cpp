@@ -3,7 +3,6 @@
 #include "model/init.h"
 #include "model/layers.h"
 #include "shardtrain/lora.h"
-#include "shardtrain/tensor_parallel.h"
 
 namespace shardtrain::detail {
 
@@ -37,14 +36,14 @@ at::Tensor LinearImpl::forward(const at::Tensor& x) {
   return y + lora_delta(x, lora_a->weight, lora_b->weight, lora_scale, lora_dropout, is_training());
 }
 
-at::Tensor sequence_parallel_weight(const at::Tensor& weight, const std::shared_ptr<TpState>& tp) {
+at::Tensor sequence_parallel_weight(const at::Tensor& weight,
+                                    const std::shared_ptr<LayerSplit>& tp) {
   if (!tp || !tp->sequence_parallel_now || !weight.defined()) return weight;
-  return copy_to_tensor_parallel(weight, *tp->group);
+  return tp->copy_in(weight);
 }
 
-at::Tensor column_parallel_input(const at::Tensor& x, const TpState& tp) {
-  return tp.sequence_parallel_now ? gather_sequence(x, *tp.group)
-                                  : copy_to_tensor_parallel(x, *tp.group);
+at::Tensor column_parallel_input(const at::Tensor& x, const LayerSplit& tp) {
+  return tp.sequence_parallel_now ? tp.gather_sequence(x) : tp.copy_in(x);
 }
 
 // Megatron-LM's split: a column-parallel layer takes the whole activation (its f: the input's
@@ -54,8 +53,8 @@ at::Tensor column_parallel_input(const at::Tensor& x, const TpState& tp) {
 at::Tensor LinearImpl::tensor_parallel_forward(const at::Tensor& x) {
   if (!tp_rowwise) return at::linear(column_parallel_input(x, *tp), weight, bias);
   const at::Tensor partial = at::linear(x, weight);
-  const at::Tensor y = tp->sequence_parallel_now ? reduce_scatter_sequence(partial, *tp->group)
-                                                 : reduce_from_tensor_parallel(partial, *tp->group);
+  const at::Tensor y =
+      tp->sequence_parallel_now ? tp->reduce_scatter_sequence(partial) : tp->reduce_out(partial);
   // Under sequence parallelism the bias meets this rank's part of the sequence only.
   return bias.defined() ? y + sequence_parallel_weight(bias, tp) : y;
 }
@@ -83,8 +82,7 @@ at::Tensor EmbeddingImpl::forward(const at::Tensor& ids) {
   const at::Tensor other = (ids < start) | (ids >= start + rows);
   const at::Tensor local = at::embedding(weight, (ids - start).masked_fill(other, 0))
                                .masked_fill(other.unsqueeze(-1), 0.0);
-  return tp->sequence_parallel_now ? reduce_scatter_sequence(local, *tp->group)
-                                   : reduce_from_tensor_parallel(local, *tp->group);
+  return tp->sequence_parallel_now ? tp->reduce_scatter_sequence(local) : tp->reduce_out(local);
 }
 
 RMSNormImpl::RMSNormImpl(int64_t dim, double eps, bool deferred) : eps_(eps) {

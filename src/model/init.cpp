@@ -10,10 +10,10 @@
 #include <mutex>
 #include <stdexcept>
 
+#include "model/layer_split.h"
 #include "model/layers.h"
 #include "model/names.h"
 #include "model/nf4.h"
-#include "parallel/tensor/tp_state.h"
 #include "shardtrain/model.h"
 
 namespace shardtrain {
@@ -30,7 +30,6 @@ uint64_t mix(uint64_t x) {
 
 constexpr int64_t kFillChunk = 1 << 16;  // elements filled through one fp32 temporary
 
-
 }  // namespace
 
 void release_storage(const at::Tensor& tensor) {
@@ -41,8 +40,8 @@ void release_storage(const at::Tensor& tensor) {
 
 std::shared_ptr<at::DataPtr> take_storage(const at::Tensor& tensor) {
   c10::StorageImpl* storage = tensor.storage().unsafeGetStorageImpl();
-  auto taken = std::make_shared<at::DataPtr>(
-      storage->set_data_ptr(at::DataPtr(nullptr, storage->device())));
+  auto taken =
+      std::make_shared<at::DataPtr>(storage->set_data_ptr(at::DataPtr(nullptr, storage->device())));
   storage->set_nbytes(0);
   return taken;
 }
@@ -167,7 +166,8 @@ ParameterInitializer with_nf4(const TransformerImpl& model, ParameterInitializer
   std::map<std::string, std::vector<int64_t>> packed_shapes;
   for (const auto& item : model.named_modules("", /*include_self=*/false)) {
     const auto* linear = dynamic_cast<const detail::LinearImpl*>(item.value().get());
-    if (linear && !linear->nf4_shape.empty()) packed_shapes[item.key() + ".weight"] = linear->nf4_shape;
+    if (linear && !linear->nf4_shape.empty())
+      packed_shapes[item.key() + ".weight"] = linear->nf4_shape;
   }
   if (packed_shapes.empty()) return base;
   struct Last {
@@ -202,7 +202,7 @@ ParameterInitializer TransformerImpl::initializer() const {
   ParameterInitializer init =
       with_adapters(*this, seed_, with_nf4(*this, values_ ? values_ : base_initializer()));
   // Split by tensor parallelism, a parameter's elements are this rank's slices of the whole.
-  return tp_ ? detail::tensor_parallel_initializer(tp_, std::move(init)) : init;
+  return tp_ ? tp_->split_initializer(std::move(init)) : init;
 }
 
 ParameterInitializer TransformerImpl::base_initializer() const {
@@ -223,17 +223,18 @@ ParameterInitializer TransformerImpl::base_initializer() const {
     }
     if (begin < 0 || begin + out.numel() > it->second.numel) {
       throw std::invalid_argument("elements [" + std::to_string(begin) + ", " +
-                                  std::to_string(begin + out.numel()) + ") are outside parameter '" +
-                                  name + "' of " + std::to_string(it->second.numel) + " elements");
+                                  std::to_string(begin + out.numel()) +
+                                  ") are outside parameter '" + name + "' of " +
+                                  std::to_string(it->second.numel) + " elements");
     }
     at::NoGradGuard no_grad;
     using detail::ends_with;
     if (it->second.dims == 1) {
       out.fill_(ends_with(name, ".bias") ? 0.0 : 1.0);
     } else {
-      const bool residual = ends_with(name, "attn.proj.weight") ||
-                            ends_with(name, "attn.o.weight") ||
-                            ends_with(name, "mlp.proj.weight") || ends_with(name, "mlp.down.weight");
+      const bool residual =
+          ends_with(name, "attn.proj.weight") || ends_with(name, "attn.o.weight") ||
+          ends_with(name, "mlp.proj.weight") || ends_with(name, "mlp.down.weight");
       detail::fill_normal(detail::init_stream_key(seed, name), begin, 0.0,
                           residual ? residual_std : 0.02, out);
     }

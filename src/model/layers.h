@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "parallel/tensor/tp_state.h"
+#include "model/layer_split.h"
 #include "shardtrain/model.h"
 
 namespace shardtrain::detail {
@@ -67,7 +67,7 @@ class LinearImpl : public torch::nn::Module {
   std::vector<int64_t> nf4_shape;
   // Set by parallelize_module: the group this layer is split across (null: not split), and
   // whether its input features (row-parallel) rather than its output features are split.
-  std::shared_ptr<TpState> tp;
+  std::shared_ptr<LayerSplit> tp;
   bool tp_rowwise = false;
 
  private:
@@ -96,10 +96,11 @@ void store_frozen_linears(torch::nn::Module& model, const std::string& storage);
 // sequence (tp set and sequence parallelism on in this forward): the weight through Megatron's
 // f, so that its gradient is summed across the group and every rank steps with the whole one.
 // Otherwise the weight itself.
-at::Tensor sequence_parallel_weight(const at::Tensor& weight, const std::shared_ptr<TpState>& tp);
+at::Tensor sequence_parallel_weight(const at::Tensor& weight,
+                                    const std::shared_ptr<LayerSplit>& tp);
 // The input of a column-parallel layer: the whole activation, gathered along the sequence under
 // sequence parallelism, through Megatron's f otherwise (its gradient summed across the group).
-at::Tensor column_parallel_input(const at::Tensor& x, const TpState& tp);
+at::Tensor column_parallel_input(const at::Tensor& x, const LayerSplit& tp);
 
 class LayerNormImpl : public torch::nn::Module {
  public:
@@ -108,7 +109,7 @@ class LayerNormImpl : public torch::nn::Module {
   at::Tensor weight, bias;
   // Set by parallelize_module (SequenceParallel): under sequence parallelism this rank sees
   // part of the sequence, and the weights' gradients are summed across the group.
-  std::shared_ptr<TpState> tp;
+  std::shared_ptr<LayerSplit> tp;
 
  private:
   double eps_;
@@ -123,7 +124,7 @@ class EmbeddingImpl : public torch::nn::Module {
   // rank's part of the sequence under sequence parallelism.
   at::Tensor forward(const at::Tensor& ids);
   at::Tensor weight;  // [count, dim]
-  std::shared_ptr<TpState> tp;
+  std::shared_ptr<LayerSplit> tp;
 };
 TORCH_MODULE(Embedding);
 
@@ -136,7 +137,7 @@ class RMSNormImpl : public torch::nn::Module {
   RMSNormImpl(int64_t dim, double eps, bool deferred);
   at::Tensor forward(const at::Tensor& x);
   at::Tensor weight;
-  std::shared_ptr<TpState> tp;  // as LayerNormImpl's
+  std::shared_ptr<LayerSplit> tp;  // as LayerNormImpl's
 
  private:
   double eps_;
@@ -164,7 +165,7 @@ class HeadNormImpl : public torch::nn::Module {
   HeadNormImpl(int64_t head_dim, double eps, bool deferred);
   // x [..., head_dim]. Split by tensor parallelism (`tp` set), the weight goes through Megatron's
   // f so that its gradient, partial on each rank, is summed across the group.
-  at::Tensor forward(const at::Tensor& x, const std::shared_ptr<TpState>& tp);
+  at::Tensor forward(const at::Tensor& x, const std::shared_ptr<LayerSplit>& tp);
   at::Tensor weight;
 
  private:

@@ -13,7 +13,7 @@ at::Tensor detail::logits_loss(Transformer& model, const at::Tensor& logits, con
   const at::Tensor flat = logits.reshape({-1, logits.size(-1)}).to(at::kFloat);
   const at::Tensor targets = batch.targets.reshape({-1});
   // Split over the vocabulary: the loss is reduced across the group, never gathered.
-  if (const auto& tp = model->tensor_parallel()) {
+  if (const auto& tp = detail::tp_state(model)) {
     return vocab_parallel_cross_entropy(flat, targets, *tp->group, batch.loss_divisor);
   }
   if (batch.loss_divisor <= 0) return at::cross_entropy_loss(flat, targets);
@@ -97,7 +97,7 @@ std::vector<at::Tensor> ParallelModel::parameters() const {
 
 NamedTensors ParallelModel::checkpoint_expected() {
   NamedTensors expected;
-  const detail::TpState* tp = model_->tensor_parallel().get();
+  const detail::TpState* tp = detail::tp_state(model_).get();
   const auto meta = at::TensorOptions(at::kFloat).device(at::kMeta);
   for (const auto& [name, value] : detail::trained_parameters(model_)) {
     expected.emplace_back(name, at::empty(detail::whole_shape(tp, name, value.sizes()), meta));
@@ -120,10 +120,10 @@ at::Tensor ParallelModel::loss(const at::Tensor& logits, const Batch& batch) {
 
 at::Tensor ParallelModel::whole_vocabulary(const at::Tensor& logits) const {
   const at::Tensor full = logits.to(at::kFloat);
-  if (const auto& tp = model_->tensor_parallel()) return gather_vocabulary(full, *tp->group);
+  if (const auto& tp = detail::tp_state(model_)) return gather_vocabulary(full, *tp->group);
   return full;
 }
 
-bool ParallelModel::forward_is_collective() const { return model_->tensor_parallel() != nullptr; }
+bool ParallelModel::forward_is_collective() const { return detail::tp_state(model_) != nullptr; }
 
 }  // namespace shardtrain

@@ -268,7 +268,7 @@ TEST(TensorParallel, RefusesWhatDoesNotDivide) {
     } catch (const std::invalid_argument& e) {
       EXPECT_NE(std::string(e.what()).find("blocks.0.ln1"), std::string::npos) << e.what();
     }
-    EXPECT_EQ(model->tensor_parallel(), nullptr);
+    EXPECT_EQ(model->layer_split(), nullptr);
     EXPECT_EQ(model->named_parameters()["blocks.0.mlp.fc.weight"].size(0), ok.ffn_hidden);
     // The same plan without sequence parallelism is fine.
     parallelize_module(model, borrowed(group), no_norms);

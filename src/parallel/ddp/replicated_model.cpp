@@ -107,13 +107,13 @@ bool ReplicatedModel::unscale_gradients(const LossScaler& scaler) {
 
 bool ReplicatedModel::finite_everywhere(bool local) {
   // Each rank checked its own slices: the tensor-parallel group agrees.
-  const auto& tp = model_->tensor_parallel();
+  const auto& tp = detail::tp_state(model_);
   return tp ? !detail::on_any_rank(*tp->group, !local) : local;
 }
 
 double ReplicatedModel::clip_grad_norm(double max_norm, ProcessGroup* stages) {
-  return model_->tensor_parallel() || stages ? shardtrain::clip_grad_norm(model_, max_norm, stages)
-                                             : shardtrain::clip_grad_norm(parameters(), max_norm);
+  return detail::tp_state(model_) || stages ? shardtrain::clip_grad_norm(model_, max_norm, stages)
+                                            : shardtrain::clip_grad_norm(parameters(), max_norm);
 }
 
 CheckpointContents ReplicatedModel::checkpoint_contents(const torch::optim::AdamW& optimizer) {
@@ -122,7 +122,7 @@ CheckpointContents ReplicatedModel::checkpoint_contents(const torch::optim::Adam
   for (auto& [name, tensor] : detail::logical_tensors(model_, optimizer)) {
     if (!is_tied_copy(model_, name)) tensors.emplace_back(name, tensor);
   }
-  const detail::TpState* tp = model_->tensor_parallel().get();
+  const detail::TpState* tp = detail::tp_state(model_).get();
   for (const auto& [name, tensor] : tensors) {
     out.specs.push_back(
         {name, detail::whole_shape(tp, name, tensor.sizes()), tensor.scalar_type()});
@@ -156,7 +156,7 @@ void ReplicatedModel::restore(const ShardedCheckpointReader& reader,
   }
   {
     torch::NoGradGuard no_grad;
-    const detail::TpState* tp = model_->tensor_parallel().get();
+    const detail::TpState* tp = detail::tp_state(model_).get();
     for (const auto& [name, target] : targets) {
       if (tp && tp->layout_of(name)) {
         detail::read_local_into(reader, tp, name, 0, target.view({-1}));

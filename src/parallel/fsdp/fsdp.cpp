@@ -12,6 +12,7 @@
 #include "model/module_hooks.h"
 #include "parallel/fsdp/unit.h"
 #include "parallel/grad_hook.h"
+#include "parallel/tensor/tp_state.h"
 
 namespace shardtrain {
 
@@ -75,7 +76,7 @@ void FullyShardedDataParallel::check_options(const DeviceMesh& mesh) {
   // Across tensor-parallel ranks the model is already split (parallelize_module), and across
   // pipeline ranks it holds one stage's parts: each rank shards what it holds over its
   // data-parallel peers.
-  if (mesh.size(MeshAxis::kTp) > 1 && !model_->tensor_parallel()) {
+  if (mesh.size(MeshAxis::kTp) > 1 && !detail::tp_state(model_)) {
     throw std::invalid_argument(
         "FSDP on a mesh with tp=" + std::to_string(mesh.size(MeshAxis::kTp)) +
         " needs the model split first (parallelize_module)");

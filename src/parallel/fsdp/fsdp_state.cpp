@@ -25,7 +25,7 @@ void FullyShardedDataParallel::zero_grad() {
 double FullyShardedDataParallel::clip_grad_norm(double max_norm, ProcessGroup* stages,
                                                 const std::set<std::string>& counted_elsewhere) {
   at::Tensor squares = at::zeros({}, at::kDouble);
-  const auto& tp = model_->tensor_parallel();
+  const auto& tp = detail::tp_state(model_);
   if (tp || !counted_elsewhere.empty()) {
     // Split by tensor parallelism, the group's ranks hold different slices of split parameters
     // and the same replicated ones: each replicated piece counts 1/tp on every rank, so that
@@ -67,14 +67,12 @@ bool FullyShardedDataParallel::grads_finite() {
   bool finite = true;
   for (auto& unit : units_) {
     if (unit->frozen) continue;
-    finite = finite && (unit->grad_in_file()
-                            ? unit->grad_finite
-                            : unit->grad_shard.isfinite().all().item<bool>());
+    finite = finite && (unit->grad_in_file() ? unit->grad_finite
+                                             : unit->grad_shard.isfinite().all().item<bool>());
   }
   at::Tensor bad = at::tensor(finite ? 0.0 : 1.0, at::kDouble);
   if (dp_group_->size() > 1) dp_group_->all_reduce(bad, ReduceOp::kMax)->wait();
-  if (const auto& tp = model_->tensor_parallel())
-    tp->group->all_reduce(bad, ReduceOp::kMax)->wait();
+  if (const auto& tp = detail::tp_state(model_)) tp->group->all_reduce(bad, ReduceOp::kMax)->wait();
   return bad.item<double>() == 0.0;
 }
 
@@ -159,9 +157,8 @@ void FullyShardedDataParallel::store_shards(int unit) {
   }
 }
 
-void FullyShardedDataParallel::split_full(
-    const Unit& unit, const at::Tensor& shard,
-    std::vector<std::pair<std::string, at::Tensor>>& out) {
+void FullyShardedDataParallel::split_full(const Unit& unit, const at::Tensor& shard,
+                                          std::vector<std::pair<std::string, at::Tensor>>& out) {
   at::Tensor full = shard;
   if (shard_group_) {
     full = at::empty({unit.padded}, shard.options());

@@ -70,7 +70,7 @@ std::unique_ptr<StageScope> ShardedModel::hold_stage() {
 
 void ShardedModel::model_specs(CheckpointContents& out, bool has_state) {
   const auto trained = detail::trained_parameters(model_);
-  const detail::TpState* tp = model_->tensor_parallel().get();
+  const detail::TpState* tp = detail::tp_state(model_).get();
   for (const auto& [name, value] : trained) {
     out.specs.push_back({name, detail::whole_shape(tp, name, value.sizes()), at::kFloat});
   }
@@ -105,7 +105,7 @@ CheckpointContents ShardedModel::checkpoint_contents(const torch::optim::AdamW& 
   if (!fsdp_->holds_unique_shards()) return out;
   // Split by tensor parallelism, a rank writes its slices as ranges of the whole tensor; what
   // is replicated across the group is written by the group's first rank.
-  const detail::TpState* tp = model_->tensor_parallel().get();
+  const detail::TpState* tp = detail::tp_state(model_).get();
   auto add = [&](const FlatSlice& local) {
     for (auto& slice : detail::whole_slices(tp, local)) out.slices.push_back(std::move(slice));
   };
@@ -138,7 +138,7 @@ void ShardedModel::restore(const ShardedCheckpointReader& reader, torch::optim::
 void ShardedModel::restore_shards(const ShardedCheckpointReader& reader,
                                   torch::optim::AdamW& optimizer) {
   fsdp_->load_shards(-1, /*gradients=*/false);  // after_optimizer_step writes them back
-  const detail::TpState* tp = model_->tensor_parallel().get();
+  const detail::TpState* tp = detail::tp_state(model_).get();
   for (const auto& s : fsdp_->segments()) {
     detail::read_local_into(reader, tp, s.name, s.offset, s.param.detach());
     const std::string prefix = "optim." + s.name;

@@ -78,7 +78,7 @@ PipelineRunner::PipelineRunner(Transformer model, std::shared_ptr<ProcessGroup> 
 PipelineRunner::~PipelineRunner() = default;
 
 at::Tensor PipelineRunner::activation(int64_t batch, int64_t length) const {
-  const auto& tp = model_->tensor_parallel();
+  const auto& tp = detail::tp_state(model_);
   const bool sequence_split = tp && tp->sequence_parallel && length % tp->size() == 0;
   const int64_t positions = sequence_split ? length / tp->size() : length;
   return at::empty({batch, positions, model_->config().d_model}, at::kFloat);

@@ -8,6 +8,7 @@
 
 #include "model/init.h"
 #include "model/layers.h"
+#include "parallel/tensor/tp_state.h"
 #include "shardtrain/tensor_parallel.h"
 
 namespace shardtrain {
@@ -142,7 +143,7 @@ void apply_style(const std::string& path, torch::nn::Module& module, const Paral
 void parallelize_module(Transformer& model, std::shared_ptr<ProcessGroup> group, const TpPlan& plan,
                         const TensorParallelOptions& options) {
   TORCH_CHECK(group, "parallelize_module: no process group");
-  if (model->tensor_parallel()) {
+  if (detail::tp_state(model)) {
     throw std::invalid_argument("parallelize_module: the model is already split");
   }
   auto state = std::make_shared<TpState>();
@@ -195,7 +196,7 @@ void parallelize_module(Transformer& model, std::shared_ptr<ProcessGroup> group,
       apply_style(path, *modules[path], style, state, check_only);
     }
   }
-  model->set_tensor_parallel(state);
+  model->set_layer_split(state);
 }
 
 void parallelize_module(torch::nn::Module& module, const std::shared_ptr<ProcessGroup>& group,

@@ -10,7 +10,7 @@ namespace shardtrain {
 
 std::vector<std::pair<std::string, at::Tensor>> whole_parameters(Transformer& model) {
   at::NoGradGuard no_grad;
-  const auto& tp = model->tensor_parallel();
+  const auto& tp = detail::tp_state(model);
   std::vector<std::pair<std::string, at::Tensor>> out;
   for (const auto& item : model->named_parameters()) {
     const at::Tensor local = item.value().detach().to(at::kCPU).contiguous();
@@ -36,7 +36,7 @@ std::vector<std::pair<std::string, at::Tensor>> whole_parameters(Transformer& mo
 }
 
 double clip_grad_norm(Transformer& model, double max_norm, ProcessGroup* pipeline) {
-  const auto& tp = model->tensor_parallel();
+  const auto& tp = detail::tp_state(model);
   if (!tp && !pipeline) return clip_grad_norm(model->parameters(), max_norm);
   // [squares of split parameters' slices, squares of replicated ones]: only the first differs
   // across the group.

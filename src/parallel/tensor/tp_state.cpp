@@ -4,6 +4,8 @@
 
 #include <algorithm>
 
+#include "shardtrain/tensor_parallel.h"
+
 namespace shardtrain::detail {
 
 std::vector<int64_t> TpLayout::local_shape(int size) const {
@@ -30,6 +32,30 @@ std::vector<std::array<int64_t, 3>> TpLayout::runs(int rank, int size) const {
     }
   }
   return out;
+}
+
+at::Tensor TpState::copy_in(const at::Tensor& x) const {
+  return copy_to_tensor_parallel(x, *group);
+}
+
+at::Tensor TpState::reduce_out(const at::Tensor& x) const {
+  return reduce_from_tensor_parallel(x, *group);
+}
+
+at::Tensor TpState::gather_sequence(const at::Tensor& x) const {
+  return shardtrain::gather_sequence(x, *group);
+}
+
+at::Tensor TpState::reduce_scatter_sequence(const at::Tensor& x) const {
+  return shardtrain::reduce_scatter_sequence(x, *group);
+}
+
+ParameterInitializer TpState::split_initializer(ParameterInitializer init) const {
+  return tensor_parallel_initializer(shared_from_this(), std::move(init));
+}
+
+std::shared_ptr<TpState> tp_state(const Transformer& model) {
+  return std::static_pointer_cast<TpState>(model->layer_split());
 }
 
 const TpLayout* TpState::layout_of(const std::string& tensor_name) const {

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "model/layer_split.h"
 #include "shardtrain/dist.h"
 #include "shardtrain/model.h"
 #include "shardtrain/sharded_checkpoint.h"
@@ -30,19 +31,21 @@ struct TpLayout {
   std::vector<std::array<int64_t, 3>> runs(int rank, int size) const;
 };
 
-struct TpState {
+// The model's layers' LayerSplit under tensor parallelism: Megatron's f and g as collectives on
+// `group` (tensor_parallel.h), with sequence_parallel from parallel.sequence_parallel.
+struct TpState : LayerSplit, std::enable_shared_from_this<TpState> {
   std::shared_ptr<ProcessGroup> group;
-  // parallel.sequence_parallel as configured, and whether the forward in progress runs with
-  // it: a sequence the group cannot split evenly (generation's growing prompt) runs without,
-  // which computes the same values.
-  bool sequence_parallel = false;
-  bool sequence_parallel_now = false;
   // Parameters cut across the group, by their name in the model. Every other parameter is
   // replicated: the same values on every rank of the group.
   std::map<std::string, TpLayout> layouts;
 
-  int size() const { return group->size(); }
-  int rank() const { return group->rank(); }
+  int size() const override { return group->size(); }
+  int rank() const override { return group->rank(); }
+  at::Tensor copy_in(const at::Tensor& x) const override;
+  at::Tensor reduce_out(const at::Tensor& x) const override;
+  at::Tensor gather_sequence(const at::Tensor& x) const override;
+  at::Tensor reduce_scatter_sequence(const at::Tensor& x) const override;
+  ParameterInitializer split_initializer(ParameterInitializer init) const override;
   // The layout of a parameter or of optimizer state named after it ("optim.NAME.exp_avg"),
   // or null for a replicated one.
   const TpLayout* layout_of(const std::string& tensor_name) const;
@@ -52,6 +55,10 @@ struct TpState {
 // (local offset, whole offset, length) in local order.
 std::vector<std::array<int64_t, 3>> whole_ranges(const TpLayout& layout, int rank, int size,
                                                  int64_t offset, int64_t numel);
+
+// The model's tensor-parallel state: its LayerSplit, set by parallelize_module (null when the
+// model is not split).
+std::shared_ptr<TpState> tp_state(const Transformer& model);
 
 // `init` (which fills ranges of whole parameters) as the initializer of a split model: a range
 // of a split parameter is filled from the matching ranges of the whole one.
