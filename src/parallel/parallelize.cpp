@@ -16,8 +16,8 @@ MixedPrecision mixed_precision_of(const TrainConfig& config) {
       .buffer_dtype(dtype(config.buffer_dtype));
 }
 
-void apply_activation_checkpointing(Transformer& model, const TrainConfig& config) {
-  model->set_activation_checkpointing(config.activation_checkpointing);
+void apply_activation_checkpointing(Transformer& model, bool enabled) {
+  model->set_activation_checkpointing(enabled);
 }
 
 std::vector<std::pair<int64_t, int64_t>> pipeline_blocks(const TrainConfig& config) {
@@ -51,22 +51,23 @@ ModelParts pipeline_parts(const TrainConfig& config, int pp_rank) {
 }
 
 std::unique_ptr<ParallelModel> apply_pp(std::unique_ptr<ParallelModel> stage, Transformer& model,
-                                        const TrainConfig& config,
+                                        PipelineSchedule schedule,
+                                        std::vector<std::pair<int64_t, int64_t>> blocks,
+                                        bool split_backward,
                                         const std::shared_ptr<ProcessGroup>& world,
                                         const DeviceMesh& mesh) {
   if (mesh.size(MeshAxis::kPp) == 1) return stage;
-  auto runner = std::make_unique<detail::PipelineRunner>(
-      model, mesh.group_ptr(MeshAxis::kPp), pipeline_schedule(config), pipeline_blocks(config),
-      /*split_backward=*/!config.activation_checkpointing);
   std::string split;
-  for (const auto& [begin, end] : pipeline_blocks(config)) {
+  for (const auto& [begin, end] : blocks) {
     split += (split.empty() ? "" : ", ") + std::to_string(end - begin);
   }
-  const std::string description = stage->description() + "pipeline parallel over " +
-                                  std::to_string(config.pp) + " ranks (" + config.pp_schedule +
-                                  ", " + std::to_string(config.pp * config.pp_virtual_stages) +
-                                  " stage(s) of [" + split + "] blocks), " +
-                                  std::to_string(config.grad_accum) + " micro-batches per step\n";
+  const std::string description =
+      stage->description() + "pipeline parallel over " + std::to_string(schedule.ranks) +
+      " ranks (" + to_string(schedule.kind) + ", " + std::to_string(schedule.stages()) +
+      " stage(s) of [" + split + "] blocks), " + std::to_string(schedule.micro_batches) +
+      " micro-batches per step\n";
+  auto runner = std::make_unique<detail::PipelineRunner>(
+      model, mesh.group_ptr(MeshAxis::kPp), std::move(schedule), std::move(blocks), split_backward);
   return std::make_unique<PipelinedModel>(std::move(stage), std::move(runner),
                                           mesh.group(MeshAxis::kPp), world, model, description);
 }
@@ -152,14 +153,19 @@ std::unique_ptr<ParallelModel> parallelize(Transformer& model, const TrainConfig
     throw std::invalid_argument("parallel.tp > 1, parallel.pp > 1 and parallel.strategy \"" +
                                 config.strategy + "\" need a process group");
   }
-  if (config.tp > 1) apply_tp(model, config, *mesh);
-  apply_activation_checkpointing(model, config);
+  if (config.tp > 1) {
+    apply_tp(model, TensorParallelOptions().sequence_parallel(config.sequence_parallel), *mesh);
+  }
+  apply_activation_checkpointing(model, config.activation_checkpointing);
   // One data-parallel step, each strategy's from its own folder.
   std::unique_ptr<ParallelModel> out =
-      config.strategy == "fsdp"   ? apply_fsdp(model, config, world, *mesh)
-      : config.strategy == "zero" ? apply_zero(model, config, world, *mesh)
-                                  : apply_ddp(model, config, world, mesh);
-  if (mesh) out = apply_pp(std::move(out), model, config, world, *mesh);
+      config.strategy == "fsdp"   ? apply_fsdp(model, fsdp_options(config), world, *mesh)
+      : config.strategy == "zero" ? apply_zero(model, zero_options(config), world, *mesh)
+                                  : apply_ddp(model, ddp_options(config), world, mesh);
+  if (config.pp > 1) {
+    out = apply_pp(std::move(out), model, pipeline_schedule(config), pipeline_blocks(config),
+                   /*split_backward=*/!config.activation_checkpointing, world, *mesh);
+  }
   if (config.tp > 1) {
     out->append_description("tensor parallel over groups of " + std::to_string(config.tp) +
                             " ranks" +

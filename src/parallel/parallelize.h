@@ -3,6 +3,7 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 
 #include "parallel/parallel_model.h"
 #include "shardtrain/config.h"
@@ -11,6 +12,8 @@
 #include "shardtrain/mesh.h"
 #include "shardtrain/model.h"
 #include "shardtrain/pipeline.h"
+#include "shardtrain/tensor_parallel.h"
+#include "shardtrain/zero.h"
 
 namespace shardtrain {
 namespace detail {
@@ -72,28 +75,36 @@ std::vector<std::pair<int64_t, int64_t>> pipeline_blocks(const TrainConfig& conf
 PipelineSchedule pipeline_schedule(const TrainConfig& config);
 ModelParts pipeline_parts(const TrainConfig& config, int pp_rank);
 
-// The steps. apply_pp: the stage's model `stage` run by the schedule on the mesh's pp axis
-// (`stage` itself for pp = 1).
+// The steps, each taking the options it uses. apply_pp: the stage's model `stage` run by
+// `schedule` on the mesh's pp axis, `blocks` every stage's blocks (`stage` itself for pp = 1).
 std::unique_ptr<ParallelModel> apply_pp(std::unique_ptr<ParallelModel> stage, Transformer& model,
-                                        const TrainConfig& config,
+                                        PipelineSchedule schedule,
+                                        std::vector<std::pair<int64_t, int64_t>> blocks,
+                                        bool split_backward,
                                         const std::shared_ptr<ProcessGroup>& world,
                                         const DeviceMesh& mesh);
 // Splits the model's layers across the mesh's tp axis (transformer_tp_plan).
-void apply_tp(Transformer& model, const TrainConfig& config, const DeviceMesh& mesh);
-void apply_activation_checkpointing(Transformer& model, const TrainConfig& config);
-// The replicated step: the whole model materialized on every data-parallel rank, DDP
-// (parallel.ddp.*) over them under "ddp" when there are several.
-std::unique_ptr<ParallelModel> apply_ddp(Transformer& model, const TrainConfig& config,
+void apply_tp(Transformer& model, TensorParallelOptions options, const DeviceMesh& mesh);
+void apply_activation_checkpointing(Transformer& model, bool enabled);
+// The replicated step: the whole model materialized on every data-parallel rank, and DDP
+// over them when `ddp` has options and there are several.
+std::unique_ptr<ParallelModel> apply_ddp(Transformer& model, std::optional<DDPOptions> ddp,
                                          const std::shared_ptr<ProcessGroup>& world,
                                          const DeviceMesh* mesh);
-// FSDP (parallel.fsdp.*) on the mesh's dp_replicate x dp_shard axes.
-std::unique_ptr<ParallelModel> apply_fsdp(Transformer& model, const TrainConfig& config,
+// FSDP on the mesh's dp_replicate x dp_shard axes.
+std::unique_ptr<ParallelModel> apply_fsdp(Transformer& model, FSDPOptions options,
                                           const std::shared_ptr<ProcessGroup>& world,
                                           const DeviceMesh& mesh);
-// ZeRO (parallel.zero.*) over the mesh's data-parallel ranks.
-std::unique_ptr<ParallelModel> apply_zero(Transformer& model, const TrainConfig& config,
+// ZeRO over the mesh's data-parallel ranks.
+std::unique_ptr<ParallelModel> apply_zero(Transformer& model, ZeroOptions options,
                                           const std::shared_ptr<ProcessGroup>& world,
                                           const DeviceMesh& mesh);
+
+// The config's settings as each step's options, next to the step that takes them: parallel.ddp.*
+// (none for parallel.strategy "none"), parallel.fsdp.* and parallel.zero.* with precision.*.
+std::optional<DDPOptions> ddp_options(const TrainConfig& config);
+FSDPOptions fsdp_options(const TrainConfig& config);
+ZeroOptions zero_options(const TrainConfig& config);
 
 // precision.param_dtype, reduce_dtype and buffer_dtype ("bf16" or "fp32").
 MixedPrecision mixed_precision_of(const TrainConfig& config);

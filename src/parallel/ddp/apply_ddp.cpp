@@ -1,40 +1,43 @@
-// The trainer's replicated step: parallel.ddp.* settings onto DistributedDataParallel, or the
-// model alone under "none".
+// The trainer's replicated step: DistributedDataParallel with the parallel.ddp.* settings as its
+// options, or the model alone under "none".
 #include "parallel/ddp/replicated_model.h"
 #include "parallel/parallelize.h"
 
 namespace shardtrain {
 
-std::unique_ptr<ParallelModel> apply_ddp(Transformer& model, const TrainConfig& config,
+std::optional<DDPOptions> ddp_options(const TrainConfig& config) {
+  if (config.strategy != "ddp") return std::nullopt;
+  const DDPCommHook hook = config.ddp_comm_hook == "bf16"   ? DDPCommHook::kBf16Compress
+                           : config.ddp_comm_hook == "fp16" ? DDPCommHook::kFp16Compress
+                                                            : DDPCommHook::kNone;
+  return DDPOptions()
+      .bucket_cap_mb(config.ddp_bucket_cap_mb)
+      .find_unused_parameters(config.ddp_find_unused_parameters)
+      .comm_hook(hook);
+}
+
+std::unique_ptr<ParallelModel> apply_ddp(Transformer& model, std::optional<DDPOptions> ddp,
                                          const std::shared_ptr<ProcessGroup>& world,
                                          const DeviceMesh* mesh) {
   // Every rank holds the whole model: DDP's replicas start from identical values.
   model->materialize();
-  std::unique_ptr<DistributedDataParallel> ddp;
   // Plain DDP keeps the world as its group; under tp or pp it runs on the mesh's dp axis.
-  const bool meshed = config.tp > 1 || config.pp > 1;
+  const int pp = mesh ? mesh->size(MeshAxis::kPp) : 1;
+  const bool meshed = mesh && (mesh->size(MeshAxis::kTp) > 1 || pp > 1);
   const auto dp = !world ? nullptr : meshed ? mesh->dp_ptr() : world;
-  if (config.strategy == "ddp" && dp && dp->size() > 1) {
-    const DDPCommHook hook = config.ddp_comm_hook == "bf16"   ? DDPCommHook::kBf16Compress
-                             : config.ddp_comm_hook == "fp16" ? DDPCommHook::kFp16Compress
-                                                              : DDPCommHook::kNone;
-    ddp = std::make_unique<DistributedDataParallel>(
-        model.ptr(), dp,
-        DDPOptions()
-            .bucket_cap_mb(config.ddp_bucket_cap_mb)
-            .find_unused_parameters(config.ddp_find_unused_parameters)
-            .comm_hook(hook));
+  std::unique_ptr<DistributedDataParallel> wrapper;
+  if (ddp && dp && dp->size() > 1) {
+    wrapper = std::make_unique<DistributedDataParallel>(model.ptr(), dp, std::move(*ddp));
   }
   const int dp_size = mesh ? mesh->dp().size() : 1;
   const int dp_rank = mesh ? mesh->dp().rank() : 0;
   // A checkpoint's tensors are shared out among the ranks holding this model: the world, or
   // this pipeline stage's ranks (the mesh's pp axis is its outermost).
-  const int holders = world ? world->size() / static_cast<int>(config.pp) : 1;
+  const int holders = world ? world->size() / pp : 1;
   const int holder_rank = world ? world->rank() % holders : 0;
-  const std::string description = dp_size > 1 ? "data parallel (" + config.strategy + ") over " +
-                                                    std::to_string(dp_size) + " ranks\n"
-                                              : "";
-  return std::make_unique<ReplicatedModel>(model, world, std::move(ddp), holder_rank, holders,
+  const std::string description =
+      dp_size > 1 ? "data parallel (ddp) over " + std::to_string(dp_size) + " ranks\n" : "";
+  return std::make_unique<ReplicatedModel>(model, world, std::move(wrapper), holder_rank, holders,
                                            dp_rank, dp_size, description);
 }
 

@@ -1,11 +1,11 @@
-// The trainer's tensor-parallel step: parallel.tp and parallel.sequence_parallel onto
-// parallelize_module with the model family's plan.
+// The trainer's tensor-parallel step: parallelize_module on the mesh's tp axis with the model
+// family's plan.
 #include "parallel/parallelize.h"
 #include "shardtrain/tensor_parallel.h"
 
 namespace shardtrain {
 
-void apply_tp(Transformer& model, const TrainConfig& config, const DeviceMesh& mesh) {
+void apply_tp(Transformer& model, TensorParallelOptions options, const DeviceMesh& mesh) {
   const int tp = mesh.size(MeshAxis::kTp);
   if (tp == 1) return;
   TpPlan plan = transformer_tp_plan(model->config(), tp);
@@ -22,8 +22,7 @@ void apply_tp(Transformer& model, const TrainConfig& config, const DeviceMesh& m
       held.emplace_back(std::move(path), std::move(style));
     }
   }
-  parallelize_module(model, mesh.group_ptr(MeshAxis::kTp), held,
-                     TensorParallelOptions().sequence_parallel(config.sequence_parallel));
+  parallelize_module(model, mesh.group_ptr(MeshAxis::kTp), held, options);
 }
 
 }  // namespace shardtrain
