@@ -137,11 +137,9 @@ class Trainer {
   void build_optimizer();
   // train_step()'s parts, each asking parallel_ for what differs between strategies.
   // forward_backward: the step's micro-batches forward and backward; returns the step's loss
-  // summed over the micro-batches, the same number on every rank. gradients_finite: unscaled,
-  // and finite on every rank that holds a piece of them. optimizer_step: AdamW at `lr`.
-  // add_step_totals: the step's time, communication and file transfers into `result`.
+  // summed over the micro-batches, the same number on every rank. optimizer_step: AdamW at
+  // `lr`. add_step_totals: the step's time, communication and file transfers into `result`.
   double forward_backward();
-  bool gradients_finite();
   void optimizer_step(double lr);
   void add_step_totals(StepResult& result, std::chrono::steady_clock::time_point start,
                        std::chrono::steady_clock::time_point end,

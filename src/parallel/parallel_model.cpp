@@ -42,6 +42,14 @@ const torch::optim::AdamWParamState* detail::adam_state(const torch::optim::Adam
   return static_cast<const torch::optim::AdamWParamState*>(it->second.get());
 }
 
+void detail::add_adam_specs(std::vector<TensorSpec>& specs, const std::string& name,
+                            const std::vector<int64_t>& shape) {
+  const std::string prefix = "optim." + name;
+  specs.push_back({prefix + ".exp_avg", shape, at::kFloat});
+  specs.push_back({prefix + ".exp_avg_sq", shape, at::kFloat});
+  specs.push_back({prefix + ".step", {}, at::kLong});
+}
+
 std::vector<std::pair<std::string, at::Tensor>> detail::trained_parameters(Transformer& model) {
   std::vector<std::pair<std::string, at::Tensor>> out;
   for (const auto& item : model->named_parameters()) {

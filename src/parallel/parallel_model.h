@@ -152,6 +152,10 @@ std::string optimizer_state_key(const at::Tensor& parameter);
 // AdamW's state of one parameter, or null before its first step.
 const torch::optim::AdamWParamState* adam_state(const torch::optim::AdamW& optimizer,
                                                 const at::Tensor& parameter);
+// Appends the specs of AdamW's state of parameter `name` of whole shape `shape`, as checkpoints
+// hold it: "optim.NAME.exp_avg" and ".exp_avg_sq" (fp32, `shape`), ".step" (a 0-dim int64).
+void add_adam_specs(std::vector<TensorSpec>& specs, const std::string& name,
+                    const std::vector<int64_t>& shape);
 // Parameters that train: every one, or a LoRA run's adapters (its frozen base comes from
 // model.init_from or the seed again on resume, and is not written).
 std::vector<std::pair<std::string, at::Tensor>> trained_parameters(Transformer& model);

@@ -16,9 +16,6 @@
 #include "shardtrain/zero.h"
 
 namespace shardtrain {
-namespace detail {
-class PipelineRunner;
-}
 
 // What only a strategy's own rules can judge, checked before anything is allocated or written:
 // today the pipeline's stages (parallel.pp_split against the model's blocks) and its schedule

@@ -7,13 +7,11 @@
 #include <cstdlib>
 #include <filesystem>
 #include <mutex>
-#include <numeric>
 #include <optional>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 
 #include "model/autocast.h"
 #include "model/layers.h"
-#include "model/names.h"
 #include "optim/swap_file.h"
 #include "parallel/parallelize.h"
 #include "shardtrain/checkpoint.h"
@@ -22,7 +20,6 @@
 #include "shardtrain/hf.h"
 #include "shardtrain/lora.h"
 #include "shardtrain/memory.h"
-#include "shardtrain/tensor_parallel.h"
 #include "shardtrain/threads.h"
 #include "shardtrain/train.h"
 #include "trace/telemetry.h"
@@ -237,7 +234,7 @@ StepResult Trainer::train_step() {
   if (after_backward_) after_backward_(step_);
 
   std::optional<detail::TraceSpan> update_span(std::in_place, "optimizer", "optimizer");
-  const bool finite = gradients_finite();
+  const bool finite = parallel_->gradients_finite(scaler_);
   result.lr = schedule_.at(step_);
   result.grad_norm = NAN;  // none when the gradients are not finite (null in metrics.jsonl)
   if (finite) result.grad_norm = parallel_->clip_grad_norm(config_.clip);
@@ -268,8 +265,6 @@ double Trainer::forward_backward() {
   step.length = config_.seq_len;
   return parallel_->forward_backward(step);
 }
-
-bool Trainer::gradients_finite() { return parallel_->gradients_finite(scaler_); }
 
 void Trainer::optimizer_step(double lr) {
   for (auto& group : optimizer_->param_groups()) {

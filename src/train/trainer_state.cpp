@@ -8,11 +8,8 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <set>
-#include <sstream>
 
 #include "checkpoint/model_description.h"
-#include "model/init.h"
-#include "model/names.h"
 #include "parallel/parallel_model.h"
 #include "shardtrain/checkpoint.h"
 #include "shardtrain/sharded_checkpoint.h"

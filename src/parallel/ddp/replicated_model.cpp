@@ -135,13 +135,11 @@ void ReplicatedModel::restore(const ShardedCheckpointReader& reader,
                               torch::optim::AdamW& optimizer) {
   // The module's own tensors are read into; AdamW state is created for the parameters the
   // checkpoint has state for, then filled.
-  NamedTensors targets;
-  for (const auto& [name, value] : detail::trained_parameters(model_)) {
-    targets.emplace_back(name, value);
-  }
+  const auto trained = detail::trained_parameters(model_);
+  NamedTensors targets = trained;
   for (const auto& item : model_->named_buffers()) targets.emplace_back(item.key(), item.value());
   std::vector<std::pair<at::Tensor, at::Tensor>> steps;  // parameter, its step read back
-  for (const auto& [name, value] : detail::trained_parameters(model_)) {
+  for (const auto& [name, value] : trained) {
     const std::string prefix = "optim." + name;
     if (!reader.find(prefix + ".exp_avg")) continue;
     auto state = std::make_unique<torch::optim::AdamWParamState>();

@@ -82,11 +82,7 @@ void ShardedModel::model_specs(CheckpointContents& out, bool has_state) {
   }
   if (!has_state) return;
   for (const auto& [name, value] : trained) {
-    const std::string prefix = "optim." + name;
-    const auto shape = detail::whole_shape(tp, name, value.sizes());
-    out.specs.push_back({prefix + ".exp_avg", shape, at::kFloat});
-    out.specs.push_back({prefix + ".exp_avg_sq", shape, at::kFloat});
-    out.specs.push_back({prefix + ".step", {}, at::kLong});
+    detail::add_adam_specs(out.specs, name, detail::whole_shape(tp, name, value.sizes()));
   }
 }
 

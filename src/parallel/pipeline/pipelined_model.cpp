@@ -44,11 +44,7 @@ CheckpointContents PipelinedModel::checkpoint_contents(const torch::optim::AdamW
   const auto shapes = model_->config().parameter_shapes();
   for (const auto& shape : shapes) out.specs.push_back({shape.name, shape.shape, at::kFloat});
   if (!has_state) return out;
-  for (const auto& shape : shapes) {
-    out.specs.push_back({"optim." + shape.name + ".exp_avg", shape.shape, at::kFloat});
-    out.specs.push_back({"optim." + shape.name + ".exp_avg_sq", shape.shape, at::kFloat});
-    out.specs.push_back({"optim." + shape.name + ".step", {}, at::kLong});
-  }
+  for (const auto& shape : shapes) detail::add_adam_specs(out.specs, shape.name, shape.shape);
   return out;
 }
 
