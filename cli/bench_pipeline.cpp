@@ -1,5 +1,7 @@
 #include <cstdio>
 #include <iostream>
+#include <stdexcept>
+#include <string>
 
 #include "commands.h"
 #include "shardtrain/pipeline.h"
@@ -32,7 +34,12 @@ void add_bench_pipeline_command(CLI::App& bench) {
       ->add_option("--schedule", options->schedule, "gpipe, 1f1b, interleaved_1f1b or zero_bubble")
       ->capture_default_str();
   pipeline->callback([options] {
-    const PipelineScheduleKind kind = pipeline_schedule_from_string(options->schedule);
+    PipelineScheduleKind kind;
+    try {
+      kind = pipeline_schedule_from_string(options->schedule);
+    } catch (const std::invalid_argument& e) {
+      throw std::invalid_argument(std::string("--schedule ") + e.what());
+    }
     const PipelineSchedule schedule =
         make_pipeline_schedule(kind, options->pp, options->virtual_stages, options->micro_batches);
     for (int r = 0; r < schedule.ranks; ++r) {

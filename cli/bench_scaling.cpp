@@ -187,7 +187,7 @@ void run_scaling(const ScalingArgs& a) {
   const TrainConfig base = load_train_config(a.config, a.overrides);
   std::vector<int> ranks = a.ranks;
   std::sort(ranks.begin(), ranks.end());
-  const int64_t per_rank = base.micro_batch;
+  const int64_t per_rank = base.train.micro_batch;
   // Strong scaling keeps the global batch of the most ranks at the config's micro-batch.
   const int64_t strong_batch = per_rank * ranks.back();
   for (int n : ranks) {
@@ -233,7 +233,7 @@ void run_scaling(const ScalingArgs& a) {
       if (std::system((command + " > " + shell_quoted(log.string()) + " 2>&1").c_str()) != 0) {
         throw std::runtime_error("bench scaling: the run failed; see " + log.string());
       }
-      json row = measure(run, strategy, n, micro * n * base.grad_accum, base.seq_len);
+      json row = measure(run, strategy, n, micro * n * base.train.grad_accum, base.data.seq_len);
       if (base_ranks == 0) {
         base_rate = row["tokens_per_s"].get<double>() / n;
         base_ranks = n;

@@ -38,7 +38,8 @@ void add_train_command(CLI::App& app) {
       ->check(CLI::ExistingFile);
   cmd->callback([a] {
     // The imported files are applied on top of the TOML, and --set wins over both.
-    const int world_size = rendezvous_info(current_environment()).world_size;
+    const RendezvousInfo launched = rendezvous_info(current_environment());
+    const int world_size = launched.world_size;
     std::vector<std::string> all;
     if (!a->deepspeed.empty()) all = deepspeed_overrides(a->deepspeed, world_size);
     if (!a->accelerate.empty()) {
@@ -55,9 +56,9 @@ void add_train_command(CLI::App& app) {
     std::shared_ptr<ProcessGroup> world;
     if (world_size > 1) {
       world = init_from_environment(ProcessGroupOptions().timeout(
-          std::chrono::milliseconds(static_cast<int64_t>(config.timeout * 1000))));
+          std::chrono::milliseconds(static_cast<int64_t>(config.run.timeout * 1000))));
     }
-    Trainer trainer(std::move(config), world);
+    Trainer trainer(std::move(config), world, launched.restart_count);
     trainer.fit();
   });
 }

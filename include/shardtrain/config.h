@@ -1,7 +1,6 @@
 // The training configuration: TOML sections [model] [data] [train] [parallel] [precision]
-// [lora] [run], with
-// `section.key=value` overrides. Every key is known; an unknown key or a wrong type is an error
-// that names it.
+// [lora] [run], one struct each, with `section.key=value` overrides. Every key is known; an
+// unknown key or a wrong type is an error that names it.
 #pragma once
 
 #include <cstdint>
@@ -9,18 +8,27 @@
 #include <vector>
 
 #include "shardtrain/model.h"
+#include "shardtrain/parallel_names.h"
 
 namespace shardtrain {
 
-struct TrainConfig {
-  // [model]: a preset (or a Hugging Face config.json), then any size overridden by key.
-  ModelConfig model = model_preset("tiny");
+// [model]: a preset (or a Hugging Face config.json), then any size overridden by key; and where
+// its weights come from.
+struct ModelSection : ModelConfig {
+  ModelSection() : ModelConfig(model_preset("tiny")) {}
+  // model.preset and model.hf_config replace the shape; the keys below stay.
+  ModelSection& operator=(const ModelConfig& shape) {
+    ModelConfig::operator=(shape);
+    return *this;
+  }
   bool vocab_size_set = false;  // else the tokenizer's vocabulary size is used
   // Hugging Face safetensors weights (a file or a model folder) to start from instead of the
   // random initialization; empty: none.
   std::string init_from;
+};
 
-  // [data]
+// [data]
+struct DataSection {
   // A token shard, or text / JSONL files and directories to tokenize (data.format).
   std::vector<std::string> corpus;
   // "byte", "gpt2", or a Hugging Face tokenizer.json (or a model folder holding one); empty:
@@ -37,8 +45,10 @@ struct TrainConfig {
   std::string overlong = "truncate";  // a sample longer than seq_len: "truncate" or "drop"
   int64_t seq_len = 64;
   int64_t eval_sequences = 32;  // held out from the end of the corpus
+};
 
-  // [train]
+// [train]
+struct TrainSection {
   int64_t steps = 100;
   int64_t micro_batch = 8;
   int64_t grad_accum = 1;
@@ -64,70 +74,92 @@ struct TrainConfig {
   std::string sample_prompt;   // under data.format "chat", the user's message
   double sample_temperature = 0.8;
   int64_t sample_top_k = 40;
+};
 
-  // [precision]
+// [precision]
+struct PrecisionSection {
   std::string autocast = "none";    // "none", "bf16", "fp16"
   std::string loss_scale = "none";  // "none", "dynamic", or a fixed number
   double initial_scale = 65536.0;
   int64_t scale_window = 1000;
   double min_scale = 1.0;
-
-  // [precision] dtypes of FSDP's mixed-precision policy: "fp32" or "bf16"
+  // The dtypes of FSDP's mixed-precision policy: "fp32" or "bf16".
   std::string param_dtype = "fp32";   // gathered parameters the model computes with
   std::string reduce_dtype = "fp32";  // gradient reduction
   std::string buffer_dtype = "fp32";
+};
 
-  // [parallel]
-  std::string strategy = "none";  // "none" (one process), "ddp", "fsdp" or "zero"
+// [parallel.ddp]
+struct DdpSection {
+  double bucket_cap_mb = 25.0;
+  bool find_unused_parameters = false;
+  DDPCommHook comm_hook = DDPCommHook::kNone;
+};
+
+// [parallel.fsdp]
+struct FsdpSection {
+  ShardingStrategy sharding = ShardingStrategy::kFullShard;
+  int64_t replicate = 0;  // hybrid_shard's dp_replicate; 0: one per node
+  FsdpWrap wrap = FsdpWrap::kBlock;
+  int64_t min_params = 100000000;         // with wrap = "size"
+  std::vector<std::string> wrap_classes;  // with wrap = "class"
+  BackwardPrefetch prefetch = BackwardPrefetch::kBackwardPre;
+  bool forward_prefetch = false;
+  int64_t limit_all_gathers = 2;
+  bool cpu_offload = false;
+};
+
+// [parallel.zero]: DeepSpeed's ZeRO; sizes in elements, as DeepSpeed counts them.
+struct ZeroSection {
+  int64_t stage = 1;  // 1, 2 or 3
+  OffloadDevice offload_optimizer = OffloadDevice::kNone;
+  OffloadDevice offload_param = OffloadDevice::kNone;  // stage 3
+  std::string nvme_path;                               // directory for nvme offload
+  bool pin_memory = false;
+  bool overlap_comm = true;
+  bool contiguous_gradients = true;
+  int64_t reduce_bucket_size = 500000000;
+  int64_t allgather_bucket_size = 500000000;
+  int64_t prefetch_bucket_size = 50000000;       // stage 3
+  int64_t param_persistence_threshold = 100000;  // stage 3
+  int64_t max_live_parameters = 1000000000;      // stage 3
+};
+
+// [parallel]
+struct ParallelSection {
+  // None (one process), ddp, fsdp or zero.
+  ParallelStrategy strategy = ParallelStrategy::kNone;
   // Tensor parallelism (docs/tp.md): layers split across groups of `tp` neighbouring ranks;
   // the strategy runs across the world / tp data-parallel ranks ("none" when there is one).
   int64_t tp = 1;
   bool sequence_parallel = false;  // with tp > 1: norms and dropout on 1/tp of the sequence
   // Pipeline parallelism (docs/pp.md): the blocks split into pp x pp_virtual_stages stages on
-  // the mesh's outermost axis, train.grad_accum micro-batches per step run by pp_schedule
-  // ("gpipe", "1f1b", "interleaved_1f1b", "zero_bubble"). pp_split: blocks per stage (empty:
-  // balanced). pp_microbatches, when set, is train.grad_accum under another name.
+  // the mesh's outermost axis, train.grad_accum micro-batches per step run by pp_schedule.
+  // pp_split: blocks per stage (empty: balanced). pp_microbatches, when set, is
+  // train.grad_accum under another name.
   int64_t pp = 1;
-  std::string pp_schedule = "1f1b";
+  PipelineScheduleKind pp_schedule = PipelineScheduleKind::kOneFOneB;
   int64_t pp_virtual_stages = 1;
   std::vector<int64_t> pp_split;
   int64_t pp_microbatches = 0;
-  double ddp_bucket_cap_mb = 25.0;
-  bool ddp_find_unused_parameters = false;
-  std::string ddp_comm_hook = "none";        // "none", "bf16", "fp16"
-  std::string fsdp_sharding = "full_shard";  // full_shard, shard_grad_op, no_shard, hybrid_shard
-  int64_t fsdp_replicate = 0;                // hybrid_shard's dp_replicate; 0: one per node
-  std::string fsdp_wrap = "block";           // "block", "size" (min_params) or "class"
-  int64_t fsdp_min_params = 100000000;
-  std::vector<std::string> fsdp_wrap_classes;  // with wrap = "class"
-  std::string fsdp_prefetch = "backward_pre";  // backward_pre, backward_post, none
-  bool fsdp_forward_prefetch = false;
-  int64_t fsdp_limit_all_gathers = 2;
-  bool fsdp_cpu_offload = false;
-  // DeepSpeed's ZeRO; sizes in elements, as DeepSpeed counts them.
-  int64_t zero_stage = 1;                       // 1, 2 or 3
-  std::string zero_offload_optimizer = "none";  // "none", "cpu", "nvme"
-  std::string zero_offload_param = "none";      // "none", "cpu", "nvme" (stage 3)
-  std::string zero_nvme_path;                   // directory for nvme offload
-  bool zero_pin_memory = false;
-  bool zero_overlap_comm = true;
-  bool zero_contiguous_gradients = true;
-  int64_t zero_reduce_bucket_size = 500000000;
-  int64_t zero_allgather_bucket_size = 500000000;
-  int64_t zero_prefetch_bucket_size = 50000000;       // stage 3
-  int64_t zero_param_persistence_threshold = 100000;  // stage 3
-  int64_t zero_max_live_parameters = 1000000000;      // stage 3
+  DdpSection ddp;
+  FsdpSection fsdp;
+  ZeroSection zero;
+};
 
-  // [lora]: low-rank adapters (lora.h) on the chosen linear layers; every other parameter is
-  // frozen, and only the adapters are trained, communicated and checkpointed. rank 0: off
-  // (every parameter trains).
-  int64_t lora_rank = 0;
-  double lora_alpha = 16.0;   // the update is scaled by alpha / rank
-  double lora_dropout = 0.0;  // on the adapters' input
-  std::vector<std::string> lora_target_modules = {"all-linear"};  // PEFT's target_modules
-  std::string lora_base_dtype = "fp32";  // the frozen base weights' storage dtype
+// [lora]: low-rank adapters (lora.h) on the chosen linear layers; every other parameter is
+// frozen, and only the adapters are trained, communicated and checkpointed. rank 0: off
+// (every parameter trains).
+struct LoraSection {
+  int64_t rank = 0;
+  double alpha = 16.0;                                       // the update is scaled by alpha / rank
+  double dropout = 0.0;                                      // on the adapters' input
+  std::vector<std::string> target_modules = {"all-linear"};  // PEFT's target_modules
+  std::string base_dtype = "fp32";  // the frozen base weights' storage dtype
+};
 
-  // [run]
+// [run]
+struct RunSection {
   std::string dir = "runs/default";
   int64_t log_every = 10;
   // "": a new run (refused when run.dir already holds one, unless run.overwrite); "latest" or a
@@ -150,6 +182,18 @@ struct TrainConfig {
   bool trace = false;
   int64_t trace_first = 1;
   int64_t trace_last = 0;
+};
+
+// One member per TOML section; a key "section.key" (or "parallel.fsdp.key") is the member of
+// the same path, and the strategies' names are parsed into their enums here, once.
+struct TrainConfig {
+  ModelSection model;
+  DataSection data;
+  TrainSection train;
+  PrecisionSection precision;
+  ParallelSection parallel;
+  LoraSection lora;
+  RunSection run;
 
   // Checks relations between keys (seq_len within the context, min_lr <= lr, ...) and throws
   // std::invalid_argument naming the keys.

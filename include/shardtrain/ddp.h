@@ -10,15 +10,12 @@
 #include <vector>
 
 #include "shardtrain/dist.h"
+#include "shardtrain/parallel_names.h"
 
 namespace shardtrain {
 namespace detail {
 class GradAccumulatedHook;
 }
-
-// How a bucket travels: as is, or compressed to a 16-bit float for the all-reduce (half the
-// bytes; the average is taken in that precision and copied back into the fp32 gradients).
-enum class DDPCommHook { kNone, kBf16Compress, kFp16Compress };
 
 struct DDPOptions {
   // Largest bucket, MiB (PyTorch's default 25).

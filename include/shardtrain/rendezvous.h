@@ -25,13 +25,17 @@ struct RendezvousInfo {
   int master_port = 29500;
   // Where the ranks came from: "torchrun", "openmpi", "slurm", or "single" (no launcher).
   std::string source = "single";
+  // Which restart of the job this is: 0 on the first attempt, then the launcher's count
+  // (TORCHELASTIC_RESTART_COUNT, which torchrun and `shardtrain launch` set).
+  int restart_count = 0;
 };
 
 // Reads the rank layout from `env`. torchrun variables (RANK WORLD_SIZE LOCAL_RANK
 // LOCAL_WORLD_SIZE MASTER_ADDR MASTER_PORT) win; else OMPI_COMM_WORLD_*; else SLURM_PROCID,
-// SLURM_NTASKS, SLURM_LOCALID. With none of them, a single process. MASTER_ADDR and MASTER_PORT
-// are read under every launcher (Slurm falls back to the first host of SLURM_JOB_NODELIST).
-// Throws std::invalid_argument naming the variable on inconsistent or malformed values.
+// SLURM_NTASKS, SLURM_LOCALID. With none of them, a single process. MASTER_ADDR, MASTER_PORT and
+// TORCHELASTIC_RESTART_COUNT are read under every launcher (Slurm falls back to the first host of
+// SLURM_JOB_NODELIST). Throws std::invalid_argument naming the variable on inconsistent or
+// malformed values.
 RendezvousInfo rendezvous_info(const Environment& env);
 
 // The address this rank's Gloo transport binds when no interface or hostname was given:

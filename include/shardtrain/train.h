@@ -66,14 +66,16 @@ class Trainer {
   // written under run.dir before the config, the tokenizer and the corpus inputs have been
   // checked, and a new run into a run.dir that already holds one (metrics or checkpoints) is
   // refused unless run.overwrite moves the old one aside or run.resume continues it. Under a
-  // launcher's restart (TORCHELASTIC_RESTART_COUNT > 0) an unset run.resume means "auto".
+  // launcher's restart (`restart_count` > 0: RendezvousInfo::restart_count) an unset run.resume
+  // means "auto".
   // Throws std::invalid_argument for bad input (files, sizes, the run directory), naming it.
   // With a `world` group of several ranks (parallel.strategy = "ddp", "fsdp" or "zero"), it is
   // collective: every rank constructs its Trainer and calls train_step/fit/evaluate/generate/
   // save_checkpoint in step; each takes its slice of every global batch; rank 0 alone prints,
   // and every rank writes its share of each checkpoint. FSDP and ZeRO without a world run on a
   // group of one rank. model.init_from (Hugging Face weights) is applied before training starts.
-  explicit Trainer(TrainConfig config, std::shared_ptr<ProcessGroup> world = nullptr);
+  explicit Trainer(TrainConfig config, std::shared_ptr<ProcessGroup> world = nullptr,
+                   int restart_count = 0);
   // Writes the trace of traced steps not written yet (run.trace). Never throws: a trace that
   // cannot be written is reported on stderr.
   ~Trainer();
@@ -174,6 +176,7 @@ class Trainer {
 
   TrainConfig config_;
   std::shared_ptr<ProcessGroup> world_;
+  int restart_count_ = 0;  // which restart of the job this is (the launcher's count)
   std::unique_ptr<DeviceMesh> mesh_;
   std::unique_ptr<Tokenizer> tokenizer_;
   std::unique_ptr<ChatTemplate> chat_template_;  // null unless data.* or the tokenizer has one

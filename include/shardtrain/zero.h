@@ -8,11 +8,6 @@
 
 namespace shardtrain {
 
-// Where ZeRO keeps optimizer state or parameter shards: device memory, host memory, or files.
-enum class OffloadDevice { kNone, kCpu, kNvme };
-OffloadDevice offload_device_from_string(const std::string& name);  // "none", "cpu", "nvme"
-std::string to_string(OffloadDevice device);
-
 struct ZeroOptions {
   // 1: optimizer state sharded, gradients all-reduced, updated parameters all-gathered.
   // 2: + gradients reduce-scattered during backward, each rank keeping its partition.

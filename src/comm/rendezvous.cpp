@@ -193,6 +193,7 @@ RendezvousInfo rendezvous_info(const Environment& env) {
       break;
     }
   }
+  info.restart_count = parse_int_or(env, "TORCHELASTIC_RESTART_COUNT", 0);
   if (!keys) return info;  // no launcher: one process
   info.source = keys->source;
   info.rank = parse_int(env, keys->rank);

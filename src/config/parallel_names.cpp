@@ -7,74 +7,79 @@
 namespace shardtrain {
 namespace {
 
-const std::vector<std::pair<std::string, PipelineScheduleKind>>& schedule_names() {
-  static const std::vector<std::pair<std::string, PipelineScheduleKind>> names = {
-      {"gpipe", PipelineScheduleKind::kGpipe},
-      {"1f1b", PipelineScheduleKind::kOneFOneB},
-      {"interleaved_1f1b", PipelineScheduleKind::kInterleaved1F1B},
-      {"zero_bubble", PipelineScheduleKind::kZeroBubble}};
-  return names;
-}
+template <typename E>
+using Names = std::vector<std::pair<const char*, E>>;
 
-}  // namespace
-
-ShardingStrategy sharding_strategy_from_string(const std::string& name) {
-  if (name == "full_shard") return ShardingStrategy::kFullShard;
-  if (name == "shard_grad_op") return ShardingStrategy::kShardGradOp;
-  if (name == "no_shard") return ShardingStrategy::kNoShard;
-  if (name == "hybrid_shard") return ShardingStrategy::kHybridShard;
-  throw std::invalid_argument("unknown FSDP sharding strategy '" + name +
-                              "' (expected full_shard, shard_grad_op, no_shard or hybrid_shard)");
-}
-
-BackwardPrefetch backward_prefetch_from_string(const std::string& name) {
-  if (name == "backward_pre") return BackwardPrefetch::kBackwardPre;
-  if (name == "backward_post") return BackwardPrefetch::kBackwardPost;
-  if (name == "none") return BackwardPrefetch::kNone;
-  throw std::invalid_argument("unknown FSDP backward prefetch '" + name +
-                              "' (expected backward_pre, backward_post or none)");
-}
-
-std::string to_string(ShardingStrategy strategy) {
-  switch (strategy) {
-    case ShardingStrategy::kFullShard:
-      return "full_shard";
-    case ShardingStrategy::kShardGradOp:
-      return "shard_grad_op";
-    case ShardingStrategy::kNoShard:
-      return "no_shard";
-    case ShardingStrategy::kHybridShard:
-      return "hybrid_shard";
+template <typename E>
+E from_name(const Names<E>& names, const std::string& name) {
+  std::string known;
+  for (const auto& [candidate, value] : names) {
+    if (candidate == name) return value;
+    known += (known.empty() ? "\"" : ", \"") + std::string(candidate) + "\"";
   }
-  return "?";
+  throw std::invalid_argument("\"" + name + "\" is not one of " + known);
 }
 
-std::string to_string(BackwardPrefetch prefetch) {
-  switch (prefetch) {
-    case BackwardPrefetch::kBackwardPre:
-      return "backward_pre";
-    case BackwardPrefetch::kBackwardPost:
-      return "backward_post";
-    case BackwardPrefetch::kNone:
-      return "none";
-  }
-  return "?";
-}
-
-std::string to_string(PipelineScheduleKind kind) {
-  for (const auto& [name, value] : schedule_names()) {
-    if (value == kind) return name;
+template <typename E>
+std::string name_of(const Names<E>& names, E value) {
+  for (const auto& [name, candidate] : names) {
+    if (candidate == value) return name;
   }
   return "unknown";
 }
 
-PipelineScheduleKind pipeline_schedule_from_string(const std::string& name) {
-  std::string known;
-  for (const auto& [candidate, value] : schedule_names()) {
-    if (candidate == name) return value;
-    known += (known.empty() ? "" : ", ") + ("\"" + candidate + "\"");
-  }
-  throw std::invalid_argument("parallel.pp_schedule \"" + name + "\" is not one of " + known);
+const Names<ParallelStrategy> kStrategies = {{"none", ParallelStrategy::kNone},
+                                             {"ddp", ParallelStrategy::kDdp},
+                                             {"fsdp", ParallelStrategy::kFsdp},
+                                             {"zero", ParallelStrategy::kZero}};
+const Names<ShardingStrategy> kShardings = {{"full_shard", ShardingStrategy::kFullShard},
+                                            {"shard_grad_op", ShardingStrategy::kShardGradOp},
+                                            {"no_shard", ShardingStrategy::kNoShard},
+                                            {"hybrid_shard", ShardingStrategy::kHybridShard}};
+const Names<BackwardPrefetch> kPrefetches = {{"backward_pre", BackwardPrefetch::kBackwardPre},
+                                             {"backward_post", BackwardPrefetch::kBackwardPost},
+                                             {"none", BackwardPrefetch::kNone}};
+const Names<FsdpWrap> kWraps = {
+    {"block", FsdpWrap::kBlock}, {"size", FsdpWrap::kSize}, {"class", FsdpWrap::kClass}};
+const Names<OffloadDevice> kOffloads = {
+    {"none", OffloadDevice::kNone}, {"cpu", OffloadDevice::kCpu}, {"nvme", OffloadDevice::kNvme}};
+const Names<DDPCommHook> kCommHooks = {{"none", DDPCommHook::kNone},
+                                       {"bf16", DDPCommHook::kBf16Compress},
+                                       {"fp16", DDPCommHook::kFp16Compress}};
+const Names<PipelineScheduleKind> kSchedules = {
+    {"gpipe", PipelineScheduleKind::kGpipe},
+    {"1f1b", PipelineScheduleKind::kOneFOneB},
+    {"interleaved_1f1b", PipelineScheduleKind::kInterleaved1F1B},
+    {"zero_bubble", PipelineScheduleKind::kZeroBubble}};
+
+}  // namespace
+
+ParallelStrategy parallel_strategy_from_string(const std::string& name) {
+  return from_name(kStrategies, name);
 }
+ShardingStrategy sharding_strategy_from_string(const std::string& name) {
+  return from_name(kShardings, name);
+}
+BackwardPrefetch backward_prefetch_from_string(const std::string& name) {
+  return from_name(kPrefetches, name);
+}
+FsdpWrap fsdp_wrap_from_string(const std::string& name) { return from_name(kWraps, name); }
+OffloadDevice offload_device_from_string(const std::string& name) {
+  return from_name(kOffloads, name);
+}
+DDPCommHook ddp_comm_hook_from_string(const std::string& name) {
+  return from_name(kCommHooks, name);
+}
+PipelineScheduleKind pipeline_schedule_from_string(const std::string& name) {
+  return from_name(kSchedules, name);
+}
+
+std::string to_string(ParallelStrategy strategy) { return name_of(kStrategies, strategy); }
+std::string to_string(ShardingStrategy strategy) { return name_of(kShardings, strategy); }
+std::string to_string(BackwardPrefetch prefetch) { return name_of(kPrefetches, prefetch); }
+std::string to_string(FsdpWrap wrap) { return name_of(kWraps, wrap); }
+std::string to_string(OffloadDevice device) { return name_of(kOffloads, device); }
+std::string to_string(DDPCommHook hook) { return name_of(kCommHooks, hook); }
+std::string to_string(PipelineScheduleKind kind) { return name_of(kSchedules, kind); }
 
 }  // namespace shardtrain

@@ -17,6 +17,26 @@ namespace {
 
 using Setter = std::function<void(TrainConfig&, const toml::node&, const std::string& name)>;
 
+ParallelStrategy parse_name(const std::string& text, ParallelStrategy*) {
+  return parallel_strategy_from_string(text);
+}
+ShardingStrategy parse_name(const std::string& text, ShardingStrategy*) {
+  return sharding_strategy_from_string(text);
+}
+BackwardPrefetch parse_name(const std::string& text, BackwardPrefetch*) {
+  return backward_prefetch_from_string(text);
+}
+FsdpWrap parse_name(const std::string& text, FsdpWrap*) { return fsdp_wrap_from_string(text); }
+OffloadDevice parse_name(const std::string& text, OffloadDevice*) {
+  return offload_device_from_string(text);
+}
+DDPCommHook parse_name(const std::string& text, DDPCommHook*) {
+  return ddp_comm_hook_from_string(text);
+}
+PipelineScheduleKind parse_name(const std::string& text, PipelineScheduleKind*) {
+  return pipeline_schedule_from_string(text);
+}
+
 std::string type_of(const toml::node& node) {
   switch (node.type()) {
     case toml::node_type::string:
@@ -59,18 +79,46 @@ std::string as_string(const toml::node& node, const std::string& name) {
   return *node.value<std::string>();
 }
 
-template <typename T>
-Setter field(T TrainConfig::*member) {
+void assign(int64_t& target, const toml::node& n, const std::string& name) {
+  target = as_int(n, name);
+}
+void assign(double& target, const toml::node& n, const std::string& name) {
+  target = as_double(n, name);
+}
+void assign(bool& target, const toml::node& n, const std::string& name) {
+  target = as_bool(n, name);
+}
+void assign(std::string& target, const toml::node& n, const std::string& name) {
+  target = as_string(n, name);
+}
+// A strategy's name, parsed into its enum (parallel_names.h) here, once.
+template <typename E, typename = std::enable_if_t<std::is_enum_v<E>>>
+void assign(E& target, const toml::node& n, const std::string& name) {
+  const std::string text = as_string(n, name);
+  try {
+    target = parse_name(text, static_cast<E*>(nullptr));
+  } catch (const std::invalid_argument& e) {
+    throw std::invalid_argument(name + " " + e.what());
+  }
+}
+
+// The section a key's member belongs to.
+ModelSection& section(TrainConfig& c, ModelSection*) { return c.model; }
+DataSection& section(TrainConfig& c, DataSection*) { return c.data; }
+TrainSection& section(TrainConfig& c, TrainSection*) { return c.train; }
+PrecisionSection& section(TrainConfig& c, PrecisionSection*) { return c.precision; }
+ParallelSection& section(TrainConfig& c, ParallelSection*) { return c.parallel; }
+DdpSection& section(TrainConfig& c, DdpSection*) { return c.parallel.ddp; }
+FsdpSection& section(TrainConfig& c, FsdpSection*) { return c.parallel.fsdp; }
+ZeroSection& section(TrainConfig& c, ZeroSection*) { return c.parallel.zero; }
+LoraSection& section(TrainConfig& c, LoraSection*) { return c.lora; }
+RunSection& section(TrainConfig& c, RunSection*) { return c.run; }
+
+// The key's member of its section: field(&FsdpSection::sharding) is parallel.fsdp.sharding.
+template <typename S, typename T>
+Setter field(T S::*member) {
   return [member](TrainConfig& c, const toml::node& n, const std::string& name) {
-    if constexpr (std::is_same_v<T, int64_t>) {
-      c.*member = as_int(n, name);
-    } else if constexpr (std::is_same_v<T, double>) {
-      c.*member = as_double(n, name);
-    } else if constexpr (std::is_same_v<T, bool>) {
-      c.*member = as_bool(n, name);
-    } else {
-      c.*member = as_string(n, name);
-    }
+    assign(section(c, static_cast<S*>(nullptr)).*member, n, name);
   };
 }
 
@@ -101,9 +149,9 @@ const std::map<std::string, Setter>& known_keys() {
       {"model.vocab_size",
        [](TrainConfig& c, const toml::node& n, const std::string& name) {
          c.model.vocab_size = as_int(n, name);
-         c.vocab_size_set = true;
+         c.model.vocab_size_set = true;
        }},
-      {"model.init_from", field(&TrainConfig::init_from)},
+      {"model.init_from", field(&ModelSection::init_from)},
       {"model.context_length", model_field(&ModelConfig::context_length)},
       {"model.d_model", model_field(&ModelConfig::d_model)},
       {"model.n_layers", model_field(&ModelConfig::n_layers)},
@@ -119,140 +167,141 @@ const std::map<std::string, Setter>& known_keys() {
       {"model.qk_norm", model_field(&ModelConfig::qk_norm)},
       {"data.corpus",
        [](TrainConfig& c, const toml::node& n, const std::string& name) {
-         c.corpus.clear();
+         c.data.corpus.clear();
          if (n.is_string()) {
-           c.corpus.push_back(*n.value<std::string>());
+           c.data.corpus.push_back(*n.value<std::string>());
            return;
          }
          if (!n.is_array()) wrong_type(name, "a path or an array of paths", n);
-         for (const auto& item : *n.as_array()) c.corpus.push_back(as_string(item, name));
+         for (const auto& item : *n.as_array()) c.data.corpus.push_back(as_string(item, name));
        }},
-      {"data.tokenizer", field(&TrainConfig::tokenizer)},
-      {"data.format", field(&TrainConfig::format)},
-      {"data.chat_template", field(&TrainConfig::chat_template)},
-      {"data.packing", field(&TrainConfig::packing)},
-      {"data.overlong", field(&TrainConfig::overlong)},
-      {"data.gpt2_dir", field(&TrainConfig::gpt2_dir)},
-      {"data.seq_len", field(&TrainConfig::seq_len)},
-      {"data.eval_sequences", field(&TrainConfig::eval_sequences)},
-      {"train.steps", field(&TrainConfig::steps)},
-      {"train.micro_batch", field(&TrainConfig::micro_batch)},
-      {"train.grad_accum", field(&TrainConfig::grad_accum)},
-      {"train.lr", field(&TrainConfig::lr)},
-      {"train.min_lr", field(&TrainConfig::min_lr)},
-      {"train.warmup", field(&TrainConfig::warmup)},
-      {"train.schedule", field(&TrainConfig::schedule)},
-      {"train.weight_decay", field(&TrainConfig::weight_decay)},
-      {"train.beta1", field(&TrainConfig::beta1)},
-      {"train.beta2", field(&TrainConfig::beta2)},
-      {"train.eps", field(&TrainConfig::eps)},
-      {"train.clip", field(&TrainConfig::clip)},
-      {"train.max_skipped", field(&TrainConfig::max_skipped)},
-      {"train.seed", field(&TrainConfig::seed)},
-      {"train.eval_every", field(&TrainConfig::eval_every)},
-      {"train.eval_batches", field(&TrainConfig::eval_batches)},
-      {"train.checkpoint_every", field(&TrainConfig::checkpoint_every)},
-      {"train.keep_checkpoints", field(&TrainConfig::keep_checkpoints)},
-      {"train.final_checkpoint", field(&TrainConfig::final_checkpoint)},
-      {"train.activation_checkpointing", field(&TrainConfig::activation_checkpointing)},
-      {"train.sample_tokens", field(&TrainConfig::sample_tokens)},
-      {"train.sample_prompt", field(&TrainConfig::sample_prompt)},
-      {"train.sample_temperature", field(&TrainConfig::sample_temperature)},
-      {"train.sample_top_k", field(&TrainConfig::sample_top_k)},
-      {"precision.autocast", field(&TrainConfig::autocast)},
+      {"data.tokenizer", field(&DataSection::tokenizer)},
+      {"data.format", field(&DataSection::format)},
+      {"data.chat_template", field(&DataSection::chat_template)},
+      {"data.packing", field(&DataSection::packing)},
+      {"data.overlong", field(&DataSection::overlong)},
+      {"data.gpt2_dir", field(&DataSection::gpt2_dir)},
+      {"data.seq_len", field(&DataSection::seq_len)},
+      {"data.eval_sequences", field(&DataSection::eval_sequences)},
+      {"train.steps", field(&TrainSection::steps)},
+      {"train.micro_batch", field(&TrainSection::micro_batch)},
+      {"train.grad_accum", field(&TrainSection::grad_accum)},
+      {"train.lr", field(&TrainSection::lr)},
+      {"train.min_lr", field(&TrainSection::min_lr)},
+      {"train.warmup", field(&TrainSection::warmup)},
+      {"train.schedule", field(&TrainSection::schedule)},
+      {"train.weight_decay", field(&TrainSection::weight_decay)},
+      {"train.beta1", field(&TrainSection::beta1)},
+      {"train.beta2", field(&TrainSection::beta2)},
+      {"train.eps", field(&TrainSection::eps)},
+      {"train.clip", field(&TrainSection::clip)},
+      {"train.max_skipped", field(&TrainSection::max_skipped)},
+      {"train.seed", field(&TrainSection::seed)},
+      {"train.eval_every", field(&TrainSection::eval_every)},
+      {"train.eval_batches", field(&TrainSection::eval_batches)},
+      {"train.checkpoint_every", field(&TrainSection::checkpoint_every)},
+      {"train.keep_checkpoints", field(&TrainSection::keep_checkpoints)},
+      {"train.final_checkpoint", field(&TrainSection::final_checkpoint)},
+      {"train.activation_checkpointing", field(&TrainSection::activation_checkpointing)},
+      {"train.sample_tokens", field(&TrainSection::sample_tokens)},
+      {"train.sample_prompt", field(&TrainSection::sample_prompt)},
+      {"train.sample_temperature", field(&TrainSection::sample_temperature)},
+      {"train.sample_top_k", field(&TrainSection::sample_top_k)},
+      {"precision.autocast", field(&PrecisionSection::autocast)},
       {"precision.loss_scale",
        [](TrainConfig& c, const toml::node& n, const std::string& name) {
          if (n.is_number()) {
-           c.loss_scale = std::to_string(*n.value<double>());
+           c.precision.loss_scale = std::to_string(*n.value<double>());
          } else {
-           c.loss_scale = as_string(n, name);
+           c.precision.loss_scale = as_string(n, name);
          }
        }},
-      {"precision.initial_scale", field(&TrainConfig::initial_scale)},
-      {"precision.scale_window", field(&TrainConfig::scale_window)},
-      {"precision.min_scale", field(&TrainConfig::min_scale)},
-      {"parallel.strategy", field(&TrainConfig::strategy)},
-      {"parallel.tp", field(&TrainConfig::tp)},
-      {"parallel.sequence_parallel", field(&TrainConfig::sequence_parallel)},
-      {"parallel.pp", field(&TrainConfig::pp)},
-      {"parallel.pp_schedule", field(&TrainConfig::pp_schedule)},
-      {"parallel.pp_virtual_stages", field(&TrainConfig::pp_virtual_stages)},
+      {"precision.initial_scale", field(&PrecisionSection::initial_scale)},
+      {"precision.scale_window", field(&PrecisionSection::scale_window)},
+      {"precision.min_scale", field(&PrecisionSection::min_scale)},
+      {"parallel.strategy", field(&ParallelSection::strategy)},
+      {"parallel.tp", field(&ParallelSection::tp)},
+      {"parallel.sequence_parallel", field(&ParallelSection::sequence_parallel)},
+      {"parallel.pp", field(&ParallelSection::pp)},
+      {"parallel.pp_schedule", field(&ParallelSection::pp_schedule)},
+      {"parallel.pp_virtual_stages", field(&ParallelSection::pp_virtual_stages)},
       {"parallel.pp_microbatches",
        [](TrainConfig& c, const toml::node& n, const std::string& name) {
-         c.pp_microbatches = as_int(n, name);
-         c.grad_accum = c.pp_microbatches;  // the same setting under the pipeline's name
+         c.parallel.pp_microbatches = as_int(n, name);
+         c.train.grad_accum =
+             c.parallel.pp_microbatches;  // the same setting under the pipeline's name
        }},
       {"parallel.pp_split",
        [](TrainConfig& c, const toml::node& n, const std::string& name) {
          if (!n.is_array()) wrong_type(name, "an array of block counts, one per stage", n);
-         c.pp_split.clear();
-         for (const auto& item : *n.as_array()) c.pp_split.push_back(as_int(item, name));
+         c.parallel.pp_split.clear();
+         for (const auto& item : *n.as_array()) c.parallel.pp_split.push_back(as_int(item, name));
        }},
-      {"parallel.ddp.bucket_cap_mb", field(&TrainConfig::ddp_bucket_cap_mb)},
-      {"parallel.ddp.find_unused_parameters", field(&TrainConfig::ddp_find_unused_parameters)},
-      {"parallel.ddp.comm_hook", field(&TrainConfig::ddp_comm_hook)},
-      {"parallel.fsdp.sharding", field(&TrainConfig::fsdp_sharding)},
-      {"parallel.fsdp.replicate", field(&TrainConfig::fsdp_replicate)},
-      {"parallel.fsdp.wrap", field(&TrainConfig::fsdp_wrap)},
-      {"parallel.fsdp.min_params", field(&TrainConfig::fsdp_min_params)},
+      {"parallel.ddp.bucket_cap_mb", field(&DdpSection::bucket_cap_mb)},
+      {"parallel.ddp.find_unused_parameters", field(&DdpSection::find_unused_parameters)},
+      {"parallel.ddp.comm_hook", field(&DdpSection::comm_hook)},
+      {"parallel.fsdp.sharding", field(&FsdpSection::sharding)},
+      {"parallel.fsdp.replicate", field(&FsdpSection::replicate)},
+      {"parallel.fsdp.wrap", field(&FsdpSection::wrap)},
+      {"parallel.fsdp.min_params", field(&FsdpSection::min_params)},
       {"parallel.fsdp.wrap_classes",
        [](TrainConfig& c, const toml::node& n, const std::string& name) {
-         c.fsdp_wrap_classes.clear();
+         c.parallel.fsdp.wrap_classes.clear();
          if (!n.is_array()) wrong_type(name, "an array of class names", n);
          for (const auto& item : *n.as_array())
-           c.fsdp_wrap_classes.push_back(as_string(item, name));
+           c.parallel.fsdp.wrap_classes.push_back(as_string(item, name));
        }},
-      {"parallel.fsdp.prefetch", field(&TrainConfig::fsdp_prefetch)},
-      {"parallel.fsdp.forward_prefetch", field(&TrainConfig::fsdp_forward_prefetch)},
-      {"parallel.fsdp.limit_all_gathers", field(&TrainConfig::fsdp_limit_all_gathers)},
-      {"parallel.fsdp.cpu_offload", field(&TrainConfig::fsdp_cpu_offload)},
-      {"parallel.zero.stage", field(&TrainConfig::zero_stage)},
-      {"parallel.zero.offload_optimizer", field(&TrainConfig::zero_offload_optimizer)},
-      {"parallel.zero.offload_param", field(&TrainConfig::zero_offload_param)},
-      {"parallel.zero.nvme_path", field(&TrainConfig::zero_nvme_path)},
-      {"parallel.zero.pin_memory", field(&TrainConfig::zero_pin_memory)},
-      {"parallel.zero.overlap_comm", field(&TrainConfig::zero_overlap_comm)},
-      {"parallel.zero.contiguous_gradients", field(&TrainConfig::zero_contiguous_gradients)},
-      {"parallel.zero.reduce_bucket_size", field(&TrainConfig::zero_reduce_bucket_size)},
-      {"parallel.zero.allgather_bucket_size", field(&TrainConfig::zero_allgather_bucket_size)},
-      {"parallel.zero.prefetch_bucket_size", field(&TrainConfig::zero_prefetch_bucket_size)},
+      {"parallel.fsdp.prefetch", field(&FsdpSection::prefetch)},
+      {"parallel.fsdp.forward_prefetch", field(&FsdpSection::forward_prefetch)},
+      {"parallel.fsdp.limit_all_gathers", field(&FsdpSection::limit_all_gathers)},
+      {"parallel.fsdp.cpu_offload", field(&FsdpSection::cpu_offload)},
+      {"parallel.zero.stage", field(&ZeroSection::stage)},
+      {"parallel.zero.offload_optimizer", field(&ZeroSection::offload_optimizer)},
+      {"parallel.zero.offload_param", field(&ZeroSection::offload_param)},
+      {"parallel.zero.nvme_path", field(&ZeroSection::nvme_path)},
+      {"parallel.zero.pin_memory", field(&ZeroSection::pin_memory)},
+      {"parallel.zero.overlap_comm", field(&ZeroSection::overlap_comm)},
+      {"parallel.zero.contiguous_gradients", field(&ZeroSection::contiguous_gradients)},
+      {"parallel.zero.reduce_bucket_size", field(&ZeroSection::reduce_bucket_size)},
+      {"parallel.zero.allgather_bucket_size", field(&ZeroSection::allgather_bucket_size)},
+      {"parallel.zero.prefetch_bucket_size", field(&ZeroSection::prefetch_bucket_size)},
       {"parallel.zero.param_persistence_threshold",
-       field(&TrainConfig::zero_param_persistence_threshold)},
-      {"parallel.zero.max_live_parameters", field(&TrainConfig::zero_max_live_parameters)},
-      {"precision.param_dtype", field(&TrainConfig::param_dtype)},
-      {"precision.reduce_dtype", field(&TrainConfig::reduce_dtype)},
-      {"precision.buffer_dtype", field(&TrainConfig::buffer_dtype)},
-      {"lora.rank", field(&TrainConfig::lora_rank)},
-      {"lora.alpha", field(&TrainConfig::lora_alpha)},
-      {"lora.dropout", field(&TrainConfig::lora_dropout)},
+       field(&ZeroSection::param_persistence_threshold)},
+      {"parallel.zero.max_live_parameters", field(&ZeroSection::max_live_parameters)},
+      {"precision.param_dtype", field(&PrecisionSection::param_dtype)},
+      {"precision.reduce_dtype", field(&PrecisionSection::reduce_dtype)},
+      {"precision.buffer_dtype", field(&PrecisionSection::buffer_dtype)},
+      {"lora.rank", field(&LoraSection::rank)},
+      {"lora.alpha", field(&LoraSection::alpha)},
+      {"lora.dropout", field(&LoraSection::dropout)},
       {"lora.target_modules",
        [](TrainConfig& c, const toml::node& n, const std::string& name) {
-         c.lora_target_modules.clear();
+         c.lora.target_modules.clear();
          if (n.is_string()) {
-           c.lora_target_modules.push_back(*n.value<std::string>());
+           c.lora.target_modules.push_back(*n.value<std::string>());
            return;
          }
          if (!n.is_array()) wrong_type(name, "a module name pattern or an array of them", n);
          for (const auto& item : *n.as_array())
-           c.lora_target_modules.push_back(as_string(item, name));
+           c.lora.target_modules.push_back(as_string(item, name));
        }},
-      {"lora.base_dtype", field(&TrainConfig::lora_base_dtype)},
-      {"run.dir", field(&TrainConfig::dir)},
-      {"run.log_every", field(&TrainConfig::log_every)},
-      {"run.resume", field(&TrainConfig::resume)},
-      {"run.overwrite", field(&TrainConfig::overwrite)},
-      {"run.threads", field(&TrainConfig::threads)},
-      {"run.timeout", field(&TrainConfig::timeout)},
-      {"run.memory_check", field(&TrainConfig::memory_check)},
-      {"run.trace", field(&TrainConfig::trace)},
+      {"lora.base_dtype", field(&LoraSection::base_dtype)},
+      {"run.dir", field(&RunSection::dir)},
+      {"run.log_every", field(&RunSection::log_every)},
+      {"run.resume", field(&RunSection::resume)},
+      {"run.overwrite", field(&RunSection::overwrite)},
+      {"run.threads", field(&RunSection::threads)},
+      {"run.timeout", field(&RunSection::timeout)},
+      {"run.memory_check", field(&RunSection::memory_check)},
+      {"run.trace", field(&RunSection::trace)},
       {"run.trace_steps",
        [](TrainConfig& c, const toml::node& n, const std::string& name) {
          const toml::array* range = n.as_array();
          if (!range || range->size() != 2) {
            wrong_type(name, "[first, last], the steps to trace (1-based, inclusive)", n);
          }
-         c.trace_first = as_int(*range->get(0), name);
-         c.trace_last = as_int(*range->get(1), name);
+         c.run.trace_first = as_int(*range->get(0), name);
+         c.run.trace_last = as_int(*range->get(1), name);
        }},
   };
   return keys;
@@ -425,40 +474,43 @@ void validate_pipeline(const TrainConfig& c) {
   auto require = [](bool ok, const std::string& message) {
     if (!ok) throw std::invalid_argument(message);
   };
-  require(c.pp >= 1, "parallel.pp must be at least 1, got " + std::to_string(c.pp));
-  require(c.pp_virtual_stages >= 1, "parallel.pp_virtual_stages must be at least 1, got " +
-                                        std::to_string(c.pp_virtual_stages));
-  const PipelineScheduleKind kind = pipeline_schedule_from_string(c.pp_schedule);
-  require(c.pp_microbatches == 0 || c.pp_microbatches == c.grad_accum,
-          "parallel.pp_microbatches = " + std::to_string(c.pp_microbatches) +
-              " and train.grad_accum = " + std::to_string(c.grad_accum) +
+  require(c.parallel.pp >= 1,
+          "parallel.pp must be at least 1, got " + std::to_string(c.parallel.pp));
+  require(c.parallel.pp_virtual_stages >= 1, "parallel.pp_virtual_stages must be at least 1, got " +
+                                                 std::to_string(c.parallel.pp_virtual_stages));
+  const PipelineScheduleKind kind = c.parallel.pp_schedule;
+  require(c.parallel.pp_microbatches == 0 || c.parallel.pp_microbatches == c.train.grad_accum,
+          "parallel.pp_microbatches = " + std::to_string(c.parallel.pp_microbatches) +
+              " and train.grad_accum = " + std::to_string(c.train.grad_accum) +
               " disagree: they are one setting (the micro-batches per step); set one of them");
-  if (c.pp == 1) {
-    require(c.pp_split.empty() && c.pp_virtual_stages == 1,
+  if (c.parallel.pp == 1) {
+    require(c.parallel.pp_split.empty() && c.parallel.pp_virtual_stages == 1,
             "parallel.pp_split and parallel.pp_virtual_stages need parallel.pp > 1");
     return;
   }
   // Under a pipeline a stage's gradients accumulate whole through the step (its micro-batches'
   // backwards interleave with forwards): ZeRO-2's sharded gradients and ZeRO-3's per-unit
   // gathering have nothing to act on, as in DeepSpeed, whose pipeline takes stage 1 only.
-  require(c.strategy != "zero" || c.zero_stage == 1,
-          "parallel.pp > 1 with parallel.zero.stage = " + std::to_string(c.zero_stage) +
+  require(c.parallel.strategy != ParallelStrategy::kZero || c.parallel.zero.stage == 1,
+          "parallel.pp > 1 with parallel.zero.stage = " + std::to_string(c.parallel.zero.stage) +
               ": pipeline stages combine with ZeRO stage 1 (or parallel.strategy = \"fsdp\", "
               "which shards the parameters between steps)");
-  require(c.strategy == "ddp" || c.strategy == "none" || c.param_dtype == "fp32",
-          "precision.param_dtype = \"" + c.param_dtype +
+  require(c.parallel.strategy == ParallelStrategy::kDdp ||
+              c.parallel.strategy == ParallelStrategy::kNone || c.precision.param_dtype == "fp32",
+          "precision.param_dtype = \"" + c.precision.param_dtype +
               "\" with parallel.pp > 1: a pipeline stage accumulates its gradients over the "
               "micro-batches in the parameters' dtype; keep fp32 parameters and compute in bf16 "
               "with precision.autocast = \"bf16\"");
-  require(c.strategy != "zero" ||
-              (c.zero_offload_optimizer == "none" && c.zero_offload_param == "none"),
+  require(c.parallel.strategy != ParallelStrategy::kZero ||
+              (c.parallel.zero.offload_optimizer == OffloadDevice::kNone &&
+               c.parallel.zero.offload_param == OffloadDevice::kNone),
           "parallel.zero.offload_optimizer / offload_param with parallel.pp > 1: offload is not "
           "combined with pipeline stages");
-  require(c.lora_rank == 0,
+  require(c.lora.rank == 0,
           "lora.rank > 0 with parallel.pp > 1: adapters are not split into pipeline stages; use "
           "data parallelism (ddp or fsdp) for LoRA");
-  const int stages = static_cast<int>(c.pp * c.pp_virtual_stages);
-  if (kind == PipelineScheduleKind::kInterleaved1F1B && c.pp_split.empty()) {
+  const int stages = static_cast<int>(c.parallel.pp * c.parallel.pp_virtual_stages);
+  if (kind == PipelineScheduleKind::kInterleaved1F1B && c.parallel.pp_split.empty()) {
     require(c.model.n_layers % stages == 0,
             "parallel.pp_schedule = \"interleaved_1f1b\" gives every stage the same blocks: the "
             "model's " +
@@ -477,181 +529,173 @@ void TrainConfig::validate() const {
     if (!ok) throw std::invalid_argument(message);
   };
   std::error_code error;
-  require(tokenizer.empty() || tokenizer == "byte" || tokenizer == "gpt2" ||
-              std::filesystem::exists(tokenizer, error),
+  require(data.tokenizer.empty() || data.tokenizer == "byte" || data.tokenizer == "gpt2" ||
+              std::filesystem::exists(data.tokenizer, error),
           "data.tokenizer must be \"byte\", \"gpt2\" or a tokenizer.json file or model folder, "
           "got \"" +
-              tokenizer + "\", which does not exist");
-  require(
-      format == "text" || format == "chat" || format == "prompt_completion",
-      "data.format must be \"text\", \"chat\" or \"prompt_completion\", got \"" + format + "\"");
-  require(overlong == "truncate" || overlong == "drop",
-          "data.overlong must be \"truncate\" or \"drop\", got \"" + overlong + "\"");
-  require(seq_len >= 1, "data.seq_len must be at least 1");
-  require(seq_len <= model.context_length,
-          "data.seq_len " + std::to_string(seq_len) + " exceeds the model's context length " +
+              data.tokenizer + "\", which does not exist");
+  require(data.format == "text" || data.format == "chat" || data.format == "prompt_completion",
+          "data.format must be \"text\", \"chat\" or \"prompt_completion\", got \"" + data.format +
+              "\"");
+  require(data.overlong == "truncate" || data.overlong == "drop",
+          "data.overlong must be \"truncate\" or \"drop\", got \"" + data.overlong + "\"");
+  require(data.seq_len >= 1, "data.seq_len must be at least 1");
+  require(data.seq_len <= model.context_length,
+          "data.seq_len " + std::to_string(data.seq_len) + " exceeds the model's context length " +
               std::to_string(model.context_length) + " (model.context_length)");
-  require(model.sliding_window == 0 || seq_len <= model.sliding_window,
-          "data.seq_len " + std::to_string(seq_len) + " exceeds the model's sliding attention " +
-              "window of " + std::to_string(model.sliding_window) +
+  require(model.sliding_window == 0 || data.seq_len <= model.sliding_window,
+          "data.seq_len " + std::to_string(data.seq_len) +
+              " exceeds the model's sliding attention " + "window of " +
+              std::to_string(model.sliding_window) +
               " tokens, which shardtrain does not implement: set data.seq_len to at most " +
               std::to_string(model.sliding_window));
-  require(eval_sequences >= 0, "data.eval_sequences must be >= 0");
-  require(steps >= 1, "train.steps must be at least 1");
-  require(micro_batch >= 1, "train.micro_batch must be at least 1");
-  require(grad_accum >= 1, "train.grad_accum must be at least 1");
+  require(data.eval_sequences >= 0, "data.eval_sequences must be >= 0");
+  require(train.steps >= 1, "train.steps must be at least 1");
+  require(train.micro_batch >= 1, "train.micro_batch must be at least 1");
+  require(train.grad_accum >= 1, "train.grad_accum must be at least 1");
   // NaN fails every comparison below and inf passes "positive": name non-finite values first.
-  for (const auto& [key, value] : {std::pair<const char*, double>{"train.lr", lr},
-                                   {"train.min_lr", min_lr},
-                                   {"train.weight_decay", weight_decay},
-                                   {"train.beta1", beta1},
-                                   {"train.beta2", beta2},
-                                   {"train.eps", eps},
-                                   {"train.clip", clip},
-                                   {"train.sample_temperature", sample_temperature},
-                                   {"precision.initial_scale", initial_scale},
-                                   {"precision.min_scale", min_scale},
-                                   {"parallel.ddp.bucket_cap_mb", ddp_bucket_cap_mb},
+  for (const auto& [key, value] : {std::pair<const char*, double>{"train.lr", train.lr},
+                                   {"train.min_lr", train.min_lr},
+                                   {"train.weight_decay", train.weight_decay},
+                                   {"train.beta1", train.beta1},
+                                   {"train.beta2", train.beta2},
+                                   {"train.eps", train.eps},
+                                   {"train.clip", train.clip},
+                                   {"train.sample_temperature", train.sample_temperature},
+                                   {"precision.initial_scale", precision.initial_scale},
+                                   {"precision.min_scale", precision.min_scale},
+                                   {"parallel.ddp.bucket_cap_mb", parallel.ddp.bucket_cap_mb},
                                    {"model.dropout", model.dropout},
                                    {"model.norm_eps", model.norm_eps},
                                    {"model.rope_theta", model.rope_theta},
-                                   {"run.timeout", timeout}}) {
+                                   {"run.timeout", run.timeout}}) {
     require(std::isfinite(value),
             std::string(key) + " must be a finite number, got " + std::to_string(value));
   }
-  require(lr > 0, "train.lr must be positive");
-  require(min_lr >= 0 && min_lr <= lr, "train.min_lr must be between 0 and train.lr");
-  require(warmup >= 0, "train.warmup must be >= 0");
-  require(
-      schedule == "cosine" || schedule == "linear" || schedule == "constant",
-      "train.schedule must be \"cosine\", \"linear\" or \"constant\", got \"" + schedule + "\"");
-  require(clip >= 0, "train.clip must be >= 0 (0 disables clipping)");
-  require(beta1 >= 0 && beta1 < 1 && beta2 >= 0 && beta2 < 1,
+  require(train.lr > 0, "train.lr must be positive");
+  require(train.min_lr >= 0 && train.min_lr <= train.lr,
+          "train.min_lr must be between 0 and train.lr");
+  require(train.warmup >= 0, "train.warmup must be >= 0");
+  require(train.schedule == "cosine" || train.schedule == "linear" || train.schedule == "constant",
+          "train.schedule must be \"cosine\", \"linear\" or \"constant\", got \"" + train.schedule +
+              "\"");
+  require(train.clip >= 0, "train.clip must be >= 0 (0 disables clipping)");
+  require(train.beta1 >= 0 && train.beta1 < 1 && train.beta2 >= 0 && train.beta2 < 1,
           "train.beta1 and train.beta2 must be in [0, 1)");
-  require(eval_every >= 0 && checkpoint_every >= 0,
+  require(train.eval_every >= 0 && train.checkpoint_every >= 0,
           "train.eval_every and "
           "train.checkpoint_every must be >= 0");
-  require(eval_every == 0 || eval_sequences > 0,
+  require(train.eval_every == 0 || data.eval_sequences > 0,
           "train.eval_every needs data.eval_sequences > 0 (sequences held out for evaluation)");
-  require(keep_checkpoints >= 1, "train.keep_checkpoints must be at least 1");
-  require(sample_tokens >= 0 && sample_top_k >= 0 && sample_temperature > 0,
+  require(train.keep_checkpoints >= 1, "train.keep_checkpoints must be at least 1");
+  require(train.sample_tokens >= 0 && train.sample_top_k >= 0 && train.sample_temperature > 0,
           "train.sample_tokens and train.sample_top_k must be >= 0, sample_temperature > 0");
-  require(autocast == "none" || autocast == "bf16" || autocast == "fp16",
-          "precision.autocast must be \"none\", \"bf16\" or \"fp16\", got \"" + autocast + "\"");
-  if (loss_scale != "none" && loss_scale != "dynamic") {
+  require(
+      precision.autocast == "none" || precision.autocast == "bf16" || precision.autocast == "fp16",
+      "precision.autocast must be \"none\", \"bf16\" or \"fp16\", got \"" + precision.autocast +
+          "\"");
+  if (precision.loss_scale != "none" && precision.loss_scale != "dynamic") {
     char* end = nullptr;
-    const double fixed = std::strtod(loss_scale.c_str(), &end);
+    const double fixed = std::strtod(precision.loss_scale.c_str(), &end);
     require(end && *end == '\0' && fixed > 0,
             "precision.loss_scale must be \"none\", \"dynamic\" or a positive number, got \"" +
-                loss_scale + "\"");
+                precision.loss_scale + "\"");
   }
-  require(initial_scale > 0 && min_scale > 0 && scale_window >= 1,
+  require(precision.initial_scale > 0 && precision.min_scale > 0 && precision.scale_window >= 1,
           "precision.initial_scale and min_scale must be positive, scale_window >= 1");
-  require(strategy == "none" || strategy == "ddp" || strategy == "fsdp" || strategy == "zero",
-          "parallel.strategy must be \"none\", \"ddp\", \"fsdp\" or \"zero\", got \"" + strategy +
-              "\"");
-  require(zero_stage >= 1 && zero_stage <= 3,
-          "parallel.zero.stage must be 1, 2 or 3, got " + std::to_string(zero_stage));
-  require(tp >= 1, "parallel.tp must be at least 1, got " + std::to_string(tp));
-  require(!sequence_parallel || tp > 1,
+  require(parallel.zero.stage >= 1 && parallel.zero.stage <= 3,
+          "parallel.zero.stage must be 1, 2 or 3, got " + std::to_string(parallel.zero.stage));
+  require(parallel.tp >= 1, "parallel.tp must be at least 1, got " + std::to_string(parallel.tp));
+  require(!parallel.sequence_parallel || parallel.tp > 1,
           "parallel.sequence_parallel splits the sequence across tensor-parallel ranks: it needs "
           "parallel.tp > 1");
-  require(!sequence_parallel || seq_len % tp == 0,
-          "parallel.sequence_parallel: data.seq_len " + std::to_string(seq_len) +
-              " is not divisible by parallel.tp=" + std::to_string(tp));
-  require(tp == 1 || (zero_offload_optimizer != "nvme" && zero_offload_param != "nvme"),
+  require(!parallel.sequence_parallel || data.seq_len % parallel.tp == 0,
+          "parallel.sequence_parallel: data.seq_len " + std::to_string(data.seq_len) +
+              " is not divisible by parallel.tp=" + std::to_string(parallel.tp));
+  require(parallel.tp == 1 || (parallel.zero.offload_optimizer != OffloadDevice::kNvme &&
+                               parallel.zero.offload_param != OffloadDevice::kNvme),
           "parallel.tp > 1 with ZeRO offload to nvme: state streamed from files is not split "
           "by tensor parallelism in this build; offload to \"cpu\" or use tp = 1");
-  require(tp == 1 || model.dropout == 0.0,
+  require(parallel.tp == 1 || model.dropout == 0.0,
           "model.dropout > 0 with parallel.tp > 1: the ranks of a tensor-parallel group would "
           "draw different masks for the activations they share; this version trains tensor "
           "parallelism without dropout");
   validate_pipeline(*this);
-  require(tp == 1 || lora_rank == 0,
+  require(parallel.tp == 1 || lora.rank == 0,
           "lora.rank > 0 with parallel.tp > 1: adapters are not split across tensor-parallel "
           "ranks; use data parallelism (ddp or fsdp) for LoRA");
-  for (const auto& [key, value] :
-       {std::pair<std::string, std::string>{"offload_optimizer", zero_offload_optimizer},
-        {"offload_param", zero_offload_param}}) {
-    require(
-        value == "none" || value == "cpu" || value == "nvme",
-        "parallel.zero." + key + " must be \"none\", \"cpu\" or \"nvme\", got \"" + value + "\"");
-  }
-  require(zero_offload_param == "none" || zero_stage == 3,
+  require(parallel.zero.offload_param == OffloadDevice::kNone || parallel.zero.stage == 3,
           "parallel.zero.offload_param needs parallel.zero.stage = 3 (stages 1 and 2 keep the "
           "parameters whole on every rank)");
-  require(
-      (zero_offload_optimizer != "nvme" && zero_offload_param != "nvme") || !zero_nvme_path.empty(),
-      "parallel.zero offload to nvme needs parallel.zero.nvme_path");
-  require(zero_contiguous_gradients,
+  require((parallel.zero.offload_optimizer != OffloadDevice::kNvme &&
+           parallel.zero.offload_param != OffloadDevice::kNvme) ||
+              !parallel.zero.nvme_path.empty(),
+          "parallel.zero offload to nvme needs parallel.zero.nvme_path");
+  require(parallel.zero.contiguous_gradients,
           "parallel.zero.contiguous_gradients = false is not supported: gradients are always "
           "reduced from one contiguous buffer per unit");
-  require(zero_reduce_bucket_size > 0 && zero_allgather_bucket_size > 0 &&
-              zero_prefetch_bucket_size >= 0 && zero_param_persistence_threshold >= 0 &&
-              zero_max_live_parameters > 0,
+  require(parallel.zero.reduce_bucket_size > 0 && parallel.zero.allgather_bucket_size > 0 &&
+              parallel.zero.prefetch_bucket_size >= 0 &&
+              parallel.zero.param_persistence_threshold >= 0 &&
+              parallel.zero.max_live_parameters > 0,
           "parallel.zero bucket sizes and max_live_parameters must be positive, "
           "prefetch_bucket_size and param_persistence_threshold >= 0");
-  for (const auto& [key, value] : {std::pair<std::string, std::string>{"param_dtype", param_dtype},
-                                   {"reduce_dtype", reduce_dtype},
-                                   {"buffer_dtype", buffer_dtype}}) {
+  for (const auto& [key, value] :
+       {std::pair<std::string, std::string>{"param_dtype", precision.param_dtype},
+        {"reduce_dtype", precision.reduce_dtype},
+        {"buffer_dtype", precision.buffer_dtype}}) {
     require(value == "fp32" || value == "bf16",
             "precision." + key + " must be \"fp32\" or \"bf16\", got \"" + value + "\"");
   }
-  require(strategy == "fsdp" || strategy == "zero" ||
-              (param_dtype == "fp32" && reduce_dtype == "fp32" && buffer_dtype == "fp32"),
+  require(parallel.strategy == ParallelStrategy::kFsdp ||
+              parallel.strategy == ParallelStrategy::kZero ||
+              (precision.param_dtype == "fp32" && precision.reduce_dtype == "fp32" &&
+               precision.buffer_dtype == "fp32"),
           "precision.param_dtype, reduce_dtype and buffer_dtype are FSDP's mixed-precision "
           "policy: they need parallel.strategy = \"fsdp\" or \"zero\" (use precision.autocast "
           "otherwise)");
-  try {
-    sharding_strategy_from_string(fsdp_sharding);
-    backward_prefetch_from_string(fsdp_prefetch);
-  } catch (const std::invalid_argument& e) {
-    throw std::invalid_argument(std::string("parallel.fsdp: ") + e.what());
-  }
-  require(fsdp_wrap == "block" || fsdp_wrap == "size" || fsdp_wrap == "class",
-          "parallel.fsdp.wrap must be \"block\", \"size\" or \"class\", got \"" + fsdp_wrap + "\"");
-  require(fsdp_wrap != "class" || !fsdp_wrap_classes.empty(),
+  require(parallel.fsdp.wrap != FsdpWrap::kClass || !parallel.fsdp.wrap_classes.empty(),
           "parallel.fsdp.wrap = \"class\" needs parallel.fsdp.wrap_classes");
-  require(fsdp_min_params > 0, "parallel.fsdp.min_params must be positive");
-  require(fsdp_limit_all_gathers >= 1, "parallel.fsdp.limit_all_gathers must be at least 1");
-  require(fsdp_replicate >= 0, "parallel.fsdp.replicate must be >= 0");
-  require(ddp_bucket_cap_mb > 0, "parallel.ddp.bucket_cap_mb must be positive");
-  require(ddp_comm_hook == "none" || ddp_comm_hook == "bf16" || ddp_comm_hook == "fp16",
-          "parallel.ddp.comm_hook must be \"none\", \"bf16\" or \"fp16\", got \"" + ddp_comm_hook +
-              "\"");
-  require(lora_rank >= 0,
+  require(parallel.fsdp.min_params > 0, "parallel.fsdp.min_params must be positive");
+  require(parallel.fsdp.limit_all_gathers >= 1,
+          "parallel.fsdp.limit_all_gathers must be at least 1");
+  require(parallel.fsdp.replicate >= 0, "parallel.fsdp.replicate must be >= 0");
+  require(parallel.ddp.bucket_cap_mb > 0, "parallel.ddp.bucket_cap_mb must be positive");
+  require(lora.rank >= 0,
           "lora.rank must be positive (0 trains every parameter, no adapters), "
           "got " +
-              std::to_string(lora_rank));
-  if (lora_rank > 0) {
-    require(std::isfinite(lora_alpha) && lora_alpha >= 0,
-            "lora.alpha must be a finite number >= 0, got " + std::to_string(lora_alpha));
-    require(lora_dropout >= 0 && lora_dropout < 1,
-            "lora.dropout must be in [0, 1), got " + std::to_string(lora_dropout));
-    require(!lora_target_modules.empty(),
+              std::to_string(lora.rank));
+  if (lora.rank > 0) {
+    require(std::isfinite(lora.alpha) && lora.alpha >= 0,
+            "lora.alpha must be a finite number >= 0, got " + std::to_string(lora.alpha));
+    require(lora.dropout >= 0 && lora.dropout < 1,
+            "lora.dropout must be in [0, 1), got " + std::to_string(lora.dropout));
+    require(!lora.target_modules.empty(),
             "lora.target_modules is empty: name the linear layers to adapt (e.g. [\"attn.q\", "
             "\"attn.v\"]) or \"all-linear\"");
     require(
-        lora_base_dtype == "fp32" || lora_base_dtype == "bf16" || lora_base_dtype == "nf4",
-        "lora.base_dtype must be \"fp32\", \"bf16\" or \"nf4\", got \"" + lora_base_dtype + "\"");
-    require(strategy != "zero",
+        lora.base_dtype == "fp32" || lora.base_dtype == "bf16" || lora.base_dtype == "nf4",
+        "lora.base_dtype must be \"fp32\", \"bf16\" or \"nf4\", got \"" + lora.base_dtype + "\"");
+    require(parallel.strategy != ParallelStrategy::kZero,
             "lora.rank > 0 with parallel.strategy = \"zero\": ZeRO keeps optimizer state for "
             "every parameter and cannot hold a frozen base; use parallel.strategy = \"fsdp\" "
             "(sharding = \"shard_grad_op\" is ZeRO-2's layout, \"full_shard\" ZeRO-3's) or "
             "\"ddp\"");
   }
-  require(max_skipped >= 1, "train.max_skipped must be at least 1");
-  require(weight_decay >= 0 && eps > 0, "train.weight_decay must be >= 0 and train.eps positive");
-  require(log_every >= 1, "run.log_every must be at least 1");
-  require(threads >= 0, "run.threads must be >= 0");
-  require(timeout > 0, "run.timeout must be a positive number of seconds");
-  if (trace) {
-    const std::string range =
-        "run.trace_steps [" + std::to_string(trace_first) + ", " + std::to_string(trace_last) + "]";
-    require(trace_first >= 1 && trace_last >= 0 && (trace_last == 0 || trace_last >= trace_first),
+  require(train.max_skipped >= 1, "train.max_skipped must be at least 1");
+  require(train.weight_decay >= 0 && train.eps > 0,
+          "train.weight_decay must be >= 0 and train.eps positive");
+  require(run.log_every >= 1, "run.log_every must be at least 1");
+  require(run.threads >= 0, "run.threads must be >= 0");
+  require(run.timeout > 0, "run.timeout must be a positive number of seconds");
+  if (run.trace) {
+    const std::string range = "run.trace_steps [" + std::to_string(run.trace_first) + ", " +
+                              std::to_string(run.trace_last) + "]";
+    require(run.trace_first >= 1 && run.trace_last >= 0 &&
+                (run.trace_last == 0 || run.trace_last >= run.trace_first),
             range + " is not a range of steps: steps count from 1 and last >= first");
-    require(trace_first <= steps && trace_last <= steps,
-            range + " is outside the run, which has train.steps = " + std::to_string(steps));
+    require(run.trace_first <= train.steps && run.trace_last <= train.steps,
+            range + " is outside the run, which has train.steps = " + std::to_string(train.steps));
   }
   model.validate();
 }

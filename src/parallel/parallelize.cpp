@@ -11,9 +11,9 @@ namespace shardtrain {
 MixedPrecision mixed_precision_of(const TrainConfig& config) {
   auto dtype = [](const std::string& name) { return name == "bf16" ? at::kBFloat16 : at::kFloat; };
   return MixedPrecision()
-      .param_dtype(dtype(config.param_dtype))
-      .reduce_dtype(dtype(config.reduce_dtype))
-      .buffer_dtype(dtype(config.buffer_dtype));
+      .param_dtype(dtype(config.precision.param_dtype))
+      .reduce_dtype(dtype(config.precision.reduce_dtype))
+      .buffer_dtype(dtype(config.precision.buffer_dtype));
 }
 
 void apply_activation_checkpointing(Transformer& model, bool enabled) {
@@ -21,19 +21,20 @@ void apply_activation_checkpointing(Transformer& model, bool enabled) {
 }
 
 std::vector<std::pair<int64_t, int64_t>> pipeline_blocks(const TrainConfig& config) {
-  return pipeline_stage_blocks(config.model.n_layers,
-                               static_cast<int>(config.pp * config.pp_virtual_stages),
-                               config.pp_split);
+  return pipeline_stage_blocks(
+      config.model.n_layers,
+      static_cast<int>(config.parallel.pp * config.parallel.pp_virtual_stages),
+      config.parallel.pp_split);
 }
 
 PipelineSchedule pipeline_schedule(const TrainConfig& config) {
-  return make_pipeline_schedule(
-      pipeline_schedule_from_string(config.pp_schedule), static_cast<int>(config.pp),
-      static_cast<int>(config.pp_virtual_stages), static_cast<int>(config.grad_accum));
+  return make_pipeline_schedule(config.parallel.pp_schedule, static_cast<int>(config.parallel.pp),
+                                static_cast<int>(config.parallel.pp_virtual_stages),
+                                static_cast<int>(config.train.grad_accum));
 }
 
 void check_parallel_settings(const TrainConfig& config) {
-  if (config.pp == 1) return;
+  if (config.parallel.pp == 1) return;
   pipeline_blocks(config);
   pipeline_schedule(config);
 }
@@ -42,11 +43,11 @@ ModelParts pipeline_parts(const TrainConfig& config, int pp_rank) {
   const auto blocks = pipeline_blocks(config);
   const int stages = static_cast<int>(blocks.size());
   ModelParts parts;
-  for (int s = pp_rank; s < stages; s += static_cast<int>(config.pp)) {
+  for (int s = pp_rank; s < stages; s += static_cast<int>(config.parallel.pp)) {
     parts.blocks.push_back(blocks[static_cast<size_t>(s)]);
   }
   parts.embedding = pp_rank == 0;
-  parts.head = (stages - 1) % config.pp == pp_rank;
+  parts.head = (stages - 1) % config.parallel.pp == pp_rank;
   return parts;
 }
 
@@ -73,24 +74,25 @@ std::unique_ptr<ParallelModel> apply_pp(std::unique_ptr<ParallelModel> stage, Tr
 }
 
 bool runs_on_a_group(const TrainConfig& config) {
-  return config.strategy == "fsdp" || config.strategy == "zero";
+  return config.parallel.strategy == ParallelStrategy::kFsdp ||
+         config.parallel.strategy == ParallelStrategy::kZero;
 }
 
 void check_data_parallel_ranks(const TrainConfig& config, const MeshShape& shape, int world_size) {
   if (shape.degree(MeshAxis::kDpReplicate) * shape.degree(MeshAxis::kDpShard) > 1 &&
-      config.strategy == "none") {
+      config.parallel.strategy == ParallelStrategy::kNone) {
     throw std::invalid_argument(
         "parallel.strategy = \"none\" trains on one process" +
-        std::string(config.tp > 1 ? " (or one tensor-parallel group)" : "") +
+        std::string(config.parallel.tp > 1 ? " (or one tensor-parallel group)" : "") +
         ", but the world has " + std::to_string(world_size) +
         " ranks; set parallel.strategy = \"ddp\" or \"fsdp\"");
   }
 }
 
 void check_tp_sizes(const TrainConfig& config, const std::string& vocabulary) {
-  if (config.tp == 1) return;
-  if (config.model.vocab_size % config.tp != 0) {
-    const int64_t tp = config.tp, vocab = config.model.vocab_size;
+  if (config.parallel.tp == 1) return;
+  if (config.model.vocab_size % config.parallel.tp != 0) {
+    const int64_t tp = config.parallel.tp, vocab = config.model.vocab_size;
     const int64_t multiple = std::lcm<int64_t>(tp, 64);
     throw std::invalid_argument(
         "tensor parallelism splits the vocabulary: " + vocabulary + " (" + std::to_string(vocab) +
@@ -100,34 +102,35 @@ void check_tp_sizes(const TrainConfig& config, const std::string& vocabulary) {
         " (a multiple of 64 too, so that its checkpoints resume at any tp dividing 64)");
   }
   // Heads, key/value heads and the FFN width too.
-  transformer_tp_plan(config.model, static_cast<int>(config.tp));
+  transformer_tp_plan(config.model, static_cast<int>(config.parallel.tp));
 }
 
 bool keeps_state_in_files(const TrainConfig& config) {
-  return config.strategy == "zero" &&
-         (config.zero_offload_param == "nvme" || config.zero_offload_optimizer == "nvme");
+  return config.parallel.strategy == ParallelStrategy::kZero &&
+         (config.parallel.zero.offload_param == OffloadDevice::kNvme ||
+          config.parallel.zero.offload_optimizer == OffloadDevice::kNvme);
 }
 
 void limit_to_own_stages(ModelInit& init, const TrainConfig& config, int pp_rank) {
-  if (config.pp > 1) init.parts(pipeline_parts(config, pp_rank));
+  if (config.parallel.pp > 1) init.parts(pipeline_parts(config, pp_rank));
 }
 
 MeshShape train_mesh_shape(const TrainConfig& config, int world_size, int ranks_per_node) {
-  const int tp = static_cast<int>(config.tp);
+  const int tp = static_cast<int>(config.parallel.tp);
   if (world_size % tp != 0) {
     throw std::invalid_argument("world size " + std::to_string(world_size) +
                                 " is not divisible by parallel.tp=" + std::to_string(tp));
   }
-  const int pp = static_cast<int>(config.pp);
+  const int pp = static_cast<int>(config.parallel.pp);
   if (world_size % (pp * tp) != 0) {
     throw std::invalid_argument("world size " + std::to_string(world_size) +
                                 " is not divisible by parallel.pp=" + std::to_string(pp) +
                                 (tp > 1 ? " x parallel.tp=" + std::to_string(tp) : std::string()));
   }
   int replicate = 1;
-  if (config.strategy == "fsdp" &&
-      sharding_strategy_from_string(config.fsdp_sharding) == ShardingStrategy::kHybridShard) {
-    replicate = static_cast<int>(config.fsdp_replicate);
+  if (config.parallel.strategy == ParallelStrategy::kFsdp &&
+      config.parallel.fsdp.sharding == ShardingStrategy::kHybridShard) {
+    replicate = static_cast<int>(config.parallel.fsdp.replicate);
     if (replicate == 0) {
       // One replica per node, sharding inside it, as PyTorch's hybrid_shard does. Pipeline
       // stages are the mesh's outermost axis: a stage's ranks span nodes / pp nodes.
@@ -148,29 +151,31 @@ MeshShape train_mesh_shape(const TrainConfig& config, int world_size, int ranks_
 std::unique_ptr<ParallelModel> parallelize(Transformer& model, const TrainConfig& config,
                                            const std::shared_ptr<ProcessGroup>& world,
                                            const DeviceMesh* mesh) {
-  const bool meshed = config.tp > 1 || config.pp > 1 || runs_on_a_group(config);
+  const bool meshed = config.parallel.tp > 1 || config.parallel.pp > 1 || runs_on_a_group(config);
   if (!(world && mesh) && meshed) {
     throw std::invalid_argument("parallel.tp > 1, parallel.pp > 1 and parallel.strategy \"" +
-                                config.strategy + "\" need a process group");
+                                to_string(config.parallel.strategy) + "\" need a process group");
   }
-  if (config.tp > 1) {
-    apply_tp(model, TensorParallelOptions().sequence_parallel(config.sequence_parallel), *mesh);
+  if (config.parallel.tp > 1) {
+    apply_tp(model, TensorParallelOptions().sequence_parallel(config.parallel.sequence_parallel),
+             *mesh);
   }
-  apply_activation_checkpointing(model, config.activation_checkpointing);
+  apply_activation_checkpointing(model, config.train.activation_checkpointing);
   // One data-parallel step, each strategy's from its own folder.
-  std::unique_ptr<ParallelModel> out =
-      config.strategy == "fsdp"   ? apply_fsdp(model, fsdp_options(config), world, *mesh)
-      : config.strategy == "zero" ? apply_zero(model, zero_options(config), world, *mesh)
-                                  : apply_ddp(model, ddp_options(config), world, mesh);
-  if (config.pp > 1) {
+  std::unique_ptr<ParallelModel> out = config.parallel.strategy == ParallelStrategy::kFsdp
+                                           ? apply_fsdp(model, fsdp_options(config), world, *mesh)
+                                       : config.parallel.strategy == ParallelStrategy::kZero
+                                           ? apply_zero(model, zero_options(config), world, *mesh)
+                                           : apply_ddp(model, ddp_options(config), world, mesh);
+  if (config.parallel.pp > 1) {
     out = apply_pp(std::move(out), model, pipeline_schedule(config), pipeline_blocks(config),
-                   /*split_backward=*/!config.activation_checkpointing, world, *mesh);
+                   /*split_backward=*/!config.train.activation_checkpointing, world, *mesh);
   }
-  if (config.tp > 1) {
-    out->append_description("tensor parallel over groups of " + std::to_string(config.tp) +
-                            " ranks" +
-                            (config.sequence_parallel ? " with sequence parallelism" : "") + ", " +
-                            std::to_string(mesh->dp().size()) + " data-parallel rank(s)\n");
+  if (config.parallel.tp > 1) {
+    out->append_description(
+        "tensor parallel over groups of " + std::to_string(config.parallel.tp) + " ranks" +
+        (config.parallel.sequence_parallel ? " with sequence parallelism" : "") + ", " +
+        std::to_string(mesh->dp().size()) + " data-parallel rank(s)\n");
   }
   return out;
 }

@@ -219,7 +219,7 @@ RunEstimate estimate_run(const nlohmann::json& run, const HardwareSpec& host,
   RunEstimate out;
   const PlanModel model = PlanModel::from_config(mc);
   const int64_t prefetch_elements =
-      zero.value("prefetch_bucket_size", TrainConfig().zero_prefetch_bucket_size);
+      zero.value("prefetch_bucket_size", TrainConfig().parallel.zero.prefetch_bucket_size);
   const bool heap_kept = !optimizer_in_files && !params_in_files;
   out.run = evaluate_candidate(shape, model, hw, cluster, w);
   if (!out.run.valid) throw std::invalid_argument("run '" + run_file + "': " + out.run.note);

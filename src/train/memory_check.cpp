@@ -131,9 +131,9 @@ void check_memory_fits(const TrainConfig& config, int world_size, const MemoryBu
   const double needed = held + m.total();
   if (needed <= limit) return;
   std::string message = "out of memory before the start: " + estimate.run.label() +
-                        " (parallel.strategy = \"" + config.strategy + "\") on " +
-                        std::to_string(world_size) + (world_size == 1 ? " rank" : " ranks") +
-                        " needs about " + gb(needed) +
+                        " (parallel.strategy = \"" + to_string(config.parallel.strategy) +
+                        "\") on " + std::to_string(world_size) +
+                        (world_size == 1 ? " rank" : " ranks") + " needs about " + gb(needed) +
                         " per rank (the planner's estimate: parameters " + gb(m.params) +
                         ", gradients " + gb(m.grads) + ", optimizer state " + gb(m.optimizer) +
                         ", activations " + gb(m.activations + m.temporary) + "; plus " + gb(held) +

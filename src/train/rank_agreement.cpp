@@ -41,21 +41,21 @@ std::string ranks_unlike_rank0(const at::Tensor& mine, ProcessGroup& world) {
 void check_same_config(const TrainConfig& config, ProcessGroup& world) {
   if (world.size() == 1) return;
   nlohmann::ordered_json settings = run_manifest(config, world.size());
-  settings["data"] = {{"corpus", config.corpus},
-                      {"tokenizer", config.tokenizer},
-                      {"eval_sequences", config.eval_sequences}};
-  settings["optimizer"] = {{"min_lr", config.min_lr},
-                           {"warmup", config.warmup},
-                           {"schedule", config.schedule},
-                           {"weight_decay", config.weight_decay},
-                           {"betas", {config.beta1, config.beta2}},
-                           {"eps", config.eps},
-                           {"clip", config.clip},
-                           {"seed", config.seed}};
-  settings["run"] = {{"resume", config.resume},
-                     {"checkpoint_every", config.checkpoint_every},
-                     {"keep_checkpoints", config.keep_checkpoints},
-                     {"init_from", config.init_from}};
+  settings["data"] = {{"corpus", config.data.corpus},
+                      {"tokenizer", config.data.tokenizer},
+                      {"eval_sequences", config.data.eval_sequences}};
+  settings["optimizer"] = {{"min_lr", config.train.min_lr},
+                           {"warmup", config.train.warmup},
+                           {"schedule", config.train.schedule},
+                           {"weight_decay", config.train.weight_decay},
+                           {"betas", {config.train.beta1, config.train.beta2}},
+                           {"eps", config.train.eps},
+                           {"clip", config.train.clip},
+                           {"seed", config.train.seed}};
+  settings["run"] = {{"resume", config.run.resume},
+                     {"checkpoint_every", config.train.checkpoint_every},
+                     {"keep_checkpoints", config.train.keep_checkpoints},
+                     {"init_from", config.model.init_from}};
   const std::string differ = ranks_unlike_rank0(as_pair(fnv1a(settings.dump())), world);
   if (!differ.empty()) {
     throw std::invalid_argument(
@@ -67,7 +67,7 @@ void check_same_config(const TrainConfig& config, ProcessGroup& world) {
 
 void check_shared_run_dir(const TrainConfig& config, ProcessGroup& world) {
   if (world.size() == 1) return;
-  const std::filesystem::path token_file = std::filesystem::path(config.dir) / ".run_token";
+  const std::filesystem::path token_file = std::filesystem::path(config.run.dir) / ".run_token";
   uint64_t token = 0;
   if (world.rank() == 0) {
     std::random_device random;
@@ -86,7 +86,7 @@ void check_shared_run_dir(const TrainConfig& config, ProcessGroup& world) {
       ranks_unlike_rank0(at::tensor({same ? 1.0 : 0.0, 0.0}, at::kDouble), world);
   if (!differ.empty()) {
     throw std::invalid_argument(
-        "rank(s) " + differ + " do not see rank 0's run directory '" + config.dir +
+        "rank(s) " + differ + " do not see rank 0's run directory '" + config.run.dir +
         "' (the token rank 0 wrote there is missing or different): run.dir must be one storage "
         "that every host shares (a network file system), at the same path or one that leads "
         "to it");

@@ -33,11 +33,11 @@ nlohmann::json stamped(const std::string& path) {
 nlohmann::json made_from(const TrainConfig& config, const Tokenizer& tokenizer,
                          const ChatTemplate* chat_template) {
   nlohmann::json inputs = nlohmann::json::array();
-  for (const auto& input : config.corpus) inputs.push_back(stamped(input));
+  for (const auto& input : config.data.corpus) inputs.push_back(stamped(input));
   nlohmann::json made = {{"tokenizer", tokenizer.name()}, {"inputs", inputs}};
-  if (config.format != "text") {
-    made["format"] = config.format;
-    if (chat_template && config.format == "chat")
+  if (config.data.format != "text") {
+    made["format"] = config.data.format;
+    if (chat_template && config.data.format == "chat")
       made["chat_template"] = stamped(chat_template->origin());
   }
   return made;
@@ -58,9 +58,10 @@ nlohmann::json read_json(const fs::path& path) {
 }  // namespace
 
 std::string tokenizer_source(const TrainConfig& config) {
-  if (!config.tokenizer.empty()) return config.tokenizer;
-  if (!config.init_from.empty() && is_hf_tokenizer_path(model_folder(config.init_from).string())) {
-    return model_folder(config.init_from).string();
+  if (!config.data.tokenizer.empty()) return config.data.tokenizer;
+  if (!config.model.init_from.empty() &&
+      is_hf_tokenizer_path(model_folder(config.model.init_from).string())) {
+    return model_folder(config.model.init_from).string();
   }
   return "byte";
 }
@@ -69,18 +70,20 @@ std::string tokenizer_path(const TrainConfig& config) {
   const std::string source = tokenizer_source(config);
   if (source == "byte") return source;
   if (source == "gpt2") {
-    return config.gpt2_dir.empty() ? source : "gpt2:" + fs::absolute(config.gpt2_dir).string();
+    return config.data.gpt2_dir.empty() ? source
+                                        : "gpt2:" + fs::absolute(config.data.gpt2_dir).string();
   }
   return fs::absolute(source).string();
 }
 
 std::unique_ptr<Tokenizer> make_tokenizer(const TrainConfig& config) {
-  return shardtrain::make_tokenizer(tokenizer_source(config), config.gpt2_dir);
+  return shardtrain::make_tokenizer(tokenizer_source(config), config.data.gpt2_dir);
 }
 
 std::unique_ptr<ChatTemplate> make_chat_template(const TrainConfig& config) {
-  if (!config.chat_template.empty()) {
-    return std::make_unique<ChatTemplate>(ChatTemplate::from_model_files(config.chat_template));
+  if (!config.data.chat_template.empty()) {
+    return std::make_unique<ChatTemplate>(
+        ChatTemplate::from_model_files(config.data.chat_template));
   }
   const std::string tokenizer = tokenizer_source(config);
   if (tokenizer != "byte" && tokenizer != "gpt2") {
@@ -91,11 +94,11 @@ std::unique_ptr<ChatTemplate> make_chat_template(const TrainConfig& config) {
         return std::make_unique<ChatTemplate>(ChatTemplate::from_model_files(folder.string()));
       } catch (const std::invalid_argument&) {
         // A tokenizer_config.json without a template: only an error when chat data needs one.
-        if (config.format == "chat") throw;
+        if (config.data.format == "chat") throw;
       }
     }
   }
-  if (config.format == "chat") {
+  if (config.data.format == "chat") {
     throw std::invalid_argument(
         "data.format \"chat\" needs a chat template: the tokenizer '" + tokenizer +
         "' has none beside it; set data.chat_template to a tokenizer_config.json, a "
@@ -113,20 +116,20 @@ std::string TrainingData::describe() const {
 }
 
 TrainingData open_prepared_data(const TrainConfig& config) {
-  if (config.corpus.empty()) {
+  if (config.data.corpus.empty()) {
     throw std::invalid_argument("data.corpus is not set (a token shard, text files or folders)");
   }
-  const std::string& first = config.corpus[0];
+  const std::string& first = config.data.corpus[0];
   std::error_code error;
-  if (config.corpus.size() == 1 && fs::is_regular_file(first, error)) {
-    if (config.format == "text" && has_magic(first, "STTOKENS")) {
+  if (config.data.corpus.size() == 1 && fs::is_regular_file(first, error)) {
+    if (config.data.format == "text" && has_magic(first, "STTOKENS")) {
       return {std::make_shared<TokenShard>(first), nullptr};
     }
-    if (config.format != "text" && has_magic(first, "STSAMPLE")) {
+    if (config.data.format != "text" && has_magic(first, "STSAMPLE")) {
       return {nullptr, std::make_shared<SampleShard>(first)};
     }
   }
-  for (const auto& input : config.corpus) {
+  for (const auto& input : config.data.corpus) {
     if (!fs::exists(input, error)) {
       throw std::invalid_argument("data.corpus: '" + input + "' does not exist");
     }
@@ -137,7 +140,8 @@ TrainingData open_prepared_data(const TrainConfig& config) {
 namespace {
 
 fs::path shard_path(const TrainConfig& config) {
-  return fs::path(config.dir) / (config.format == "text" ? "corpus.tokens" : "samples.bin");
+  return fs::path(config.run.dir) /
+         (config.data.format == "text" ? "corpus.tokens" : "samples.bin");
 }
 
 }  // namespace
@@ -153,10 +157,10 @@ TokenizedData tokenize_data(const TrainConfig& config, const Tokenizer& tokenize
     data.current = true;
     return data;
   }
-  if (config.format == "text") {
-    data.tokens = tokenize_corpus(config.corpus, tokenizer);
+  if (config.data.format == "text") {
+    data.tokens = tokenize_corpus(config.data.corpus, tokenizer);
   } else {
-    data.samples = tokenize_samples(config.corpus, data_format_from_string(config.format),
+    data.samples = tokenize_samples(config.data.corpus, data_format_from_string(config.data.format),
                                     tokenizer, chat_template);
   }
   return data;
@@ -167,7 +171,7 @@ TrainingData store_data(const TrainConfig& config, const TokenizedData& tokenize
   if (!tokenized.current) {
     const fs::path shard = shard_path(config);
     nlohmann::json record = {{"made_from", nlohmann::json::parse(tokenized.made_from)}};
-    if (config.format == "text") {
+    if (config.data.format == "text") {
       write_token_shard(shard.string(), tokenized.tokens, vocab_size);
     } else {
       const TokenizedSamples& samples = tokenized.samples;
@@ -183,20 +187,20 @@ TrainingData store_data(const TrainConfig& config, const TokenizedData& tokenize
 
 TrainingData open_data(const TrainConfig& config) {
   const fs::path shard = shard_path(config);
-  if (config.format == "text") return {std::make_shared<TokenShard>(shard.string()), nullptr};
+  if (config.data.format == "text") return {std::make_shared<TokenShard>(shard.string()), nullptr};
   return {nullptr, std::make_shared<SampleShard>(shard.string())};
 }
 
 std::unique_ptr<DataLoader> make_loader(const TrainConfig& config, const TrainingData& data,
                                         int64_t pad_id, int dp_rank, int dp_size) {
   const DataLoaderOptions options = DataLoaderOptions()
-                                        .seq_len(config.seq_len)
-                                        .micro_batch(config.micro_batch)
-                                        .grad_accum(config.grad_accum)
-                                        .seed(static_cast<uint64_t>(config.seed))
-                                        .eval_sequences(config.eval_sequences)
-                                        .packing(config.packing)
-                                        .drop_overlong(config.overlong == "drop")
+                                        .seq_len(config.data.seq_len)
+                                        .micro_batch(config.train.micro_batch)
+                                        .grad_accum(config.train.grad_accum)
+                                        .seed(static_cast<uint64_t>(config.train.seed))
+                                        .eval_sequences(config.data.eval_sequences)
+                                        .packing(config.data.packing)
+                                        .drop_overlong(config.data.overlong == "drop")
                                         .pad_id(pad_id);
   if (data.tokens) return std::make_unique<DataLoader>(data.tokens, options, dp_rank, dp_size);
   return std::make_unique<DataLoader>(data.samples, options, dp_rank, dp_size);

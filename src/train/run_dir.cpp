@@ -32,18 +32,13 @@ bool holds_run(const std::string& dir) {
   return fs::is_directory(checkpoints, ec) && !fs::is_empty(checkpoints, ec);
 }
 
-bool restarted_by_launcher() {
-  const char* count = std::getenv("TORCHELASTIC_RESTART_COUNT");
-  return count && std::atoi(count) > 0;
-}
-
 RunStart plan_run_start(const TrainConfig& config, bool restarted) {
-  const std::string root = (fs::path(config.dir) / "checkpoints").string();
-  const std::string resume = config.resume.empty() && restarted ? "auto" : config.resume;
-  if (!resume.empty() && config.overwrite) {
-    throw std::invalid_argument(
-        "run.overwrite = true starts a new run and run.resume = \"" + resume +
-        "\" continues the old one in '" + config.dir + "': set one of them");
+  const std::string root = (fs::path(config.run.dir) / "checkpoints").string();
+  const std::string resume = config.run.resume.empty() && restarted ? "auto" : config.run.resume;
+  if (!resume.empty() && config.run.overwrite) {
+    throw std::invalid_argument("run.overwrite = true starts a new run and run.resume = \"" +
+                                resume + "\" continues the old one in '" + config.run.dir +
+                                "': set one of them");
   }
   RunStart start;
   if (resume == "auto") {
@@ -58,27 +53,27 @@ RunStart plan_run_start(const TrainConfig& config, bool restarted) {
     start.checkpoint = resolve_checkpoint(root, resume);
     return start;
   }
-  if (!holds_run(config.dir)) return start;
-  if (!config.overwrite) {
+  if (!holds_run(config.run.dir)) return start;
+  if (!config.run.overwrite) {
     throw std::invalid_argument(
-        "run.dir '" + config.dir +
+        "run.dir '" + config.run.dir +
         "' already holds a run (metrics.jsonl or checkpoints/): continue it with run.resume = "
         "\"auto\" (or \"latest\"), or start over with run.overwrite = true, which moves the old "
         "run to '" +
-        aside_name(config.dir) + "'");
+        aside_name(config.run.dir) + "'");
   }
-  start.move_aside = aside_name(config.dir);
+  start.move_aside = aside_name(config.run.dir);
   return start;
 }
 
 void prepare_run_dir(const TrainConfig& config, const RunStart& start) {
   if (!start.move_aside.empty()) {
-    fs::rename(config.dir, start.move_aside);
-    std::printf("run.overwrite: moved the previous run in '%s' to '%s'\n", config.dir.c_str(),
+    fs::rename(config.run.dir, start.move_aside);
+    std::printf("run.overwrite: moved the previous run in '%s' to '%s'\n", config.run.dir.c_str(),
                 start.move_aside.c_str());
   }
-  if (start.drop_metrics) fs::remove(fs::path(config.dir) / "metrics.jsonl");
-  fs::create_directories(config.dir);
+  if (start.drop_metrics) fs::remove(fs::path(config.run.dir) / "metrics.jsonl");
+  fs::create_directories(config.run.dir);
 }
 
 }  // namespace shardtrain::detail

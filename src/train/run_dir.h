@@ -10,9 +10,9 @@ namespace shardtrain::detail {
 
 // How a run starts in run.dir, decided from the config and what the directory holds.
 struct RunStart {
-  std::string checkpoint;  // the checkpoint to resume from; empty for a new run
+  std::string checkpoint;     // the checkpoint to resume from; empty for a new run
   bool drop_metrics = false;  // a new run where an earlier attempt left metrics (resume "auto")
-  std::string move_aside;  // run.overwrite: where the old run goes; empty when nothing moves
+  std::string move_aside;     // run.overwrite: where the old run goes; empty when nothing moves
 };
 
 // True when `dir` holds a run: metrics.jsonl, or a checkpoints/ folder with anything in it.
@@ -27,9 +27,5 @@ RunStart plan_run_start(const TrainConfig& config, bool restarted);
 // Carries out `start` on the file system (moves the old run aside, drops stale metrics) and
 // creates run.dir. Rank 0 only, after every rank has called plan_run_start.
 void prepare_run_dir(const TrainConfig& config, const RunStart& start);
-
-// Whether this process is a launcher's restart of a failed attempt (torchrun's
-// TORCHELASTIC_RESTART_COUNT > 0, which `shardtrain launch` sets too).
-bool restarted_by_launcher();
 
 }  // namespace shardtrain::detail

@@ -24,48 +24,48 @@ nlohmann::ordered_json run_manifest(const TrainConfig& config, int world_size) {
                   {"dropout", m.dropout},
                   {"tie_embeddings", m.tie_embeddings},
                   {"num_parameters", m.num_parameters()}};
-  run["train"] = {{"micro_batch", config.micro_batch},
-                  {"grad_accum", config.grad_accum},
-                  {"seq_len", config.seq_len},
-                  {"activation_checkpointing", config.activation_checkpointing},
-                  {"threads", config.threads},
-                  {"steps", config.steps},
-                  {"lr", config.lr},
-                  {"eval_every", config.eval_every}};
-  run["parallel"] = {{"strategy", config.strategy},
-                     {"tp", config.tp},
-                     {"sequence_parallel", config.sequence_parallel},
-                     {"pp", config.pp},
-                     {"pp_schedule", config.pp_schedule},
-                     {"pp_split", config.pp_split},
+  run["train"] = {{"micro_batch", config.train.micro_batch},
+                  {"grad_accum", config.train.grad_accum},
+                  {"seq_len", config.data.seq_len},
+                  {"activation_checkpointing", config.train.activation_checkpointing},
+                  {"threads", config.run.threads},
+                  {"steps", config.train.steps},
+                  {"lr", config.train.lr},
+                  {"eval_every", config.train.eval_every}};
+  run["parallel"] = {{"strategy", to_string(config.parallel.strategy)},
+                     {"tp", config.parallel.tp},
+                     {"sequence_parallel", config.parallel.sequence_parallel},
+                     {"pp", config.parallel.pp},
+                     {"pp_schedule", to_string(config.parallel.pp_schedule)},
+                     {"pp_split", config.parallel.pp_split},
                      {"ddp",
-                      {{"bucket_cap_mb", config.ddp_bucket_cap_mb},
-                       {"find_unused_parameters", config.ddp_find_unused_parameters},
-                       {"comm_hook", config.ddp_comm_hook}}},
+                      {{"bucket_cap_mb", config.parallel.ddp.bucket_cap_mb},
+                       {"find_unused_parameters", config.parallel.ddp.find_unused_parameters},
+                       {"comm_hook", to_string(config.parallel.ddp.comm_hook)}}},
                      {"fsdp",
-                      {{"sharding", config.fsdp_sharding},
-                       {"replicate", config.fsdp_replicate},
-                       {"wrap", config.fsdp_wrap},
-                       {"prefetch", config.fsdp_prefetch},
-                       {"limit_all_gathers", config.fsdp_limit_all_gathers},
-                       {"cpu_offload", config.fsdp_cpu_offload}}},
+                      {{"sharding", to_string(config.parallel.fsdp.sharding)},
+                       {"replicate", config.parallel.fsdp.replicate},
+                       {"wrap", to_string(config.parallel.fsdp.wrap)},
+                       {"prefetch", to_string(config.parallel.fsdp.prefetch)},
+                       {"limit_all_gathers", config.parallel.fsdp.limit_all_gathers},
+                       {"cpu_offload", config.parallel.fsdp.cpu_offload}}},
                      {"zero",
-                      {{"stage", config.zero_stage},
-                       {"offload_optimizer", config.zero_offload_optimizer},
-                       {"offload_param", config.zero_offload_param},
-                       {"prefetch_bucket_size", config.zero_prefetch_bucket_size}}}};
+                      {{"stage", config.parallel.zero.stage},
+                       {"offload_optimizer", to_string(config.parallel.zero.offload_optimizer)},
+                       {"offload_param", to_string(config.parallel.zero.offload_param)},
+                       {"prefetch_bucket_size", config.parallel.zero.prefetch_bucket_size}}}};
   // Masters stay fp32; param_dtype is the dtype FSDP/ZeRO gather and compute in, autocast the
   // compute dtype otherwise.
-  run["precision"] = {{"param_dtype", config.param_dtype},
-                      {"reduce_dtype", config.reduce_dtype},
-                      {"autocast", config.autocast},
-                      {"loss_scale", config.loss_scale}};
-  if (config.trace) {
-    const int64_t last = config.trace_last ? config.trace_last : config.steps;
-    run["trace"] = {{"steps", {config.trace_first, last}}};
+  run["precision"] = {{"param_dtype", config.precision.param_dtype},
+                      {"reduce_dtype", config.precision.reduce_dtype},
+                      {"autocast", config.precision.autocast},
+                      {"loss_scale", config.precision.loss_scale}};
+  if (config.run.trace) {
+    const int64_t last = config.run.trace_last ? config.run.trace_last : config.train.steps;
+    run["trace"] = {{"steps", {config.run.trace_first, last}}};
   }
-  if (config.lora_rank > 0) {
-    run["lora"] = {{"rank", config.lora_rank}, {"base_dtype", config.lora_base_dtype}};
+  if (config.lora.rank > 0) {
+    run["lora"] = {{"rank", config.lora.rank}, {"base_dtype", config.lora.base_dtype}};
   }
   return run;
 }
@@ -73,7 +73,7 @@ nlohmann::ordered_json run_manifest(const TrainConfig& config, int world_size) {
 void write_run_manifest(const TrainConfig& config, int world_size, int64_t resident_at_start) {
   nlohmann::ordered_json run = run_manifest(config, world_size);
   run["process"] = {{"resident_at_start", resident_at_start}};
-  const std::filesystem::path path = std::filesystem::path(config.dir) / "run.json";
+  const std::filesystem::path path = std::filesystem::path(config.run.dir) / "run.json";
   const std::filesystem::path tmp = path.string() + ".tmp";
   {
     std::ofstream out(tmp);

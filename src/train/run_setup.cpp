@@ -50,10 +50,10 @@ int64_t peak_resident_bytes() { return status_field_kib("VmHWM") * 1024; }
 
 LoraOptions lora_options(const TrainConfig& config) {
   return LoraOptions()
-      .rank(config.lora_rank)
-      .alpha(config.lora_alpha)
-      .dropout(config.lora_dropout)
-      .target_modules(config.lora_target_modules);
+      .rank(config.lora.rank)
+      .alpha(config.lora.alpha)
+      .dropout(config.lora.dropout)
+      .target_modules(config.lora.target_modules);
 }
 
 }  // namespace shardtrain::detail

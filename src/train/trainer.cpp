@@ -32,8 +32,8 @@
 
 namespace shardtrain {
 
-Trainer::Trainer(TrainConfig config, std::shared_ptr<ProcessGroup> world)
-    : config_(std::move(config)), world_(std::move(world)) {
+Trainer::Trainer(TrainConfig config, std::shared_ptr<ProcessGroup> world, int restart_count)
+    : config_(std::move(config)), world_(std::move(world)), restart_count_(restart_count) {
   set_up_ranks();
   set_up_tokenizer();
   const std::string resume_from = prepare_data();
@@ -60,13 +60,13 @@ void Trainer::set_up_ranks() {
     world_ = init_process_group(c10::make_intrusive<c10d::HashStore>(), 0, 1);
   }
   if (world_) mesh_ = std::make_unique<DeviceMesh>(world_, shape);
-  if (config_.autocast == "fp16") {
+  if (config_.precision.autocast == "fp16") {
     // LibTorch's CPU autocast has no fp16 kernels; fp16 needs the CUDA path.
     throw std::invalid_argument(
         "precision.autocast = \"fp16\" needs a CUDA device; on CPU use \"bf16\" (loss scaling "
         "via precision.loss_scale works with either)");
   }
-  if (config_.threads > 0) set_num_threads(static_cast<int>(config_.threads));
+  if (config_.run.threads > 0) set_num_threads(static_cast<int>(config_.run.threads));
   install_cpu_memory_tracking();
   telemetry_ = std::make_shared<detail::Telemetry>(rank());
   progress_bar_ = rank() == 0 && isatty(STDOUT_FILENO);
@@ -77,7 +77,7 @@ void Trainer::set_up_tokenizer() {
   // corpus have been checked and every rank has decided how the run starts.
   tokenizer_ = detail::make_tokenizer(config_);
   chat_template_ = detail::make_chat_template(config_);
-  if (!config_.vocab_size_set) {
+  if (!config_.model.vocab_size_set) {
     config_.model.vocab_size = tokenizer_->vocab_size();
   } else if (config_.model.vocab_size < tokenizer_->vocab_size()) {
     throw std::invalid_argument("model.vocab_size " + std::to_string(config_.model.vocab_size) +
@@ -86,15 +86,16 @@ void Trainer::set_up_tokenizer() {
                                 std::to_string(tokenizer_->vocab_size()));
   }
   // The sizes tensor parallelism splits, before the run directory is touched.
-  check_tp_sizes(config_, config_.vocab_size_set ? std::string("model.vocab_size")
-                                                 : tokenizer_->name() + " tokenizer's vocabulary");
+  check_tp_sizes(config_, config_.model.vocab_size_set
+                              ? std::string("model.vocab_size")
+                              : tokenizer_->name() + " tokenizer's vocabulary");
 }
 
 std::string Trainer::prepare_data() {
   // Nothing yet when the corpus is to be tokenized.
   data_ = std::make_unique<detail::TrainingData>(detail::open_prepared_data(config_));
   if (data_->defined()) check_vocabulary();
-  const detail::RunStart start = detail::plan_run_start(config_, detail::restarted_by_launcher());
+  const detail::RunStart start = detail::plan_run_start(config_, restart_count_ > 0);
   // Rank 0 tokenizes before anything under run.dir changes: bad data stops every rank there.
   detail::TokenizedData tokenized;
   std::string bad_data;
@@ -113,14 +114,14 @@ std::string Trainer::prepare_data() {
   }
   // Before anything is allocated: a run that cannot fit says so instead of being killed.
   resident_at_start_ = detail::resident_bytes();
-  if (config_.memory_check) {
+  if (config_.run.memory_check) {
     detail::check_memory_fits(config_, world_size(), detail::rank_memory_budget(world_.get()),
                               resident_at_start_);
   }
   barrier();  // every rank has looked before rank 0 changes the directory
   if (rank() == 0) detail::prepare_run_dir(config_, start);
   barrier();
-  std::filesystem::create_directories(config_.dir);  // ranks on other hosts' file systems
+  std::filesystem::create_directories(config_.run.dir);  // ranks on other hosts' file systems
   // Checkpoints are written by every rank into one directory: it must be the same storage.
   if (world_) detail::check_shared_run_dir(config_, *world_);
   if (!data_->defined()) {
@@ -143,21 +144,22 @@ void Trainer::build_model() {
     // generator, which ranks that are threads of one process share: seeded one at a time.
     static std::mutex init_mutex;
     std::lock_guard<std::mutex> lock(init_mutex);
-    torch::manual_seed(static_cast<uint64_t>(config_.seed));
+    torch::manual_seed(static_cast<uint64_t>(config_.train.seed));
     // Described only: parallelize() allocates and initializes what this rank holds (with
     // model.init_from, reading just those bytes of the Hugging Face files).
-    ModelInit init = ModelInit().seed(static_cast<uint64_t>(config_.seed)).deferred();
-    if (!config_.init_from.empty()) init.values(hf_initializer(config_.model, config_.init_from));
+    ModelInit init = ModelInit().seed(static_cast<uint64_t>(config_.train.seed)).deferred();
+    if (!config_.model.init_from.empty())
+      init.values(hf_initializer(config_.model, config_.model.init_from));
     // A pipeline rank builds its stages only.
     limit_to_own_stages(init, config_, pp_rank());
     model_ = Transformer(config_.model, std::move(init));
     // Fine-tuning with adapters: the base is frozen before any strategy sees the model, so
     // that only the adapters are in the optimizer, the gradient reductions and checkpoints.
-    if (config_.lora_rank > 0) {
+    if (config_.lora.rank > 0) {
       add_lora(*model_, detail::lora_options(config_));
       // The frozen base's linear weights in lora.base_dtype: stored, gathered and sent so.
-      if (config_.lora_base_dtype != "fp32") {
-        detail::store_frozen_linears(*model_, config_.lora_base_dtype);
+      if (config_.lora.base_dtype != "fp32") {
+        detail::store_frozen_linears(*model_, config_.lora.base_dtype);
       }
     }
   }
@@ -171,20 +173,20 @@ void Trainer::build_optimizer() {
   // and Llama training do). Under FSDP the optimizer holds this rank's pieces of them.
   std::vector<at::Tensor> decay, no_decay;
   for (const auto& t : parallel_->optimized()) (t.matrix ? decay : no_decay).push_back(t.tensor);
-  auto options = torch::optim::AdamWOptions(config_.lr)
-                     .betas({config_.beta1, config_.beta2})
-                     .eps(config_.eps)
-                     .weight_decay(config_.weight_decay);
+  auto options = torch::optim::AdamWOptions(config_.train.lr)
+                     .betas({config_.train.beta1, config_.train.beta2})
+                     .eps(config_.train.eps)
+                     .weight_decay(config_.train.weight_decay);
   std::vector<torch::optim::OptimizerParamGroup> groups;
   groups.emplace_back(decay, std::make_unique<torch::optim::AdamWOptions>(options));
   groups.emplace_back(no_decay, std::make_unique<torch::optim::AdamWOptions>(
                                     torch::optim::AdamWOptions(options).weight_decay(0.0)));
   // The fused kernel gives LibTorch's AdamW results bit for bit, in one pass over memory.
   optimizer_ = std::make_unique<FusedAdamW>(std::move(groups), options);
-  schedule_ =
-      LrSchedule{config_.lr, config_.min_lr, config_.warmup, config_.steps, config_.schedule};
-  scaler_ = LossScaler::from_config(config_.loss_scale, config_.initial_scale, config_.scale_window,
-                                    config_.min_scale);
+  schedule_ = LrSchedule{config_.train.lr, config_.train.min_lr, config_.train.warmup,
+                         config_.train.steps, config_.train.schedule};
+  scaler_ = LossScaler::from_config(config_.precision.loss_scale, config_.precision.initial_scale,
+                                    config_.precision.scale_window, config_.precision.min_scale);
 }
 
 void Trainer::check_vocabulary() const {
@@ -229,7 +231,7 @@ StepResult Trainer::train_step() {
   const double loss_sum = forward_backward();
   StepResult result;
   result.step = step_ + 1;
-  result.loss = loss_sum / static_cast<double>(config_.grad_accum);
+  result.loss = loss_sum / static_cast<double>(config_.train.grad_accum);
   result.activations_peak = cpu_memory_stats().peak_bytes - before;
   if (after_backward_) after_backward_(step_);
 
@@ -237,7 +239,7 @@ StepResult Trainer::train_step() {
   const bool finite = parallel_->gradients_finite(scaler_);
   result.lr = schedule_.at(step_);
   result.grad_norm = NAN;  // none when the gradients are not finite (null in metrics.jsonl)
-  if (finite) result.grad_norm = parallel_->clip_grad_norm(config_.clip);
+  if (finite) result.grad_norm = parallel_->clip_grad_norm(config_.train.clip);
   result.skipped = !scaler_.update(finite);
   if (!result.skipped) optimizer_step(result.lr);
   update_span.reset();
@@ -248,7 +250,7 @@ StepResult Trainer::train_step() {
   result.step_time_s = std::chrono::duration<double>(end - start).count();
   add_step_totals(result, start, end, io_before);
   result.tokens_per_s =
-      static_cast<double>(loader_->global_batch_size() * config_.seq_len) / result.step_time_s;
+      static_cast<double>(loader_->global_batch_size() * config_.data.seq_len) / result.step_time_s;
   peak_rss_ = std::max(peak_rss_, detail::peak_resident_bytes());
   return result;
 }
@@ -258,11 +260,11 @@ double Trainer::forward_backward() {
   step.micro_batch = [this](int micro_batch) {
     return loader_->micro_batch(samples_, micro_batch);
   };
-  step.micro_batches = static_cast<int>(config_.grad_accum);
+  step.micro_batches = static_cast<int>(config_.train.grad_accum);
   step.loss_scale = scaler_.scale();
-  step.bf16_autocast = config_.autocast == "bf16";
-  step.rows = config_.micro_batch;
-  step.length = config_.seq_len;
+  step.bf16_autocast = config_.precision.autocast == "bf16";
+  step.rows = config_.train.micro_batch;
+  step.length = config_.data.seq_len;
   return parallel_->forward_backward(step);
 }
 
@@ -300,8 +302,8 @@ double Trainer::evaluate() {
   model_->eval();
   const std::unique_ptr<StageScope> held = parallel_->inference_scope();
   double total = 0.0;
-  for (int64_t i = 0; i < config_.eval_batches; ++i) {
-    detail::AutocastScope autocast(detail::cpu_bf16_autocast(config_.autocast == "bf16"));
+  for (int64_t i = 0; i < config_.train.eval_batches; ++i) {
+    detail::AutocastScope autocast(detail::cpu_bf16_autocast(config_.precision.autocast == "bf16"));
     const Batch batch = loader_->eval_batch(i);
     // Undefined on ranks that do not hold the last stage.
     const at::Tensor logits = parallel_->logits(batch.inputs, batch.layout);
@@ -309,7 +311,7 @@ double Trainer::evaluate() {
   }
   model_->train();
   total = parallel_->eval_total(total);
-  return total / static_cast<double>(config_.eval_batches);
+  return total / static_cast<double>(config_.train.eval_batches);
 }
 
 std::string Trainer::generate(const std::string& prompt, int64_t tokens) {
@@ -318,7 +320,7 @@ std::string Trainer::generate(const std::string& prompt, int64_t tokens) {
   const std::unique_ptr<StageScope> held = parallel_->inference_scope();
   // Trained on conversations, the model continues the template's text: the prompt is the
   // user's message, the assistant's turn is opened, and the reply ends with its special token.
-  const bool chat = chat_template_ && config_.format == "chat";
+  const bool chat = chat_template_ && config_.data.format == "chat";
   const std::string text =
       chat ? chat_template_->render({ChatMessage{"user", prompt}}, /*add_generation_prompt=*/true)
            : prompt;
@@ -327,7 +329,8 @@ std::string Trainer::generate(const std::string& prompt, int64_t tokens) {
   std::vector<int32_t> ids = tokenizer_->encode(text, /*add_special=*/!chat);
   if (ids.empty()) ids.push_back(tokenizer_->eos_id());
   const size_t prompt_length = ids.size();
-  auto generator = at::make_generator<at::CPUGeneratorImpl>(static_cast<uint64_t>(config_.seed));
+  auto generator =
+      at::make_generator<at::CPUGeneratorImpl>(static_cast<uint64_t>(config_.train.seed));
   for (int64_t i = 0; i < tokens; ++i) {
     const int64_t start =
         std::max<int64_t>(0, static_cast<int64_t>(ids.size()) - config_.model.context_length);
@@ -350,14 +353,14 @@ std::string Trainer::generate(const std::string& prompt, int64_t tokens) {
 
 int64_t Trainer::sample_next(const at::Tensor& logits, at::Generator& generator) {
   return sample_token(parallel_->whole_vocabulary(logits), tokenizer_->vocab_size(),
-                      config_.sample_temperature, config_.sample_top_k, generator);
+                      config_.train.sample_temperature, config_.train.sample_top_k, generator);
 }
 
 void Trainer::fail_if_injected() const {
   // Fault injection for restart and timeout tests (docs/training.md): on a first attempt the
   // last rank dies (SIGKILL) or hangs (SIGSTOP) right after the given step, as a crashed,
   // preempted or wedged rank would.
-  if (detail::restarted_by_launcher() || rank() != world_size() - 1) return;
+  if (restart_count_ > 0 || rank() != world_size() - 1) return;
   for (const auto& [variable, signal] :
        {std::pair<const char*, int>{"SHARDTRAIN_KILL_AFTER_STEP", SIGKILL},
         {"SHARDTRAIN_STOP_AFTER_STEP", SIGSTOP}}) {
@@ -373,10 +376,11 @@ void Trainer::fit() {
   detail::TelemetryScope telemetry(telemetry_);
   const bool talk = rank() == 0;
   if (talk) print_start();
-  while (step_ < config_.steps) {
+  while (step_ < config_.train.steps) {
     const StepResult result = train_step();
     double eval_loss = NAN;
-    if (config_.eval_every > 0 && (step_ % config_.eval_every == 0 || step_ == config_.steps)) {
+    if (config_.train.eval_every > 0 &&
+        (step_ % config_.train.eval_every == 0 || step_ == config_.train.steps)) {
       eval_loss = evaluate();
     }
     write_metrics(result, eval_loss);
@@ -384,8 +388,8 @@ void Trainer::fit() {
     check_divergence();
     print_progress(result, eval_loss);
     // A model whose last step was skipped may have diverged: it never replaces `latest`.
-    if (config_.checkpoint_every > 0 && step_ % config_.checkpoint_every == 0 &&
-        step_ != config_.steps && skipped_in_a_row_ == 0) {
+    if (config_.train.checkpoint_every > 0 && step_ % config_.train.checkpoint_every == 0 &&
+        step_ != config_.train.steps && skipped_in_a_row_ == 0) {
       save_checkpoint();
     }
     // Recorded until the next step is one not traced: this step's evaluation and checkpoint too.
@@ -399,13 +403,13 @@ void Trainer::fit() {
     }
     return;
   }
-  if (config_.final_checkpoint) {
+  if (config_.train.final_checkpoint) {
     const std::string dir = save_checkpoint();
     if (talk) std::printf("checkpoint: %s\n", dir.c_str());
   }
   // Where every rank takes part in the forward passes, every rank generates.
-  if ((talk || parallel_->forward_is_collective()) && config_.sample_tokens > 0) {
-    const std::string sample = generate(config_.sample_prompt, config_.sample_tokens);
+  if ((talk || parallel_->forward_is_collective()) && config_.train.sample_tokens > 0) {
+    const std::string sample = generate(config_.train.sample_prompt, config_.train.sample_tokens);
     if (talk) std::printf("sample: %s\n", sample.c_str());
   }
   std::fflush(stdout);

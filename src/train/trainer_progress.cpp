@@ -33,8 +33,8 @@ std::string duration_text(double seconds) {
 }  // namespace
 
 bool Trainer::traces(int64_t step) const {
-  return config_.trace && step >= config_.trace_first && step <= config_.steps &&
-         (config_.trace_last == 0 || step <= config_.trace_last);
+  return config_.run.trace && step >= config_.run.trace_first && step <= config_.train.steps &&
+         (config_.run.trace_last == 0 || step <= config_.run.trace_last);
 }
 
 bool Trainer::trace_step(int64_t step) {
@@ -53,8 +53,8 @@ void Trainer::write_trace() {
   telemetry_->stop_tracing();
   if (!trace_unwritten_) return;
   trace_unwritten_ = false;
-  const std::filesystem::path path =
-      std::filesystem::path(config_.dir) / "trace" / ("rank_" + std::to_string(rank()) + ".json");
+  const std::filesystem::path path = std::filesystem::path(config_.run.dir) / "trace" /
+                                     ("rank_" + std::to_string(rank()) + ".json");
   telemetry_->write_trace(path.string());
 }
 
@@ -65,26 +65,26 @@ void Trainer::print_progress(const StepResult& result, double eval_loss) {
   const double elapsed =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - first_step_at_).count();
   const double eta = elapsed / static_cast<double>(std::max<int64_t>(1, steps_this_process_)) *
-                     static_cast<double>(config_.steps - step_);
-  if (step_ % config_.log_every == 0 || step_ == config_.steps || step_ == 1) {
+                     static_cast<double>(config_.train.steps - step_);
+  if (step_ % config_.run.log_every == 0 || step_ == config_.train.steps || step_ == 1) {
     if (progress_bar_) std::printf("\r\033[K");  // the bar's line becomes the log line
     std::printf(
         "step %5lld/%lld | loss %.4f | lr %.2e | %7.0f tok/s | %.3f s/step | rss %.1f MiB%s",
-        static_cast<long long>(step_), static_cast<long long>(config_.steps), result.loss,
+        static_cast<long long>(step_), static_cast<long long>(config_.train.steps), result.loss,
         result.lr, result.tokens_per_s, result.step_time_s,
         static_cast<double>(detail::resident_bytes()) / (1 << 20),
         result.skipped ? " | skipped (overflow)" : "");
     std::printf("%s", parallel_->progress_note().c_str());
     if (!std::isnan(eval_loss)) std::printf(" | eval loss %.4f", eval_loss);
-    if (step_ < config_.steps) std::printf(" | eta %s", duration_text(eta).c_str());
+    if (step_ < config_.train.steps) std::printf(" | eta %s", duration_text(eta).c_str());
     std::printf("\n");
   }
-  if (progress_bar_ && step_ < config_.steps) {
+  if (progress_bar_ && step_ < config_.train.steps) {
     constexpr int kWidth = 30;
-    const int filled = static_cast<int>(kWidth * step_ / std::max<int64_t>(1, config_.steps));
+    const int filled = static_cast<int>(kWidth * step_ / std::max<int64_t>(1, config_.train.steps));
     std::printf("\r[%s%s] %lld/%lld eta %s", std::string(filled, '#').c_str(),
                 std::string(kWidth - filled, '.').c_str(), static_cast<long long>(step_),
-                static_cast<long long>(config_.steps), duration_text(eta).c_str());
+                static_cast<long long>(config_.train.steps), duration_text(eta).c_str());
   }
   std::fflush(stdout);
 }
@@ -100,17 +100,17 @@ void Trainer::print_packing() const {
     loss_tokens += samples.loss_tokens(i, 0, samples.length(i));
   }
   const PackingStats& packed = loader_->packing_stats();
-  const double positions = static_cast<double>(packed.rows * config_.seq_len);
+  const double positions = static_cast<double>(packed.rows * config_.data.seq_len);
   std::printf(
       "%s data: %lld samples, %lld tokens (%lld with a loss, %lld masked); %s into %lld "
       "sequences of %lld (%.1f%% padding), %lld cut to %lld tokens, %lld dropped\n",
-      config_.format.c_str(), static_cast<long long>(samples.num_samples()),
+      config_.data.format.c_str(), static_cast<long long>(samples.num_samples()),
       static_cast<long long>(samples.num_tokens()), static_cast<long long>(loss_tokens),
       static_cast<long long>(samples.num_tokens() - loss_tokens),
-      config_.packing ? "packed" : "one per row", static_cast<long long>(packed.rows),
-      static_cast<long long>(config_.seq_len),
+      config_.data.packing ? "packed" : "one per row", static_cast<long long>(packed.rows),
+      static_cast<long long>(config_.data.seq_len),
       positions > 0 ? 100.0 * static_cast<double>(packed.padding) / positions : 0.0,
-      static_cast<long long>(packed.truncated), static_cast<long long>(config_.seq_len + 1),
+      static_cast<long long>(packed.truncated), static_cast<long long>(config_.data.seq_len + 1),
       static_cast<long long>(packed.dropped));
 }
 
@@ -120,10 +120,11 @@ void Trainer::print_start() const {
       "tokens\n",
       config_.model.name.c_str(), config_.model.model_type().c_str(),
       static_cast<double>(config_.model.num_parameters()) / 1e6, data_->describe().c_str(),
-      static_cast<long long>(config_.steps), static_cast<long long>(loader_->global_batch_size()),
-      static_cast<long long>(config_.seq_len));
+      static_cast<long long>(config_.train.steps),
+      static_cast<long long>(loader_->global_batch_size()),
+      static_cast<long long>(config_.data.seq_len));
   if (data_->samples) print_packing();
-  if (config_.lora_rank > 0) {
+  if (config_.lora.rank > 0) {
     int64_t trainable = 0, layers = 0;
     for (const auto& item : model_->named_parameters()) {
       if (!item.value().requires_grad()) continue;
@@ -133,11 +134,11 @@ void Trainer::print_start() const {
     std::printf(
         "lora rank %lld on %lld layers: %.3fM trainable parameters (%.2f%%), base "
         "frozen in %s\n",
-        static_cast<long long>(config_.lora_rank), static_cast<long long>(layers),
+        static_cast<long long>(config_.lora.rank), static_cast<long long>(layers),
         static_cast<double>(trainable) / 1e6,
         100.0 * static_cast<double>(trainable) /
             static_cast<double>(config_.model.num_parameters()),
-        config_.lora_base_dtype.c_str());
+        config_.lora.base_dtype.c_str());
   }
   // How the run is parallelized, as parallelize() described it.
   std::printf("%s", parallel_->description().c_str());
@@ -155,13 +156,13 @@ void Trainer::count_skipped(const StepResult& result) {
 }
 
 void Trainer::check_divergence() const {
-  if (skipped_in_a_row_ >= config_.max_skipped) {
+  if (skipped_in_a_row_ >= config_.train.max_skipped) {
     char text[64];
     std::snprintf(text, sizeof(text), "%.6g", last_finite_loss_);
     throw std::runtime_error(
         "training diverged: steps " + std::to_string(step_ - skipped_in_a_row_ + 1) + " to " +
         std::to_string(step_) + " all had non-finite gradients (train.max_skipped = " +
-        std::to_string(config_.max_skipped) + "); the last finite loss was " +
+        std::to_string(config_.train.max_skipped) + "); the last finite loss was " +
         (last_good_step_ > 0 ? std::string(text) + " at step " + std::to_string(last_good_step_)
                              : std::string("never seen")) +
         ". No checkpoint was written since; lower train.lr or raise train.clip / "

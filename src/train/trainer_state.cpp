@@ -102,23 +102,23 @@ std::string Trainer::save_checkpoint() {
       // What `shardtrain generate` reads the checkpoint with.
       {"tokenizer_path", detail::tokenizer_path(config_)},
       {"chat_template",
-       chat_template_ && config_.format == "chat" ? chat_template_->origin() : std::string()},
-      {"format", config_.format}};
+       chat_template_ && config_.data.format == "chat" ? chat_template_->origin() : std::string()},
+      {"format", config_.data.format}};
   nlohmann::json metadata = {{"model", detail::describe_model(config_.model)},
                              {"training", training}};
-  if (config_.lora_rank > 0) {
+  if (config_.lora.rank > 0) {
     // What export needs to rebuild the adapted model: the adapters' settings and the base.
-    metadata["lora"] = {{"rank", config_.lora_rank},
-                        {"alpha", config_.lora_alpha},
-                        {"dropout", config_.lora_dropout},
-                        {"target_modules", config_.lora_target_modules},
-                        {"base_dtype", config_.lora_base_dtype},
-                        {"init_from", config_.init_from},
-                        {"seed", config_.seed}};
+    metadata["lora"] = {{"rank", config_.lora.rank},
+                        {"alpha", config_.lora.alpha},
+                        {"dropout", config_.lora.dropout},
+                        {"target_modules", config_.lora.target_modules},
+                        {"base_dtype", config_.lora.base_dtype},
+                        {"init_from", config_.model.init_from},
+                        {"seed", config_.train.seed}};
   }
   auto options = ShardedSaveOptions()
-                     .strategy(config_.strategy)
-                     .keep(static_cast<int>(config_.keep_checkpoints))
+                     .strategy(to_string(config_.parallel.strategy))
+                     .keep(static_cast<int>(config_.train.keep_checkpoints))
                      .metadata(metadata.dump())
                      .rank_state({{"rng.cpu", at::detail::getDefaultCPUGenerator().get_state()}});
   if (!contents.fetchers.empty()) {
@@ -130,8 +130,9 @@ std::string Trainer::save_checkpoint() {
   // committed, as a machine failing mid-save would.
   const char* kill_at = std::getenv("SHARDTRAIN_FAULT_KILL_BEFORE_COMMIT");
   if (kill_at && std::string(kill_at) == name) options.before_commit([] { std::raise(SIGKILL); });
-  const std::string dir = save_sharded_checkpoint(
-      config_.dir + "/checkpoints", name, contents.specs, contents.slices, world_.get(), options);
+  const std::string dir =
+      save_sharded_checkpoint(config_.run.dir + "/checkpoints", name, contents.specs,
+                              contents.slices, world_.get(), options);
   parallel_->after_save();
   return dir;
 }
@@ -177,7 +178,7 @@ void Trainer::restore_training_state(const ShardedCheckpointReader& reader,
                                 e.what() + ")");
   }
 
-  if (rank() == 0) drop_metrics_after(fs::path(config_.dir) / "metrics.jsonl", step_);
+  if (rank() == 0) drop_metrics_after(fs::path(config_.run.dir) / "metrics.jsonl", step_);
   barrier();  // nobody appends before rank 0 has rewritten the file
   if (rank() == 0) {
     std::printf("resumed from %s at step %lld (saved by %s on %d rank%s)\n", dir.c_str(),
@@ -231,7 +232,7 @@ void Trainer::write_metrics(const StepResult& result, double eval_loss) {
                        {"wait_seconds", result.file_wait_s}};
   }
   if (!std::isnan(eval_loss)) line["eval_loss"] = eval_loss;
-  std::ofstream out(fs::path(config_.dir) / "metrics.jsonl", std::ios::app);
+  std::ofstream out(fs::path(config_.run.dir) / "metrics.jsonl", std::ios::app);
   out << line.dump() << "\n";
 }
 

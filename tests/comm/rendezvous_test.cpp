@@ -71,6 +71,20 @@ TEST(RendezvousTest, NoLauncherMeansOneProcess) {
   EXPECT_EQ(info.rank, 0);
 }
 
+TEST(RendezvousTest, ReadsWhichRestartThisIs) {
+  EXPECT_EQ(rendezvous_info({{"RANK", "0"}, {"WORLD_SIZE", "1"}}).restart_count, 0);
+  EXPECT_EQ(
+      rendezvous_info({{"RANK", "0"}, {"WORLD_SIZE", "1"}, {"TORCHELASTIC_RESTART_COUNT", "2"}})
+          .restart_count,
+      2);
+  // A launcher that restarts one process sets the count without the rank variables.
+  EXPECT_EQ(rendezvous_info({{"TORCHELASTIC_RESTART_COUNT", "1"}}).restart_count, 1);
+  const std::string bad = error_of({{"TORCHELASTIC_RESTART_COUNT", "-1"}});
+  EXPECT_NE(bad.find("TORCHELASTIC_RESTART_COUNT='-1' is not a non-negative integer"),
+            std::string::npos)
+      << bad;
+}
+
 TEST(RendezvousTest, InconsistentEnvironmentIsNamed) {
   const std::string too_big = error_of({{"RANK", "4"}, {"WORLD_SIZE", "4"}, {"MASTER_ADDR", "h"}});
   EXPECT_NE(too_big.find("RANK=4 is not below WORLD_SIZE=4"), std::string::npos) << too_big;

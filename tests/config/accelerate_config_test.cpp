@@ -32,9 +32,9 @@ TEST(AccelerateConfigTest, FsdpExampleGivesItsOverrides) {
                      "parallel.fsdp.wrap_classes=[\"GPT2Block\"]", "precision.param_dtype=\"bf16\"",
                      "precision.reduce_dtype=\"bf16\"", "precision.buffer_dtype=\"bf16\""}));
   const TrainConfig config = load_train_config(kConfigs + "zero_tiny.toml", got);
-  EXPECT_EQ(config.strategy, "fsdp");
-  EXPECT_EQ(config.fsdp_wrap_classes, (std::vector<std::string>{"GPT2Block"}));
-  EXPECT_EQ(config.param_dtype, "bf16");
+  EXPECT_EQ(config.parallel.strategy, ParallelStrategy::kFsdp);
+  EXPECT_EQ(config.parallel.fsdp.wrap_classes, (std::vector<std::string>{"GPT2Block"}));
+  EXPECT_EQ(config.precision.param_dtype, "bf16");
 }
 
 const char* kBase = "distributed_type: FSDP\nnum_processes: 2\n";
@@ -49,28 +49,29 @@ TEST(AccelerateConfigTest, ShardingByNameOrNumberAndWrapPolicies) {
   for (const auto& [given, want] : cases) {
     EXPECT_EQ(
         resolve(std::string(kBase) + "fsdp_config:\n  fsdp_sharding_strategy: " + given + "\n")
-            .fsdp_sharding,
-        want)
+            .parallel.fsdp.sharding,
+        sharding_strategy_from_string(want))
         << given;
   }
   auto c = resolve(std::string(kBase) +
                    "fsdp_config:\n  fsdp_auto_wrap_policy: SIZE_BASED_WRAP\n"
                    "  fsdp_min_num_params: 1000\n");
-  EXPECT_EQ(c.fsdp_wrap, "size");
-  EXPECT_EQ(c.fsdp_min_params, 1000);
+  EXPECT_EQ(c.parallel.fsdp.wrap, FsdpWrap::kSize);
+  EXPECT_EQ(c.parallel.fsdp.min_params, 1000);
   c = resolve(std::string(kBase) +
               "fsdp_config:\n  fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP\n"
               "  fsdp_transformer_layer_cls_to_wrap: GPT2Block, LlamaDecoderLayer\n"
               "  fsdp_backward_prefetch: NO_PREFETCH\n  fsdp_offload_params: true\n");
-  EXPECT_EQ(c.fsdp_wrap_classes, (std::vector<std::string>{"GPT2Block", "LlamaDecoderLayer"}));
-  EXPECT_EQ(c.fsdp_prefetch, "none");
-  EXPECT_TRUE(c.fsdp_cpu_offload);
+  EXPECT_EQ(c.parallel.fsdp.wrap_classes,
+            (std::vector<std::string>{"GPT2Block", "LlamaDecoderLayer"}));
+  EXPECT_EQ(c.parallel.fsdp.prefetch, BackwardPrefetch::kNone);
+  EXPECT_TRUE(c.parallel.fsdp.cpu_offload);
   c = resolve(std::string(kBase) + "mixed_precision: fp16\n");
-  EXPECT_EQ(c.autocast, "fp16");
-  EXPECT_EQ(c.loss_scale, "dynamic");
+  EXPECT_EQ(c.precision.autocast, "fp16");
+  EXPECT_EQ(c.precision.loss_scale, "dynamic");
   c = resolve(std::string(kBase) + "mixed_precision: 'no'\n");
-  EXPECT_EQ(c.param_dtype, "fp32");
-  EXPECT_EQ(c.autocast, "none");
+  EXPECT_EQ(c.precision.param_dtype, "fp32");
+  EXPECT_EQ(c.precision.autocast, "none");
 }
 
 TEST(AccelerateConfigTest, UnknownKeysAreNamed) {
@@ -95,7 +96,8 @@ TEST(AccelerateConfigTest, UnsupportedValuesNameKeyAndValue) {
   EXPECT_NE(e.find("'distributed_type' = 'MEGATRON_LM'"), std::string::npos) << e;
   e = error_of("distributed_type: DEEPSPEED\nnum_processes: 2\n");
   EXPECT_NE(e.find("no 'deepspeed_config'"), std::string::npos) << e;
-  e = error_of("distributed_type: DEEPSPEED\nnum_processes: 2\ndeepspeed_config:\n  zero_stage: 4\n");
+  e = error_of(
+      "distributed_type: DEEPSPEED\nnum_processes: 2\ndeepspeed_config:\n  zero_stage: 4\n");
   EXPECT_NE(e.find("'deepspeed_config.zero_stage' = '4'"), std::string::npos) << e;
   e = error_of("distributed_type: MULTI_GPU\nnum_processes: 2\nfsdp_config:\n  fsdp_version: 1\n");
   EXPECT_NE(e.find("'fsdp_config'"), std::string::npos) << e;

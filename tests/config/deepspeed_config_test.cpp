@@ -39,40 +39,42 @@ TEST(DeepSpeedConfigTest, ZeroTwoExampleGivesItsOverrides) {
                     "parallel.zero.overlap_comm=true", "parallel.zero.reduce_bucket_size=200000000",
                     "parallel.zero.contiguous_gradients=true"}));
   const TrainConfig config = with_tiny(got);
-  EXPECT_EQ(config.strategy, "zero");
-  EXPECT_EQ(config.zero_stage, 2);
-  EXPECT_EQ(config.micro_batch * config.grad_accum * 2, 16);
-  EXPECT_EQ(config.zero_reduce_bucket_size, 200000000);
-  EXPECT_EQ(config.param_dtype, "fp32");  // bf16 and fp16 "auto": the TOML's precision stays
-  EXPECT_EQ(config.autocast, "none");
-  EXPECT_DOUBLE_EQ(config.lr, 3e-3);  // optimizer "auto": the TOML's
+  EXPECT_EQ(config.parallel.strategy, ParallelStrategy::kZero);
+  EXPECT_EQ(config.parallel.zero.stage, 2);
+  EXPECT_EQ(config.train.micro_batch * config.train.grad_accum * 2, 16);
+  EXPECT_EQ(config.parallel.zero.reduce_bucket_size, 200000000);
+  EXPECT_EQ(config.precision.param_dtype,
+            "fp32");  // bf16 and fp16 "auto": the TOML's precision stays
+  EXPECT_EQ(config.precision.autocast, "none");
+  EXPECT_DOUBLE_EQ(config.train.lr, 3e-3);  // optimizer "auto": the TOML's
   // On one rank the same global batch takes four accumulation steps.
   const TrainConfig one = with_tiny(deepspeed_overrides(kConfigs + "ds_zero2.json", 1));
-  EXPECT_EQ(one.micro_batch, 4);
-  EXPECT_EQ(one.grad_accum, 4);
+  EXPECT_EQ(one.train.micro_batch, 4);
+  EXPECT_EQ(one.train.grad_accum, 4);
 }
 
 TEST(DeepSpeedConfigTest, ZeroThreeOffloadExampleResolves) {
   const TrainConfig config = with_tiny(deepspeed_overrides(kConfigs + "ds_zero3_offload.json", 4));
-  EXPECT_EQ(config.strategy, "zero");
-  EXPECT_EQ(config.zero_stage, 3);
-  EXPECT_EQ(config.zero_offload_optimizer, "cpu");
-  EXPECT_EQ(config.zero_offload_param, "cpu");
-  EXPECT_TRUE(config.zero_pin_memory);
-  EXPECT_EQ(config.zero_max_live_parameters, 1000000000);
-  EXPECT_EQ(config.zero_prefetch_bucket_size, TrainConfig().zero_prefetch_bucket_size);  // auto
-  EXPECT_EQ(config.micro_batch, 2);
-  EXPECT_EQ(config.grad_accum, 4);
-  EXPECT_EQ(config.param_dtype, "bf16");
-  EXPECT_EQ(config.reduce_dtype, "bf16");
-  EXPECT_DOUBLE_EQ(config.clip, 1.0);
-  EXPECT_DOUBLE_EQ(config.lr, 3e-3);
-  EXPECT_DOUBLE_EQ(config.beta2, 0.95);
-  EXPECT_EQ(config.warmup, 10);
-  EXPECT_EQ(config.schedule, "cosine");
-  EXPECT_NEAR(config.min_lr, 0.1 * 3e-3, 1e-15);  // cos_min_ratio x lr
-  EXPECT_EQ(config.steps, 40);                    // total_num_steps "auto": the TOML's
-  EXPECT_EQ(config.log_every, 10);
+  EXPECT_EQ(config.parallel.strategy, ParallelStrategy::kZero);
+  EXPECT_EQ(config.parallel.zero.stage, 3);
+  EXPECT_EQ(config.parallel.zero.offload_optimizer, OffloadDevice::kCpu);
+  EXPECT_EQ(config.parallel.zero.offload_param, OffloadDevice::kCpu);
+  EXPECT_TRUE(config.parallel.zero.pin_memory);
+  EXPECT_EQ(config.parallel.zero.max_live_parameters, 1000000000);
+  EXPECT_EQ(config.parallel.zero.prefetch_bucket_size,
+            TrainConfig().parallel.zero.prefetch_bucket_size);  // auto
+  EXPECT_EQ(config.train.micro_batch, 2);
+  EXPECT_EQ(config.train.grad_accum, 4);
+  EXPECT_EQ(config.precision.param_dtype, "bf16");
+  EXPECT_EQ(config.precision.reduce_dtype, "bf16");
+  EXPECT_DOUBLE_EQ(config.train.clip, 1.0);
+  EXPECT_DOUBLE_EQ(config.train.lr, 3e-3);
+  EXPECT_DOUBLE_EQ(config.train.beta2, 0.95);
+  EXPECT_EQ(config.train.warmup, 10);
+  EXPECT_EQ(config.train.schedule, "cosine");
+  EXPECT_NEAR(config.train.min_lr, 0.1 * 3e-3, 1e-15);  // cos_min_ratio x lr
+  EXPECT_EQ(config.train.steps, 40);                    // total_num_steps "auto": the TOML's
+  EXPECT_EQ(config.run.log_every, 10);
 }
 
 TEST(DeepSpeedConfigTest, BatchSizesResolveFromTheOtherTwo) {
@@ -80,16 +82,16 @@ TEST(DeepSpeedConfigTest, BatchSizesResolveFromTheOtherTwo) {
     return with_tiny(deepspeed_overrides_from_json(json, "ds.json", world));
   };
   auto c = config(R"({"train_batch_size": 24, "gradient_accumulation_steps": 3})", 4);
-  EXPECT_EQ(c.micro_batch, 2);
-  EXPECT_EQ(c.grad_accum, 3);
+  EXPECT_EQ(c.train.micro_batch, 2);
+  EXPECT_EQ(c.train.grad_accum, 3);
   c = config(R"({"train_batch_size": 12})", 3);  // DeepSpeed: accumulation 1
-  EXPECT_EQ(c.micro_batch, 4);
-  EXPECT_EQ(c.grad_accum, 1);
+  EXPECT_EQ(c.train.micro_batch, 4);
+  EXPECT_EQ(c.train.grad_accum, 1);
   c = config(R"({"train_batch_size": "auto", "train_micro_batch_size_per_gpu": 5,
                  "gradient_accumulation_steps": "auto"})",
              2);
-  EXPECT_EQ(c.micro_batch, 5);
-  EXPECT_EQ(c.grad_accum, 1);  // the TOML's
+  EXPECT_EQ(c.train.micro_batch, 5);
+  EXPECT_EQ(c.train.grad_accum, 1);  // the TOML's
 }
 
 TEST(DeepSpeedConfigTest, InconsistentBatchSizesNameAllThree) {
@@ -149,19 +151,19 @@ TEST(DeepSpeedConfigTest, UnsupportedValuesNameKeyAndValue) {
 TEST(DeepSpeedConfigTest, StageZeroIsDdpAndFp16MapsLossScaling) {
   auto c = with_tiny(
       deepspeed_overrides_from_json(R"({"zero_optimization": {"stage": 0}})", "ds.json", 2));
-  EXPECT_EQ(c.strategy, "ddp");
+  EXPECT_EQ(c.parallel.strategy, ParallelStrategy::kDdp);
   c = with_tiny(deepspeed_overrides_from_json(
       R"({"fp16": {"enabled": true, "loss_scale": 0, "initial_scale_power": 12,
                    "loss_scale_window": 500, "hysteresis": 1, "min_loss_scale": 2}})",
       "ds.json", 1));
-  EXPECT_EQ(c.autocast, "fp16");
-  EXPECT_EQ(c.loss_scale, "dynamic");
-  EXPECT_DOUBLE_EQ(c.initial_scale, 4096.0);  // 2^12
-  EXPECT_EQ(c.scale_window, 500);
-  EXPECT_DOUBLE_EQ(c.min_scale, 2.0);
+  EXPECT_EQ(c.precision.autocast, "fp16");
+  EXPECT_EQ(c.precision.loss_scale, "dynamic");
+  EXPECT_DOUBLE_EQ(c.precision.initial_scale, 4096.0);  // 2^12
+  EXPECT_EQ(c.precision.scale_window, 500);
+  EXPECT_DOUBLE_EQ(c.precision.min_scale, 2.0);
   c = with_tiny(deepspeed_overrides_from_json(R"({"fp16": {"enabled": true, "loss_scale": 128}})",
                                               "ds.json", 1));
-  EXPECT_DOUBLE_EQ(std::stod(c.loss_scale), 128.0);
+  EXPECT_DOUBLE_EQ(std::stod(c.precision.loss_scale), 128.0);
 }
 
 TEST(DeepSpeedConfigTest, SchedulersMapOntoOurSchedules) {
@@ -169,17 +171,17 @@ TEST(DeepSpeedConfigTest, SchedulersMapOntoOurSchedules) {
       R"({"scheduler": {"type": "WarmupLR", "params": {"warmup_min_lr": 0, "warmup_max_lr": 0.002,
           "warmup_num_steps": 7, "warmup_type": "linear"}}})",
       "ds.json", 1));
-  EXPECT_EQ(c.schedule, "constant");
-  EXPECT_DOUBLE_EQ(c.lr, 0.002);
-  EXPECT_EQ(c.warmup, 7);
+  EXPECT_EQ(c.train.schedule, "constant");
+  EXPECT_DOUBLE_EQ(c.train.lr, 0.002);
+  EXPECT_EQ(c.train.warmup, 7);
   c = with_tiny(deepspeed_overrides_from_json(
       R"({"optimizer": {"type": "Adam", "params": {"lr": 0.001}},
           "scheduler": {"type": "WarmupDecayLR", "params": {"total_num_steps": 30,
           "warmup_num_steps": 3, "warmup_type": "linear"}}})",
       "ds.json", 1));
-  EXPECT_EQ(c.schedule, "linear");
-  EXPECT_EQ(c.steps, 30);
-  EXPECT_DOUBLE_EQ(c.min_lr, 0.0);
+  EXPECT_EQ(c.train.schedule, "linear");
+  EXPECT_EQ(c.train.steps, 30);
+  EXPECT_DOUBLE_EQ(c.train.min_lr, 0.0);
   const auto e = error_of(R"({"optimizer": {"type": "AdamW", "params": {"lr": 0.001}},
       "scheduler": {"type": "WarmupLR", "params": {"warmup_max_lr": 0.002, "warmup_type": "linear"}}})");
   EXPECT_NE(e.find("'scheduler.params.warmup_max_lr' = 0.002"), std::string::npos) << e;

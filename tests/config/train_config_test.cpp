@@ -33,11 +33,11 @@ dir = "runs/x"
                          "test.toml", {"train.steps=7", "run.dir=runs/y", "model.dropout=0.1"});
   EXPECT_EQ(config.model.n_layers, 3);
   EXPECT_DOUBLE_EQ(config.model.dropout, 0.1);
-  EXPECT_EQ(config.corpus, (std::vector<std::string>{"a.txt", "b"}));
-  EXPECT_EQ(config.seq_len, 32);
-  EXPECT_DOUBLE_EQ(config.lr, 3e-4);
-  EXPECT_EQ(config.steps, 7);
-  EXPECT_EQ(config.dir, "runs/y");
+  EXPECT_EQ(config.data.corpus, (std::vector<std::string>{"a.txt", "b"}));
+  EXPECT_EQ(config.data.seq_len, 32);
+  EXPECT_DOUBLE_EQ(config.train.lr, 3e-4);
+  EXPECT_EQ(config.train.steps, 7);
+  EXPECT_EQ(config.run.dir, "runs/y");
 }
 
 TEST(ConfigTest, PresetAppliesBeforeSizeOverrides) {
@@ -100,8 +100,9 @@ TEST(ConfigTest, Gpt2HeadsCanBeChangedAlone) {
   EXPECT_EQ(config.model.n_heads, 2);
   EXPECT_EQ(config.model.n_kv_heads, 2);
   // Given explicitly, a key/value head count GPT-2 cannot have is still refused.
-  EXPECT_NE(error_of("[model]\npreset = \"tiny\"\nn_heads = 2\nn_kv_heads = 1\n").find("n_kv_heads"),
-            std::string::npos);
+  EXPECT_NE(
+      error_of("[model]\npreset = \"tiny\"\nn_heads = 2\nn_kv_heads = 1\n").find("n_kv_heads"),
+      std::string::npos);
 }
 
 TEST(ConfigTest, ANumberTooLargeIsNamedAsOne) {
@@ -110,10 +111,49 @@ TEST(ConfigTest, ANumberTooLargeIsNamedAsOne) {
   EXPECT_EQ(e.find("a string"), std::string::npos) << e;
 }
 
+// The strategies' names become enums once, in their sections; a name that is none of them is
+// refused with its key and the names it may take.
+TEST(ConfigTest, StrategyNamesBecomeEnumsInTheirSections) {
+  const auto config = parse_train_config(R"(
+[parallel]
+strategy = "zero"
+zero.stage = 3
+zero.offload_param = "cpu"
+fsdp.sharding = "hybrid_shard"
+fsdp.prefetch = "backward_post"
+fsdp.wrap = "size"
+ddp.comm_hook = "bf16"
+)",
+                                         "t.toml");
+  EXPECT_EQ(config.parallel.strategy, ParallelStrategy::kZero);
+  EXPECT_EQ(config.parallel.zero.stage, 3);
+  EXPECT_EQ(config.parallel.zero.offload_param, OffloadDevice::kCpu);
+  EXPECT_EQ(config.parallel.zero.offload_optimizer, OffloadDevice::kNone);
+  EXPECT_EQ(config.parallel.fsdp.sharding, ShardingStrategy::kHybridShard);
+  EXPECT_EQ(config.parallel.fsdp.prefetch, BackwardPrefetch::kBackwardPost);
+  EXPECT_EQ(config.parallel.fsdp.wrap, FsdpWrap::kSize);
+  EXPECT_EQ(config.parallel.ddp.comm_hook, DDPCommHook::kBf16Compress);
+  EXPECT_EQ(to_string(config.parallel.strategy), "zero");
+
+  const std::string strategy = error_of("", {"parallel.strategy=fdsp"});
+  EXPECT_NE(
+      strategy.find(R"(parallel.strategy "fdsp" is not one of "none", "ddp", "fsdp", "zero")"),
+      std::string::npos)
+      << strategy;
+  const std::string offload = error_of("", {"parallel.zero.offload_optimizer=disk"});
+  EXPECT_NE(offload.find(R"(parallel.zero.offload_optimizer "disk" is not one of "none", "cpu")"),
+            std::string::npos)
+      << offload;
+  const std::string typed = error_of("", {"parallel.fsdp.sharding=3"});
+  EXPECT_NE(typed.find("config key 'parallel.fsdp.sharding': expected a string, got an integer"),
+            std::string::npos)
+      << typed;
+}
+
 // A bare word that starts with a digit is a word: --set parallel.pp_schedule=1f1b.
 TEST(ConfigTest, ABareWordStartingWithADigitIsAString) {
   const auto config = parse_train_config("", "t.toml", {"parallel.pp_schedule=1f1b"});
-  EXPECT_EQ(config.pp_schedule, "1f1b");
+  EXPECT_EQ(config.parallel.pp_schedule, PipelineScheduleKind::kOneFOneB);
   EXPECT_NE(error_of("", {"train.lr=1e-3x"}).find("expected a number, got a string"),
             std::string::npos)
       << error_of("", {"train.lr=1e-3x"});

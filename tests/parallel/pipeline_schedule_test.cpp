@@ -7,6 +7,7 @@
 #include <map>
 #include <set>
 
+#include "shardtrain/config.h"
 #include "shardtrain/pipeline.h"
 
 namespace shardtrain {
@@ -157,7 +158,7 @@ void expect_refused(const std::function<void()>& fn, const std::string& words) {
 }
 
 TEST(PipelineScheduleTest, RefusesWhatCannotBeScheduled) {
-  expect_refused([] { pipeline_schedule_from_string("chimera"); },
+  expect_refused([] { parse_train_config("", "t.toml", {"parallel.pp_schedule=chimera"}); },
                  "parallel.pp_schedule \"chimera\" is not one of \"gpipe\", \"1f1b\"");
   expect_refused([] { make_pipeline_schedule(PipelineScheduleKind::kOneFOneB, 4, 1, 2); },
                  "needs at least one micro-batch per stage: 2 micro-batch(es) per step "

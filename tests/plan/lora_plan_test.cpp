@@ -10,10 +10,11 @@ namespace shardtrain {
 namespace {
 
 Plan lora_plan(const std::string& preset, int64_t rank, const std::string& base = "bf16") {
-  return make_plan(PlanModel::from_config(model_preset(preset)),
-                   ClusterOptions().gpu("h100-80gb").gpus_per_node(8),
-                   WorkloadOptions().seq_len(2048).micro_batch(1).activation_checkpointing(true).lora(
-                       rank, base));
+  return make_plan(
+      PlanModel::from_config(model_preset(preset)),
+      ClusterOptions().gpu("h100-80gb").gpus_per_node(8),
+      WorkloadOptions().seq_len(2048).micro_batch(1).activation_checkpointing(true).lora(rank,
+                                                                                         base));
 }
 
 TEST(PlanLora, AdapterCountIsWhatAddLoraCreates) {
@@ -29,9 +30,10 @@ TEST(PlanLora, AdapterCountIsWhatAddLoraCreates) {
 }
 
 TEST(PlanLora, OnlyDdpAndFsdpAreCandidatesAndTheStatesAreTheAdapters) {
-  const Plan full = make_plan(PlanModel::from_config(model_preset("llama3-8b")),
-                              ClusterOptions().gpu("h100-80gb").gpus_per_node(8),
-                              WorkloadOptions().seq_len(2048).micro_batch(1).activation_checkpointing(true));
+  const Plan full =
+      make_plan(PlanModel::from_config(model_preset("llama3-8b")),
+                ClusterOptions().gpu("h100-80gb").gpus_per_node(8),
+                WorkloadOptions().seq_len(2048).micro_batch(1).activation_checkpointing(true));
   const Plan plan = lora_plan("llama3-8b", 16);
   ASSERT_EQ(plan.candidates.size(), 3u);
   EXPECT_EQ(plan.candidates[0].strategy, PlanStrategy::kDdp);
@@ -68,9 +70,9 @@ TEST(PlanLora, TheEmittedConfigTrainsWithAdapters) {
   const std::string toml = shardtrain_toml(plan, *plan.recommendation());
   EXPECT_NE(toml.find("[lora]\nrank = 8"), std::string::npos) << toml;
   const TrainConfig config = parse_train_config(toml, "plan.toml");
-  EXPECT_EQ(config.lora_rank, 8);
-  EXPECT_EQ(config.strategy, "fsdp");
-  EXPECT_EQ(config.lora_base_dtype, "fp32");
+  EXPECT_EQ(config.lora.rank, 8);
+  EXPECT_EQ(config.parallel.strategy, ParallelStrategy::kFsdp);
+  EXPECT_EQ(config.lora.base_dtype, "fp32");
 
   EXPECT_THROW(lora_plan("gpt2-124m", 8, "nf8"), std::invalid_argument);
 }

@@ -164,15 +164,16 @@ TEST_F(PlanOutput, EveryEmittedConfigIsAcceptedByTheTrainer) {
     if (!c.valid || !kinds.insert(c.strategy).second) continue;
     SCOPED_TRACE(c.label());
     const std::vector<std::string> corpus = {"data.corpus=\"corpus.txt\""};
-    TrainConfig from_toml = parse_train_config(shardtrain_toml(plan_, c), "shardtrain.toml", corpus);
-    EXPECT_EQ(from_toml.grad_accum, c.grad_accum);
-    EXPECT_EQ(from_toml.pp, c.strategy == PlanStrategy::kTpPp ? c.pp : 1);
+    TrainConfig from_toml =
+        parse_train_config(shardtrain_toml(plan_, c), "shardtrain.toml", corpus);
+    EXPECT_EQ(from_toml.train.grad_accum, c.grad_accum);
+    EXPECT_EQ(from_toml.parallel.pp, c.strategy == PlanStrategy::kTpPp ? c.pp : 1);
     auto yaml = accelerate_overrides_from_yaml(accelerate_yaml(plan_, c), "accelerate.yaml",
                                                plan_.cluster.world_size());
     yaml.insert(yaml.end(), corpus.begin(), corpus.end());
     const TrainConfig from_yaml = parse_train_config("", "empty.toml", yaml);
     // The YAML trains the data-parallel part only (ZeRO-1 over every rank).
-    EXPECT_EQ(from_yaml.strategy, from_toml.strategy);
+    EXPECT_EQ(from_yaml.parallel.strategy, from_toml.parallel.strategy);
     // DeepSpeed's batch arithmetic counts data-parallel ranks only: with tensor and pipeline
     // parallelism that is fewer than the world, a layout this version does not run.
     if (c.strategy == PlanStrategy::kTpPp) continue;
@@ -180,7 +181,7 @@ TEST_F(PlanOutput, EveryEmittedConfigIsAcceptedByTheTrainer) {
                                             plan_.cluster.world_size());
     ds.insert(ds.end(), corpus.begin(), corpus.end());
     const TrainConfig from_ds = parse_train_config("", "empty.toml", ds);
-    EXPECT_EQ(from_ds.grad_accum, c.grad_accum);
+    EXPECT_EQ(from_ds.train.grad_accum, c.grad_accum);
   }
   EXPECT_EQ(kinds.size(), 6u);
 }

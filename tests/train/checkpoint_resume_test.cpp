@@ -83,7 +83,7 @@ TEST_F(CheckpointResumeTest, DdpCheckpointOfTwoRanksResumesOnOneTwoAndThree) {
   for (int world : {2, 1, 3}) {
     SCOPED_TRACE("resumed on " + std::to_string(world) + " ranks");
     TrainConfig resumed = config(world, "resume" + std::to_string(world));
-    resumed.resume = saved;
+    resumed.run.resume = saved;
     const auto tail = run(world, resumed, 3);
     ASSERT_EQ(tail.size(), 3u);
     for (int i = 0; i < 3; ++i) {
@@ -101,7 +101,7 @@ TEST_F(CheckpointResumeTest, ACheckpointOfAnotherModelIsRefusedNamingTheFirstTen
   run(1, config(1, "a"), 1, [&](Trainer& t) { saved = t.save_checkpoint(); });
   auto refusal = [&](const std::string& override_text) {
     TrainConfig other = config(1, "b", {override_text});
-    other.resume = saved;
+    other.run.resume = saved;
     try {
       Trainer trainer(other);
     } catch (const std::invalid_argument& e) {
@@ -124,7 +124,7 @@ TEST_F(CheckpointResumeTest, ADamagedCheckpointIsRefusedOnResumeNamingTheFile) {
   const std::string file = (fs::path(saved) / "rank_00000.safetensors").string();
   fs::resize_file(file, fs::file_size(file) - 1);
   TrainConfig resumed = config(1, "b");
-  resumed.resume = saved;
+  resumed.run.resume = saved;
   try {
     Trainer trainer(resumed);
     FAIL() << "a truncated checkpoint was loaded";

@@ -97,7 +97,7 @@ TEST_F(InstructionTrainerTest, BadDataStopsTheRunBeforeItsDirectoryIsTouched) {
                               world > 1 ? std::vector<std::string>{"parallel.strategy=\"ddp\""}
                                         : std::vector<std::string>{}},
                              run.filename().string());
-    cfg.corpus = {(dir_ / "bad.jsonl").string()};
+    cfg.data.corpus = {(dir_ / "bad.jsonl").string()};
     testing::expect_refused(
         world, [&] { return cfg; }, world == 1 ? "line 2 has no string \"completion\"" : "");
     EXPECT_FALSE(fs::exists(run)) << "the run directory was created";
@@ -129,7 +129,7 @@ TEST_F(InstructionTrainerTest, AnUnusableTokenizerOrTemplateIsRefusedBeforeTheRu
   for (const auto& c : cases) {
     SCOPED_TRACE(c.words);
     TrainConfig cfg = config(one, "refused", c.keys);
-    cfg.corpus = {(dir_ / "chat.jsonl").string()};
+    cfg.data.corpus = {(dir_ / "chat.jsonl").string()};
     testing::expect_refused(
         1, [&] { return cfg; }, c.words);
     EXPECT_FALSE(fs::exists(dir_ / "refused"));

@@ -26,8 +26,7 @@ class LoraTrainerTest : public ::testing::Test {
     dir_ = testing::fresh_test_dir("shardtrain_lora_trainer");
     std::ofstream corpus(dir_ / "corpus.txt");
     for (int i = 0; i < 200; ++i) {
-      corpus << "the quick brown fox " << i % 7 << " jumps over the lazy dog " << i % 11
-             << ".\n";
+      corpus << "the quick brown fox " << i % 7 << " jumps over the lazy dog " << i % 11 << ".\n";
     }
   }
   void TearDown() override { fs::remove_all(dir_); }
@@ -106,8 +105,8 @@ TEST_F(LoraTrainerTest, DdpAndFsdpGiveTheLossesOfOneProcess) {
 }
 
 TEST_F(LoraTrainerTest, AccumulationAndActivationCheckpointingKeepTheLosses) {
-  const std::vector<double> want = losses({"lora.target_modules=[\"attn.qkv\", \"mlp.fc\"]"}, 1,
-                                          "single");
+  const std::vector<double> want =
+      losses({"lora.target_modules=[\"attn.qkv\", \"mlp.fc\"]"}, 1, "single");
   testing::expect_same_losses(
       losses({"lora.target_modules=[\"attn.qkv\", \"mlp.fc\"]", "parallel.strategy=\"fsdp\"",
               "train.micro_batch=2", "train.grad_accum=2", "train.activation_checkpointing=true"},
@@ -133,8 +132,8 @@ TEST_F(LoraTrainerTest, ABf16BaseIsStoredSoAndTrainsAlikeEverywhere) {
 
   const std::vector<double> want = losses({"lora.base_dtype=\"bf16\""}, 1, "single");
   testing::expect_same_losses(
-      losses({"lora.base_dtype=\"bf16\"", "parallel.strategy=\"ddp\"", "train.micro_batch=4"},
-             2, "ddp"),
+      losses({"lora.base_dtype=\"bf16\"", "parallel.strategy=\"ddp\"", "train.micro_batch=4"}, 2,
+             "ddp"),
       want, 1e-5);
   testing::expect_same_losses(
       losses({"lora.base_dtype=\"bf16\"", "parallel.strategy=\"fsdp\"", "train.micro_batch=2",
@@ -158,14 +157,13 @@ TEST_F(LoraTrainerTest, QLoraStoresTheBaseInNf4AndTrainsAlikeEverywhere) {
 
   const std::vector<double> want = losses({"lora.base_dtype=\"nf4\""}, 1, "single");
   testing::expect_same_losses(
-      losses({"lora.base_dtype=\"nf4\"", "parallel.strategy=\"ddp\"", "train.micro_batch=4"},
-             2, "ddp"),
+      losses({"lora.base_dtype=\"nf4\"", "parallel.strategy=\"ddp\"", "train.micro_batch=4"}, 2,
+             "ddp"),
       want, 1e-5);
-  testing::expect_same_losses(
-      losses({"lora.base_dtype=\"nf4\"", "parallel.strategy=\"fsdp\"", "train.micro_batch=4",
-              "train.activation_checkpointing=true"},
-             2, "fsdp2"),
-      want, 1e-5);
+  testing::expect_same_losses(losses({"lora.base_dtype=\"nf4\"", "parallel.strategy=\"fsdp\"",
+                                      "train.micro_batch=4", "train.activation_checkpointing=true"},
+                                     2, "fsdp2"),
+                              want, 1e-5);
   testing::expect_same_losses(
       losses({"lora.base_dtype=\"nf4\"", "parallel.strategy=\"fsdp\"", "train.micro_batch=2",
               "parallel.fsdp.sharding=\"shard_grad_op\""},
@@ -182,14 +180,14 @@ TEST_F(LoraTrainerTest, QLoraQuantizesHuggingFaceWeightsAsTheyAreRead) {
   run_local_ranks(2, [&](ProcessGroup& group) {
     auto shared = std::shared_ptr<ProcessGroup>(&group, [](ProcessGroup*) {});
     // Each rank reads the weights one at a time and keeps only their packed NF4 bytes.
-    Trainer qlora(config({"lora.base_dtype=\"nf4\"", "parallel.strategy=\"ddp\"",
-                          "train.micro_batch=4", "model.init_from=\"" + (dir_ / "hf").string() + "\""},
-                         "qlora"),
-                  shared);
+    Trainer qlora(
+        config({"lora.base_dtype=\"nf4\"", "parallel.strategy=\"ddp\"", "train.micro_batch=4",
+                "model.init_from=\"" + (dir_ / "hf").string() + "\""},
+               "qlora"),
+        shared);
     const auto got = qlora.model()->named_parameters();
     for (const std::string name : {"blocks.0.attn.qkv.weight", "blocks.1.mlp.proj.weight"}) {
-      EXPECT_TRUE(at::equal(got[name], detail::nf4_pack(detail::nf4_quantize(want[name]))))
-          << name;
+      EXPECT_TRUE(at::equal(got[name], detail::nf4_pack(detail::nf4_quantize(want[name])))) << name;
     }
     EXPECT_TRUE(at::equal(got["tok_emb.weight"], want["tok_emb.weight"]));
   });
@@ -200,8 +198,8 @@ TEST_F(LoraTrainerTest, QLoraLossFallsOnTheDemoCorpus) {
   if (!fs::exists(fortunes)) GTEST_SKIP() << fortunes << " is missing (Debian's fortunes package)";
   Trainer trainer(testing::tiny_run_config(
       fortunes, dir_ / "fortunes",
-      {"train.micro_batch=8", "train.steps=30", "train.lr=0.02", "train.warmup=3",
-       "lora.rank=8", "lora.alpha=16", "lora.base_dtype=\"nf4\""}));
+      {"train.micro_batch=8", "train.steps=30", "train.lr=0.02", "train.warmup=3", "lora.rank=8",
+       "lora.alpha=16", "lora.base_dtype=\"nf4\""}));
   double first = 0, last = 0;
   for (int i = 0; i < 30; ++i) {
     const double loss = trainer.train_step().loss;
@@ -246,7 +244,8 @@ TEST_F(LoraTrainerTest, ExportsTheAdaptersAsPeftAndTheMergedModelComputesTheSame
   const fs::path checkpoint = dir_ / "run" / "checkpoints" / "step_000006";
 
   export_lora_checkpoint(checkpoint.string(), (dir_ / "adapters").string(), LoraExport::kAdapters);
-  const auto adapters = load_safetensors((dir_ / "adapters" / "adapter_model.safetensors").string());
+  const auto adapters =
+      load_safetensors((dir_ / "adapters" / "adapter_model.safetensors").string());
   const auto& blocks = trainer.model()->named_parameters();
   const int64_t layers = trainer.config().model.n_layers;
   EXPECT_EQ(adapters.size(), static_cast<size_t>(4 * layers));
@@ -272,7 +271,8 @@ TEST_F(LoraTrainerTest, ExportsTheAdaptersAsPeftAndTheMergedModelComputesTheSame
   merged->eval();
   const at::Tensor want = trainer.model()->forward(tokens);
   const at::Tensor base_logits =
-      Transformer(trainer.config().model, ModelInit().seed(trainer.config().seed))->forward(tokens);
+      Transformer(trainer.config().model, ModelInit().seed(trainer.config().train.seed))
+          ->forward(tokens);
   EXPECT_GT((want - base_logits).abs().max().item<double>(), 1e-4);  // the adapters trained
   EXPECT_LE((merged->forward(tokens) - want).abs().max().item<double>(), 1e-5);
 
@@ -285,8 +285,9 @@ TEST_F(LoraTrainerTest, ExportsTheAdaptersAsPeftAndTheMergedModelComputesTheSame
     }
     return "";
   };
-  EXPECT_NE(refused([&] { export_hf_checkpoint(checkpoint.string(), (dir_ / "plain").string()); })
-                .find("--lora"),
+  EXPECT_NE(refused([&] {
+              export_hf_checkpoint(checkpoint.string(), (dir_ / "plain").string());
+            }).find("--lora"),
             std::string::npos);
   EXPECT_FALSE(fs::exists(dir_ / "plain" / "model.safetensors"));
 }
@@ -333,7 +334,8 @@ TEST_F(LoraTrainerTest, BadSettingsAreRefusedByName) {
     Trainer full(config({"lora.rank=0", "train.steps=1"}, "full"));
     full.fit();
   }
-  const std::string mixed = refused({"run.resume=\"" + (dir_ / "full" / "checkpoints" / "step_000001").string() + "\""});
+  const std::string mixed =
+      refused({"run.resume=\"" + (dir_ / "full" / "checkpoints" / "step_000001").string() + "\""});
   EXPECT_NE(mixed.find("checkpoint"), std::string::npos) << mixed;
 
   // Adapters of rank 4 onto a model with rank-8 adapters: refused, naming the shapes.
@@ -341,9 +343,9 @@ TEST_F(LoraTrainerTest, BadSettingsAreRefusedByName) {
     Trainer small(config({"train.steps=1"}, "small"));
     small.fit();
   }
-  const std::string shape = refused(
-      {"lora.rank=8",
-       "run.resume=\"" + (dir_ / "small" / "checkpoints" / "step_000001").string() + "\""});
+  const std::string shape =
+      refused({"lora.rank=8",
+               "run.resume=\"" + (dir_ / "small" / "checkpoints" / "step_000001").string() + "\""});
   EXPECT_NE(shape.find("lora_"), std::string::npos) << shape;
   EXPECT_NE(shape.find("[4, "), std::string::npos) << shape;
 }

@@ -75,17 +75,17 @@ TEST_F(TrainerTest, ResumeReproducesTheUninterruptedLossesExactly) {
   uninterrupted.save_checkpoint();
 
   TrainConfig resumed_config = base;
-  resumed_config.resume = (dir_ / "run" / "checkpoints" / "step_000003").string();
+  resumed_config.run.resume = (dir_ / "run" / "checkpoints" / "step_000003").string();
   // Checkpoints are written by fit(); make the step-3 one the same way.
   TrainConfig first_half = base;
-  first_half.dir = (dir_ / "half").string();
-  first_half.steps = 3;
+  first_half.run.dir = (dir_ / "half").string();
+  first_half.train.steps = 3;
   Trainer half(first_half);
   const auto head = losses(half, 3);
   const std::string saved = half.save_checkpoint();
   for (int i = 0; i < 3; ++i) EXPECT_EQ(head[i], all[i]) << "step " << i + 1;
 
-  resumed_config.resume = saved;
+  resumed_config.run.resume = saved;
   Trainer resumed(resumed_config);
   EXPECT_EQ(resumed.step(), 3);
   const auto tail = losses(resumed, 3);

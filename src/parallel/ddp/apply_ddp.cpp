@@ -6,14 +6,11 @@
 namespace shardtrain {
 
 std::optional<DDPOptions> ddp_options(const TrainConfig& config) {
-  if (config.strategy != "ddp") return std::nullopt;
-  const DDPCommHook hook = config.ddp_comm_hook == "bf16"   ? DDPCommHook::kBf16Compress
-                           : config.ddp_comm_hook == "fp16" ? DDPCommHook::kFp16Compress
-                                                            : DDPCommHook::kNone;
+  if (config.parallel.strategy != ParallelStrategy::kDdp) return std::nullopt;
   return DDPOptions()
-      .bucket_cap_mb(config.ddp_bucket_cap_mb)
-      .find_unused_parameters(config.ddp_find_unused_parameters)
-      .comm_hook(hook);
+      .bucket_cap_mb(config.parallel.ddp.bucket_cap_mb)
+      .find_unused_parameters(config.parallel.ddp.find_unused_parameters)
+      .comm_hook(config.parallel.ddp.comm_hook);
 }
 
 std::unique_ptr<ParallelModel> apply_ddp(Transformer& model, std::optional<DDPOptions> ddp,

@@ -6,17 +6,18 @@
 namespace shardtrain {
 
 FSDPOptions fsdp_options(const TrainConfig& config) {
-  const WrapPolicy wrap = config.fsdp_wrap == "size" ? WrapPolicy::size(config.fsdp_min_params)
-                          : config.fsdp_wrap == "class"
-                              ? WrapPolicy::class_name(config.fsdp_wrap_classes)
+  const WrapPolicy wrap = config.parallel.fsdp.wrap == FsdpWrap::kSize
+                              ? WrapPolicy::size(config.parallel.fsdp.min_params)
+                          : config.parallel.fsdp.wrap == FsdpWrap::kClass
+                              ? WrapPolicy::class_name(config.parallel.fsdp.wrap_classes)
                               : WrapPolicy::blocks();
   return FSDPOptions()
-      .sharding(sharding_strategy_from_string(config.fsdp_sharding))
+      .sharding(config.parallel.fsdp.sharding)
       .wrap(wrap)
-      .backward_prefetch(backward_prefetch_from_string(config.fsdp_prefetch))
-      .forward_prefetch(config.fsdp_forward_prefetch)
-      .limit_all_gathers(static_cast<int>(config.fsdp_limit_all_gathers))
-      .cpu_offload(config.fsdp_cpu_offload)
+      .backward_prefetch(config.parallel.fsdp.prefetch)
+      .forward_prefetch(config.parallel.fsdp.forward_prefetch)
+      .limit_all_gathers(static_cast<int>(config.parallel.fsdp.limit_all_gathers))
+      .cpu_offload(config.parallel.fsdp.cpu_offload)
       .mixed_precision(mixed_precision_of(config));
 }
 

@@ -8,17 +8,17 @@ namespace shardtrain {
 
 ZeroOptions zero_options(const TrainConfig& config) {
   ZeroBehaviour knobs;
-  knobs.overlap_comm = config.zero_overlap_comm;
-  knobs.reduce_bucket_size = config.zero_reduce_bucket_size;
-  knobs.allgather_bucket_size = config.zero_allgather_bucket_size;
-  knobs.prefetch_bucket_size = config.zero_prefetch_bucket_size;
-  knobs.persistence_threshold = config.zero_param_persistence_threshold;
-  knobs.max_live_parameters = config.zero_max_live_parameters;
+  knobs.overlap_comm = config.parallel.zero.overlap_comm;
+  knobs.reduce_bucket_size = config.parallel.zero.reduce_bucket_size;
+  knobs.allgather_bucket_size = config.parallel.zero.allgather_bucket_size;
+  knobs.prefetch_bucket_size = config.parallel.zero.prefetch_bucket_size;
+  knobs.persistence_threshold = config.parallel.zero.param_persistence_threshold;
+  knobs.max_live_parameters = config.parallel.zero.max_live_parameters;
   return ZeroOptions()
-      .stage(static_cast<int>(config.zero_stage))
-      .offload_optimizer(offload_device_from_string(config.zero_offload_optimizer))
-      .offload_param(offload_device_from_string(config.zero_offload_param))
-      .nvme_path(config.zero_nvme_path)
+      .stage(static_cast<int>(config.parallel.zero.stage))
+      .offload_optimizer(config.parallel.zero.offload_optimizer)
+      .offload_param(config.parallel.zero.offload_param)
+      .nvme_path(config.parallel.zero.nvme_path)
       .behaviour(knobs)
       .mixed_precision(mixed_precision_of(config));
 }

@@ -5,23 +5,6 @@
 
 namespace shardtrain {
 
-OffloadDevice offload_device_from_string(const std::string& name) {
-  if (name == "none") return OffloadDevice::kNone;
-  if (name == "cpu") return OffloadDevice::kCpu;
-  if (name == "nvme") return OffloadDevice::kNvme;
-  throw std::invalid_argument("unknown offload device '" + name +
-                              "' (expected none, cpu or nvme)");
-}
-
-std::string to_string(OffloadDevice device) {
-  switch (device) {
-    case OffloadDevice::kNone: return "none";
-    case OffloadDevice::kCpu: return "cpu";
-    case OffloadDevice::kNvme: return "nvme";
-  }
-  return "?";
-}
-
 std::unique_ptr<FullyShardedDataParallel> zero_shard(Transformer model, const DeviceMesh& mesh,
                                                      ZeroOptions options) {
   if (options.stage_ < 1 || options.stage_ > 3) {
@@ -29,11 +12,12 @@ std::unique_ptr<FullyShardedDataParallel> zero_shard(Transformer model, const De
                                 std::to_string(options.stage_));
   }
   if (options.offload_param_ != OffloadDevice::kNone && options.stage_ != 3) {
-    throw std::invalid_argument("ZeRO offload_param needs stage 3 (stages 1 and 2 keep whole "
-                                "parameters on every rank)");
+    throw std::invalid_argument(
+        "ZeRO offload_param needs stage 3 (stages 1 and 2 keep whole "
+        "parameters on every rank)");
   }
   for (const auto& [what, device] : {std::pair{"offload_optimizer", options.offload_optimizer_},
-                                      std::pair{"offload_param", options.offload_param_}}) {
+                                     std::pair{"offload_param", options.offload_param_}}) {
     if (device == OffloadDevice::kNvme && options.nvme_path_.empty()) {
       throw std::invalid_argument(std::string("ZeRO ") + what + " = nvme needs nvme_path");
     }
