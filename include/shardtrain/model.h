@@ -249,6 +249,15 @@ struct SequenceLayout {
   bool defined() const { return positions.defined(); }
 };
 
+// What forward_loss takes the cross-entropy against: `targets` [B, T] (kIgnoreIndex where no
+// loss is taken), `divisor` (> 0: the sum over the kept targets / divisor; else their mean),
+// and the tokens per chunk of the head's logits (0: chunks of about 32 MiB of fp32 logits).
+struct LossTargets {
+  at::Tensor targets;
+  double divisor = 0.0;
+  int64_t chunk = 0;
+};
+
 // The decoder. forward(tokens [B, T] int64) -> logits [B, T, vocab] in the parameters' dtype;
 // split by tensor parallelism (parallelize_module), this rank's slice of the vocabulary
 // [B, T, vocab / tp]. T must not exceed context_length (throws naming both).
@@ -259,6 +268,12 @@ class TransformerImpl : public torch::nn::Module {
   // The same over rows of packed samples (`layout` [B, T] as tokens): positions restart per
   // sample and attention stays within each; an undefined layout is forward(tokens).
   at::Tensor forward(const at::Tensor& tokens, const SequenceLayout& layout);
+  // forward's cross-entropy (a scalar) without ever holding the whole [B, T, vocab] logits: the
+  // head's matmul, the softmax and their gradient run over chunks of tokens
+  // (src/model/chunked_loss.h), tied embeddings and a vocabulary split by tensor parallelism
+  // included. Equals the loss of forward's logits, and its gradients theirs, to rounding.
+  at::Tensor forward_loss(const at::Tensor& tokens, const SequenceLayout& layout,
+                          const LossTargets& targets);
   // One pipeline stage's share of forward, blocks [begin, end): `input` is the tokens [B, T] when
   // `begin` is 0 (the embeddings run first), otherwise the hidden states the stage before
   // produced; when `end` is n_layers the final norm and head run and logits come out, otherwise
@@ -310,6 +325,10 @@ class TransformerImpl : public torch::nn::Module {
                    detail::BlockContext& ctx);
   at::Tensor run_blocks(at::Tensor x, int64_t begin, int64_t end, const detail::BlockContext& ctx);
   at::Tensor head(at::Tensor x);
+  // The final norm (and, split, the head's column-parallel input), and the head's weight (the
+  // token embedding's when tied).
+  at::Tensor head_input(at::Tensor x);
+  at::Tensor head_weight() const;
   void prepare_context(const at::Tensor& x, int64_t length, const SequenceLayout& layout,
                        detail::BlockContext& ctx);
 

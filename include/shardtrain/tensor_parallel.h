@@ -113,5 +113,7 @@ at::Tensor vocab_parallel_cross_entropy(const at::Tensor& local_logits, const at
 
 // The whole [..., V] from every rank's [..., V/size] (no gradient): for sampling.
 at::Tensor gather_vocabulary(const at::Tensor& local_logits, ProcessGroup& group);
+// `x` reduced in place across `group` (no autograd), counted as tensor-parallel communication.
+void all_reduce_tensor_parallel(at::Tensor& x, ProcessGroup& group, ReduceOp op);
 
 }  // namespace shardtrain

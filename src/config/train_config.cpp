@@ -139,171 +139,186 @@ Setter model_field(T ModelConfig::*member) {
 // Every key the trainer understands. `model.preset` and `model.hf_config` replace the whole
 // model, so they are applied before the keys that override single sizes.
 const std::map<std::string, Setter>& known_keys() {
-  static const std::map<std::string, Setter> keys = {
-      {"model.preset", [](TrainConfig& c, const toml::node& n,
-                          const std::string& name) { c.model = model_preset(as_string(n, name)); }},
-      {"model.hf_config",
-       [](TrainConfig& c, const toml::node& n, const std::string& name) {
-         c.model = model_config_from_hf_json(as_string(n, name));
-       }},
-      {"model.vocab_size",
-       [](TrainConfig& c, const toml::node& n, const std::string& name) {
-         c.model.vocab_size = as_int(n, name);
-         c.model.vocab_size_set = true;
-       }},
-      {"model.init_from", field(&ModelSection::init_from)},
-      {"model.context_length", model_field(&ModelConfig::context_length)},
-      {"model.d_model", model_field(&ModelConfig::d_model)},
-      {"model.n_layers", model_field(&ModelConfig::n_layers)},
-      {"model.n_heads", model_field(&ModelConfig::n_heads)},
-      {"model.n_kv_heads", model_field(&ModelConfig::n_kv_heads)},
-      {"model.ffn_hidden", model_field(&ModelConfig::ffn_hidden)},
-      {"model.dropout", model_field(&ModelConfig::dropout)},
-      {"model.norm_eps", model_field(&ModelConfig::norm_eps)},
-      {"model.rope_theta", model_field(&ModelConfig::rope_theta)},
-      {"model.tie_embeddings", model_field(&ModelConfig::tie_embeddings)},
-      {"model.head_dim", model_field(&ModelConfig::head_dim)},
-      {"model.attention_bias", model_field(&ModelConfig::attention_bias)},
-      {"model.qk_norm", model_field(&ModelConfig::qk_norm)},
-      {"data.corpus",
-       [](TrainConfig& c, const toml::node& n, const std::string& name) {
-         c.data.corpus.clear();
-         if (n.is_string()) {
-           c.data.corpus.push_back(*n.value<std::string>());
-           return;
-         }
-         if (!n.is_array()) wrong_type(name, "a path or an array of paths", n);
-         for (const auto& item : *n.as_array()) c.data.corpus.push_back(as_string(item, name));
-       }},
-      {"data.tokenizer", field(&DataSection::tokenizer)},
-      {"data.format", field(&DataSection::format)},
-      {"data.chat_template", field(&DataSection::chat_template)},
-      {"data.packing", field(&DataSection::packing)},
-      {"data.overlong", field(&DataSection::overlong)},
-      {"data.gpt2_dir", field(&DataSection::gpt2_dir)},
-      {"data.seq_len", field(&DataSection::seq_len)},
-      {"data.eval_sequences", field(&DataSection::eval_sequences)},
-      {"train.steps", field(&TrainSection::steps)},
-      {"train.micro_batch", field(&TrainSection::micro_batch)},
-      {"train.grad_accum", field(&TrainSection::grad_accum)},
-      {"train.lr", field(&TrainSection::lr)},
-      {"train.min_lr", field(&TrainSection::min_lr)},
-      {"train.warmup", field(&TrainSection::warmup)},
-      {"train.schedule", field(&TrainSection::schedule)},
-      {"train.weight_decay", field(&TrainSection::weight_decay)},
-      {"train.beta1", field(&TrainSection::beta1)},
-      {"train.beta2", field(&TrainSection::beta2)},
-      {"train.eps", field(&TrainSection::eps)},
-      {"train.clip", field(&TrainSection::clip)},
-      {"train.max_skipped", field(&TrainSection::max_skipped)},
-      {"train.seed", field(&TrainSection::seed)},
-      {"train.eval_every", field(&TrainSection::eval_every)},
-      {"train.eval_batches", field(&TrainSection::eval_batches)},
-      {"train.checkpoint_every", field(&TrainSection::checkpoint_every)},
-      {"train.keep_checkpoints", field(&TrainSection::keep_checkpoints)},
-      {"train.final_checkpoint", field(&TrainSection::final_checkpoint)},
-      {"train.activation_checkpointing", field(&TrainSection::activation_checkpointing)},
-      {"train.sample_tokens", field(&TrainSection::sample_tokens)},
-      {"train.sample_prompt", field(&TrainSection::sample_prompt)},
-      {"train.sample_temperature", field(&TrainSection::sample_temperature)},
-      {"train.sample_top_k", field(&TrainSection::sample_top_k)},
-      {"precision.autocast", field(&PrecisionSection::autocast)},
-      {"precision.loss_scale",
-       [](TrainConfig& c, const toml::node& n, const std::string& name) {
-         if (n.is_number()) {
-           c.precision.loss_scale = std::to_string(*n.value<double>());
-         } else {
-           c.precision.loss_scale = as_string(n, name);
-         }
-       }},
-      {"precision.initial_scale", field(&PrecisionSection::initial_scale)},
-      {"precision.scale_window", field(&PrecisionSection::scale_window)},
-      {"precision.min_scale", field(&PrecisionSection::min_scale)},
-      {"parallel.strategy", field(&ParallelSection::strategy)},
-      {"parallel.tp", field(&ParallelSection::tp)},
-      {"parallel.sequence_parallel", field(&ParallelSection::sequence_parallel)},
-      {"parallel.pp", field(&ParallelSection::pp)},
-      {"parallel.pp_schedule", field(&ParallelSection::pp_schedule)},
-      {"parallel.pp_virtual_stages", field(&ParallelSection::pp_virtual_stages)},
-      {"parallel.pp_microbatches",
-       [](TrainConfig& c, const toml::node& n, const std::string& name) {
-         c.parallel.pp_microbatches = as_int(n, name);
-         c.train.grad_accum =
-             c.parallel.pp_microbatches;  // the same setting under the pipeline's name
-       }},
-      {"parallel.pp_split",
-       [](TrainConfig& c, const toml::node& n, const std::string& name) {
-         if (!n.is_array()) wrong_type(name, "an array of block counts, one per stage", n);
-         c.parallel.pp_split.clear();
-         for (const auto& item : *n.as_array()) c.parallel.pp_split.push_back(as_int(item, name));
-       }},
-      {"parallel.ddp.bucket_cap_mb", field(&DdpSection::bucket_cap_mb)},
-      {"parallel.ddp.find_unused_parameters", field(&DdpSection::find_unused_parameters)},
-      {"parallel.ddp.comm_hook", field(&DdpSection::comm_hook)},
-      {"parallel.fsdp.sharding", field(&FsdpSection::sharding)},
-      {"parallel.fsdp.replicate", field(&FsdpSection::replicate)},
-      {"parallel.fsdp.wrap", field(&FsdpSection::wrap)},
-      {"parallel.fsdp.min_params", field(&FsdpSection::min_params)},
-      {"parallel.fsdp.wrap_classes",
-       [](TrainConfig& c, const toml::node& n, const std::string& name) {
-         c.parallel.fsdp.wrap_classes.clear();
-         if (!n.is_array()) wrong_type(name, "an array of class names", n);
-         for (const auto& item : *n.as_array())
-           c.parallel.fsdp.wrap_classes.push_back(as_string(item, name));
-       }},
-      {"parallel.fsdp.prefetch", field(&FsdpSection::prefetch)},
-      {"parallel.fsdp.forward_prefetch", field(&FsdpSection::forward_prefetch)},
-      {"parallel.fsdp.limit_all_gathers", field(&FsdpSection::limit_all_gathers)},
-      {"parallel.fsdp.cpu_offload", field(&FsdpSection::cpu_offload)},
-      {"parallel.zero.stage", field(&ZeroSection::stage)},
-      {"parallel.zero.offload_optimizer", field(&ZeroSection::offload_optimizer)},
-      {"parallel.zero.offload_param", field(&ZeroSection::offload_param)},
-      {"parallel.zero.nvme_path", field(&ZeroSection::nvme_path)},
-      {"parallel.zero.pin_memory", field(&ZeroSection::pin_memory)},
-      {"parallel.zero.overlap_comm", field(&ZeroSection::overlap_comm)},
-      {"parallel.zero.contiguous_gradients", field(&ZeroSection::contiguous_gradients)},
-      {"parallel.zero.reduce_bucket_size", field(&ZeroSection::reduce_bucket_size)},
-      {"parallel.zero.allgather_bucket_size", field(&ZeroSection::allgather_bucket_size)},
-      {"parallel.zero.prefetch_bucket_size", field(&ZeroSection::prefetch_bucket_size)},
-      {"parallel.zero.param_persistence_threshold",
-       field(&ZeroSection::param_persistence_threshold)},
-      {"parallel.zero.max_live_parameters", field(&ZeroSection::max_live_parameters)},
-      {"precision.param_dtype", field(&PrecisionSection::param_dtype)},
-      {"precision.reduce_dtype", field(&PrecisionSection::reduce_dtype)},
-      {"precision.buffer_dtype", field(&PrecisionSection::buffer_dtype)},
-      {"lora.rank", field(&LoraSection::rank)},
-      {"lora.alpha", field(&LoraSection::alpha)},
-      {"lora.dropout", field(&LoraSection::dropout)},
-      {"lora.target_modules",
-       [](TrainConfig& c, const toml::node& n, const std::string& name) {
-         c.lora.target_modules.clear();
-         if (n.is_string()) {
-           c.lora.target_modules.push_back(*n.value<std::string>());
-           return;
-         }
-         if (!n.is_array()) wrong_type(name, "a module name pattern or an array of them", n);
-         for (const auto& item : *n.as_array())
-           c.lora.target_modules.push_back(as_string(item, name));
-       }},
-      {"lora.base_dtype", field(&LoraSection::base_dtype)},
-      {"run.dir", field(&RunSection::dir)},
-      {"run.log_every", field(&RunSection::log_every)},
-      {"run.resume", field(&RunSection::resume)},
-      {"run.overwrite", field(&RunSection::overwrite)},
-      {"run.threads", field(&RunSection::threads)},
-      {"run.timeout", field(&RunSection::timeout)},
-      {"run.memory_check", field(&RunSection::memory_check)},
-      {"run.trace", field(&RunSection::trace)},
-      {"run.trace_steps",
-       [](TrainConfig& c, const toml::node& n, const std::string& name) {
-         const toml::array* range = n.as_array();
-         if (!range || range->size() != 2) {
-           wrong_type(name, "[first, last], the steps to trace (1-based, inclusive)", n);
-         }
-         c.run.trace_first = as_int(*range->get(0), name);
-         c.run.trace_last = as_int(*range->get(1), name);
-       }},
-  };
+  static const std::
+      map<std::string, Setter>
+          keys =
+              {
+                  {"model.preset",
+                   [](TrainConfig& c, const toml::node& n, const std::string& name) {
+                     c.model = model_preset(as_string(n, name));
+                   }},
+                  {"model.hf_config",
+                   [](TrainConfig& c, const toml::node& n, const std::string& name) {
+                     c.model = model_config_from_hf_json(as_string(n, name));
+                   }},
+                  {"model.vocab_size",
+                   [](TrainConfig& c, const toml::node& n, const std::string& name) {
+                     c.model.vocab_size = as_int(n, name);
+                     c.model.vocab_size_set = true;
+                   }},
+                  {"model.init_from", field(&ModelSection::init_from)},
+                  {"model.context_length", model_field(&ModelConfig::context_length)},
+                  {"model.d_model", model_field(&ModelConfig::d_model)},
+                  {"model.n_layers", model_field(&ModelConfig::n_layers)},
+                  {"model.n_heads", model_field(&ModelConfig::n_heads)},
+                  {"model.n_kv_heads", model_field(&ModelConfig::n_kv_heads)},
+                  {"model.ffn_hidden", model_field(&ModelConfig::ffn_hidden)},
+                  {"model.dropout", model_field(&ModelConfig::dropout)},
+                  {"model.norm_eps", model_field(&ModelConfig::norm_eps)},
+                  {"model.rope_theta", model_field(&ModelConfig::rope_theta)},
+                  {"model.tie_embeddings", model_field(&ModelConfig::tie_embeddings)},
+                  {"model.head_dim", model_field(&ModelConfig::head_dim)},
+                  {"model.attention_bias", model_field(&ModelConfig::attention_bias)},
+                  {"model.qk_norm", model_field(&ModelConfig::qk_norm)},
+                  {"data.corpus",
+                   [](TrainConfig& c, const toml::node& n, const std::string& name) {
+                     c.data.corpus.clear();
+                     if (n.is_string()) {
+                       c.data.corpus.push_back(*n.value<std::string>());
+                       return;
+                     }
+                     if (!n.is_array()) wrong_type(name, "a path or an array of paths", n);
+                     for (const auto& item : *n.as_array())
+                       c.data.corpus.push_back(as_string(item, name));
+                   }},
+                  {"data.tokenizer", field(&DataSection::tokenizer)},
+                  {"data.format", field(&DataSection::format)},
+                  {"data.chat_template", field(&DataSection::chat_template)},
+                  {"data.packing", field(&DataSection::packing)},
+                  {"data.overlong", field(&DataSection::overlong)},
+                  {"data.gpt2_dir", field(&DataSection::gpt2_dir)},
+                  {"data.seq_len", field(&DataSection::seq_len)},
+                  {"data.eval_sequences", field(&DataSection::eval_sequences)},
+                  {"train.steps", field(&TrainSection::steps)},
+                  {"train.micro_batch", field(&TrainSection::micro_batch)},
+                  {"train.grad_accum", field(&TrainSection::grad_accum)},
+                  {"train.lr", field(&TrainSection::lr)},
+                  {"train.min_lr", field(&TrainSection::min_lr)},
+                  {"train.warmup", field(&TrainSection::warmup)},
+                  {"train.schedule", field(&TrainSection::schedule)},
+                  {"train.weight_decay", field(&TrainSection::weight_decay)},
+                  {"train.beta1", field(&TrainSection::beta1)},
+                  {"train.beta2", field(&TrainSection::beta2)},
+                  {"train.eps", field(&TrainSection::eps)},
+                  {"train.clip", field(&TrainSection::clip)},
+                  {"train.max_skipped", field(&TrainSection::max_skipped)},
+                  {"train.seed", field(&TrainSection::seed)},
+                  {"train.eval_every", field(&TrainSection::eval_every)},
+                  {"train.eval_batches", field(&TrainSection::eval_batches)},
+                  {"train.checkpoint_every", field(&TrainSection::checkpoint_every)},
+                  {"train.keep_checkpoints", field(&TrainSection::keep_checkpoints)},
+                  {"train.final_checkpoint", field(&TrainSection::final_checkpoint)},
+                  {"train.activation_checkpointing",
+                   field(&TrainSection::activation_checkpointing)},
+                  {"train.chunked_loss", field(&TrainSection::chunked_loss)},
+                  {"train.loss_chunk_tokens", field(&TrainSection::loss_chunk_tokens)},
+                  {"train.sample_tokens", field(&TrainSection::sample_tokens)},
+                  {"train.sample_prompt", field(&TrainSection::sample_prompt)},
+                  {"train.sample_temperature", field(&TrainSection::sample_temperature)},
+                  {"train.sample_top_k", field(&TrainSection::sample_top_k)},
+                  {"precision.autocast", field(&PrecisionSection::autocast)},
+                  {"precision.loss_scale",
+                   [](TrainConfig& c, const toml::node& n, const std::string& name) {
+                     if (n.is_number()) {
+                       c.precision.loss_scale = std::to_string(*n.value<double>());
+                     } else {
+                       c.precision.loss_scale = as_string(n, name);
+                     }
+                   }},
+                  {"precision.initial_scale", field(&PrecisionSection::initial_scale)},
+                  {"precision.scale_window", field(&PrecisionSection::scale_window)},
+                  {"precision.min_scale", field(&PrecisionSection::min_scale)},
+                  {"parallel.strategy", field(&ParallelSection::strategy)},
+                  {"parallel.tp", field(&ParallelSection::tp)},
+                  {"parallel.sequence_parallel", field(&ParallelSection::sequence_parallel)},
+                  {"parallel.pp", field(&ParallelSection::pp)},
+                  {"parallel.pp_schedule", field(&ParallelSection::pp_schedule)},
+                  {"parallel.pp_virtual_stages", field(&ParallelSection::pp_virtual_stages)},
+                  {"parallel.pp_microbatches",
+                   [](TrainConfig& c, const toml::node& n, const std::string& name) {
+                     c.parallel.pp_microbatches = as_int(n, name);
+                     c.train.grad_accum =
+                         c.parallel.pp_microbatches;  // the same setting under the pipeline's name
+                   }},
+                  {"parallel.pp_split",
+                   [](TrainConfig& c, const toml::node& n, const std::string& name) {
+                     if (!n.is_array())
+                       wrong_type(name, "an array of block counts, one per stage", n);
+                     c.parallel.pp_split.clear();
+                     for (const auto& item : *n.as_array())
+                       c.parallel.pp_split.push_back(as_int(item, name));
+                   }},
+                  {"parallel.ddp.bucket_cap_mb", field(&DdpSection::bucket_cap_mb)},
+                  {"parallel.ddp.find_unused_parameters",
+                   field(&DdpSection::find_unused_parameters)},
+                  {"parallel.ddp.comm_hook", field(&DdpSection::comm_hook)},
+                  {"parallel.fsdp.sharding", field(&FsdpSection::sharding)},
+                  {"parallel.fsdp.replicate", field(&FsdpSection::replicate)},
+                  {"parallel.fsdp.wrap", field(&FsdpSection::wrap)},
+                  {"parallel.fsdp.min_params", field(&FsdpSection::min_params)},
+                  {"parallel.fsdp.wrap_classes",
+                   [](TrainConfig& c, const toml::node& n, const std::string& name) {
+                     c.parallel.fsdp.wrap_classes.clear();
+                     if (!n.is_array()) wrong_type(name, "an array of class names", n);
+                     for (const auto& item : *n.as_array())
+                       c.parallel.fsdp.wrap_classes.push_back(as_string(item, name));
+                   }},
+                  {"parallel.fsdp.prefetch", field(&FsdpSection::prefetch)},
+                  {"parallel.fsdp.forward_prefetch", field(&FsdpSection::forward_prefetch)},
+                  {"parallel.fsdp.limit_all_gathers", field(&FsdpSection::limit_all_gathers)},
+                  {"parallel.fsdp.cpu_offload", field(&FsdpSection::cpu_offload)},
+                  {"parallel.zero.stage", field(&ZeroSection::stage)},
+                  {"parallel.zero.offload_optimizer", field(&ZeroSection::offload_optimizer)},
+                  {"parallel.zero.offload_param", field(&ZeroSection::offload_param)},
+                  {"parallel.zero.nvme_path", field(&ZeroSection::nvme_path)},
+                  {"parallel.zero.pin_memory", field(&ZeroSection::pin_memory)},
+                  {"parallel.zero.overlap_comm", field(&ZeroSection::overlap_comm)},
+                  {"parallel.zero.contiguous_gradients", field(&ZeroSection::contiguous_gradients)},
+                  {"parallel.zero.reduce_bucket_size", field(&ZeroSection::reduce_bucket_size)},
+                  {"parallel.zero.allgather_bucket_size",
+                   field(&ZeroSection::allgather_bucket_size)},
+                  {"parallel.zero.prefetch_bucket_size", field(&ZeroSection::prefetch_bucket_size)},
+                  {"parallel.zero.param_persistence_threshold",
+                   field(&ZeroSection::param_persistence_threshold)},
+                  {"parallel.zero.max_live_parameters", field(&ZeroSection::max_live_parameters)},
+                  {"precision.param_dtype", field(&PrecisionSection::param_dtype)},
+                  {"precision.reduce_dtype", field(&PrecisionSection::reduce_dtype)},
+                  {"precision.buffer_dtype", field(&PrecisionSection::buffer_dtype)},
+                  {"lora.rank", field(&LoraSection::rank)},
+                  {"lora.alpha", field(&LoraSection::alpha)},
+                  {"lora.dropout", field(&LoraSection::dropout)},
+                  {"lora.target_modules",
+                   [](TrainConfig& c, const toml::node& n, const std::string& name) {
+                     c.lora.target_modules.clear();
+                     if (n.is_string()) {
+                       c.lora.target_modules.push_back(*n.value<std::string>());
+                       return;
+                     }
+                     if (!n.is_array())
+                       wrong_type(name, "a module name pattern or an array of them", n);
+                     for (const auto& item : *n.as_array())
+                       c.lora.target_modules.push_back(as_string(item, name));
+                   }},
+                  {"lora.base_dtype", field(&LoraSection::base_dtype)},
+                  {"run.dir", field(&RunSection::dir)},
+                  {"run.log_every", field(&RunSection::log_every)},
+                  {"run.resume", field(&RunSection::resume)},
+                  {"run.overwrite", field(&RunSection::overwrite)},
+                  {"run.threads", field(&RunSection::threads)},
+                  {"run.timeout", field(&RunSection::timeout)},
+                  {"run.memory_check", field(&RunSection::memory_check)},
+                  {"run.trace", field(&RunSection::trace)},
+                  {"run.trace_steps",
+                   [](TrainConfig& c, const toml::node& n, const std::string& name) {
+                     const toml::array* range = n.as_array();
+                     if (!range || range->size() != 2) {
+                       wrong_type(name, "[first, last], the steps to trace (1-based, inclusive)",
+                                  n);
+                     }
+                     c.run.trace_first = as_int(*range->get(0), name);
+                     c.run.trace_last = as_int(*range->get(1), name);
+                   }},
+              };
   return keys;
 }
 
@@ -506,6 +521,9 @@ void validate_pipeline(const TrainConfig& c) {
                c.parallel.zero.offload_param == OffloadDevice::kNone),
           "parallel.zero.offload_optimizer / offload_param with parallel.pp > 1: offload is not "
           "combined with pipeline stages");
+  require(!c.train.chunked_loss,
+          "train.chunked_loss with parallel.pp > 1: the last pipeline stage takes the loss of a "
+          "micro-batch's whole logits in this version; set train.chunked_loss = false");
   require(c.lora.rank == 0,
           "lora.rank > 0 with parallel.pp > 1: adapters are not split into pipeline stages; use "
           "data parallelism (ddp or fsdp) for LoRA");
@@ -682,6 +700,9 @@ void TrainConfig::validate() const {
             "(sharding = \"shard_grad_op\" is ZeRO-2's layout, \"full_shard\" ZeRO-3's) or "
             "\"ddp\"");
   }
+  require(train.loss_chunk_tokens >= 0,
+          "train.loss_chunk_tokens must be >= 0 (0: chunks of about 32 MiB of logits), got " +
+              std::to_string(train.loss_chunk_tokens));
   require(train.max_skipped >= 1, "train.max_skipped must be at least 1");
   require(train.weight_decay >= 0 && train.eps > 0,
           "train.weight_decay must be >= 0 and train.eps positive");

@@ -22,6 +22,10 @@ class LayerSplit {
   // sequence.
   virtual at::Tensor gather_sequence(const at::Tensor& x) const = 0;
   virtual at::Tensor reduce_scatter_sequence(const at::Tensor& x) const = 0;
+  // In place, outside autograd: the element-wise max, or sum, across the group (the
+  // vocabulary-parallel loss's softmax).
+  virtual void max_across(at::Tensor& x) const = 0;
+  virtual void sum_across(at::Tensor& x) const = 0;
   // `init` (which fills ranges of whole parameters) as the initializer of the split model: a
   // range of a split parameter is filled from the matching ranges of the whole one.
   virtual ParameterInitializer split_initializer(ParameterInitializer init) const = 0;

@@ -9,6 +9,7 @@
 #include <stdexcept>
 
 #include "model/checkpoint.h"
+#include "model/chunked_loss.h"
 #include "model/init.h"
 #include "model/layers.h"
 #include "shardtrain/model.h"
@@ -177,6 +178,32 @@ at::Tensor TransformerImpl::forward(const at::Tensor& tokens, const SequenceLayo
   return hooks ? hooks->post_forward(*this, x) : x;
 }
 
+at::Tensor TransformerImpl::forward_loss(const at::Tensor& tokens, const SequenceLayout& layout,
+                                         const LossTargets& targets) {
+  check_tokens(tokens, config_);
+  check_layout(layout, tokens);
+  TORCH_CHECK(targets.targets.sizes() == tokens.sizes(),
+              "Transformer::forward_loss: targets must be shaped as the tokens ", tokens.sizes(),
+              ", got ", targets.targets.sizes());
+  if (!parts_.embedding || !parts_.head || !parts_.holds_block(0) || parts_.blocks.size() != 1 ||
+      parts_.blocks[0].second != config_.n_layers) {
+    throw std::logic_error(
+        "Transformer::forward_loss: this model holds one pipeline stage's parts");
+  }
+  const std::shared_ptr<ForwardHooks> hooks = module_hooks(*this);
+  if (hooks) hooks->pre_forward(*this);
+  detail::BlockContext ctx;
+  at::Tensor x = embed(tokens, tokens.size(1), layout, ctx);
+  x = head_input(run_blocks(x, 0, static_cast<int64_t>(blocks_->size()), ctx));
+  const at::Tensor weight = head_weight();
+  const int64_t chunk =
+      targets.chunk > 0 ? targets.chunk : detail::loss_chunk_tokens(weight.size(0));
+  at::Tensor loss =
+      detail::chunked_head_loss(x.reshape({-1, x.size(-1)}), weight, targets.targets.reshape({-1}),
+                                targets.divisor, chunk, tp_.get());
+  return hooks ? hooks->post_forward(*this, loss) : loss;
+}
+
 at::Tensor TransformerImpl::forward_stage(const at::Tensor& input, int64_t begin, int64_t end,
                                           int64_t length, const SequenceLayout& layout) {
   detail::BlockContext ctx;
@@ -302,7 +329,14 @@ at::Tensor TransformerImpl::run_blocks(at::Tensor x, int64_t begin, int64_t end,
   return x;
 }
 
-at::Tensor TransformerImpl::head(at::Tensor x) {
+at::Tensor TransformerImpl::head(at::Tensor x) { return at::linear(head_input(x), head_weight()); }
+
+at::Tensor TransformerImpl::head_weight() const {
+  return config_.tie_embeddings ? dynamic_cast<detail::EmbeddingImpl&>(*tok_emb_).weight
+                                : weight_of(lm_head_);
+}
+
+at::Tensor TransformerImpl::head_input(at::Tensor x) {
   if (!parts_.head) {
     throw std::logic_error("Transformer: this pipeline stage does not hold the head");
   }
@@ -315,10 +349,7 @@ at::Tensor TransformerImpl::head(at::Tensor x) {
   // Split, the head is column-parallel over the vocabulary: each rank computes the logits of
   // the ids it holds (vocab_parallel_cross_entropy takes them as they are).
   if (tp_) x = detail::column_parallel_input(x, *tp_);
-  const at::Tensor weight = config_.tie_embeddings
-                                ? dynamic_cast<detail::EmbeddingImpl&>(*tok_emb_).weight
-                                : weight_of(lm_head_);
-  return at::linear(x, weight);
+  return x;
 }
 
 }  // namespace shardtrain

@@ -72,7 +72,10 @@ double ParallelModel::forward_backward(const StepInputs& step) {
     {
       detail::TraceSpan span("forward", "forward", {{"micro_batch", a}});
       detail::AutocastScope autocast(detail::cpu_bf16_autocast(step.bf16_autocast));
-      loss = this->loss(model_->forward(batch.inputs, batch.layout), batch);
+      loss = step.chunked_loss ? model_->forward_loss(batch.inputs, batch.layout,
+                                                      LossTargets{batch.targets, batch.loss_divisor,
+                                                                  step.loss_chunk_tokens})
+                               : this->loss(model_->forward(batch.inputs, batch.layout), batch);
     }
     detail::TraceSpan backward_span("backward", "backward", {{"micro_batch", a}});
     // Every micro-batch has the same number of tokens (or, for instruction data, its loss is

@@ -27,6 +27,10 @@ struct StepInputs {
   int micro_batches = 1;    // train.grad_accum
   double loss_scale = 1.0;  // the loss scaler's factor (1 without scaling)
   bool bf16_autocast = false;
+  // train.chunked_loss: the loss over chunks of the head's logits (Transformer::forward_loss)
+  // of loss_chunk_tokens each (0: about 32 MiB of logits), or over the whole logits.
+  bool chunked_loss = false;
+  int64_t loss_chunk_tokens = 0;
   int64_t rows = 0;    // sequences per micro-batch
   int64_t length = 0;  // tokens per sequence
 };

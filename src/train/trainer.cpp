@@ -263,6 +263,8 @@ double Trainer::forward_backward() {
   step.micro_batches = static_cast<int>(config_.train.grad_accum);
   step.loss_scale = scaler_.scale();
   step.bf16_autocast = config_.precision.autocast == "bf16";
+  step.chunked_loss = config_.train.chunked_loss;
+  step.loss_chunk_tokens = config_.train.loss_chunk_tokens;
   step.rows = config_.train.micro_batch;
   step.length = config_.data.seq_len;
   return parallel_->forward_backward(step);

@@ -35,8 +35,7 @@ class FsdpTrainerTest : public ::testing::Test {
   }
 
   // Rank 0's losses of `steps` steps on `world` in-process ranks.
-  std::vector<double> fsdp_losses(int world, const std::vector<std::string>& overrides,
-                                  int steps) {
+  std::vector<double> fsdp_losses(int world, const std::vector<std::string>& overrides, int steps) {
     std::vector<double> got;
     run_local_ranks(
         world,
@@ -54,28 +53,57 @@ class FsdpTrainerTest : public ::testing::Test {
   fs::path dir_;
 };
 
+// train.chunked_loss: the head's loss over chunks of tokens trains as the whole logits do, on
+// one process and under each data-parallel strategy (the sharded ones gather the head inside
+// the chunked loss's forward).
+TEST_F(FsdpTrainerTest, TheChunkedLossTrainsAsTheWholeLogits) {
+  Trainer single(config());
+  std::vector<double> want;
+  for (int i = 0; i < 4; ++i) want.push_back(single.train_step().loss);
+  const std::vector<std::string> chunked = {"train.chunked_loss=true",
+                                            "train.loss_chunk_tokens=24"};
+  {
+    auto overrides = chunked;
+    overrides.push_back("run.dir=\"" + (dir_ / "chunked_none").string() + "\"");
+    Trainer one(config(overrides));
+    std::vector<double> got;
+    for (int i = 0; i < 4; ++i) got.push_back(one.train_step().loss);
+    testing::expect_same_losses(got, want, 1e-5);
+  }
+  for (const std::string layout : {"ddp", "fsdp", "zero"}) {
+    SCOPED_TRACE(layout);
+    auto overrides = chunked;
+    overrides.insert(
+        overrides.end(),
+        {"parallel.strategy=\"" + layout + "\"", "parallel.zero.stage=3", "train.grad_accum=2",
+         "train.micro_batch=2", "run.dir=\"" + (dir_ / ("chunked_" + layout)).string() + "\""});
+    testing::expect_same_losses(fsdp_losses(2, overrides, 4), want, 1e-5);
+  }
+}
+
 TEST_F(FsdpTrainerTest, EveryShardingOnFourRanksMatchesOneProcess) {
   Trainer single(config());
   std::vector<double> want;
   for (int i = 0; i < 4; ++i) want.push_back(single.train_step().loss);
   for (const std::string sharding : {"full_shard", "shard_grad_op", "no_shard", "hybrid_shard"}) {
     SCOPED_TRACE(sharding);
-    testing::expect_same_losses(fsdp_losses(4,
-                                   {"parallel.strategy=\"fsdp\"", "train.micro_batch=2",
-                                    "parallel.fsdp.sharding=\"" + sharding + "\"",
-                                    "parallel.fsdp.replicate=2",
-                                    "run.dir=\"" + (dir_ / sharding).string() + "\""},
-                                   4),
-                       want, 1e-5);
+    testing::expect_same_losses(
+        fsdp_losses(4,
+                    {"parallel.strategy=\"fsdp\"", "train.micro_batch=2",
+                     "parallel.fsdp.sharding=\"" + sharding + "\"", "parallel.fsdp.replicate=2",
+                     "run.dir=\"" + (dir_ / sharding).string() + "\""},
+                    4),
+        want, 1e-5);
   }
   for (const std::string stage : {"1", "2", "3"}) {
     SCOPED_TRACE("zero stage " + stage);
-    testing::expect_same_losses(fsdp_losses(4,
-                                   {"parallel.strategy=\"zero\"", "train.micro_batch=2",
-                                    "parallel.zero.stage=" + stage,
-                                    "run.dir=\"" + (dir_ / ("zero" + stage)).string() + "\""},
-                                   4),
-                       want, 1e-5);
+    testing::expect_same_losses(
+        fsdp_losses(
+            4,
+            {"parallel.strategy=\"zero\"", "train.micro_batch=2", "parallel.zero.stage=" + stage,
+             "run.dir=\"" + (dir_ / ("zero" + stage)).string() + "\""},
+            4),
+        want, 1e-5);
   }
 }
 
@@ -89,8 +117,11 @@ TEST_F(FsdpTrainerTest, ZeroStagesWithEachOffloadMatchOneProcessOverTenSteps) {
     for (const std::string offload : {"none", "cpu", "nvme"}) {
       SCOPED_TRACE("zero stage " + stage + " offload " + offload);
       std::vector<std::string> overrides = {
-          "parallel.strategy=\"zero\"", "train.micro_batch=2", "train.steps=10",
-          "parallel.zero.stage=" + stage, "parallel.zero.offload_optimizer=\"" + offload + "\"",
+          "parallel.strategy=\"zero\"",
+          "train.micro_batch=2",
+          "train.steps=10",
+          "parallel.zero.stage=" + stage,
+          "parallel.zero.offload_optimizer=\"" + offload + "\"",
           "parallel.zero.nvme_path=\"" + nvme.string() + "\"",
           "run.dir=\"" + (dir_ / ("zero" + stage + offload)).string() + "\""};
       if (stage == "3" && offload != "none") {
@@ -212,9 +243,9 @@ TEST_F(FsdpTrainerTest, BadFsdpSettingsAreNamed) {
     }
     return std::string("no error");
   };
-  EXPECT_NE(message({"parallel.strategy=\"fsdp\"", "parallel.fsdp.sharding=\"zero4\""})
-                .find("zero4"),
-            std::string::npos);
+  EXPECT_NE(
+      message({"parallel.strategy=\"fsdp\"", "parallel.fsdp.sharding=\"zero4\""}).find("zero4"),
+      std::string::npos);
   EXPECT_NE(message({"parallel.strategy=\"fsdp\"", "parallel.fsdp.wrap=\"class\"",
                      "parallel.fsdp.wrap_classes=[\"BertLayer\"]"})
                 .find("BertLayer"),

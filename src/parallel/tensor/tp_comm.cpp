@@ -199,6 +199,10 @@ at::Tensor vocab_parallel_cross_entropy(const at::Tensor& local_logits, const at
   return VocabParallelCrossEntropy::apply(local_logits, targets, handle_of(group), divisor);
 }
 
+void all_reduce_tensor_parallel(at::Tensor& x, ProcessGroup& group, ReduceOp op) {
+  timed(bytes_of(x), [&] { group.all_reduce(x, op)->wait(); });
+}
+
 at::Tensor gather_vocabulary(const at::Tensor& local_logits, ProcessGroup& group) {
   at::NoGradGuard no_grad;
   return gathered_along(local_logits, local_logits.dim() - 1, group);

@@ -50,6 +50,14 @@ at::Tensor TpState::reduce_scatter_sequence(const at::Tensor& x) const {
   return shardtrain::reduce_scatter_sequence(x, *group);
 }
 
+void TpState::max_across(at::Tensor& x) const {
+  all_reduce_tensor_parallel(x, *group, ReduceOp::kMax);
+}
+
+void TpState::sum_across(at::Tensor& x) const {
+  all_reduce_tensor_parallel(x, *group, ReduceOp::kSum);
+}
+
 ParameterInitializer TpState::split_initializer(ParameterInitializer init) const {
   return tensor_parallel_initializer(shared_from_this(), std::move(init));
 }

@@ -45,6 +45,8 @@ struct TpState : LayerSplit, std::enable_shared_from_this<TpState> {
   at::Tensor reduce_out(const at::Tensor& x) const override;
   at::Tensor gather_sequence(const at::Tensor& x) const override;
   at::Tensor reduce_scatter_sequence(const at::Tensor& x) const override;
+  void max_across(at::Tensor& x) const override;
+  void sum_across(at::Tensor& x) const override;
   ParameterInitializer split_initializer(ParameterInitializer init) const override;
   // The layout of a parameter or of optimizer state named after it ("optim.NAME.exp_avg"),
   // or null for a replicated one.

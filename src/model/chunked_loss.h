@@ -1,0 +1,33 @@
+// The head's cross-entropy without the whole logits: the [tokens x vocabulary] logits, their
+// softmax and their gradient exist one chunk of tokens at a time.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <cstdint>
+
+#include "model/layer_split.h"
+
+namespace shardtrain::detail {
+
+// The cross-entropy of at::linear(hidden, weight) against `targets`, `chunk` tokens at a time.
+// hidden [N, D], weight [V, D] (this rank's rows of the vocabulary when `split` is given: the
+// head is then column-parallel and the softmax's max and sums are reduced across the split's
+// group, Megatron's vocabulary-parallel loss), targets [N] with kIgnoreIndex where no loss is
+// taken. divisor > 0: the sum over the kept tokens / divisor; else their mean (as
+// at::cross_entropy_loss). The logits are computed in the matmul's dtype (bf16 under autocast)
+// and the softmax in fp32.
+//
+// When gradients are wanted, each chunk's logits gradient is formed and consumed right after
+// its loss (Liger's fused linear cross-entropy): the gradients of hidden and weight are
+// accumulated during the forward, and the backward scales them by the loss's gradient. So the
+// head's matmuls are done once, as in the unchunked loss, and the graph goes backward once.
+at::Tensor chunked_head_loss(const at::Tensor& hidden, const at::Tensor& weight,
+                             const at::Tensor& targets, double divisor, int64_t chunk,
+                             const LayerSplit* split = nullptr);
+
+// The tokens per chunk that keep a chunk's fp32 logits near `bytes` for a vocabulary of
+// `vocab` columns on this rank: at least 1.
+int64_t loss_chunk_tokens(int64_t vocab, int64_t bytes = int64_t{32} << 20);
+
+}  // namespace shardtrain::detail
