@@ -8,6 +8,7 @@
 #include <cmath>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "shardtrain/chat_template.h"
@@ -143,6 +144,8 @@ class Trainer {
   // `lr`. add_step_totals: the step's time, communication and file transfers into `result`.
   double forward_backward();
   void optimizer_step(double lr);
+  // train.chunked_loss's tokens per chunk (0: about 32 MiB of logits), or none: the whole logits.
+  std::optional<int64_t> loss_chunk() const;
   void add_step_totals(StepResult& result, std::chrono::steady_clock::time_point start,
                        std::chrono::steady_clock::time_point end,
                        const detail::SwapIoTotals& io_before);

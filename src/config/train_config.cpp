@@ -521,9 +521,6 @@ void validate_pipeline(const TrainConfig& c) {
                c.parallel.zero.offload_param == OffloadDevice::kNone),
           "parallel.zero.offload_optimizer / offload_param with parallel.pp > 1: offload is not "
           "combined with pipeline stages");
-  require(!c.train.chunked_loss,
-          "train.chunked_loss with parallel.pp > 1: the last pipeline stage takes the loss of a "
-          "micro-batch's whole logits in this version; set train.chunked_loss = false");
   require(c.lora.rank == 0,
           "lora.rank > 0 with parallel.pp > 1: adapters are not split into pipeline stages; use "
           "data parallelism (ddp or fsdp) for LoRA");

@@ -72,10 +72,7 @@ double ParallelModel::forward_backward(const StepInputs& step) {
     {
       detail::TraceSpan span("forward", "forward", {{"micro_batch", a}});
       detail::AutocastScope autocast(detail::cpu_bf16_autocast(step.bf16_autocast));
-      loss = step.chunked_loss ? model_->forward_loss(batch.inputs, batch.layout,
-                                                      LossTargets{batch.targets, batch.loss_divisor,
-                                                                  step.loss_chunk_tokens})
-                               : this->loss(model_->forward(batch.inputs, batch.layout), batch);
+      loss = batch_loss(batch, step.loss_chunk);
     }
     detail::TraceSpan backward_span("backward", "backward", {{"micro_batch", a}});
     // Every micro-batch has the same number of tokens (or, for instruction data, its loss is
@@ -127,6 +124,12 @@ at::Tensor ParallelModel::logits(const at::Tensor& tokens, const SequenceLayout&
 
 at::Tensor ParallelModel::loss(const at::Tensor& logits, const Batch& batch) {
   return detail::logits_loss(model_, logits, batch);
+}
+
+at::Tensor ParallelModel::batch_loss(const Batch& batch, std::optional<int64_t> chunk) {
+  if (!chunk) return loss(logits(batch.inputs, batch.layout), batch);
+  return model_->forward_loss(batch.inputs, batch.layout,
+                              LossTargets{batch.targets, batch.loss_divisor, *chunk});
 }
 
 at::Tensor ParallelModel::whole_vocabulary(const at::Tensor& logits) const {

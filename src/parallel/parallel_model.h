@@ -10,6 +10,7 @@
 #include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -27,10 +28,9 @@ struct StepInputs {
   int micro_batches = 1;    // train.grad_accum
   double loss_scale = 1.0;  // the loss scaler's factor (1 without scaling)
   bool bf16_autocast = false;
-  // train.chunked_loss: the loss over chunks of the head's logits (Transformer::forward_loss)
-  // of loss_chunk_tokens each (0: about 32 MiB of logits), or over the whole logits.
-  bool chunked_loss = false;
-  int64_t loss_chunk_tokens = 0;
+  // Set: the loss over chunks of the head's logits of this many tokens (0: about 32 MiB of
+  // logits each; train.chunked_loss); unset: over the whole logits. See batch_loss.
+  std::optional<int64_t> loss_chunk;
   int64_t rows = 0;    // sequences per micro-batch
   int64_t length = 0;  // tokens per sequence
 };
@@ -107,6 +107,10 @@ class ParallelModel {
   virtual std::unique_ptr<StageScope> inference_scope() { return nullptr; }
   virtual at::Tensor logits(const at::Tensor& tokens, const SequenceLayout& layout);
   at::Tensor loss(const at::Tensor& logits, const Batch& batch);
+  // The loss of a batch's forward, in training and evaluation: over chunks of `chunk` tokens of
+  // the head's logits when set (Transformer::forward_loss), else loss(logits(...)). Undefined on
+  // ranks that do not hold the last pipeline stage, whose loss is taken of the whole logits.
+  virtual at::Tensor batch_loss(const Batch& batch, std::optional<int64_t> chunk);
   virtual double eval_total(double local_total) { return local_total; }
   virtual void share_sampled(at::Tensor& /*token*/) {}
   // The last position's logits over the whole vocabulary (gathered across a tensor-parallel

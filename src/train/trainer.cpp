@@ -263,8 +263,7 @@ double Trainer::forward_backward() {
   step.micro_batches = static_cast<int>(config_.train.grad_accum);
   step.loss_scale = scaler_.scale();
   step.bf16_autocast = config_.precision.autocast == "bf16";
-  step.chunked_loss = config_.train.chunked_loss;
-  step.loss_chunk_tokens = config_.train.loss_chunk_tokens;
+  step.loss_chunk = loss_chunk();
   step.rows = config_.train.micro_batch;
   step.length = config_.data.seq_len;
   return parallel_->forward_backward(step);
@@ -297,6 +296,11 @@ void Trainer::add_step_totals(StepResult& result, std::chrono::steady_clock::tim
   result.file_wait_s = io.wait_seconds - io_before.wait_seconds;
 }
 
+std::optional<int64_t> Trainer::loss_chunk() const {
+  if (!config_.train.chunked_loss) return std::nullopt;
+  return config_.train.loss_chunk_tokens;
+}
+
 double Trainer::evaluate() {
   detail::TelemetryScope telemetry(telemetry_);
   detail::TraceSpan span("eval", "eval");
@@ -308,8 +312,8 @@ double Trainer::evaluate() {
     detail::AutocastScope autocast(detail::cpu_bf16_autocast(config_.precision.autocast == "bf16"));
     const Batch batch = loader_->eval_batch(i);
     // Undefined on ranks that do not hold the last stage.
-    const at::Tensor logits = parallel_->logits(batch.inputs, batch.layout);
-    if (logits.defined()) total += parallel_->loss(logits, batch).item<double>();
+    const at::Tensor loss = parallel_->batch_loss(batch, loss_chunk());
+    if (loss.defined()) total += loss.item<double>();
   }
   model_->train();
   total = parallel_->eval_total(total);

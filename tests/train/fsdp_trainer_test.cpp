@@ -53,11 +53,11 @@ class FsdpTrainerTest : public ::testing::Test {
   fs::path dir_;
 };
 
-// train.chunked_loss: the head's loss over chunks of tokens trains as the whole logits do, on
-// one process and under each data-parallel strategy (the sharded ones gather the head inside
-// the chunked loss's forward).
+// train.chunked_loss (the default): the head's loss over chunks of tokens trains as the whole
+// logits do, on one process and under each data-parallel strategy (the sharded ones gather the
+// head inside the chunked loss's forward).
 TEST_F(FsdpTrainerTest, TheChunkedLossTrainsAsTheWholeLogits) {
-  Trainer single(config());
+  Trainer single(config({"train.chunked_loss=false"}));
   std::vector<double> want;
   for (int i = 0; i < 4; ++i) want.push_back(single.train_step().loss);
   const std::vector<std::string> chunked = {"train.chunked_loss=true",

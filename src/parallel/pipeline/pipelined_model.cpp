@@ -52,6 +52,11 @@ at::Tensor PipelinedModel::logits(const at::Tensor& tokens, const SequenceLayout
   return runner_->forward(tokens, layout);
 }
 
+at::Tensor PipelinedModel::batch_loss(const Batch& batch, std::optional<int64_t> /*chunk*/) {
+  const at::Tensor output = logits(batch.inputs, batch.layout);
+  return output.defined() ? loss(output, batch) : output;
+}
+
 double PipelinedModel::eval_total(double local_total) {
   // On the last stage's ranks only (the same number on each).
   return world_mean(local_total) * static_cast<double>(stages_.size());

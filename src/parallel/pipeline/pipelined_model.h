@@ -35,6 +35,7 @@ class PipelinedModel : public ParallelModel {
   bool holds_whole_model() const override { return false; }
   std::unique_ptr<StageScope> inference_scope() override { return stage_->hold_stage(); }
   at::Tensor logits(const at::Tensor& tokens, const SequenceLayout& layout) override;
+  at::Tensor batch_loss(const Batch& batch, std::optional<int64_t> chunk) override;
   double eval_total(double local_total) override;
   // From the last stage's rank to the others of the pipeline.
   void share_sampled(at::Tensor& token) override;
