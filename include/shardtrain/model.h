@@ -324,6 +324,10 @@ class TransformerImpl : public torch::nn::Module {
   at::Tensor embed(const at::Tensor& tokens, int64_t length, const SequenceLayout& layout,
                    detail::BlockContext& ctx);
   at::Tensor run_blocks(at::Tensor x, int64_t begin, int64_t end, const detail::BlockContext& ctx);
+  // forward and forward_loss: the whole model's blocks, then `end` of their output, between
+  // the model's hooks.
+  at::Tensor whole_forward(const at::Tensor& tokens, const SequenceLayout& layout,
+                           const std::function<at::Tensor(const at::Tensor&)>& end);
   at::Tensor head(at::Tensor x);
   // The final norm (and, split, the head's column-parallel input), and the head's weight (the
   // token embedding's when tied).

@@ -163,6 +163,13 @@ struct WorkloadOptions {
     fused_attention_ = v;
     return *this;
   }
+  // The loss over chunks of the head's logits (shardtrain's train.chunked_loss): about 32 MiB
+  // of them at a time instead of [tokens x vocabulary]. Off by default, as the published runs
+  // and the Python stacks hold the whole logits; a pipeline's last stage holds them either way.
+  WorkloadOptions& chunked_loss(bool v) {
+    chunked_loss_ = v;
+    return *this;
+  }
   // Achieved fraction of peak FLOP/s; 0: the hardware entry's default.
   WorkloadOptions& efficiency(double v) {
     efficiency_ = v;
@@ -187,6 +194,7 @@ struct WorkloadOptions {
   std::string optimizer_ = "adamw";
   bool checkpointing_ = false;
   bool fused_attention_ = true;
+  bool chunked_loss_ = false;
   double efficiency_ = 0;
   double safety_margin_ = 0.1;  // of device memory, for the CUDA context, fragmentation, ...
   int64_t lora_rank_ = 0;

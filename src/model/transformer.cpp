@@ -162,6 +162,27 @@ at::Tensor TransformerImpl::forward(const at::Tensor& tokens) {
 }
 
 at::Tensor TransformerImpl::forward(const at::Tensor& tokens, const SequenceLayout& layout) {
+  return whole_forward(tokens, layout, [this](const at::Tensor& x) { return head(x); });
+}
+
+at::Tensor TransformerImpl::forward_loss(const at::Tensor& tokens, const SequenceLayout& layout,
+                                         const LossTargets& targets) {
+  TORCH_CHECK(targets.targets.sizes() == tokens.sizes(),
+              "Transformer::forward_loss: targets must be shaped as the tokens ", tokens.sizes(),
+              ", got ", targets.targets.sizes());
+  return whole_forward(tokens, layout, [&](const at::Tensor& output) {
+    const at::Tensor x = head_input(output);
+    const at::Tensor weight = head_weight();
+    const int64_t chunk =
+        targets.chunk > 0 ? targets.chunk : detail::loss_chunk_tokens(weight.size(0));
+    return detail::chunked_head_loss(x.reshape({-1, x.size(-1)}), weight,
+                                     targets.targets.reshape({-1}), targets.divisor, chunk,
+                                     tp_.get());
+  });
+}
+
+at::Tensor TransformerImpl::whole_forward(const at::Tensor& tokens, const SequenceLayout& layout,
+                                          const std::function<at::Tensor(const at::Tensor&)>& end) {
   check_tokens(tokens, config_);
   check_layout(layout, tokens);
   if (!parts_.embedding || !parts_.head || !parts_.holds_block(0) || parts_.blocks.size() != 1 ||
@@ -174,34 +195,8 @@ at::Tensor TransformerImpl::forward(const at::Tensor& tokens, const SequenceLayo
   if (hooks) hooks->pre_forward(*this);
   detail::BlockContext ctx;
   at::Tensor x = embed(tokens, tokens.size(1), layout, ctx);
-  x = head(run_blocks(x, 0, static_cast<int64_t>(blocks_->size()), ctx));
+  x = end(run_blocks(x, 0, static_cast<int64_t>(blocks_->size()), ctx));
   return hooks ? hooks->post_forward(*this, x) : x;
-}
-
-at::Tensor TransformerImpl::forward_loss(const at::Tensor& tokens, const SequenceLayout& layout,
-                                         const LossTargets& targets) {
-  check_tokens(tokens, config_);
-  check_layout(layout, tokens);
-  TORCH_CHECK(targets.targets.sizes() == tokens.sizes(),
-              "Transformer::forward_loss: targets must be shaped as the tokens ", tokens.sizes(),
-              ", got ", targets.targets.sizes());
-  if (!parts_.embedding || !parts_.head || !parts_.holds_block(0) || parts_.blocks.size() != 1 ||
-      parts_.blocks[0].second != config_.n_layers) {
-    throw std::logic_error(
-        "Transformer::forward_loss: this model holds one pipeline stage's parts");
-  }
-  const std::shared_ptr<ForwardHooks> hooks = module_hooks(*this);
-  if (hooks) hooks->pre_forward(*this);
-  detail::BlockContext ctx;
-  at::Tensor x = embed(tokens, tokens.size(1), layout, ctx);
-  x = head_input(run_blocks(x, 0, static_cast<int64_t>(blocks_->size()), ctx));
-  const at::Tensor weight = head_weight();
-  const int64_t chunk =
-      targets.chunk > 0 ? targets.chunk : detail::loss_chunk_tokens(weight.size(0));
-  at::Tensor loss =
-      detail::chunked_head_loss(x.reshape({-1, x.size(-1)}), weight, targets.targets.reshape({-1}),
-                                targets.divisor, chunk, tp_.get());
-  return hooks ? hooks->post_forward(*this, loss) : loss;
 }
 
 at::Tensor TransformerImpl::forward_stage(const at::Tensor& input, int64_t begin, int64_t end,

@@ -196,8 +196,16 @@ Candidate evaluate_candidate(Candidate c, const PlanModel& model, const Hardware
     act += block_activation_bytes(model, w.seq_len_, w.micro_batch_, false, w.fused_attention_,
                                   c.tp, sp);
   }
-  // Final norm input, and the logits with the fp32 copy the loss reads.
-  act += 4 * sb * d + (w.precision_ == "fp32" ? 4.0 : 6.0) * sb * model.vocab_size / c.tp;
+  // Final norm input, and the logits with the fp32 copy the loss reads: of every token, or of
+  // one chunk of about 32 MiB of fp32 logits (the chunked loss, which also accumulates the
+  // hidden states' gradient, 4 bytes a value).
+  const double vocab_local = static_cast<double>(model.vocab_size) / c.tp;
+  double logit_rows = sb;
+  if (w.chunked_loss_ && c.pp == 1) {
+    logit_rows = std::min(sb, std::max(1.0, std::floor(double{32 << 20} / (4 * vocab_local))));
+    act += 2 * sb * d;
+  }
+  act += 4 * sb * d + (w.precision_ == "fp32" ? 4.0 : 6.0) * logit_rows * vocab_local;
   c.memory.activations = act * act_scale;
   c.host_bytes_per_node = c.memory.host * k;
   const double usable = hw.memory_bytes * (1.0 - w.safety_margin_);
@@ -227,9 +235,8 @@ Candidate evaluate_candidate(Candidate c, const PlanModel& model, const Hardware
   const double t_bwd = t_mb * (w.checkpointing_ ? 0.75 : 2.0 / 3.0);
   const double t_fwd = t_mb - t_bwd;
   const double ga = static_cast<double>(c.grad_accum);
-  const double shard_params =
-      c.lora ? (stage == 0 ? adapters : adapters / c.shard)
-             : (stage == 0 ? replica : zi.sharded_parameters);
+  const double shard_params = c.lora ? (stage == 0 ? adapters : adapters / c.shard)
+                                     : (stage == 0 ? replica : zi.sharded_parameters);
   const double g_opt = b.master > 0 ? 4.0 : b.grad;
   const double opt_bytes =
       (b.param + g_opt + b.optimizer_total()) + (b.param + b.optimizer_total());

@@ -190,6 +190,8 @@ RunEstimate estimate_run(const nlohmann::json& run, const HardwareSpec& host,
   w.seq_len(required<int64_t>(train, "seq_len", run_file))
       .micro_batch(required<int64_t>(train, "micro_batch", run_file))
       .activation_checkpointing(field<bool>(train, "activation_checkpointing", false))
+      // Runs recorded before the chunked loss took their loss over the whole logits.
+      .chunked_loss(field<bool>(train, "chunked_loss", false))
       // shardtrain keeps fp32 parameters (the master weights) and computes in the autocast dtype.
       .precision(bf16_params || autocast ? "bf16-autocast" : "fp32")
       .safety_margin(0.0);

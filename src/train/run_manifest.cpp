@@ -28,6 +28,7 @@ nlohmann::ordered_json run_manifest(const TrainConfig& config, int world_size) {
                   {"grad_accum", config.train.grad_accum},
                   {"seq_len", config.data.seq_len},
                   {"activation_checkpointing", config.train.activation_checkpointing},
+                  {"chunked_loss", config.train.chunked_loss},
                   {"threads", config.run.threads},
                   {"steps", config.train.steps},
                   {"lr", config.train.lr},

@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 
 #include "plan/time_model.h"
 #include "shardtrain/plan.h"
@@ -30,6 +31,21 @@ TEST(PlanDecision, ModelThatFitsOnOneDeviceGetsDdp) {
   ASSERT_NE(plan.recommendation(), nullptr);
   EXPECT_EQ(plan.recommendation()->strategy, PlanStrategy::kDdp) << plan.explanation;
   EXPECT_NE(plan.explanation.find("fit on every device"), std::string::npos) << plan.explanation;
+}
+
+// The chunked loss holds one chunk of about 32 MiB of fp32 logits instead of every token's,
+// and the hidden states' gradient it accumulates: the activations differ by exactly that.
+TEST(PlanDecision, TheChunkedLossCountsOneChunkOfTheLogits) {
+  const PlanModel model = PlanModel::from_config(model_preset("gpt2-124m"));
+  const ClusterOptions cluster = ClusterOptions().gpu("h100-80gb").gpus_per_node(1);
+  const auto workload = [] { return WorkloadOptions().seq_len(2048).micro_batch(2); };
+  const Candidate whole = find(make_plan(model, cluster, workload()), PlanStrategy::kDdp, false);
+  const Candidate chunked =
+      find(make_plan(model, cluster, workload().chunked_loss(true)), PlanStrategy::kDdp, false);
+  const double tokens = 2 * 2048, vocab = 50257, chunk = std::floor((32 << 20) / (4 * vocab));
+  EXPECT_NEAR(whole.memory.activations - chunked.memory.activations,
+              6 * (tokens - chunk) * vocab - 2 * tokens * 768, 1.0);
+  EXPECT_GT(whole.memory.activations - chunked.memory.activations, 1e9);  // the logits' share
 }
 
 TEST(PlanDecision, Llama70bOnEightH100IsSharded) {
