@@ -280,8 +280,13 @@ class TransformerImpl : public torch::nn::Module {
   // hidden states [B, T', d_model] (T' = T / tp under sequence parallelism). `length` is T. The
   // parts it runs must have been built (ModelInit::parts).
   // `layout`: as forward's, for the whole sequence of the micro-batch the stage computes.
+  // With `with_head` false the last stage stops before the final norm and returns the hidden
+  // states head_loss takes.
   at::Tensor forward_stage(const at::Tensor& input, int64_t begin, int64_t end, int64_t length,
-                           const SequenceLayout& layout = SequenceLayout());
+                           const SequenceLayout& layout = SequenceLayout(), bool with_head = true);
+  // The last stage's loss of the last block's output `x` (forward_stage(..., false)): the final
+  // norm, then the head's matmul and the cross-entropy over chunks, as forward_loss.
+  at::Tensor head_loss(const at::Tensor& x, const LossTargets& targets);
   // The parts this model holds (the whole model unless built with ModelInit::parts).
   const ModelParts& parts() const { return parts_; }
 

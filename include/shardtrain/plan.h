@@ -165,7 +165,7 @@ struct WorkloadOptions {
   }
   // The loss over chunks of the head's logits (shardtrain's train.chunked_loss): about 32 MiB
   // of them at a time instead of [tokens x vocabulary]. Off by default, as the published runs
-  // and the Python stacks hold the whole logits; a pipeline's last stage holds them either way.
+  // and the Python stacks hold the whole logits.
   WorkloadOptions& chunked_loss(bool v) {
     chunked_loss_ = v;
     return *this;

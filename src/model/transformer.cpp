@@ -170,15 +170,17 @@ at::Tensor TransformerImpl::forward_loss(const at::Tensor& tokens, const Sequenc
   TORCH_CHECK(targets.targets.sizes() == tokens.sizes(),
               "Transformer::forward_loss: targets must be shaped as the tokens ", tokens.sizes(),
               ", got ", targets.targets.sizes());
-  return whole_forward(tokens, layout, [&](const at::Tensor& output) {
-    const at::Tensor x = head_input(output);
-    const at::Tensor weight = head_weight();
-    const int64_t chunk =
-        targets.chunk > 0 ? targets.chunk : detail::loss_chunk_tokens(weight.size(0));
-    return detail::chunked_head_loss(x.reshape({-1, x.size(-1)}), weight,
-                                     targets.targets.reshape({-1}), targets.divisor, chunk,
-                                     tp_.get());
-  });
+  return whole_forward(tokens, layout, [&](const at::Tensor& x) { return head_loss(x, targets); });
+}
+
+at::Tensor TransformerImpl::head_loss(const at::Tensor& output, const LossTargets& targets) {
+  const at::Tensor x = head_input(output);
+  const at::Tensor weight = head_weight();
+  const int64_t chunk =
+      targets.chunk > 0 ? targets.chunk : detail::loss_chunk_tokens(weight.size(0));
+  return detail::chunked_head_loss(x.reshape({-1, x.size(-1)}), weight,
+                                   targets.targets.reshape({-1}), targets.divisor, chunk,
+                                   tp_.get());
 }
 
 at::Tensor TransformerImpl::whole_forward(const at::Tensor& tokens, const SequenceLayout& layout,
@@ -200,7 +202,8 @@ at::Tensor TransformerImpl::whole_forward(const at::Tensor& tokens, const Sequen
 }
 
 at::Tensor TransformerImpl::forward_stage(const at::Tensor& input, int64_t begin, int64_t end,
-                                          int64_t length, const SequenceLayout& layout) {
+                                          int64_t length, const SequenceLayout& layout,
+                                          bool with_head) {
   detail::BlockContext ctx;
   at::Tensor x;
   if (begin == 0) {
@@ -213,7 +216,7 @@ at::Tensor TransformerImpl::forward_stage(const at::Tensor& input, int64_t begin
     prepare_context(x, length, layout, ctx);
   }
   x = run_blocks(x, begin, end, ctx);
-  return end == config_.n_layers ? head(x) : x;
+  return end == config_.n_layers && with_head ? head(x) : x;
 }
 
 void TransformerImpl::prepare_context(const at::Tensor& x, int64_t length,

@@ -201,7 +201,7 @@ Candidate evaluate_candidate(Candidate c, const PlanModel& model, const Hardware
   // hidden states' gradient, 4 bytes a value).
   const double vocab_local = static_cast<double>(model.vocab_size) / c.tp;
   double logit_rows = sb;
-  if (w.chunked_loss_ && c.pp == 1) {
+  if (w.chunked_loss_) {
     logit_rows = std::min(sb, std::max(1.0, std::floor(double{32 << 20} / (4 * vocab_local))));
     act += 2 * sb * d;
   }

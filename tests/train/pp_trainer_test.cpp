@@ -113,6 +113,22 @@ class PipelineTrainerTest : public ::testing::Test {
   std::string preset_ = "tiny";
 };
 
+// The last stage takes the loss over chunks of the logits (Transformer::head_loss), in one
+// graph (1F1B) and from a detached copy of the last block's output (zero bubble's split
+// backward): both train as the whole logits of one process do.
+TEST_F(PipelineTrainerTest, TheChunkedLossOnTheLastStageTrainsAsTheWholeLogits) {
+  const Layout one{"one", 1, {"train.chunked_loss=false"}};
+  const auto want = train(one, config(one, dir_ / "whole", 6), 6);
+  for (const std::string schedule : {"1f1b", "zero_bubble"}) {
+    SCOPED_TRACE(schedule);
+    const Layout layout{schedule,
+                        2,
+                        {"parallel.pp=2", "parallel.pp_schedule=\"" + schedule + "\"",
+                         "train.chunked_loss=true", "train.loss_chunk_tokens=7"}};
+    testing::expect_same_losses(train(layout, config(layout, dir_ / schedule, 6), 6), want, 1e-5);
+  }
+}
+
 TEST_F(PipelineTrainerTest, EveryScheduleAtTwoStagesTrainsAsOneProcess) {
   expect_as_one_process(
       {Layout{"gpipe", 2, {"parallel.pp=2", "parallel.pp_schedule=\"gpipe\""}},

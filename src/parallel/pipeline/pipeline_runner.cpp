@@ -29,13 +29,14 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
 // What a stage keeps of a micro-batch between its forward and its backward.
 struct PipelineRunner::Held {
   at::Tensor input;        // received activations (a leaf that requires grad), or tokens
-  at::Tensor output;       // sent activations, or (last stage) the scaled loss or the logits
-  at::Tensor grad_output;  // received, (split last stage) the logits' gradient, or undefined
-  // The last stage of a split backward: the scaled loss of a copy of the logits (`logits`, a
-  // leaf), so that the loss's backward runs once (vocabulary-parallel cross-entropy can go
-  // backward only once) and the stage's is split from the logits' gradient like any other
-  // stage's. Other schedules keep one graph to the loss, which holds no copy of the logits.
-  at::Tensor loss, logits;
+  at::Tensor output;       // sent activations, or (last stage) the scaled loss or its input
+  at::Tensor grad_output;  // received, (split last stage) the loss input's gradient, or undefined
+  // The last stage of a split backward: the scaled loss of a copy of the loss's input (the
+  // logits or the last block's output; `loss_input`, a leaf), so that the loss's backward runs
+  // once (the vocabulary-parallel and the chunked losses can go backward only once) and the
+  // stage's is split from its input's gradient like any other stage's. Other schedules keep
+  // one graph to the loss, which holds no copy.
+  at::Tensor loss, loss_input;
   bool input_gradient_done = false;
   // The gradient backward starts from at `output`: none for the loss.
   std::vector<at::Tensor> output_grads() const;
@@ -169,13 +170,14 @@ void PipelineRunner::run(const PipelineAction& action, const PipelineStepInputs&
     const auto [begin, end] = blocks_.at(s);
     AutocastScope autocast(cpu_bf16_autocast(inputs.bf16_autocast));
     const SequenceLayout layout = inputs.layout ? inputs.layout(mb) : SequenceLayout();
-    at::Tensor output = model_->forward_stage(held->input, begin, end, length, layout);
+    at::Tensor output =
+        model_->forward_stage(held->input, begin, end, length, layout, inputs.logits);
     if (s < stages - 1) {
       send(output, s + 1, mb, false);
       held->output = std::move(output);
     } else if (split_last_stage()) {
-      held->logits = output.detach().requires_grad_(true);
-      const at::Tensor loss = inputs.loss(held->logits, mb);
+      held->loss_input = output.detach().requires_grad_(true);
+      const at::Tensor loss = inputs.loss(held->loss_input, mb);
       loss_sum += loss.item<double>();
       held->loss = loss * inputs.loss_factor;
       held->output = std::move(output);
@@ -208,8 +210,8 @@ void PipelineRunner::run(const PipelineAction& action, const PipelineStepInputs&
     release_sent_activation(s, mb);
   } else if (held.loss.defined()) {
     torch::autograd::backward({held.loss});
-    held.grad_output = held.logits.grad();
-    held.loss = held.logits = at::Tensor();
+    held.grad_output = held.loss_input.grad();
+    held.loss = held.loss_input = at::Tensor();
   }
   // The first stage has no input gradient to send, and under activation checkpointing the
   // recomputation accumulates the weights' gradients: those run the whole backward here.

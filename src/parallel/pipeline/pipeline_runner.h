@@ -20,8 +20,11 @@ struct PipelineStepInputs {
   std::function<at::Tensor(int micro_batch)> tokens;  // read on the first stage's rank
   // Packed samples' positions and segments, read on every rank; unset: plain sequences.
   std::function<SequenceLayout(int micro_batch)> layout;
-  // The mean loss of a micro-batch's logits, on the last stage's rank.
-  std::function<at::Tensor(const at::Tensor& logits, int micro_batch)> loss;
+  // The loss of a micro-batch, on the last stage's rank, of the last stage's output: its logits,
+  // or with `logits` false the last block's output (Transformer::head_loss takes the head
+  // itself, over chunks of the logits).
+  std::function<at::Tensor(const at::Tensor& output, int micro_batch)> loss;
+  bool logits = true;
   double loss_factor = 1.0;    // each micro-batch's loss is multiplied by this for backward
   int64_t batch = 0;           // sequences per micro-batch
   bool bf16_autocast = false;  // forwards under CPU bf16 autocast (precision.autocast)

@@ -21,8 +21,13 @@ double PipelinedModel::forward_backward(const StepInputs& step) {
   inputs.batch = step.rows;
   inputs.tokens = [&step](int micro_batch) { return step.micro_batch(micro_batch).inputs; };
   inputs.layout = [&step](int micro_batch) { return step.micro_batch(micro_batch).layout; };
-  inputs.loss = [this, &step](const at::Tensor& logits, int micro_batch) {
-    return loss(logits, step.micro_batch(micro_batch));
+  // The last stage takes the loss over chunks of the logits (head_loss) or of the whole logits.
+  inputs.logits = !step.loss_chunk;
+  inputs.loss = [this, &step](const at::Tensor& output, int micro_batch) {
+    const Batch batch = step.micro_batch(micro_batch);
+    if (!step.loss_chunk) return loss(output, batch);
+    return model_->head_loss(output,
+                             LossTargets{batch.targets, batch.loss_divisor, *step.loss_chunk});
   };
   // As without a pipeline: each micro-batch's loss is a mean, or its share of the global batch's
   // loss tokens (Batch::loss_divisor), so that 1/micro_batches of each makes the step's.

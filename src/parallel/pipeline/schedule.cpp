@@ -14,7 +14,6 @@ namespace {
 
 using Kind = PipelineAction::Kind;
 
-
 // The forwards and backwards of one rank in the schedule's order (the zero-bubble schedule's
 // weight gradients are placed by simulate()).
 std::vector<PipelineAction> main_order(PipelineScheduleKind kind, int ranks, int virtual_stages,
