@@ -24,6 +24,11 @@ HeadLoss compute(const at::Tensor& hidden, const at::Tensor& weight, const at::T
   const int64_t n = hidden.size(0);
   const int64_t local = weight.size(0);
   const int64_t first = split ? static_cast<int64_t>(split->rank()) * local : 0;
+  VocabularyReductions reduce;
+  if (split) {
+    reduce.max = [split](at::Tensor& x) { split->max_across(x); };
+    reduce.sum = [split](at::Tensor& x) { split->sum_across(x); };
+  }
   const at::Tensor kept = (targets != kIgnoreIndex).to(at::kFloat);
   // The mean over the kept tokens when no divisor is given (0 kept: NaN, as cross_entropy).
   const at::Tensor scale =
@@ -37,25 +42,14 @@ HeadLoss compute(const at::Tensor& hidden, const at::Tensor& weight, const at::T
     const at::Tensor h = hidden.narrow(0, start, rows);
     const at::Tensor z = at::linear(h, weight);  // [rows, local], the matmul's dtype
     at::Tensor p = z.to(at::kFloat);             // becomes the softmax, then its gradient, in place
-    at::Tensor max = std::get<0>(p.max(1));
-    if (split) split->max_across(max);
-    p.sub_(max.unsqueeze(1));
-    // A target outside this rank's rows (another rank's, or ignored) adds 0 to its logit.
-    const at::Tensor t = targets.narrow(0, start, rows);
-    const at::Tensor mine = ((t >= first) & (t < first + local)).to(at::kFloat);
-    const at::Tensor index = (t - first).clamp(0, local - 1).unsqueeze(1);
-    const at::Tensor target_logit = p.gather(1, index).squeeze(1) * mine;
-    p.exp_();
-    at::Tensor sums = at::cat({p.sum(1), target_logit});  // one reduction for both
-    if (split) split->sum_across(sums);
-    const at::Tensor sum_exp = sums.narrow(0, 0, rows);
+    const SoftmaxRows s = softmax_rows(p, targets.narrow(0, start, rows), first, reduce);
     const at::Tensor k = kept.narrow(0, start, rows);
-    total.add_(((sum_exp.log() - sums.narrow(0, rows, rows)) * k).sum());
+    total.add_((s.per_token * k).sum());
     if (!want_hidden && !want_weight) continue;
     // d loss / d z = (softmax - [v == target]) x kept x scale, in the matmul's dtype as the
     // unchunked graph has it.
-    p.div_(sum_exp.unsqueeze(1));
-    p.scatter_add_(1, index, -mine.unsqueeze(1));
+    p.div_(s.sum_exp.unsqueeze(1));
+    p.scatter_add_(1, s.index, -s.mine.unsqueeze(1));
     p.mul_((k * scale).unsqueeze(1));
     const at::Tensor dz = p.to(z.scalar_type());
     if (want_hidden) {
@@ -98,6 +92,24 @@ class ChunkedHeadLoss : public torch::autograd::Function<ChunkedHeadLoss> {
 };
 
 }  // namespace
+
+SoftmaxRows softmax_rows(at::Tensor& p, const at::Tensor& targets, int64_t first,
+                         const VocabularyReductions& reduce) {
+  const int64_t rows = p.size(0), local = p.size(1);
+  at::Tensor max = std::get<0>(p.max(1));
+  if (reduce.max) reduce.max(max);
+  p.sub_(max.unsqueeze(1));
+  SoftmaxRows out;
+  out.mine = ((targets >= first) & (targets < first + local)).to(p.scalar_type());
+  out.index = (targets - first).clamp(0, local - 1).unsqueeze(1);
+  const at::Tensor target_logit = p.gather(1, out.index).squeeze(1) * out.mine;
+  p.exp_();
+  at::Tensor sums = at::cat({p.sum(1), target_logit});  // one reduction for both
+  if (reduce.sum) reduce.sum(sums);
+  out.sum_exp = sums.narrow(0, 0, rows);
+  out.per_token = out.sum_exp.log() - sums.narrow(0, rows, rows);
+  return out;
+}
 
 at::Tensor chunked_head_loss(const at::Tensor& hidden, const at::Tensor& weight,
                              const at::Tensor& targets, double divisor, int64_t chunk,

@@ -5,6 +5,7 @@
 #include <ATen/ATen.h>
 
 #include <cstdint>
+#include <functional>
 
 #include "model/layer_split.h"
 
@@ -25,6 +26,26 @@ namespace shardtrain::detail {
 at::Tensor chunked_head_loss(const at::Tensor& hidden, const at::Tensor& weight,
                              const at::Tensor& targets, double divisor, int64_t chunk,
                              const LayerSplit* split = nullptr);
+
+// What softmax_rows leaves: each row's loss, log(sum of exponentials) - its target's logit, and
+// the sum itself; where each target lies: `mine` (1 where it is one of this rank's columns, in
+// the logits' dtype) and `index` ([rows, 1], its column here, clamped where it is not).
+struct SoftmaxRows {
+  at::Tensor per_token, sum_exp, mine, index;
+};
+// The reductions across the ranks that hold the other columns of the vocabulary (in place);
+// empty when one rank holds all of it.
+struct VocabularyReductions {
+  std::function<void(at::Tensor&)> max, sum;
+};
+
+// The cross-entropy of rows of logits `p` ([rows, local]: the vocabulary's columns
+// [first, first + local)) against `targets` [rows]. `p` is shifted by its row maximum and
+// exponentiated in place; the maxima and then the sums of exponentials and target logits (one
+// reduction for both) are reduced across `reduce`. A target outside this rank's columns
+// (another rank's, or ignored) adds 0 to its logit here.
+SoftmaxRows softmax_rows(at::Tensor& p, const at::Tensor& targets, int64_t first,
+                         const VocabularyReductions& reduce = {});
 
 // The tokens per chunk that keep a chunk's fp32 logits near `bytes` for a vocabulary of
 // `vocab` columns on this rank: at least 1.

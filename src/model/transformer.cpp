@@ -345,7 +345,7 @@ at::Tensor TransformerImpl::head_input(at::Tensor x) {
     x = dynamic_cast<detail::RMSNormImpl&>(*final_norm_).forward(x);
   }
   // Split, the head is column-parallel over the vocabulary: each rank computes the logits of
-  // the ids it holds (vocab_parallel_cross_entropy takes them as they are).
+  // the ids it holds (the vocabulary-parallel losses take them as they are).
   if (tp_) x = detail::column_parallel_input(x, *tp_);
   return x;
 }

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <stdexcept>
 
+#include "model/chunked_loss.h"
 #include "plan/text.h"
 #include "plan/time_model.h"
 #include "shardtrain/plan.h"
@@ -202,7 +203,8 @@ Candidate evaluate_candidate(Candidate c, const PlanModel& model, const Hardware
   const double vocab_local = static_cast<double>(model.vocab_size) / c.tp;
   double logit_rows = sb;
   if (w.chunked_loss_) {
-    logit_rows = std::min(sb, std::max(1.0, std::floor(double{32 << 20} / (4 * vocab_local))));
+    logit_rows =
+        std::min(sb, static_cast<double>(detail::loss_chunk_tokens(model.vocab_size / c.tp)));
     act += 2 * sb * d;
   }
   act += 4 * sb * d + (w.precision_ == "fp32" ? 4.0 : 6.0) * logit_rows * vocab_local;

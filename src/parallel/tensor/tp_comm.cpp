@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstdint>
 
+#include "model/chunked_loss.h"
 #include "shardtrain/tensor_parallel.h"
 #include "trace/telemetry.h"
 
@@ -120,23 +121,15 @@ class VocabParallelCrossEntropy : public torch::autograd::Function<VocabParallel
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& logits,
                             const at::Tensor& targets, int64_t group_handle, double divisor) {
     ProcessGroup& group = *reinterpret_cast<ProcessGroup*>(group_handle);
-    const int64_t local = logits.size(1);
-    const int64_t start = static_cast<int64_t>(group.rank()) * local;
-    at::Tensor max = std::get<0>(logits.max(1));
-    timed(bytes_of(max), [&] { group.all_reduce(max, ReduceOp::kMax)->wait(); });
-    at::Tensor softmax = logits - max.unsqueeze(1);  // shifted logits, then their softmax
-    // An ignored target (-100) lies in no rank's slice, so its target logit adds 0.
-    const at::Tensor mine = (targets >= start) & (targets < start + local);
-    const at::Tensor index = (targets - start).clamp(0, local - 1);
-    const at::Tensor target_logit =
-        softmax.gather(1, index.unsqueeze(1)).squeeze(1) * mine.to(softmax.scalar_type());
-    softmax.exp_();
-    // One all-reduce for both sums: [sum of exponentials | target logit].
-    at::Tensor sums = at::cat({softmax.sum(1), target_logit});
-    timed(bytes_of(sums), [&] { group.all_reduce(sums)->wait(); });
-    const int64_t n = logits.size(0);
-    const at::Tensor total = sums.narrow(0, 0, n);
-    const at::Tensor per_token = total.log() - sums.narrow(0, n, n);
+    detail::VocabularyReductions reduce;
+    reduce.max = [&group](at::Tensor& x) { all_reduce_tensor_parallel(x, group, ReduceOp::kMax); };
+    reduce.sum = [&group](at::Tensor& x) { all_reduce_tensor_parallel(x, group, ReduceOp::kSum); };
+    // The shifted logits, then their softmax. An ignored target (-100) lies in no rank's slice,
+    // so its target logit adds 0.
+    at::Tensor softmax = logits.clone();
+    const detail::SoftmaxRows rows = detail::softmax_rows(
+        softmax, targets, static_cast<int64_t>(group.rank()) * logits.size(1), reduce);
+    const at::Tensor& per_token = rows.per_token;
     at::Tensor loss, kept;
     if (divisor > 0) {
       kept = (targets != kIgnoreIndex).to(per_token.scalar_type());
@@ -144,8 +137,8 @@ class VocabParallelCrossEntropy : public torch::autograd::Function<VocabParallel
     } else {
       loss = per_token.mean();
     }
-    softmax.div_(total.unsqueeze(1));
-    ctx->save_for_backward({softmax, index, mine, kept});
+    softmax.div_(rows.sum_exp.unsqueeze(1));
+    ctx->save_for_backward({softmax, rows.index, rows.mine, kept});
     ctx->saved_data["divisor"] = divisor;
     return loss;
   }
@@ -159,7 +152,7 @@ class VocabParallelCrossEntropy : public torch::autograd::Function<VocabParallel
     at::Tensor grad = saved[0];
     const at::Tensor& index = saved[1];
     const at::Tensor& mine = saved[2];
-    grad.scatter_add_(1, index.unsqueeze(1), -mine.to(grad.scalar_type()).unsqueeze(1));
+    grad.scatter_add_(1, index, -mine.unsqueeze(1));
     const double divisor = ctx->saved_data["divisor"].toDouble();
     if (divisor > 0) {
       // d loss / d z_iv = kept_i (softmax_iv - [v == target_i]) / divisor
