@@ -79,6 +79,10 @@ TEST(ConfigTest, BadValuesAreNamed) {
             std::string::npos);
   EXPECT_NE(error_of("[model]\npreset = \"gpt5\"\n").find("gpt5"), std::string::npos);
   EXPECT_NE(error_of("[train\nlr = 1").find("test.toml:1"), std::string::npos);
+  EXPECT_NE(error_of("", {"train.loss_chunk_tokens=-1"})
+                .find("train.loss_chunk_tokens must be >= 0 (0: chunks of about 32 MiB of "
+                      "logits), got -1"),
+            std::string::npos);
 }
 
 }  // namespace
