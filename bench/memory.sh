@@ -12,7 +12,7 @@ root="$(cd "$(dirname "$0")/.." && pwd)"
 steps="${1:-4}"
 shift $(( $# > 0 ? 1 : 0 ))
 ranks_list="${*:-1 2 4}"
-bin="$root/build/shardtrain"
+bin="${SHARDTRAIN_BIN:-$root/build/shardtrain}"
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 cat >"$work/base.toml" <<TOML

@@ -7,10 +7,10 @@
 #include "app.h"
 
 int main(int argc, char** argv) {
-  // Training allocates and frees the same large blocks (logits, activations) every step. glibc
-  // serves blocks over 32 MiB with fresh mmaps and unmaps them on free, so each step would fault
-  // hundreds of MB back in: keeping them in the heap halves the demo's step time. A user's own
-  // MALLOC_* settings win.
+  // Tensors' large blocks go through shardtrain's allocator (shardtrain/memory.h), which keeps
+  // them. What glibc serves (small tensors, everything else) is kept in its heap too rather than
+  // mapped and unmapped: the demo then faults a third fewer pages in (bench/results/memory.md).
+  // A user's own MALLOC_* settings win.
   if (!std::getenv("MALLOC_MMAP_MAX_") && !std::getenv("MALLOC_TRIM_THRESHOLD_")) {
     mallopt(M_MMAP_MAX, 0);
     mallopt(M_TRIM_THRESHOLD, 1 << 30);

@@ -174,6 +174,11 @@ struct RunSection {
   // A new run into a run.dir that holds one moves the old run aside (to RUN_DIR.old.N).
   bool overwrite = false;
   int64_t threads = 0;  // intra-op threads; 0 leaves LibTorch's default
+  // What happens to large CPU blocks that tensors free (shardtrain/memory.h): "cache" keeps them
+  // for the next step's tensors (within the most ever live at once), "return" hands them back to
+  // the kernel at once, "malloc" leaves them to the C library; "auto" caches unless ZeRO keeps
+  // state in files.
+  std::string freed_memory = "auto";
   // Seconds a rendezvous or a collective may wait for the other ranks before failing (PyTorch's
   // default: 30 minutes). Checkpoint saves wait for the slowest rank's write regardless.
   double timeout = 1800.0;

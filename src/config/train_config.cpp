@@ -305,6 +305,7 @@ const std::map<std::string, Setter>& known_keys() {
                   {"run.resume", field(&RunSection::resume)},
                   {"run.overwrite", field(&RunSection::overwrite)},
                   {"run.threads", field(&RunSection::threads)},
+                  {"run.freed_memory", field(&RunSection::freed_memory)},
                   {"run.timeout", field(&RunSection::timeout)},
                   {"run.memory_check", field(&RunSection::memory_check)},
                   {"run.trace", field(&RunSection::trace)},
@@ -705,6 +706,10 @@ void TrainConfig::validate() const {
           "train.weight_decay must be >= 0 and train.eps positive");
   require(run.log_every >= 1, "run.log_every must be at least 1");
   require(run.threads >= 0, "run.threads must be >= 0");
+  require(run.freed_memory == "auto" || run.freed_memory == "cache" ||
+              run.freed_memory == "return" || run.freed_memory == "malloc",
+          "run.freed_memory must be \"auto\", \"cache\", \"return\" or \"malloc\", got \"" +
+              run.freed_memory + "\"");
   require(run.timeout > 0, "run.timeout must be a positive number of seconds");
   if (run.trace) {
     const std::string range = "run.trace_steps [" + std::to_string(run.trace_first) + ", " +

@@ -111,14 +111,8 @@ namespace {
 //   gradient through backward (the planner's largest layer), and at the end that gradient is
 //   reduced from a flat fp32 buffer of its own; blocks are gathered ahead of use: one more
 //   under FSDP, under ZeRO-3 as many as prefetch_bucket_size elements hold.
-// - The C library's heap: the trainer keeps freed blocks for speed (cli/main.cpp), and what a
-//   step allocates and frees in different sizes and orders (activations; under stage 3 the
-//   gathered units, the root's gradient and the reduction buffers) then stays resident about
-//   twice over, since blocks freed in backward serve the next forward's requests only in part.
-//   With state in files memory is returned at once instead (return_memory_promptly) and this
-//   term is left out.
 void this_engine_on_cpu(Candidate& c, const PlanModel& model, const WorkloadOptions& w,
-                        bool zero_prefetch, int64_t prefetch_elements, bool heap_kept) {
+                        bool zero_prefetch, int64_t prefetch_elements) {
   const bool stage3 =
       c.strategy == PlanStrategy::kFullShard || c.strategy == PlanStrategy::kHybridShard;
   if (stage3) {
@@ -135,7 +129,6 @@ void this_engine_on_cpu(Candidate& c, const PlanModel& model, const WorkloadOpti
     c.memory.temporary += (c.lora ? 0.0 : 4.0 * static_cast<double>(model.root_parameters)) +
                           ahead * gathered_dtype * block;
   }
-  if (heap_kept) c.memory.temporary += c.memory.activations + (stage3 ? c.memory.temporary : 0.0);
 }
 
 }  // namespace
@@ -222,12 +215,11 @@ RunEstimate estimate_run(const nlohmann::json& run, const HardwareSpec& host,
   const PlanModel model = PlanModel::from_config(mc);
   const int64_t prefetch_elements =
       zero.value("prefetch_bucket_size", TrainConfig().parallel.zero.prefetch_bucket_size);
-  const bool heap_kept = !optimizer_in_files && !params_in_files;
   out.run = evaluate_candidate(shape, model, hw, cluster, w);
   if (!out.run.valid) throw std::invalid_argument("run '" + run_file + "': " + out.run.note);
   to_files(out.run, optimizer_in_files, params_in_files);
   this_engine_on_cpu(out.run, model, w, parallel.value("strategy", std::string()) == "zero",
-                     prefetch_elements, heap_kept);
+                     prefetch_elements);
   // The data-parallel strategies at the same world size, least sharded first; the last one is
   // ZeRO-3 with parameters and optimizer state in files.
   for (const auto& [strategy, files] : {std::pair{PlanStrategy::kDdp, false},
@@ -248,7 +240,7 @@ RunEstimate estimate_run(const nlohmann::json& run, const HardwareSpec& host,
     c = evaluate_candidate(c, model, hw, cluster, w);
     if (!c.valid) continue;
     to_files(c, files, files);
-    this_engine_on_cpu(c, model, w, /*zero_prefetch=*/files, prefetch_elements, !files);
+    this_engine_on_cpu(c, model, w, /*zero_prefetch=*/files, prefetch_elements);
     c.offload = files;
     out.alternatives.push_back(c);
   }

@@ -7,6 +7,9 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "parallel/parallelize.h"
+#include "shardtrain/memory.h"
+
 namespace fs = std::filesystem;
 
 namespace shardtrain::detail {
@@ -24,19 +27,20 @@ int64_t status_field_kib(const char* field) {
 
 }  // namespace
 
-bool return_memory_promptly(bool state_in_files) {
+bool apply_freed_memory(const TrainConfig& config) {
+  const std::string& choice = config.run.freed_memory;
+  const bool give_back = choice == "return" || (choice == "auto" && keeps_state_in_files(config));
+  set_freed_memory(choice == "malloc" ? FreedMemory::kMalloc
+                   : give_back        ? FreedMemory::kReturn
+                                      : FreedMemory::kCache);
 #ifdef __GLIBC__
-  if (!state_in_files || std::getenv("MALLOC_MMAP_MAX_") || std::getenv("MALLOC_TRIM_THRESHOLD_")) {
-    return false;
+  if (give_back && !std::getenv("MALLOC_MMAP_MAX_") && !std::getenv("MALLOC_TRIM_THRESHOLD_")) {
+    mallopt(M_MMAP_MAX, 1 << 20);
+    mallopt(M_MMAP_THRESHOLD, 4 << 20);
+    mallopt(M_TRIM_THRESHOLD, 4 << 20);
   }
-  mallopt(M_MMAP_MAX, 1 << 20);
-  mallopt(M_MMAP_THRESHOLD, 4 << 20);
-  mallopt(M_TRIM_THRESHOLD, 4 << 20);
-  return true;
-#else
-  (void)state_in_files;
-  return false;
 #endif
+  return give_back;
 }
 
 void trim_heap() {

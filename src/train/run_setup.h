@@ -20,13 +20,13 @@ namespace shardtrain::detail {
 int64_t resident_bytes();
 int64_t peak_resident_bytes();
 
-// With state in files (keeps_state_in_files, parallelize.h), what bounds memory is the units in
-// flight, so freed blocks must go back to the system at once: large blocks are served by mmap
-// and unmapped on free (glibc), instead of the heap that cli/main.cpp keeps for speed, whose
-// freed pages stay resident. Nothing happens when `state_in_files` is false, or when the user
-// set MALLOC_MMAP_MAX_ or MALLOC_TRIM_THRESHOLD_. Returns whether it changed the allocator's
-// settings.
-bool return_memory_promptly(bool state_in_files);
+// Applies run.freed_memory: large CPU blocks that tensors free are cached for the next step
+// (set_cpu_block_cache, shardtrain/memory.h) or returned to the kernel at once. "auto" returns
+// them when ZeRO keeps state in files (keeps_state_in_files, parallelize.h): what bounds memory
+// there is the units in flight, not the page faults of the next step. Returning also has glibc
+// serve its own blocks over 4 MiB by mmap and unmap them when freed, unless the user set
+// MALLOC_MMAP_MAX_ or MALLOC_TRIM_THRESHOLD_. Returns whether freed memory is returned.
+bool apply_freed_memory(const TrainConfig& config);
 // Hands free heap pages back to the system (glibc's malloc_trim); a no-op elsewhere.
 void trim_heap();
 

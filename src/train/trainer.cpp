@@ -163,9 +163,9 @@ void Trainer::build_model() {
       }
     }
   }
-  const bool prompt = detail::return_memory_promptly(keeps_state_in_files(config_));
+  const bool give_back = detail::apply_freed_memory(config_);
   parallel_ = parallelize(model_, config_, world_, mesh_.get());
-  if (prompt) detail::trim_heap();  // what initialization used and freed
+  if (give_back) detail::trim_heap();  // what initialization used and freed
 }
 
 void Trainer::build_optimizer() {

@@ -83,6 +83,10 @@ TEST(ConfigTest, BadValuesAreNamed) {
                 .find("train.loss_chunk_tokens must be >= 0 (0: chunks of about 32 MiB of "
                       "logits), got -1"),
             std::string::npos);
+  EXPECT_NE(error_of("", {"run.freed_memory=\"keep\""})
+                .find("run.freed_memory must be \"auto\", \"cache\", \"return\" or \"malloc\", got "
+                      "\"keep\""),
+            std::string::npos);
 }
 
 }  // namespace
