@@ -109,8 +109,7 @@ class ParallelModel {
   at::Tensor loss(const at::Tensor& logits, const Batch& batch);
   // The loss of a batch's forward, in training and evaluation: over chunks of `chunk` tokens of
   // the head's logits when set (Transformer::forward_loss), else loss(logits(...)). Undefined on
-  // ranks that do not hold the last pipeline stage; a pipeline's evaluation takes the whole
-  // logits.
+  // ranks that do not hold the last pipeline stage.
   virtual at::Tensor batch_loss(const Batch& batch, std::optional<int64_t> chunk);
   virtual double eval_total(double local_total) { return local_total; }
   virtual void share_sampled(at::Tensor& /*token*/) {}

@@ -115,17 +115,21 @@ class PipelineTrainerTest : public ::testing::Test {
 
 // The last stage takes the loss over chunks of the logits (Transformer::head_loss), in one
 // graph (1F1B) and from a detached copy of the last block's output (zero bubble's split
-// backward): both train as the whole logits of one process do.
+// backward): both train, and evaluate, as the whole logits of one process do.
 TEST_F(PipelineTrainerTest, TheChunkedLossOnTheLastStageTrainsAsTheWholeLogits) {
   const Layout one{"one", 1, {"train.chunked_loss=false"}};
-  const auto want = train(one, config(one, dir_ / "whole", 6), 6);
+  double want_eval = 0;
+  const auto want = train(one, config(one, dir_ / "whole", 6), 6, nullptr, &want_eval);
   for (const std::string schedule : {"1f1b", "zero_bubble"}) {
     SCOPED_TRACE(schedule);
     const Layout layout{schedule,
                         2,
                         {"parallel.pp=2", "parallel.pp_schedule=\"" + schedule + "\"",
                          "train.chunked_loss=true", "train.loss_chunk_tokens=7"}};
-    testing::expect_same_losses(train(layout, config(layout, dir_ / schedule, 6), 6), want, 1e-5);
+    double got_eval = 0;
+    testing::expect_same_losses(
+        train(layout, config(layout, dir_ / schedule, 6), 6, nullptr, &got_eval), want, 1e-5);
+    EXPECT_NEAR(got_eval, want_eval, 1e-5 * want_eval);
   }
 }
 

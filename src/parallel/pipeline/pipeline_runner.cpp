@@ -255,7 +255,8 @@ double PipelineRunner::step(const PipelineStepInputs& inputs, int64_t length) {
   return loss_sum;
 }
 
-at::Tensor PipelineRunner::forward(const at::Tensor& tokens, const SequenceLayout& layout) {
+at::Tensor PipelineRunner::forward(const at::Tensor& tokens, const SequenceLayout& layout,
+                                   bool with_head) {
   const int stages = schedule_.stages();
   const int64_t length = tokens.size(1);
   at::Tensor x;
@@ -267,7 +268,7 @@ at::Tensor PipelineRunner::forward(const at::Tensor& tokens, const SequenceLayou
       group_->recv(input, rank_of(s - 1), kForwardOnlyTag + s)->wait();
     }
     const auto [begin, end] = blocks_.at(s);
-    x = model_->forward_stage(input, begin, end, length, layout);
+    x = model_->forward_stage(input, begin, end, length, layout, with_head);
     if (s < stages - 1) {
       const at::Tensor wire = x.to(at::kFloat).contiguous();
       group_->send(wire, rank_of(s + 1), kForwardOnlyTag + s + 1)->wait();

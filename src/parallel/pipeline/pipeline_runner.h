@@ -46,8 +46,10 @@ class PipelineRunner {
   // holding the last stage, 0 on the others.
   double step(const PipelineStepInputs& inputs, int64_t length);
   // Forward only (evaluation, generation): every rank of the group passes the same tokens;
-  // returns the logits on the rank holding the last stage, an undefined tensor on the others.
-  at::Tensor forward(const at::Tensor& tokens, const SequenceLayout& layout = SequenceLayout());
+  // returns the logits on the rank holding the last stage (without `with_head`: the last
+  // block's output, for Transformer::head_loss), an undefined tensor on the others.
+  at::Tensor forward(const at::Tensor& tokens, const SequenceLayout& layout = SequenceLayout(),
+                     bool with_head = true);
   // With tied embeddings: adds the first and the last stage's gradients of the token embedding,
   // so that both copies take the same step. With `average_first`, each is averaged over that
   // group (the stage's data-parallel ranks) before (FSDP and ZeRO, which reduce afterwards,

@@ -57,9 +57,13 @@ at::Tensor PipelinedModel::logits(const at::Tensor& tokens, const SequenceLayout
   return runner_->forward(tokens, layout);
 }
 
-at::Tensor PipelinedModel::batch_loss(const Batch& batch, std::optional<int64_t> /*chunk*/) {
-  const at::Tensor output = logits(batch.inputs, batch.layout);
-  return output.defined() ? loss(output, batch) : output;
+at::Tensor PipelinedModel::batch_loss(const Batch& batch, std::optional<int64_t> chunk) {
+  // On the last stage: the loss over chunks of the last block's output, as in training, or of
+  // the whole logits. Other stages return no tensor.
+  const at::Tensor output = runner_->forward(batch.inputs, batch.layout, /*with_head=*/!chunk);
+  if (!output.defined()) return output;
+  if (!chunk) return loss(output, batch);
+  return model_->head_loss(output, LossTargets{batch.targets, batch.loss_divisor, *chunk});
 }
 
 double PipelinedModel::eval_total(double local_total) {
