@@ -111,8 +111,10 @@ namespace {
 //   gradient through backward (the planner's largest layer), and at the end that gradient is
 //   reduced from a flat fp32 buffer of its own; blocks are gathered ahead of use: one more
 //   under FSDP, under ZeRO-3 as many as prefetch_bucket_size elements hold.
+// - A tied embedding's gradient comes in two parts as large as the embedding, from the head and
+//   from the lookup, and the lookup's is formed beside the head's before it is added in.
 void this_engine_on_cpu(Candidate& c, const PlanModel& model, const WorkloadOptions& w,
-                        bool zero_prefetch, int64_t prefetch_elements) {
+                        bool zero_prefetch, int64_t prefetch_elements, bool tied) {
   const bool stage3 =
       c.strategy == PlanStrategy::kFullShard || c.strategy == PlanStrategy::kHybridShard;
   if (stage3) {
@@ -128,6 +130,11 @@ void this_engine_on_cpu(Candidate& c, const PlanModel& model, const WorkloadOpti
     // The gathered root unit (fp32 here), which a LoRA candidate already counts with its base.
     c.memory.temporary += (c.lora ? 0.0 : 4.0 * static_cast<double>(model.root_parameters)) +
                           ahead * gathered_dtype * block;
+  }
+  if (tied && !c.lora) {
+    const double embedding = 4.0 * static_cast<double>(model.vocab_size) *
+                             static_cast<double>(model.d_model) / std::max(c.tp, 1);
+    c.memory.temporary += embedding;
   }
 }
 
@@ -219,7 +226,7 @@ RunEstimate estimate_run(const nlohmann::json& run, const HardwareSpec& host,
   if (!out.run.valid) throw std::invalid_argument("run '" + run_file + "': " + out.run.note);
   to_files(out.run, optimizer_in_files, params_in_files);
   this_engine_on_cpu(out.run, model, w, parallel.value("strategy", std::string()) == "zero",
-                     prefetch_elements);
+                     prefetch_elements, mc.tie_embeddings);
   // The data-parallel strategies at the same world size, least sharded first; the last one is
   // ZeRO-3 with parameters and optimizer state in files.
   for (const auto& [strategy, files] : {std::pair{PlanStrategy::kDdp, false},
@@ -240,7 +247,7 @@ RunEstimate estimate_run(const nlohmann::json& run, const HardwareSpec& host,
     c = evaluate_candidate(c, model, hw, cluster, w);
     if (!c.valid) continue;
     to_files(c, files, files);
-    this_engine_on_cpu(c, model, w, /*zero_prefetch=*/files, prefetch_elements);
+    this_engine_on_cpu(c, model, w, /*zero_prefetch=*/files, prefetch_elements, mc.tie_embeddings);
     c.offload = files;
     out.alternatives.push_back(c);
   }
