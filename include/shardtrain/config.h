@@ -71,8 +71,8 @@ struct TrainSection {
   bool final_checkpoint = true;  // a checkpoint after the last step
   bool activation_checkpointing = false;
   // The loss over chunks of loss_chunk_tokens tokens (0: about 32 MiB of fp32 logits each), the
-  // head's [tokens x vocabulary] logits never held whole in training and evaluation (a
-  // pipeline's evaluation excepted); or (false) over the whole logits.
+  // head's [tokens x vocabulary] logits never held whole in training and evaluation; or
+  // (false) over the whole logits.
   bool chunked_loss = true;
   int64_t loss_chunk_tokens = 0;
   int64_t sample_tokens = 64;  // generated at the end; 0 disables

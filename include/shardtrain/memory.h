@@ -33,7 +33,8 @@ CpuMemoryStats cpu_memory_stats();
 // Restarts the peak at the current live bytes.
 void reset_peak_cpu_memory();
 
-// What happens to large blocks: kCache (the default) keeps them as above; kReturn maps them and
+// What happens to large blocks: kCache (the default) keeps them as above; kReturn maps blocks
+// from 4 MiB (smaller ones go to the default allocator, as under glibc's mmap threshold) and
 // unmaps them when freed, as a run whose state lives in files wants (memory is its point, not
 // the page faults of the next step); kMalloc leaves them to LibTorch's default allocator (the C
 // library's malloc), as small ones. Leaving kCache returns what is kept. Thread-safe; applies

@@ -82,6 +82,15 @@ void unmap(const std::vector<Kept>& blocks) {
   for (const Kept& block : blocks) munmap(block.ptr, block.size);
 }
 
+// Under the lock: every kept block, to be unmapped outside it.
+std::vector<Kept> take_all_kept(Ledger& l) {
+  std::vector<Kept> all;
+  all.swap(l.kept);
+  l.kept_bytes = 0;
+  l.publish();
+  return all;
+}
+
 Kept remove_kept(Ledger& l, std::vector<Kept>::iterator it) {
   const Kept taken = *it;
   l.kept_bytes -= taken.size;
@@ -200,8 +209,7 @@ char* map_large(size_t size) {
       std::vector<Kept> released;
       {
         std::lock_guard<std::mutex> lock(l.mutex);  // everything kept goes before giving up
-        released.swap(l.kept);
-        l.kept_bytes = 0;
+        released = take_all_kept(l);
       }
       unmap(released);
       fresh = fresh_mapping(size);
@@ -313,11 +321,7 @@ void set_freed_memory(FreedMemory policy) {
   {
     std::lock_guard<std::mutex> lock(l.mutex);
     l.policy = policy;
-    if (policy != FreedMemory::kCache) {
-      released.swap(l.kept);
-      l.kept_bytes = 0;
-      l.cached.store(0);
-    }
+    if (policy != FreedMemory::kCache) released = take_all_kept(l);
   }
   unmap(released);
 }

@@ -21,13 +21,9 @@ double PipelinedModel::forward_backward(const StepInputs& step) {
   inputs.batch = step.rows;
   inputs.tokens = [&step](int micro_batch) { return step.micro_batch(micro_batch).inputs; };
   inputs.layout = [&step](int micro_batch) { return step.micro_batch(micro_batch).layout; };
-  // The last stage takes the loss over chunks of the logits (head_loss) or of the whole logits.
   inputs.logits = !step.loss_chunk;
   inputs.loss = [this, &step](const at::Tensor& output, int micro_batch) {
-    const Batch batch = step.micro_batch(micro_batch);
-    if (!step.loss_chunk) return loss(output, batch);
-    return model_->head_loss(output,
-                             LossTargets{batch.targets, batch.loss_divisor, *step.loss_chunk});
+    return last_stage_loss(output, step.micro_batch(micro_batch), step.loss_chunk);
   };
   // As without a pipeline: each micro-batch's loss is a mean, or its share of the global batch's
   // loss tokens (Batch::loss_divisor), so that 1/micro_batches of each makes the step's.
@@ -58,10 +54,13 @@ at::Tensor PipelinedModel::logits(const at::Tensor& tokens, const SequenceLayout
 }
 
 at::Tensor PipelinedModel::batch_loss(const Batch& batch, std::optional<int64_t> chunk) {
-  // On the last stage: the loss over chunks of the last block's output, as in training, or of
-  // the whole logits. Other stages return no tensor.
+  // Only the last stage's ranks have an output; the others return no tensor.
   const at::Tensor output = runner_->forward(batch.inputs, batch.layout, /*with_head=*/!chunk);
-  if (!output.defined()) return output;
+  return output.defined() ? last_stage_loss(output, batch, chunk) : output;
+}
+
+at::Tensor PipelinedModel::last_stage_loss(const at::Tensor& output, const Batch& batch,
+                                           std::optional<int64_t> chunk) {
   if (!chunk) return loss(output, batch);
   return model_->head_loss(output, LossTargets{batch.targets, batch.loss_divisor, *chunk});
 }

@@ -54,6 +54,11 @@ class PipelinedModel : public ParallelModel {
   bool finite_everywhere(bool local) override;
 
  private:
+  // The last stage's loss of a micro-batch, in training and evaluation: over chunks of `chunk`
+  // tokens of the head's logits from the last block's output, or of the whole logits.
+  at::Tensor last_stage_loss(const at::Tensor& output, const Batch& batch,
+                             std::optional<int64_t> chunk);
+
   std::unique_ptr<ParallelModel> stage_;
   std::unique_ptr<detail::PipelineRunner> runner_;
   ProcessGroup& stages_;
