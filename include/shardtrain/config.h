@@ -70,6 +70,9 @@ struct TrainSection {
   int64_t keep_checkpoints = 2;
   bool final_checkpoint = true;  // a checkpoint after the last step
   bool activation_checkpointing = false;
+  // The attention kernel (AttentionKernel): "blockwise", "fused", "reference", or "auto"
+  // (blockwise; fused for a model with dropout, which the blockwise kernel does not apply).
+  std::string attention = "auto";
   // The loss over chunks of loss_chunk_tokens tokens (0: about 32 MiB of fp32 logits each), the
   // head's [tokens x vocabulary] logits never held whole in training and evaluation; or
   // (false) over the whole logits.

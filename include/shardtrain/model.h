@@ -239,6 +239,20 @@ struct BlockContext;
 // Hugging Face's ignore_index.
 constexpr int64_t kIgnoreIndex = -100;
 
+// How attention is computed (TrainConfig's train.attention, Transformer::set_attention). All
+// three give the same results within rounding.
+enum class AttentionKernel {
+  // Blocks of queries and keys with an online softmax (FlashAttention's algorithm): no
+  // [T x T] tensor in forward or backward, so attention's memory grows linearly with the
+  // sequence. No attention dropout.
+  kBlockwise,
+  // LibTorch's scaled_dot_product_attention: on LibTorch 2.x its flash or memory-efficient
+  // kernels where the device has them; on 1.13 a computation that keeps the [T x T] weights.
+  kFused,
+  // softmax(QK^T / sqrt(d) + mask) V written out, the [T x T] scores and weights kept.
+  kReference,
+};
+
 // Several samples packed into one row of a batch (instruction data): each token's position
 // within its own sample, which restarts at 0 where a sample begins (learned positions and RoPE
 // read it), and the sample it belongs to; a token attends only to earlier tokens of its own
@@ -306,9 +320,9 @@ class TransformerImpl : public torch::nn::Module {
   // the same dropout randomness, so gradients are identical.
   void set_activation_checkpointing(bool enabled) { checkpointing_ = enabled; }
   bool activation_checkpointing() const { return checkpointing_; }
-  // Attention through LibTorch's scaled-dot-product-attention kernel (default) or the exact
-  // reference computation (softmax(QK^T/sqrt(d) + causal mask) V) beside it.
-  void set_use_sdpa(bool enabled) { use_sdpa_ = enabled; }
+  // The kernel attention runs through: unless set, blockwise, or fused for a model with dropout.
+  void set_attention(AttentionKernel kernel) { attention_ = kernel; }
+  AttentionKernel attention() const { return attention_; }
   // Set by parallelize_module (tensor_parallel.h): what the model's layers ask of the group they
   // are split across; null when it is not split.
   const std::shared_ptr<detail::LayerSplit>& layer_split() const { return tp_; }
@@ -345,7 +359,7 @@ class TransformerImpl : public torch::nn::Module {
   uint64_t seed_ = 0;
   ParameterInitializer values_;  // from ModelInit; empty for the random initialization
   bool checkpointing_ = false;
-  bool use_sdpa_ = true;
+  AttentionKernel attention_ = AttentionKernel::kBlockwise;
   std::shared_ptr<detail::LayerSplit> tp_;
   ModelParts parts_;
   torch::nn::ModuleList blocks_;

@@ -211,6 +211,7 @@ const std::map<std::string, Setter>& known_keys() {
                   {"train.activation_checkpointing",
                    field(&TrainSection::activation_checkpointing)},
                   {"train.chunked_loss", field(&TrainSection::chunked_loss)},
+                  {"train.attention", field(&TrainSection::attention)},
                   {"train.loss_chunk_tokens", field(&TrainSection::loss_chunk_tokens)},
                   {"train.sample_tokens", field(&TrainSection::sample_tokens)},
                   {"train.sample_prompt", field(&TrainSection::sample_prompt)},
@@ -596,6 +597,16 @@ void TrainConfig::validate() const {
           "train.schedule must be \"cosine\", \"linear\" or \"constant\", got \"" + train.schedule +
               "\"");
   require(train.clip >= 0, "train.clip must be >= 0 (0 disables clipping)");
+  require(train.attention == "auto" || train.attention == "blockwise" ||
+              train.attention == "fused" || train.attention == "reference",
+          "train.attention must be \"auto\", \"blockwise\", \"fused\" or \"reference\", got \"" +
+              train.attention + "\"");
+  if (train.attention == "blockwise" && model.dropout != 0.0) {
+    std::ostringstream message;
+    message << "train.attention = \"blockwise\" applies no attention dropout, but model.dropout "
+            << "is " << model.dropout << "; set model.dropout = 0 or another kernel";
+    require(false, message.str());
+  }
   require(train.beta1 >= 0 && train.beta1 < 1 && train.beta2 >= 0 && train.beta2 < 1,
           "train.beta1 and train.beta2 must be in [0, 1)");
   require(train.eval_every >= 0 && train.checkpoint_every >= 0,

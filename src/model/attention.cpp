@@ -1,9 +1,11 @@
-// Causal self-attention of both families: the shared attention core (fused kernel or reference),
-// rotary embeddings, and the GPT-2 (fused qkv) and Llama (grouped-query) projections around it.
+// Causal self-attention of both families: the shared attention core (blockwise, fused or
+// reference), rotary embeddings, and the GPT-2 (fused qkv) and Llama (grouped-query) projections
+// around it.
 #include <torch/version.h>
 
 #include <cmath>
 #include <limits>
+#include <stdexcept>
 
 #include "model/layers.h"
 
@@ -32,11 +34,33 @@ at::Tensor masked_attention(const at::Tensor& q, const at::Tensor& k, const at::
   return at::matmul(probs, v);
 }
 
+// Query head h reads key/value head h / group, as Hugging Face's repeat_kv: expanded, then the
+// group folded into the head axis (a copy, which the fused and reference kernels need anyway).
+// Split by heads across tensor-parallel ranks, a rank holds whole groups.
+at::Tensor repeat_kv(const at::Tensor& t, int64_t group) {
+  if (group == 1) return t;
+  const auto s = t.sizes();
+  return t.unsqueeze(2)
+      .expand({s[0], s[1], group, s[2], s[3]})
+      .reshape({s[0], s[1] * group, s[2], s[3]});
+}
+
 }  // namespace
 
-at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                            double dropout_p, bool use_sdpa, const at::Tensor& allowed) {
-  if (allowed.defined()) return masked_attention(q, k, v, dropout_p, use_sdpa, allowed);
+at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k_heads,
+                            const at::Tensor& v_heads, double dropout_p, const BlockContext& ctx) {
+  if (ctx.attention == AttentionKernel::kBlockwise) {
+    if (dropout_p > 0.0) {
+      throw std::invalid_argument(
+          "the blockwise attention kernel takes no attention dropout; set model.dropout = 0 or "
+          "train.attention = \"fused\"");
+    }
+    return blockwise_attention(q, k_heads, v_heads, ctx.mask);
+  }
+  const int64_t group = q.size(1) / k_heads.size(1);
+  const at::Tensor k = repeat_kv(k_heads, group), v = repeat_kv(v_heads, group);
+  const bool use_sdpa = ctx.attention == AttentionKernel::kFused;
+  if (ctx.allowed.defined()) return masked_attention(q, k, v, dropout_p, use_sdpa, ctx.allowed);
   if (use_sdpa) {
 #if TORCH_VERSION_MAJOR >= 2
     return at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, dropout_p,
@@ -118,9 +142,9 @@ Gpt2AttentionImpl::Gpt2AttentionImpl(const ModelConfig& config, bool deferred)
 
 at::Tensor Gpt2AttentionImpl::forward(const at::Tensor& x, const BlockContext& ctx) {
   const auto parts = qkv->forward(x).chunk(3, -1);
-  const at::Tensor out = causal_attention(
-      split_heads(parts[0], head_dim_), split_heads(parts[1], head_dim_),
-      split_heads(parts[2], head_dim_), is_training() ? dropout_ : 0.0, ctx.use_sdpa, ctx.allowed);
+  const at::Tensor out =
+      causal_attention(split_heads(parts[0], head_dim_), split_heads(parts[1], head_dim_),
+                       split_heads(parts[2], head_dim_), is_training() ? dropout_ : 0.0, ctx);
   return proj->forward(merge_heads(out));
 }
 
@@ -161,22 +185,8 @@ at::Tensor LlamaAttentionImpl::forward(const at::Tensor& x, const BlockContext& 
   queries = apply_rope(queries, ctx.rope_cos, ctx.rope_sin);
   keys = apply_rope(keys, ctx.rope_cos, ctx.rope_sin);
   at::Tensor values = split_heads(v->forward(x), head_dim_);
-  if (keys.size(1) != queries.size(1)) {
-    // Query head h reads key/value head h / group, as HF's repeat_kv: expand, then fold the group
-    // into the head axis (a copy, which the attention kernels need anyway). Split by heads,
-    // a rank holds whole groups: its query heads and the key/value heads they read.
-    const int64_t group = queries.size(1) / keys.size(1);
-    auto repeat = [&](const at::Tensor& t) {
-      const auto s = t.sizes();
-      return t.unsqueeze(2)
-          .expand({s[0], s[1], group, s[2], s[3]})
-          .reshape({s[0], s[1] * group, s[2], s[3]});
-    };
-    keys = repeat(keys);
-    values = repeat(values);
-  }
-  const at::Tensor out = causal_attention(queries, keys, values, is_training() ? dropout_ : 0.0,
-                                          ctx.use_sdpa, ctx.allowed);
+  const at::Tensor out =
+      causal_attention(queries, keys, values, is_training() ? dropout_ : 0.0, ctx);
   return o->forward(merge_heads(out));
 }
 

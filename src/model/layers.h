@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "model/blockwise_attention.h"
 #include "model/layer_split.h"
 #include "shardtrain/model.h"
 
@@ -22,17 +23,20 @@ struct BlockContext {
   // token's own position). Llama only.
   at::Tensor rope_cos;
   at::Tensor rope_sin;
-  // Packed samples: [B, 1, T, T], true where query t may attend to key s (s <= t, same sample);
-  // undefined: plain causal attention.
+  AttentionKernel attention = AttentionKernel::kBlockwise;
+  // Packed samples, for the fused and reference kernels: [B, 1, T, T], true where query t may
+  // attend to key s (s <= t, same sample); undefined: plain causal attention.
   at::Tensor allowed;
-  bool use_sdpa = true;
+  // For the blockwise kernel: the same rule as positions and samples, on the activations' device.
+  AttentionMask mask;
 };
 
-// softmax(q k^T / sqrt(head_dim) with the future masked) v, through LibTorch's fused kernel or
-// the reference computation. q, k, v: [B, heads, T, head_dim] with as many k/v heads as q heads.
-// With `allowed` defined, what it forbids is masked instead of the future alone.
+// softmax(q k^T / sqrt(head_dim) with the future masked) v through the kernel ctx names.
+// q [B, heads, T, head_dim]; k, v [B, kv_heads, T, head_dim], heads a multiple of kv_heads.
+// With ctx.allowed (ctx.mask's segments for the blockwise kernel) defined, what it forbids is
+// masked instead of the future alone. The blockwise kernel takes no dropout.
 at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                            double dropout_p, bool use_sdpa, const at::Tensor& allowed = {});
+                            double dropout_p, const BlockContext& ctx);
 
 // The rotary frequencies theta^(-2j/head_dim), j < head_dim/2, in double; with `scaling`
 // enabled, Llama 3.1's rescaling of them (Hugging Face's _compute_llama3_parameters).

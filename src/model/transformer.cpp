@@ -89,6 +89,8 @@ at::Tensor weight_of(const std::shared_ptr<torch::nn::Module>& module) {
 
 TransformerImpl::TransformerImpl(ModelConfig config, ModelInit init) : config_(std::move(config)) {
   config_.validate();
+  // The blockwise kernel has no attention dropout.
+  if (config_.dropout > 0.0) attention_ = AttentionKernel::kFused;
   if (init.has_seed_) {
     seed_ = init.seed_;
   } else {
@@ -221,8 +223,16 @@ at::Tensor TransformerImpl::forward_stage(const at::Tensor& input, int64_t begin
 
 void TransformerImpl::prepare_context(const at::Tensor& x, int64_t length,
                                       const SequenceLayout& layout, detail::BlockContext& ctx) {
-  ctx.use_sdpa = use_sdpa_;
-  if (layout.defined()) {
+  ctx.attention = attention_;
+  if (attention_ == AttentionKernel::kBlockwise) {
+    ctx.mask = detail::AttentionMask::causal(length);
+    ctx.mask.query_positions = ctx.mask.query_positions.to(x.device());
+    ctx.mask.key_positions = ctx.mask.query_positions;
+    if (layout.defined()) {
+      ctx.mask.query_segments = layout.segments.to(x.device());
+      ctx.mask.key_segments = ctx.mask.query_segments;
+    }
+  } else if (layout.defined()) {
     const at::Tensor segments = layout.segments.to(x.device());
     const at::Tensor same = segments.unsqueeze(2) == segments.unsqueeze(1);  // [B, T, T]
     const at::Tensor causal =

@@ -20,6 +20,18 @@ void apply_activation_checkpointing(Transformer& model, bool enabled) {
   model->set_activation_checkpointing(enabled);
 }
 
+std::string attention_kernel_name(const TrainConfig& config) {
+  if (config.train.attention != "auto") return config.train.attention;
+  return config.model.dropout > 0.0 ? "fused" : "blockwise";
+}
+
+AttentionKernel attention_kernel(const TrainConfig& config) {
+  const std::string name = attention_kernel_name(config);
+  return name == "fused"       ? AttentionKernel::kFused
+         : name == "reference" ? AttentionKernel::kReference
+                               : AttentionKernel::kBlockwise;
+}
+
 std::vector<std::pair<int64_t, int64_t>> pipeline_blocks(const TrainConfig& config) {
   return pipeline_stage_blocks(
       config.model.n_layers,
@@ -161,6 +173,7 @@ std::unique_ptr<ParallelModel> parallelize(Transformer& model, const TrainConfig
              *mesh);
   }
   apply_activation_checkpointing(model, config.train.activation_checkpointing);
+  model->set_attention(attention_kernel(config));
   // One data-parallel step, each strategy's from its own folder.
   std::unique_ptr<ParallelModel> out = config.parallel.strategy == ParallelStrategy::kFsdp
                                            ? apply_fsdp(model, fsdp_options(config), world, *mesh)

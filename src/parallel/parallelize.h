@@ -83,6 +83,9 @@ std::unique_ptr<ParallelModel> apply_pp(std::unique_ptr<ParallelModel> stage, Tr
 // Splits the model's layers across the mesh's tp axis (transformer_tp_plan).
 void apply_tp(Transformer& model, TensorParallelOptions options, const DeviceMesh& mesh);
 void apply_activation_checkpointing(Transformer& model, bool enabled);
+// The kernel train.attention names, "auto" resolved; and its name.
+AttentionKernel attention_kernel(const TrainConfig& config);
+std::string attention_kernel_name(const TrainConfig& config);
 // The replicated step: the whole model materialized on every data-parallel rank, and DDP
 // over them when `ddp` has options and there are several.
 std::unique_ptr<ParallelModel> apply_ddp(Transformer& model, std::optional<DDPOptions> ddp,

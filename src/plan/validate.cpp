@@ -190,6 +190,9 @@ RunEstimate estimate_run(const nlohmann::json& run, const HardwareSpec& host,
   w.seq_len(required<int64_t>(train, "seq_len", run_file))
       .micro_batch(required<int64_t>(train, "micro_batch", run_file))
       .activation_checkpointing(field<bool>(train, "activation_checkpointing", false))
+      // The blockwise kernel keeps no [seq x seq] scores; LibTorch 1.13's fused kernel on the CPU
+      // and the reference keep them, as every run recorded before the choice existed did.
+      .fused_attention(field<std::string>(train, "attention", "fused") == "blockwise")
       // Runs recorded before the chunked loss took their loss over the whole logits.
       .chunked_loss(field<bool>(train, "chunked_loss", false))
       // shardtrain keeps fp32 parameters (the master weights) and computes in the autocast dtype.

@@ -5,6 +5,8 @@
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 
+#include "parallel/parallelize.h"
+
 namespace shardtrain::detail {
 
 nlohmann::ordered_json run_manifest(const TrainConfig& config, int world_size) {
@@ -29,6 +31,7 @@ nlohmann::ordered_json run_manifest(const TrainConfig& config, int world_size) {
                   {"seq_len", config.data.seq_len},
                   {"activation_checkpointing", config.train.activation_checkpointing},
                   {"chunked_loss", config.train.chunked_loss},
+                  {"attention", attention_kernel_name(config)},
                   {"threads", config.run.threads},
                   {"steps", config.train.steps},
                   {"lr", config.train.lr},

@@ -87,6 +87,14 @@ TEST(ConfigTest, BadValuesAreNamed) {
                 .find("run.freed_memory must be \"auto\", \"cache\", \"return\" or \"malloc\", got "
                       "\"keep\""),
             std::string::npos);
+  EXPECT_NE(error_of("", {"train.attention=\"flash\""})
+                .find("train.attention must be \"auto\", \"blockwise\", \"fused\" or "
+                      "\"reference\", got \"flash\""),
+            std::string::npos);
+  EXPECT_NE(error_of("", {"train.attention=\"blockwise\"", "model.dropout=0.1"})
+                .find("train.attention = \"blockwise\" applies no attention dropout, but "
+                      "model.dropout is 0.1"),
+            std::string::npos);
 }
 
 }  // namespace

@@ -100,7 +100,7 @@ TEST_P(ModelCheckpointing, FallbackAttentionAndInferenceToo) {
   config.dropout = 0.1;
   torch::manual_seed(0);
   Transformer model(config);
-  model->set_use_sdpa(false);
+  model->set_attention(AttentionKernel::kReference);
   const at::Tensor tokens = at::randint(config.vocab_size, {1, 16}, at::kLong);
   const at::Tensor targets = at::randint(config.vocab_size, {1, 16}, at::kLong);
   const Step plain = train_step(model, tokens, targets);

@@ -15,6 +15,9 @@
 namespace shardtrain {
 namespace {
 
+constexpr AttentionKernel kAttentionKernels[] = {
+    AttentionKernel::kBlockwise, AttentionKernel::kFused, AttentionKernel::kReference};
+
 using Params = std::map<std::string, at::Tensor>;
 
 Params params_of(Transformer& model) {
@@ -148,12 +151,13 @@ TEST(ModelForward, Gpt2MatchesReference) {
   model->eval();
   const at::Tensor tokens = random_tokens(c, 2, 17);
   torch::NoGradGuard no_grad;
-  for (bool sdpa : {true, false}) {
-    model->set_use_sdpa(sdpa);
+  for (AttentionKernel kernel : kAttentionKernels) {
+    model->set_attention(kernel);
     const at::Tensor logits = model->forward(tokens);
     ASSERT_EQ(logits.sizes(), (at::IntArrayRef{2, 17, c.vocab_size}));
     EXPECT_EQ(logits.scalar_type(), at::kDouble);
-    EXPECT_LT(max_diff(logits, reference_gpt2(c, params_of(model), tokens)), 1e-10) << sdpa;
+    EXPECT_LT(max_diff(logits, reference_gpt2(c, params_of(model), tokens)), 1e-10)
+        << static_cast<int>(kernel);
   }
 }
 
@@ -185,12 +189,12 @@ TEST(ModelForward, LlamaVariantsMatchReference) {
       if (param.dim() == 1) param.add_(at::randn_like(param) * 0.5);
     }
     const at::Tensor tokens = random_tokens(c, 2, 31);
-    for (bool sdpa : {true, false}) {
-      model->set_use_sdpa(sdpa);
+    for (AttentionKernel kernel : kAttentionKernels) {
+      model->set_attention(kernel);
       const at::Tensor logits = model->forward(tokens);
       ASSERT_EQ(logits.sizes(), (at::IntArrayRef{2, 31, c.vocab_size})) << preset;
       EXPECT_LT(max_diff(logits, reference_llama(c, params_of(model), tokens)), 1e-10)
-          << preset << " sdpa " << sdpa;
+          << preset << " kernel " << static_cast<int>(kernel);
     }
   }
 }
@@ -236,8 +240,8 @@ TEST(ModelForward, LaterTokensDoNotChangeEarlierLogits) {
     const at::Tensor a = random_tokens(c, 1, 32);
     at::Tensor b = a.clone();
     b[0][20] = (a[0][20].item<int64_t>() + 1) % c.vocab_size;
-    for (bool sdpa : {true, false}) {
-      model->set_use_sdpa(sdpa);
+    for (AttentionKernel kernel : kAttentionKernels) {
+      model->set_attention(kernel);
       const at::Tensor la = model->forward(a), lb = model->forward(b);
       EXPECT_LT(max_diff(la.narrow(1, 0, 20), lb.narrow(1, 0, 20)), 1e-6) << preset;
       EXPECT_GT(max_diff(la.narrow(1, 20, 12), lb.narrow(1, 20, 12)), 1e-4) << preset;
@@ -267,9 +271,9 @@ TEST(ModelForward, SdpaMatchesFallback) {
     Transformer model(c);
     torch::NoGradGuard no_grad;
     const at::Tensor tokens = random_tokens(c, 3, c.context_length);
-    model->set_use_sdpa(true);
+    model->set_attention(AttentionKernel::kFused);
     const at::Tensor fused = model->forward(tokens);
-    model->set_use_sdpa(false);
+    model->set_attention(AttentionKernel::kReference);
     EXPECT_LE(max_diff(fused, model->forward(tokens)), 1e-5) << preset;
   }
 }

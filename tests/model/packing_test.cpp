@@ -12,6 +12,9 @@
 namespace shardtrain {
 namespace {
 
+constexpr AttentionKernel kAttentionKernels[] = {
+    AttentionKernel::kBlockwise, AttentionKernel::kFused, AttentionKernel::kReference};
+
 at::Tensor summed_loss(const at::Tensor& logits, const at::Tensor& targets) {
   return at::cross_entropy_loss(logits.reshape({-1, logits.size(-1)}), targets.reshape({-1}),
                                 /*weight=*/{}, at::Reduction::Sum, kIgnoreIndex);
@@ -41,8 +44,8 @@ TEST(Packing, PackedRowLossIsTheSumOfItsSamples) {
       at += pairs;
     }
     torch::NoGradGuard no_grad;
-    for (bool sdpa : {true, false}) {
-      model->set_use_sdpa(sdpa);
+    for (AttentionKernel kernel : kAttentionKernels) {
+      model->set_attention(kernel);
       double one_by_one = 0;
       for (const at::Tensor& sample : samples) {
         const int64_t pairs = sample.size(0) - 1;
@@ -52,7 +55,8 @@ TEST(Packing, PackedRowLossIsTheSumOfItsSamples) {
       const double packed =
           summed_loss(model->forward(inputs, SequenceLayout{positions, segments}), targets)
               .item<double>();
-      EXPECT_NEAR(packed, one_by_one, 1e-5 * one_by_one) << preset << " sdpa " << sdpa;
+      EXPECT_NEAR(packed, one_by_one, 1e-5 * one_by_one)
+          << preset << " kernel " << static_cast<int>(kernel);
       // Without the layout the samples would read each other: the loss differs.
       const double unpacked = summed_loss(model->forward(inputs), targets).item<double>();
       EXPECT_GT(std::abs(unpacked - one_by_one), 1e-4 * one_by_one) << preset;
