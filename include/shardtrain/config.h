@@ -141,6 +141,10 @@ struct ParallelSection {
   // the strategy runs across the world / tp data-parallel ranks ("none" when there is one).
   int64_t tp = 1;
   bool sequence_parallel = false;  // with tp > 1: norms and dropout on 1/tp of the sequence
+  // Context parallelism (docs/cp.md): each sequence split over groups of `cp` ranks, each holding
+  // two of its 2 cp chunks, attention by ring; they hold the same parameters, and the strategy
+  // runs across dp_shard x cp.
+  int64_t cp = 1;
   // Pipeline parallelism (docs/pp.md): the blocks split into pp x pp_virtual_stages stages on
   // the mesh's outermost axis, train.grad_accum micro-batches per step run by pp_schedule.
   // pp_split: blocks per stage (empty: balanced). pp_microbatches, when set, is

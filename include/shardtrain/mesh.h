@@ -1,4 +1,4 @@
-// The device mesh pp x dp_replicate x dp_shard x tp: one value, validated once, holding the
+// The device mesh pp x dp_replicate x dp_shard x cp x tp: one value, validated once, holding the
 // group of each axis for this rank.
 #pragma once
 
@@ -10,10 +10,11 @@
 
 namespace shardtrain {
 
-enum class MeshAxis { kPp = 0, kDpReplicate = 1, kDpShard = 2, kTp = 3 };
+enum class MeshAxis { kPp = 0, kDpReplicate = 1, kDpShard = 2, kCp = 3, kTp = 4 };
+constexpr int kMeshAxes = 5;
 std::string to_string(MeshAxis axis);
 
-// Degrees of the four axes. At most one may be -1: it takes the ranks left over.
+// Degrees of the five axes. At most one may be -1: it takes the ranks left over.
 struct MeshShape {
   MeshShape& pp(int value) {
     degrees[0] = value;
@@ -27,28 +28,35 @@ struct MeshShape {
     degrees[2] = value;
     return *this;
   }
-  MeshShape& tp(int value) {
+  MeshShape& cp(int value) {
     degrees[3] = value;
+    return *this;
+  }
+  MeshShape& tp(int value) {
+    degrees[4] = value;
     return *this;
   }
   int degree(MeshAxis axis) const { return degrees[static_cast<int>(axis)]; }
 
-  std::array<int, 4> degrees{1, 1, -1, 1};  // pp, dp_replicate, dp_shard, tp
+  std::array<int, kMeshAxes> degrees{1, 1, -1, 1, 1};  // pp, dp_replicate, dp_shard, cp, tp
 };
 
 // Fills in the -1 axis and checks that the product equals world_size. Throws
 // std::invalid_argument with every factor in the message, e.g.
-// "mesh pp=1 x dp_replicate=1 x dp_shard=3 x tp=2 = 6 does not match world size 4".
+// "mesh pp=1 x dp_replicate=1 x dp_shard=3 x tp=2 = 6 does not match world size 4" (cp is named
+// when it is not 1).
 MeshShape resolve_mesh(MeshShape shape, int world_size);
 
-// Ranks are laid out with tp innermost, then dp_shard, dp_replicate, pp outermost:
-// rank = ((pp * R + dp_replicate) * S + dp_shard) * T + tp, so tensor-parallel peers are
-// neighbours (same node first) and pipeline stages are furthest apart.
+// Ranks are laid out with tp innermost, then cp, dp_shard, dp_replicate, pp outermost:
+// rank = (((pp * R + dp_replicate) * S + dp_shard) * C + cp) * T + tp, so tensor-parallel peers
+// are neighbours (same node first), context-parallel peers next, and pipeline stages are
+// furthest apart.
 class DeviceMesh {
  public:
   // Collective over `world`: every rank calls it with the same shape. Creates this rank's
   // group on each axis, and the combined data-parallel group (dp_replicate x dp_shard).
   DeviceMesh(std::shared_ptr<ProcessGroup> world, MeshShape shape);
+  ~DeviceMesh();
 
   const MeshShape& shape() const { return shape_; }
   int size(MeshAxis axis) const { return shape_.degree(axis); }
@@ -62,15 +70,21 @@ class DeviceMesh {
   ProcessGroup& dp() const { return *dp_; }
   std::shared_ptr<ProcessGroup> dp_ptr() const { return dp_; }
   ProcessGroup& world() const { return *world_; }
-  // Global rank at the given coordinates (pp, dp_replicate, dp_shard, tp).
-  int rank_at(const std::array<int, 4>& coordinates) const;
+  // The mesh the data-parallel strategies run on: this one with cp folded into dp_shard
+  // (dp_shard x cp ranks, in the same places), since context-parallel ranks hold the same
+  // parameters and their gradients, each from part of the sequences, are summed as data
+  // parallelism's are (torchtitan's dp_shard_cp). This mesh itself when cp = 1.
+  const DeviceMesh& data_parallel_mesh() const { return folded_ ? *folded_ : *this; }
+  // Global rank at the given coordinates (pp, dp_replicate, dp_shard, cp, tp).
+  int rank_at(const std::array<int, kMeshAxes>& coordinates) const;
 
  private:
   std::shared_ptr<ProcessGroup> world_;
   MeshShape shape_;
-  std::array<int, 4> coordinate_{};
-  std::array<std::shared_ptr<ProcessGroup>, 4> groups_;
+  std::array<int, kMeshAxes> coordinate_{};
+  std::array<std::shared_ptr<ProcessGroup>, kMeshAxes> groups_;
   std::shared_ptr<ProcessGroup> dp_;
+  std::unique_ptr<DeviceMesh> folded_;  // cp > 1 only
 };
 
 }  // namespace shardtrain

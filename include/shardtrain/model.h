@@ -232,6 +232,7 @@ auto call(ModulePtr& module, Args&&... args)
 
 namespace detail {
 class LayerSplit;
+class ContextSplit;
 struct BlockContext;
 }  // namespace detail
 
@@ -327,6 +328,11 @@ class TransformerImpl : public torch::nn::Module {
   // are split across; null when it is not split.
   const std::shared_ptr<detail::LayerSplit>& layer_split() const { return tp_; }
   void set_layer_split(std::shared_ptr<detail::LayerSplit> split) { tp_ = std::move(split); }
+  // Set by context parallelism (apply_cp): the group its sequences are split across; null when
+  // they are not. While the split is active a forward takes this rank's chunks of the sequences
+  // (ContextScope) and attention reads the other ranks' keys by ring.
+  const std::shared_ptr<detail::ContextSplit>& context_split() const { return cp_; }
+  void set_context_split(std::shared_ptr<detail::ContextSplit> split) { cp_ = std::move(split); }
 
   const ModelConfig& config() const { return config_; }
   // The transformer blocks, in order (the units FSDP wraps).
@@ -361,6 +367,7 @@ class TransformerImpl : public torch::nn::Module {
   bool checkpointing_ = false;
   AttentionKernel attention_ = AttentionKernel::kBlockwise;
   std::shared_ptr<detail::LayerSplit> tp_;
+  std::shared_ptr<detail::ContextSplit> cp_;
   ModelParts parts_;
   torch::nn::ModuleList blocks_;
   // Embeddings, final norm and head are registered by the implementation (src/model/), held as

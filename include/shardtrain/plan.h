@@ -267,7 +267,10 @@ struct Candidate {
   bool offload = false;  // optimizer state (ZeRO-1/2) or optimizer state and params (ZeRO-3/FSDP)
   bool lora = false;     // LoRA fine-tuning: ZeRO-2 is FSDP shard_grad_op, ZeRO-3 full_shard
   int tp = 1, pp = 1, dp = 1;  // dp = dp_replicate x dp_shard
-  int shard = 1;               // devices model states are partitioned over
+  // Context parallelism: each sequence split over cp devices (ring attention); the strategy's
+  // gradients and shards span dp x cp.
+  int cp = 1;
+  int shard = 1;  // devices model states are partitioned over
   int64_t grad_accum = 1;
   MemoryBreakdown memory;  // per device, bytes
   double host_bytes_per_node = 0;

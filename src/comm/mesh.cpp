@@ -6,11 +6,15 @@
 namespace shardtrain {
 namespace {
 
-constexpr const char* kAxisNames[4] = {"pp", "dp_replicate", "dp_shard", "tp"};
+constexpr const char* kAxisNames[kMeshAxes] = {"pp", "dp_replicate", "dp_shard", "cp", "tp"};
+constexpr int kCpAxis = static_cast<int>(MeshAxis::kCp);
 
 std::string describe(const MeshShape& shape) {
   std::ostringstream out;
-  for (int a = 0; a < 4; ++a) out << (a ? " x " : "") << kAxisNames[a] << "=" << shape.degrees[a];
+  for (int a = 0; a < kMeshAxes; ++a) {
+    if (a == kCpAxis && shape.degrees[a] == 1) continue;
+    out << (a ? " x " : "") << kAxisNames[a] << "=" << shape.degrees[a];
+  }
   return out.str();
 }
 
@@ -21,7 +25,7 @@ std::string to_string(MeshAxis axis) { return kAxisNames[static_cast<int>(axis)]
 MeshShape resolve_mesh(MeshShape shape, int world_size) {
   int product = 1;
   int inferred = -1;
-  for (int a = 0; a < 4; ++a) {
+  for (int a = 0; a < kMeshAxes; ++a) {
     const int d = shape.degrees[a];
     if (d == -1) {
       if (inferred >= 0) {
@@ -55,13 +59,13 @@ DeviceMesh::DeviceMesh(std::shared_ptr<ProcessGroup> world, MeshShape shape)
     : world_(std::move(world)), shape_(resolve_mesh(shape, world_->size())) {
   const auto& d = shape_.degrees;
   int rest = world_->rank();
-  for (int a = 3; a >= 0; --a) {
+  for (int a = kMeshAxes - 1; a >= 0; --a) {
     coordinate_[a] = rest % d[a];
     rest /= d[a];
   }
   // Axis groups in a fixed order on every rank; groups of one axis are disjoint, so the
   // blocking joins cannot wait on each other.
-  for (int a = 0; a < 4; ++a) {
+  for (int a = 0; a < kMeshAxes; ++a) {
     std::vector<int> members;
     auto at = coordinate_;
     for (int i = 0; i < d[a]; ++i) {
@@ -80,11 +84,19 @@ DeviceMesh::DeviceMesh(std::shared_ptr<ProcessGroup> world, MeshShape shape)
     }
   }
   dp_ = world_->new_group(dp_members);
+  if (d[kCpAxis] > 1) {
+    MeshShape folded = shape_;
+    folded.degrees[2] *= d[kCpAxis];
+    folded.degrees[kCpAxis] = 1;
+    folded_ = std::make_unique<DeviceMesh>(world_, folded);
+  }
 }
 
-int DeviceMesh::rank_at(const std::array<int, 4>& c) const {
+DeviceMesh::~DeviceMesh() = default;
+
+int DeviceMesh::rank_at(const std::array<int, kMeshAxes>& c) const {
   const auto& d = shape_.degrees;
-  return ((c[0] * d[1] + c[1]) * d[2] + c[2]) * d[3] + c[3];
+  return (((c[0] * d[1] + c[1]) * d[2] + c[2]) * d[3] + c[3]) * d[4] + c[4];
 }
 
 }  // namespace shardtrain

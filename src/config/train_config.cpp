@@ -231,6 +231,7 @@ const std::map<std::string, Setter>& known_keys() {
                   {"precision.min_scale", field(&PrecisionSection::min_scale)},
                   {"parallel.strategy", field(&ParallelSection::strategy)},
                   {"parallel.tp", field(&ParallelSection::tp)},
+                  {"parallel.cp", field(&ParallelSection::cp)},
                   {"parallel.sequence_parallel", field(&ParallelSection::sequence_parallel)},
                   {"parallel.pp", field(&ParallelSection::pp)},
                   {"parallel.pp_schedule", field(&ParallelSection::pp_schedule)},
@@ -539,6 +540,35 @@ void validate_pipeline(const TrainConfig& c) {
   // check_parallel_settings (parallel/parallelize.h) applies them.
 }
 
+// Context parallelism against the sequence, the attention kernel and the other parallelisms;
+// the world size is checked with the mesh (train_mesh_shape).
+void validate_context_parallel(const TrainConfig& c) {
+  auto require = [](bool ok, const std::string& message) {
+    if (!ok) throw std::invalid_argument(message);
+  };
+  const int64_t cp = c.parallel.cp;
+  require(cp >= 1, "parallel.cp must be at least 1, got " + std::to_string(cp));
+  if (cp == 1) return;
+  require(c.data.seq_len % (2 * cp) == 0,
+          "data.seq_len " + std::to_string(c.data.seq_len) +
+              " is not divisible by 2 x parallel.cp = " + std::to_string(2 * cp) +
+              ": each of the cp ranks holds two of 2 cp equal chunks");
+  require(c.train.attention == "auto" || c.train.attention == "blockwise",
+          "parallel.cp > 1 splits attention with the blockwise kernel (ring attention), but "
+          "train.attention is \"" +
+              c.train.attention + "\"");
+  require(c.model.dropout == 0.0,
+          "parallel.cp > 1 needs model.dropout = 0: ring attention is blockwise attention, which "
+          "applies no attention dropout");
+  require(c.parallel.strategy != ParallelStrategy::kNone,
+          "parallel.cp > 1 needs parallel.strategy \"ddp\", \"fsdp\" or \"zero\": each rank's "
+          "gradients come from part of the sequences and are summed across the cp group as data "
+          "parallelism's are");
+  require(c.parallel.pp == 1,
+          "parallel.cp > 1 does not combine with parallel.pp > 1 (context parallelism runs with "
+          "data and tensor parallelism)");
+}
+
 }  // namespace
 
 void TrainConfig::validate() const {
@@ -648,6 +678,7 @@ void TrainConfig::validate() const {
           "draw different masks for the activations they share; this version trains tensor "
           "parallelism without dropout");
   validate_pipeline(*this);
+  validate_context_parallel(*this);
   require(parallel.tp == 1 || lora.rank == 0,
           "lora.rank > 0 with parallel.tp > 1: adapters are not split across tensor-parallel "
           "ranks; use data parallelism (ddp or fsdp) for LoRA");

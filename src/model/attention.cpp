@@ -55,6 +55,7 @@ at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k_heads,
           "the blockwise attention kernel takes no attention dropout; set model.dropout = 0 or "
           "train.attention = \"fused\"");
     }
+    if (ctx.cp) return ctx.cp->attention(q, k_heads, v_heads, ctx.mask, ctx.all_segments);
     return blockwise_attention(q, k_heads, v_heads, ctx.mask);
   }
   const int64_t group = q.size(1) / k_heads.size(1);

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "model/blockwise_attention.h"
+#include "model/context_split.h"
 #include "model/layer_split.h"
 #include "shardtrain/model.h"
 
@@ -29,6 +30,10 @@ struct BlockContext {
   at::Tensor allowed;
   // For the blockwise kernel: the same rule as positions and samples, on the activations' device.
   AttentionMask mask;
+  // Sequences split by context parallelism (set only while the split is active): attention runs
+  // through it, `mask` holding this rank's positions and all_segments every rank's segments.
+  ContextSplit* cp = nullptr;
+  at::Tensor all_segments;
 };
 
 // softmax(q k^T / sqrt(head_dim) with the future masked) v through the kernel ctx names.

@@ -224,7 +224,22 @@ at::Tensor TransformerImpl::forward_stage(const at::Tensor& input, int64_t begin
 void TransformerImpl::prepare_context(const at::Tensor& x, int64_t length,
                                       const SequenceLayout& layout, detail::BlockContext& ctx) {
   ctx.attention = attention_;
-  if (attention_ == AttentionKernel::kBlockwise) {
+  // This rank's chunks of sequences split by context parallelism: their positions in the whole.
+  at::Tensor split_positions;
+  if (cp_ && cp_->active) {
+    if (attention_ != AttentionKernel::kBlockwise) {
+      throw std::logic_error(
+          "Transformer: context parallelism needs the blockwise attention kernel");
+    }
+    ctx.cp = cp_.get();
+    split_positions =
+        detail::context_positions(length * cp_->size(), cp_->rank(), cp_->size()).to(x.device());
+    ctx.mask.query_positions = split_positions;
+    if (layout.defined()) {
+      ctx.mask.query_segments = layout.segments.to(x.device());
+      ctx.all_segments = cp_->gather(ctx.mask.query_segments);
+    }
+  } else if (attention_ == AttentionKernel::kBlockwise) {
     ctx.mask = detail::AttentionMask::causal(length);
     ctx.mask.query_positions = ctx.mask.query_positions.to(x.device());
     ctx.mask.key_positions = ctx.mask.query_positions;
@@ -257,6 +272,11 @@ void TransformerImpl::prepare_context(const at::Tensor& x, int64_t length,
     ctx.rope_sin = rows(rope_sin_);
     return;
   }
+  if (split_positions.defined()) {
+    ctx.rope_cos = rope_cos_.index_select(0, split_positions);
+    ctx.rope_sin = rope_sin_.index_select(0, split_positions);
+    return;
+  }
   ctx.rope_cos = rope_cos_.narrow(0, 0, length);
   ctx.rope_sin = rope_sin_.narrow(0, 0, length);
 }
@@ -280,9 +300,14 @@ at::Tensor TransformerImpl::embed(const at::Tensor& tokens, int64_t length,
     const int64_t first = sequence_parallel ? tp_->rank() * local : 0;
     auto& pos_emb = dynamic_cast<detail::EmbeddingImpl&>(*pos_emb_);
     // The positions of this rank's part of the sequence; their gradient is partial.
-    const at::Tensor positions = layout.defined()
-                                     ? layout.positions.to(tokens.device()).narrow(1, first, local)
-                                     : at::arange(first, first + local, tokens.options());
+    // Under context parallelism, the positions of this rank's chunks.
+    const at::Tensor positions =
+        layout.defined() ? layout.positions.to(tokens.device()).narrow(1, first, local)
+        : cp_ && cp_->active
+            ? detail::context_positions(length * cp_->size(), cp_->rank(), cp_->size())
+                  .to(tokens.device())
+                  .narrow(0, first, local)
+            : at::arange(first, first + local, tokens.options());
     x = x + at::embedding(detail::sequence_parallel_weight(pos_emb.weight, tp_), positions);
     if (dropout > 0.0) x = at::dropout(x, dropout, /*train=*/true);  // GPT-2's embedding dropout
   }

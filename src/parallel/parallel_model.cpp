@@ -3,6 +3,7 @@
 #include <sstream>
 
 #include "model/autocast.h"
+#include "parallel/context/context_batch.h"
 #include "parallel/tensor/tp_state.h"
 #include "shardtrain/tensor_parallel.h"
 #include "trace/telemetry.h"
@@ -89,6 +90,12 @@ double ParallelModel::forward_backward(const StepInputs& step) {
   return world_mean(loss_sum);
 }
 
+double ParallelModel::eval_total(double local_total) {
+  // Each rank of a cp group took its chunks' share of the loss (ContextScope).
+  const std::shared_ptr<detail::ContextSplit>& split = model_->context_split();
+  return split && split->size() > 1 ? split->mean(local_total) : local_total;
+}
+
 double ParallelModel::world_mean(double value) const {
   // The reported loss is the global batch's, the same number on every rank.
   if (!world_ || world_->size() == 1) return value;
@@ -126,7 +133,9 @@ at::Tensor ParallelModel::loss(const at::Tensor& logits, const Batch& batch) {
   return detail::logits_loss(model_, logits, batch);
 }
 
-at::Tensor ParallelModel::batch_loss(const Batch& batch, std::optional<int64_t> chunk) {
+at::Tensor ParallelModel::batch_loss(const Batch& whole, std::optional<int64_t> chunk) {
+  const detail::ContextScope context(model_, whole);
+  const Batch& batch = context.batch();
   if (!chunk) return loss(logits(batch.inputs, batch.layout), batch);
   return model_->forward_loss(batch.inputs, batch.layout,
                               LossTargets{batch.targets, batch.loss_divisor, *chunk});

@@ -111,7 +111,7 @@ class ParallelModel {
   // the head's logits when set (Transformer::forward_loss), else loss(logits(...)). Undefined on
   // ranks that do not hold the last pipeline stage.
   virtual at::Tensor batch_loss(const Batch& batch, std::optional<int64_t> chunk);
-  virtual double eval_total(double local_total) { return local_total; }
+  virtual double eval_total(double local_total);
   virtual void share_sampled(at::Tensor& /*token*/) {}
   // The last position's logits over the whole vocabulary (gathered across a tensor-parallel
   // group), fp32.

@@ -157,7 +157,13 @@ MeshShape train_mesh_shape(const TrainConfig& config, int world_size, int ranks_
       replicate = nodes / pp;
     }
   }
-  return resolve_mesh(MeshShape().pp(pp).dp_replicate(replicate).tp(tp), world_size);
+  const int cp = static_cast<int>(config.parallel.cp);
+  if (world_size % (pp * cp * tp) != 0) {
+    throw std::invalid_argument("world size " + std::to_string(world_size) +
+                                " is not divisible by parallel.cp=" + std::to_string(cp) +
+                                (pp * tp > 1 ? " x the other model-parallel degrees" : ""));
+  }
+  return resolve_mesh(MeshShape().pp(pp).dp_replicate(replicate).cp(cp).tp(tp), world_size);
 }
 
 std::unique_ptr<ParallelModel> parallelize(Transformer& model, const TrainConfig& config,
@@ -172,17 +178,26 @@ std::unique_ptr<ParallelModel> parallelize(Transformer& model, const TrainConfig
     apply_tp(model, TensorParallelOptions().sequence_parallel(config.parallel.sequence_parallel),
              *mesh);
   }
+  if (config.parallel.cp > 1) apply_cp(model, *mesh);
   apply_activation_checkpointing(model, config.train.activation_checkpointing);
   model->set_attention(attention_kernel(config));
-  // One data-parallel step, each strategy's from its own folder.
-  std::unique_ptr<ParallelModel> out = config.parallel.strategy == ParallelStrategy::kFsdp
-                                           ? apply_fsdp(model, fsdp_options(config), world, *mesh)
-                                       : config.parallel.strategy == ParallelStrategy::kZero
-                                           ? apply_zero(model, zero_options(config), world, *mesh)
-                                           : apply_ddp(model, ddp_options(config), world, mesh);
+  // One data-parallel step, each strategy's from its own folder, over dp_shard x cp: the ranks
+  // of a cp group hold the same parameters and sum their gradients.
+  const DeviceMesh* data_mesh = mesh ? &mesh->data_parallel_mesh() : nullptr;
+  std::unique_ptr<ParallelModel> out =
+      config.parallel.strategy == ParallelStrategy::kFsdp
+          ? apply_fsdp(model, fsdp_options(config), world, *data_mesh)
+      : config.parallel.strategy == ParallelStrategy::kZero
+          ? apply_zero(model, zero_options(config), world, *data_mesh)
+          : apply_ddp(model, ddp_options(config), world, data_mesh);
   if (config.parallel.pp > 1) {
     out = apply_pp(std::move(out), model, pipeline_schedule(config), pipeline_blocks(config),
                    /*split_backward=*/!config.train.activation_checkpointing, world, *mesh);
+  }
+  if (config.parallel.cp > 1) {
+    out->append_description("context parallel over groups of " +
+                            std::to_string(config.parallel.cp) +
+                            " ranks (ring attention, load-balanced causal chunks)\n");
   }
   if (config.parallel.tp > 1) {
     out->append_description(

@@ -28,10 +28,12 @@ void check_parallel_settings(const TrainConfig& config);
 //      ModelInit::parts(pipeline_parts(...)), since a stage never builds the other stages' parts);
 //      apply_pp, last, runs them by the schedule around the stage's data-parallel step;
 //   1. tensor parallelism (apply_tp, parallel.tp) on the mesh's tp axis;
-//   2. activation checkpointing, per block;
-//   3. one data-parallel step on the mesh's data-parallel ranks: apply_fsdp, apply_zero, or
-//      apply_ddp (replicated: "ddp", and "none");
-//   4. materialization: a sharded step allocates and initializes only this rank's shards of a
+//   2. context parallelism (apply_cp, parallel.cp) on the mesh's cp axis;
+//   3. activation checkpointing, per block, and the attention kernel;
+//   4. one data-parallel step on the mesh's data-parallel ranks with cp folded in
+//      (DeviceMesh::data_parallel_mesh): apply_fsdp, apply_zero, or apply_ddp (replicated:
+//      "ddp", and "none");
+//   5. materialization: a sharded step allocates and initializes only this rank's shards of a
 //      deferred model; every other path materializes the whole model.
 // `model` may be deferred (ModelInit().deferred()). `mesh` is the trainer's mesh over `world`
 // (train_mesh_shape), built before the model; both null for one process. Collective over
@@ -83,6 +85,8 @@ std::unique_ptr<ParallelModel> apply_pp(std::unique_ptr<ParallelModel> stage, Tr
 // Splits the model's layers across the mesh's tp axis (transformer_tp_plan).
 void apply_tp(Transformer& model, TensorParallelOptions options, const DeviceMesh& mesh);
 void apply_activation_checkpointing(Transformer& model, bool enabled);
+// Splits the model's sequences across the mesh's cp axis, attention by ring (a no-op for cp = 1).
+void apply_cp(Transformer& model, const DeviceMesh& mesh);
 // The kernel train.attention names, "auto" resolved; and its name.
 AttentionKernel attention_kernel(const TrainConfig& config);
 std::string attention_kernel_name(const TrainConfig& config);

@@ -87,6 +87,7 @@ std::string Candidate::label() const {
       break;
   }
   if (lora) s = "LoRA " + s;
+  if (cp > 1) s += " x CP" + std::to_string(cp);
   return offload ? s + " + offload" : s;
 }
 
@@ -95,9 +96,16 @@ Candidate evaluate_candidate(Candidate c, const PlanModel& model, const Hardware
   const int world = cluster.world_size();
   const int k = cluster.gpus_per_node_;
   const PrecisionBytes b = PrecisionBytes::of(w.precision_, w.optimizer_);
-  if (world % (c.tp * c.pp) != 0) {
-    return invalid(c, "world size " + std::to_string(world) +
-                          " is not divisible by tp x pp = " + std::to_string(c.tp * c.pp));
+  if (world % (c.tp * c.pp * c.cp) != 0) {
+    return invalid(c,
+                   "world size " + std::to_string(world) +
+                       " is not divisible by tp x pp x cp = " + std::to_string(c.tp * c.pp * c.cp));
+  }
+  if (c.cp > 1 &&
+      (w.seq_len_ % (2 * c.cp) != 0 || c.pp > 1 || c.strategy == PlanStrategy::kHybridShard)) {
+    return invalid(c, "cp=" + std::to_string(c.cp) +
+                          " needs a sequence length divisible by 2 x cp, and no pipeline or "
+                          "hybrid_shard");
   }
   if (c.tp > k || k % c.tp != 0 || model.n_heads % c.tp != 0 || model.n_kv_heads % c.tp != 0) {
     return invalid(c, "tp=" + std::to_string(c.tp) + " must divide the devices per node (" +
@@ -113,7 +121,8 @@ Candidate evaluate_candidate(Candidate c, const PlanModel& model, const Hardware
     return invalid(c, "pp=" + std::to_string(c.pp) + " does not divide " +
                           std::to_string(model.n_layers) + " layers");
   }
-  c.dp = world / (c.tp * c.pp);
+  c.dp = world / (c.tp * c.pp * c.cp);
+  const int dp_cp = c.dp * c.cp;  // the ranks whose gradients are summed
   const int64_t global = w.global_batch_ > 0 ? w.global_batch_ : w.micro_batch_ * world;
   if (global % (w.micro_batch_ * c.dp) != 0) {
     return invalid(
@@ -137,7 +146,7 @@ Candidate evaluate_candidate(Candidate c, const PlanModel& model, const Hardware
   if (c.pp > 1) root = std::min(root, static_cast<double>(model.vocab_size) * d);
   root /= c.tp;
   const double replica = blocks * block + root;  // parameters one device's model copy has
-  c.shard = c.strategy == PlanStrategy::kHybridShard ? k / (c.tp * c.pp) : (stage == 0 ? 1 : c.dp);
+  c.shard = c.strategy == PlanStrategy::kHybridShard ? k / (c.tp * c.pp) : (stage == 0 ? 1 : dp_cp);
   if (c.strategy == PlanStrategy::kHybridShard && c.shard * c.tp * c.pp != k) c.shard = c.dp;
   ZeroMemoryInputs zi;
   zi.parameters = replica;
@@ -188,14 +197,18 @@ Candidate evaluate_candidate(Candidate c, const PlanModel& model, const Hardware
     c.memory.temporary += std::min(2 * kZeroBucketElements, trained) * b.grad;
   }
   const double act_scale = w.precision_ == "fp32" ? 2.0 : 1.0;  // 4-byte activations
+  // Under context parallelism a device holds seq_len / cp tokens of each sequence, and its
+  // attention keeps no [seq x seq] tensor (the ring runs the blockwise kernel).
+  const int64_t seq_local = w.seq_len_ / c.cp;
+  const bool fused_attention = w.fused_attention_ || c.cp > 1;
   const int in_flight = c.pp > 1 ? static_cast<int>(std::min<int64_t>(c.pp, c.grad_accum)) : 1;
-  const double per_block = block_activation_bytes(model, w.seq_len_, w.micro_batch_,
-                                                  w.checkpointing_, w.fused_attention_, c.tp, sp);
-  const double sb = static_cast<double>(w.seq_len_ * w.micro_batch_);
+  const double per_block = block_activation_bytes(model, seq_local, w.micro_batch_,
+                                                  w.checkpointing_, fused_attention, c.tp, sp);
+  const double sb = static_cast<double>(seq_local * w.micro_batch_);
   double act = blocks * per_block * in_flight;
   if (w.checkpointing_) {  // one block's activations rebuilt at a time during backward
-    act += block_activation_bytes(model, w.seq_len_, w.micro_batch_, false, w.fused_attention_,
-                                  c.tp, sp);
+    act +=
+        block_activation_bytes(model, seq_local, w.micro_batch_, false, fused_attention, c.tp, sp);
   }
   // Final norm input, and the logits with the fp32 copy the loss reads: of every token, or of
   // one chunk of about 32 MiB of fp32 logits (the chunked loss, which also accumulates the
@@ -246,7 +259,7 @@ Candidate evaluate_candidate(Candidate c, const PlanModel& model, const Hardware
   // activation byte is written once in forward and read about twice in backward; a recomputed
   // forward writes them once more.
   const double full_act =
-      (blocks * block_activation_bytes(model, w.seq_len_, w.micro_batch_, false, w.fused_attention_,
+      (blocks * block_activation_bytes(model, seq_local, w.micro_batch_, false, fused_attention,
                                        c.tp, sp) +
        4 * sb * d + (w.precision_ == "fp32" ? 4.0 : 6.0) * sb * model.vocab_size / c.tp) *
       act_scale;
@@ -256,7 +269,7 @@ Candidate evaluate_candidate(Candidate c, const PlanModel& model, const Hardware
 
   // Mesh order, innermost first: tp, dp, pp. A data-parallel group has k / tp ranks per node.
   const auto dp_link =
-      detail::group_link(c.dp, std::min(c.dp, std::max(1, k / c.tp)), cluster, intra, inter);
+      detail::group_link(dp_cp, std::min(dp_cp, std::max(1, k / c.tp)), cluster, intra, inter);
   // Under LoRA only adapter gradients are reduced; the frozen base is gathered but never
   // updated, so gathering it again after the step is not needed (ZeRO-2's all-gather).
   const double G = b.grad * trained;
@@ -264,23 +277,23 @@ Candidate evaluate_candidate(Candidate c, const PlanModel& model, const Hardware
   double comm = 0, exposed = 0;
   switch (c.strategy) {
     case PlanStrategy::kDdp: {
-      const double ar = detail::all_reduce_time(G, c.dp, dp_link);
-      const double last = detail::all_reduce_time(std::min(G, kDdpBucketBytes), c.dp, dp_link);
+      const double ar = detail::all_reduce_time(G, dp_cp, dp_link);
+      const double last = detail::all_reduce_time(std::min(G, kDdpBucketBytes), dp_cp, dp_link);
       comm = ar;
       exposed = std::min(ar, std::max(0.0, ar - t_bwd) + last);
       break;
     }
     case PlanStrategy::kZero1:
     case PlanStrategy::kTpPp: {
-      const double rs = detail::all_gather_time(G, c.dp, dp_link);
-      const double ag = detail::all_gather_time(P, c.dp, dp_link);
+      const double rs = detail::all_gather_time(G, dp_cp, dp_link);
+      const double ag = detail::all_gather_time(P, dp_cp, dp_link);
       comm = rs + ag;
       exposed = std::max(0.0, rs - t_bwd) + ag;
       break;
     }
     case PlanStrategy::kZero2: {
-      const double rs = detail::all_gather_time(G, c.dp, dp_link);
-      const double ag = detail::all_gather_time(P, c.dp, dp_link);
+      const double rs = detail::all_gather_time(G, dp_cp, dp_link);
+      const double ag = detail::all_gather_time(P, dp_cp, dp_link);
       // A LoRA base is gathered for every forward (shard_grad_op frees it when backward ends);
       // ZeRO-2 gathers the updated parameters once, after the step.
       const double gathers = c.lora ? ga : 1.0;
@@ -314,6 +327,23 @@ Candidate evaluate_candidate(Candidate c, const PlanModel& model, const Hardware
     const double per_layer =
         (w.checkpointing_ ? 6 : 4) * detail::all_reduce_time(2 * sb * d, c.tp, tp_link);
     tp_pp_mb += blocks * per_layer;
+  }
+  if (c.cp > 1) {
+    // The ring: per layer, cp - 1 hops of this device's keys and values forward (again when
+    // recomputed), cp - 1 backward and cp hops of their fp32 gradients; hidden behind the
+    // attention computed meanwhile, the rest on the critical path.
+    const auto ring_link =
+        detail::group_link(c.cp, std::min(c.cp, std::max(1, k / c.tp)), cluster, intra, inter);
+    const double kv = 2.0 * sb * model.n_kv_heads * (d / model.n_heads) / c.tp;
+    const double hop = detail::p2p_time(kv * (w.precision_ == "fp32" ? 4.0 : 2.0), ring_link);
+    const double grads_hop = detail::p2p_time(kv * 4.0, ring_link);
+    const double per_layer = (c.cp - 1) * hop * (w.checkpointing_ ? 3.0 : 2.0) + c.cp * grads_hop;
+    const double attention_share = 4.0 * d * static_cast<double>(w.seq_len_) /
+                                   (2.0 * static_cast<double>(model.block_parameters) +
+                                    4.0 * d * static_cast<double>(w.seq_len_));
+    const double ring = blocks * per_layer;
+    comm += ga * ring;
+    exposed += ga * std::max(0.0, ring - t_mb * attention_share);
   }
   if (c.pp > 1) {
     const bool across_nodes = c.tp * c.dp >= k && cluster.nodes_ > 1;

@@ -76,6 +76,7 @@ std::string shardtrain_toml(const Plan& plan, const Candidate& c) {
       out << "strategy = \"fsdp\"\n";
       break;
   }
+  if (c.cp > 1) out << "cp = " << c.cp << "\n";
   if (c.strategy == PlanStrategy::kTpPp) {
     // The planner's tensor-parallel layouts run with sequence parallelism (its memory model
     // assumes it). 1F1B needs a micro-batch per stage; with fewer, GPipe runs.
@@ -158,6 +159,10 @@ std::string accelerate_yaml(const Plan& plan, const Candidate& c) {
   std::ostringstream out;
   out << header(plan, c, "#");
   out << "compute_environment: LOCAL_MACHINE\n";
+  if (c.cp > 1) {
+    out << "# context parallel " << c.cp
+        << " has no key in this file: give --set parallel.cp=" << c.cp << " with it\n";
+  }
   const char* ckpt = w.checkpointing_ ? "true" : "false";
   switch (c.strategy) {
     case PlanStrategy::kDdp:

@@ -23,8 +23,8 @@ void check_inputs(const ClusterOptions& c, const WorkloadOptions& w) {
           "global_batch must be >= 0, got " + std::to_string(w.global_batch_));
   require(w.safety_margin_ >= 0 && w.safety_margin_ < 1,
           "safety margin must be in [0, 1), got " + std::to_string(w.safety_margin_));
-  require(w.lora_rank_ >= 0, "LoRA rank must be >= 0 (0: full training), got " +
-                                std::to_string(w.lora_rank_));
+  require(w.lora_rank_ >= 0,
+          "LoRA rank must be >= 0 (0: full training), got " + std::to_string(w.lora_rank_));
   require(w.lora_base_ == "fp32" || w.lora_base_ == "bf16" || w.lora_base_ == "nf4",
           "LoRA base dtype must be fp32, bf16 or nf4, got '" + w.lora_base_ + "'");
   require(w.efficiency_ >= 0 && w.efficiency_ <= 1,
@@ -47,8 +47,8 @@ std::vector<Candidate> shapes(const ClusterOptions& cluster, const WorkloadOptio
   if (workload.lora_rank_ > 0) {
     // The decision tree's LoRA branch: the adapters are small, so DDP when the frozen base fits
     // on every device, else FSDP shard_grad_op, else full_shard; nothing to offload.
-    for (PlanStrategy s : {PlanStrategy::kZero2, PlanStrategy::kFullShard,
-                           PlanStrategy::kHybridShard}) {
+    for (PlanStrategy s :
+         {PlanStrategy::kZero2, PlanStrategy::kFullShard, PlanStrategy::kHybridShard}) {
       if (s != PlanStrategy::kHybridShard || cluster.nodes_ >= 2) add(s, false);
     }
     return out;
@@ -60,6 +60,15 @@ std::vector<Candidate> shapes(const ClusterOptions& cluster, const WorkloadOptio
     add(s, true);
   }
   const int world = cluster.world_size();
+  // Long sequences: context parallelism under FSDP, as torchtitan trains 32k-262k tokens.
+  if (workload.seq_len_ >= 8192) {
+    for (int cp = 2; cp <= std::min(8, world); cp *= 2) {
+      Candidate c;
+      c.strategy = PlanStrategy::kFullShard;
+      c.cp = cp;
+      out.push_back(c);
+    }
+  }
   for (int tp = 1; tp <= std::min(8, cluster.gpus_per_node_); tp *= 2) {
     for (int pp = 1; tp * pp <= world && pp <= 64; pp *= 2) {
       if (tp * pp > 1) add(PlanStrategy::kTpPp, false, tp, pp);
@@ -101,8 +110,7 @@ std::string explain(const Plan& plan, double usable) {
         " LoRA rank %lld: %.2fM adapter parameters train (%.2f%% of the model), the base is "
         "frozen in %s, so the optimizer state and the gradient traffic are the adapters' alone;",
         static_cast<long long>(w.lora_rank_), adapters / 1e6,
-        100.0 * adapters / static_cast<double>(plan.model.num_parameters),
-        w.lora_base_.c_str());
+        100.0 * adapters / static_cast<double>(plan.model.num_parameters), w.lora_base_.c_str());
     out += rec->strategy == PlanStrategy::kDdp
                ? " the frozen base fits on every device, so DDP (replicate it, all-reduce the "
                  "adapters' gradients) is the simplest and fastest."

@@ -94,7 +94,7 @@ std::string plan_to_json(const Plan& plan) {
     e["label"] = c.label();
     e["strategy"] = to_string(c.strategy);
     e["offload"] = c.offload;
-    e["tp"] = c.tp, e["pp"] = c.pp, e["dp"] = c.dp, e["shard"] = c.shard;
+    e["tp"] = c.tp, e["pp"] = c.pp, e["dp"] = c.dp, e["cp"] = c.cp, e["shard"] = c.shard;
     e["valid"] = c.valid;
     e["note"] = c.note;
     if (c.valid) {
@@ -150,7 +150,7 @@ std::string memory_chart_svg(const Plan& plan) {
       << "\" height=\"" << height << "\" font-family=\"sans-serif\" font-size=\"12\">\n";
   out << "<text x=\"10\" y=\"18\" font-size=\"14\">"
       << detail::escape_html("Memory per device: " + plan.model.name + " on " +
-                    std::to_string(plan.cluster.world_size()) + " x " + plan.hardware.name)
+                             std::to_string(plan.cluster.world_size()) + " x " + plan.hardware.name)
       << "</text>\n";
   for (int i = 0; i < 5; ++i) {
     out << "<rect x=\"" << 10 + i * 110 << "\" y=\"28\" width=\"12\" height=\"12\" fill=\""

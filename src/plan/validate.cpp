@@ -86,6 +86,7 @@ Candidate candidate_of(const json& parallel, int world, const std::string& file)
                                 " does not divide the world size " + std::to_string(world));
   }
   if (c.strategy == PlanStrategy::kHybridShard) c.shard /= c.tp;
+  c.cp = parallel.value("cp", 1);
   return c;
 }
 
@@ -199,7 +200,7 @@ RunEstimate estimate_run(const nlohmann::json& run, const HardwareSpec& host,
       .precision(bf16_params || autocast ? "bf16-autocast" : "fp32")
       .safety_margin(0.0);
   w.global_batch(w.micro_batch_ * required<int64_t>(train, "grad_accum", run_file) * world /
-                 (shape.tp * shape.pp));
+                 (shape.tp * shape.pp * shape.cp));
   const json lora = field<json>(run, "lora", json::object());
   const int64_t lora_rank = field<int64_t>(lora, "rank", 0);
   if (lora_rank > 0) w.lora(lora_rank, field<std::string>(lora, "base_dtype", "fp32"));
@@ -230,6 +231,14 @@ RunEstimate estimate_run(const nlohmann::json& run, const HardwareSpec& host,
   to_files(out.run, optimizer_in_files, params_in_files);
   this_engine_on_cpu(out.run, model, w, parallel.value("strategy", std::string()) == "zero",
                      prefetch_elements, mc.tie_embeddings);
+  auto add_alternative = [&](Candidate c, bool files) {
+    c = evaluate_candidate(c, model, hw, cluster, w);
+    if (!c.valid) return;
+    to_files(c, files, files);
+    this_engine_on_cpu(c, model, w, /*zero_prefetch=*/files, prefetch_elements, mc.tie_embeddings);
+    c.offload = files;
+    out.alternatives.push_back(c);
+  };
   // The data-parallel strategies at the same world size, least sharded first; the last one is
   // ZeRO-3 with parameters and optimizer state in files.
   for (const auto& [strategy, files] : {std::pair{PlanStrategy::kDdp, false},
@@ -243,21 +252,32 @@ RunEstimate estimate_run(const nlohmann::json& run, const HardwareSpec& host,
     if (pp > 1 && strategy != PlanStrategy::kDdp && strategy != PlanStrategy::kZero1) continue;
     Candidate c;
     c.strategy = strategy;
+    c.cp = shape.cp;
     if (pp > 1) {
       c.tp = shape.tp;
       c.pp = shape.pp;
     }
-    c = evaluate_candidate(c, model, hw, cluster, w);
-    if (!c.valid) continue;
-    to_files(c, files, files);
-    this_engine_on_cpu(c, model, w, /*zero_prefetch=*/files, prefetch_elements, mc.tie_embeddings);
-    c.offload = files;
-    out.alternatives.push_back(c);
+    add_alternative(c, files);
+  }
+  // Then context parallelism, which divides the activations: for a long sequence, what fits
+  // when no sharding of the model's state does.
+  for (int cp = 2 * shape.cp; pp == 1 && lora_rank == 0 && cp <= world; cp *= 2) {
+    for (PlanStrategy strategy : {PlanStrategy::kDdp, PlanStrategy::kFullShard}) {
+      Candidate c;
+      c.strategy = strategy;
+      c.cp = cp;
+      add_alternative(c, false);
+    }
   }
   return out;
 }
 
 std::string config_setting(const Candidate& c) {
+  if (c.cp > 1) {
+    Candidate without = c;
+    without.cp = 1;
+    return config_setting(without) + ", and parallel.cp = " + std::to_string(c.cp);
+  }
   if (c.lora && c.strategy == PlanStrategy::kZero2) {
     return "parallel.strategy = \"fsdp\" with parallel.fsdp.sharding = \"shard_grad_op\"";
   }

@@ -40,6 +40,7 @@ nlohmann::ordered_json run_manifest(const TrainConfig& config, int world_size) {
                      {"tp", config.parallel.tp},
                      {"sequence_parallel", config.parallel.sequence_parallel},
                      {"pp", config.parallel.pp},
+                     {"cp", config.parallel.cp},
                      {"pp_schedule", to_string(config.parallel.pp_schedule)},
                      {"pp_split", config.parallel.pp_split},
                      {"ddp",

@@ -68,7 +68,12 @@ TEST_F(InstructionTrainerTest, EveryStrategyTrainsAsOneProcess) {
                  2,
                  {"parallel.strategy=\"zero\"", "parallel.zero.stage=2", "train.micro_batch=2"}},
           Layout{"tp2_sp", 2, {"parallel.tp=2", "parallel.sequence_parallel=true"}},
-          Layout{"pp2", 2, {"parallel.pp=2"}}}) {
+          Layout{"pp2", 2, {"parallel.pp=2"}},
+          // Packed samples whose chunks fall on different ranks: segments travel with the keys.
+          Layout{"cp2", 2, {"parallel.cp=2", "parallel.strategy=\"ddp\""}},
+          Layout{"cp2_fsdp2",
+                 4,
+                 {"parallel.cp=2", "parallel.strategy=\"fsdp\"", "train.micro_batch=2"}}}) {
       SCOPED_TRACE(layout.name);
       const auto got = testing::train_on_ranks(
           layout.world, config(layout, layout.name + packing, {"data.packing=" + packing}), 4);
