@@ -564,9 +564,6 @@ void validate_context_parallel(const TrainConfig& c) {
           "parallel.cp > 1 needs parallel.strategy \"ddp\", \"fsdp\" or \"zero\": each rank's "
           "gradients come from part of the sequences and are summed across the cp group as data "
           "parallelism's are");
-  require(c.parallel.pp == 1,
-          "parallel.cp > 1 does not combine with parallel.pp > 1 (context parallelism runs with "
-          "data and tensor parallelism)");
 }
 
 }  // namespace

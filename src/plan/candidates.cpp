@@ -101,11 +101,9 @@ Candidate evaluate_candidate(Candidate c, const PlanModel& model, const Hardware
                    "world size " + std::to_string(world) +
                        " is not divisible by tp x pp x cp = " + std::to_string(c.tp * c.pp * c.cp));
   }
-  if (c.cp > 1 &&
-      (w.seq_len_ % (2 * c.cp) != 0 || c.pp > 1 || c.strategy == PlanStrategy::kHybridShard)) {
+  if (c.cp > 1 && (w.seq_len_ % (2 * c.cp) != 0 || c.strategy == PlanStrategy::kHybridShard)) {
     return invalid(c, "cp=" + std::to_string(c.cp) +
-                          " needs a sequence length divisible by 2 x cp, and no pipeline or "
-                          "hybrid_shard");
+                          " needs a sequence length divisible by 2 x cp, and no hybrid_shard");
   }
   if (c.tp > k || k % c.tp != 0 || model.n_heads % c.tp != 0 || model.n_kv_heads % c.tp != 0) {
     return invalid(c, "tp=" + std::to_string(c.tp) + " must divide the devices per node (" +

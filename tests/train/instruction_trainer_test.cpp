@@ -71,6 +71,7 @@ TEST_F(InstructionTrainerTest, EveryStrategyTrainsAsOneProcess) {
           Layout{"pp2", 2, {"parallel.pp=2"}},
           // Packed samples whose chunks fall on different ranks: segments travel with the keys.
           Layout{"cp2", 2, {"parallel.cp=2", "parallel.strategy=\"ddp\""}},
+          Layout{"cp2_pp2", 4, {"parallel.cp=2", "parallel.pp=2", "parallel.strategy=\"ddp\""}},
           Layout{"cp2_fsdp2",
                  4,
                  {"parallel.cp=2", "parallel.strategy=\"fsdp\"", "train.micro_batch=2"}}}) {

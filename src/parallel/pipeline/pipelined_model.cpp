@@ -1,5 +1,7 @@
 #include "parallel/pipeline/pipelined_model.h"
 
+#include "parallel/context/context_batch.h"
+
 namespace shardtrain {
 
 PipelinedModel::PipelinedModel(std::unique_ptr<ParallelModel> stage,
@@ -17,19 +19,24 @@ double PipelinedModel::forward_backward(const StepInputs& step) {
   // DDP holds its all-reduce until every micro-batch is done; under FSDP/ZeRO the stage is
   // gathered for the step and reduced once, at its end.
   std::unique_ptr<StageScope> held = stage_->hold_stage();
+  // Under context parallelism every stage runs on this rank's chunks of the sequences.
+  const detail::ContextActive context(model_);
+  auto micro_batch = [this, &step](int a) {
+    return detail::context_part(model_, step.micro_batch(a));
+  };
   detail::PipelineStepInputs inputs;
   inputs.batch = step.rows;
-  inputs.tokens = [&step](int micro_batch) { return step.micro_batch(micro_batch).inputs; };
-  inputs.layout = [&step](int micro_batch) { return step.micro_batch(micro_batch).layout; };
+  inputs.tokens = [micro_batch](int a) { return micro_batch(a).inputs; };
+  inputs.layout = [micro_batch](int a) { return micro_batch(a).layout; };
   inputs.logits = !step.loss_chunk;
-  inputs.loss = [this, &step](const at::Tensor& output, int micro_batch) {
-    return last_stage_loss(output, step.micro_batch(micro_batch), step.loss_chunk);
+  inputs.loss = [this, micro_batch, &step](const at::Tensor& output, int a) {
+    return last_stage_loss(output, micro_batch(a), step.loss_chunk);
   };
   // As without a pipeline: each micro-batch's loss is a mean, or its share of the global batch's
   // loss tokens (Batch::loss_divisor), so that 1/micro_batches of each makes the step's.
   inputs.loss_factor = step.loss_scale / static_cast<double>(step.micro_batches);
   inputs.bf16_autocast = step.bf16_autocast;
-  const double loss_sum = runner_->step(inputs, step.length);
+  const double loss_sum = runner_->step(inputs, detail::context_length(model_, step.length));
   held->reduce([this](ProcessGroup* average_first) { runner_->sum_tied_gradients(average_first); });
   // The losses are on the last stage's ranks: the mean over the world is 1/pp of theirs.
   return world_mean(loss_sum) * static_cast<double>(stages_.size());
@@ -53,7 +60,9 @@ at::Tensor PipelinedModel::logits(const at::Tensor& tokens, const SequenceLayout
   return runner_->forward(tokens, layout);
 }
 
-at::Tensor PipelinedModel::batch_loss(const Batch& batch, std::optional<int64_t> chunk) {
+at::Tensor PipelinedModel::batch_loss(const Batch& whole, std::optional<int64_t> chunk) {
+  const detail::ContextScope context(model_, whole);
+  const Batch& batch = context.batch();
   // Only the last stage's ranks have an output; the others return no tensor.
   const at::Tensor output = runner_->forward(batch.inputs, batch.layout, /*with_head=*/!chunk);
   return output.defined() ? last_stage_loss(output, batch, chunk) : output;
