@@ -116,8 +116,9 @@ void run_plan(const PlanArgs& a) {
 void add_plan_command(CLI::App& app) {
   auto* cmd = app.add_subcommand(
       "plan",
-      "Estimate per-device memory and step time of DDP, ZeRO-1/2/3, FSDP and TP x PP x DP on a "
-      "cluster, recommend one, and write its configs (docs/planner.md)");
+      "Estimate per-device memory and step time of DDP, ZeRO-1/2/3, FSDP, TP x PP x DP and, for "
+      "long sequences, FSDP x CP on a cluster, recommend one, and write its configs "
+      "(docs/planner.md)");
   auto a = std::make_shared<PlanArgs>();
   cmd->add_option("--model", a->model, "a preset name, or a Hugging Face config.json");
   cmd->add_option("--params", a->params,
@@ -154,7 +155,8 @@ void add_plan_command(CLI::App& app) {
   cmd->add_option("--lora", a->lora,
                   "LoRA fine-tuning with adapters of this rank on every linear layer (the base "
                   "frozen): estimates and recommends DDP, FSDP shard_grad_op or full_shard");
-  cmd->add_option("--lora-base", a->lora_base, "the frozen base's dtype with --lora: bf16, fp32 or nf4 (QLoRA)")
+  cmd->add_option("--lora-base", a->lora_base,
+                  "the frozen base's dtype with --lora: bf16, fp32 or nf4 (QLoRA)")
       ->capture_default_str();
   cmd->add_flag("--unfused-attention", a->unfused_attention,
                 "attention keeps its [seq x seq] scores (no FlashAttention-style kernel)");

@@ -16,7 +16,9 @@ constexpr double kInfinity = std::numeric_limits<double>::infinity();
 // fp32 scores per block the default block sizes aim at: 4M elements, 16 MiB. Backward holds
 // four such tensors at once (scores, probabilities, their gradient, and a product's temporary).
 constexpr int64_t kScoreBlockElements = int64_t{4} << 20;
-constexpr int64_t kDefaultKeyBlock = 512;
+// At most this many queries and keys per block: small enough that causal attention skips most
+// of the blocks above the diagonal (a block of queries spanning the sequence would skip none).
+constexpr int64_t kMaxBlock = 1024;
 
 // The mask's positions on the host, to decide per block whether it needs masking at all.
 struct BlockPlan {
@@ -42,12 +44,12 @@ struct BlockPlan {
     }
     packed = mask.query_segments.defined();
     const int64_t tq = q.size(2), tk = k.size(2);
-    key_block = blocks.keys > 0 ? blocks.keys : std::min(tk, kDefaultKeyBlock);
+    key_block = blocks.keys > 0 ? blocks.keys : std::min(tk, kMaxBlock);
     const int64_t rows = q.size(0) * q.size(1);
     query_block = blocks.queries > 0
                       ? blocks.queries
                       : std::clamp(kScoreBlockElements / std::max<int64_t>(1, rows * key_block),
-                                   int64_t{16}, std::max<int64_t>(tq, 1));
+                                   int64_t{16}, kMaxBlock);
     query_block = std::max<int64_t>(1, std::min(query_block, tq));
     key_block = std::max<int64_t>(1, std::min(key_block, tk));
   }

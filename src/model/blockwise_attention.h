@@ -24,8 +24,8 @@ struct AttentionMask {
   static AttentionMask causal(int64_t length);
 };
 
-// Rows of queries and of keys per block; 0 chooses them from the batch and head counts so that
-// a block of scores stays near 16 MiB of fp32.
+// Rows of queries and of keys per block; 0 chooses them: at most 1024 each, fewer queries when
+// the batch and head counts would make a block of scores more than 16 MiB of fp32.
 struct AttentionBlocks {
   int64_t queries = 0;
   int64_t keys = 0;
