@@ -85,6 +85,14 @@ at::Tensor weight_of(const std::shared_ptr<torch::nn::Module>& module) {
   return module->named_parameters(/*recurse=*/false)["weight"];
 }
 
+// Under context parallelism (the split active), the positions in the whole sequence of this
+// rank's `length` tokens; undefined otherwise.
+at::Tensor split_positions(const std::shared_ptr<detail::ContextSplit>& cp, int64_t length,
+                           const at::Device& device) {
+  if (!cp || !cp->active) return {};
+  return detail::context_positions(length * cp->size(), cp->rank(), cp->size()).to(device);
+}
+
 }  // namespace
 
 TransformerImpl::TransformerImpl(ModelConfig config, ModelInit init) : config_(std::move(config)) {
@@ -225,16 +233,14 @@ void TransformerImpl::prepare_context(const at::Tensor& x, int64_t length,
                                       const SequenceLayout& layout, detail::BlockContext& ctx) {
   ctx.attention = attention_;
   // This rank's chunks of sequences split by context parallelism: their positions in the whole.
-  at::Tensor split_positions;
-  if (cp_ && cp_->active) {
+  const at::Tensor split = split_positions(cp_, length, x.device());
+  if (split.defined()) {
     if (attention_ != AttentionKernel::kBlockwise) {
       throw std::logic_error(
           "Transformer: context parallelism needs the blockwise attention kernel");
     }
     ctx.cp = cp_.get();
-    split_positions =
-        detail::context_positions(length * cp_->size(), cp_->rank(), cp_->size()).to(x.device());
-    ctx.mask.query_positions = split_positions;
+    ctx.mask.query_positions = split;
     if (layout.defined()) {
       ctx.mask.query_segments = layout.segments.to(x.device());
       ctx.all_segments = cp_->gather(ctx.mask.query_segments);
@@ -272,9 +278,9 @@ void TransformerImpl::prepare_context(const at::Tensor& x, int64_t length,
     ctx.rope_sin = rows(rope_sin_);
     return;
   }
-  if (split_positions.defined()) {
-    ctx.rope_cos = rope_cos_.index_select(0, split_positions);
-    ctx.rope_sin = rope_sin_.index_select(0, split_positions);
+  if (split.defined()) {
+    ctx.rope_cos = rope_cos_.index_select(0, split);
+    ctx.rope_sin = rope_sin_.index_select(0, split);
     return;
   }
   ctx.rope_cos = rope_cos_.narrow(0, 0, length);
@@ -301,13 +307,11 @@ at::Tensor TransformerImpl::embed(const at::Tensor& tokens, int64_t length,
     auto& pos_emb = dynamic_cast<detail::EmbeddingImpl&>(*pos_emb_);
     // The positions of this rank's part of the sequence; their gradient is partial.
     // Under context parallelism, the positions of this rank's chunks.
+    const at::Tensor split = split_positions(cp_, length, tokens.device());
     const at::Tensor positions =
-        layout.defined() ? layout.positions.to(tokens.device()).narrow(1, first, local)
-        : cp_ && cp_->active
-            ? detail::context_positions(length * cp_->size(), cp_->rank(), cp_->size())
-                  .to(tokens.device())
-                  .narrow(0, first, local)
-            : at::arange(first, first + local, tokens.options());
+        layout.defined()  ? layout.positions.to(tokens.device()).narrow(1, first, local)
+        : split.defined() ? split.narrow(0, first, local)
+                          : at::arange(first, first + local, tokens.options());
     x = x + at::embedding(detail::sequence_parallel_weight(pos_emb.weight, tp_), positions);
     if (dropout > 0.0) x = at::dropout(x, dropout, /*train=*/true);  // GPT-2's embedding dropout
   }

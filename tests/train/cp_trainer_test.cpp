@@ -10,7 +10,6 @@
 
 #include "plan/run_estimate.h"
 #include "shardtrain/plan.h"
-#include "shardtrain/sharded_checkpoint.h"
 #include "shardtrain/train.h"
 #include "support.h"
 #include "train/local_training.h"
@@ -68,26 +67,12 @@ class ContextParallelTrainerTest : public ::testing::Test {
   }
 
   static int tp_of(const Layout& layout) {
-    for (const auto& key : layout.keys) {
-      if (key.rfind("parallel.tp=", 0) == 0) return std::stoi(key.substr(12));
-    }
-    return 1;
+    return testing::setting_in(layout.keys, "parallel.tp", 1);
   }
 
   std::vector<double> train(const Layout& layout, const TrainConfig& cfg, int steps,
                             std::string* saved = nullptr, double* eval = nullptr) {
     return testing::train_on_ranks(layout.world, cfg, steps, saved, eval);
-  }
-
-  static void expect_same_tensors(const std::string& got_dir, const std::string& want_dir) {
-    const ShardedCheckpointReader got(got_dir), want(want_dir);
-    for (const auto& spec : want.tensors()) {
-      if (spec.name.rfind("optim.", 0) == 0) continue;
-      ASSERT_NE(got.find(spec.name), nullptr) << spec.name;
-      const at::Tensor a = got.read(spec.name), b = want.read(spec.name);
-      ASSERT_EQ(a.sizes(), b.sizes()) << spec.name;
-      EXPECT_LE((a - b).norm().item<double>() / b.norm().item<double>(), 1e-5) << spec.name;
-    }
   }
 
   // Ten steps of each layout against one process: the same losses, evaluation and parameters.
@@ -108,7 +93,7 @@ class ContextParallelTrainerTest : public ::testing::Test {
       if (layout.world == layout.cp * tp_of(layout)) {
         EXPECT_NEAR(got_eval, want_eval, 1e-5 * want_eval);
       }
-      expect_same_tensors(got_dir, want_dir);
+      testing::expect_same_parameters(got_dir, want_dir);
     }
   }
 

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "shardtrain/rendezvous.h"
+#include "shardtrain/sharded_checkpoint.h"
 #include "shardtrain/train.h"
 
 namespace shardtrain::testing {
@@ -52,6 +53,28 @@ inline void expect_refused(int world, const std::function<TrainConfig()>& make,
   } catch (const std::exception& e) {
     EXPECT_NE(std::string(e.what()).find(words), std::string::npos) << e.what();
   }
+}
+
+// The checkpoint in `got_dir` holds every model tensor of the one in `want_dir` (optimizer state
+// aside), of the same shape and within 1e-5 relative.
+inline void expect_same_parameters(const std::string& got_dir, const std::string& want_dir) {
+  const ShardedCheckpointReader got(got_dir), want(want_dir);
+  for (const auto& spec : want.tensors()) {
+    if (spec.name.rfind("optim.", 0) == 0) continue;
+    ASSERT_NE(got.find(spec.name), nullptr) << spec.name;
+    const at::Tensor a = got.read(spec.name), b = want.read(spec.name);
+    ASSERT_EQ(a.sizes(), b.sizes()) << spec.name;
+    EXPECT_LE((a - b).norm().item<double>() / b.norm().item<double>(), 1e-5) << spec.name;
+  }
+}
+
+// The value of the integer setting `key` ("parallel.tp") among `keys` ("parallel.tp=2"), or
+// `otherwise`.
+inline int setting_in(const std::vector<std::string>& keys, const std::string& key, int otherwise) {
+  for (const auto& entry : keys) {
+    if (entry.rfind(key + "=", 0) == 0) return std::stoi(entry.substr(key.size() + 1));
+  }
+  return otherwise;
 }
 
 }  // namespace shardtrain::testing

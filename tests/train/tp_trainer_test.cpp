@@ -7,7 +7,6 @@
 #include <fstream>
 
 #include "shardtrain/rendezvous.h"
-#include "shardtrain/sharded_checkpoint.h"
 #include "shardtrain/train.h"
 #include "support.h"
 #include "train/local_training.h"
@@ -19,17 +18,6 @@ namespace {
 namespace fs = std::filesystem;
 
 constexpr int kGlobalBatch = 8;
-
-void expect_same_tensors(const std::string& got_dir, const std::string& want_dir) {
-  const ShardedCheckpointReader got(got_dir), want(want_dir);
-  for (const auto& spec : want.tensors()) {
-    if (spec.name.rfind("optim.", 0) == 0) continue;
-    ASSERT_NE(got.find(spec.name), nullptr) << spec.name;
-    const at::Tensor a = got.read(spec.name), b = want.read(spec.name);
-    ASSERT_EQ(a.sizes(), b.sizes()) << spec.name;
-    EXPECT_LE((a - b).norm().item<double>() / b.norm().item<double>(), 1e-5) << spec.name;
-  }
-}
 
 struct Layout {
   std::string name;
@@ -74,10 +62,7 @@ class TensorParallelTrainerTest : public ::testing::Test {
   }
 
   static int tp_of(const Layout& layout) {
-    for (const auto& key : layout.keys) {
-      if (key.rfind("parallel.tp=", 0) == 0) return std::stoi(key.substr(12));
-    }
-    return 1;
+    return testing::setting_in(layout.keys, "parallel.tp", 1);
   }
 
   std::vector<double> train(const Layout& layout, const TrainConfig& cfg, int steps,
@@ -96,7 +81,7 @@ class TensorParallelTrainerTest : public ::testing::Test {
       std::string got_dir;
       const auto got = train(layout, config(layout, dir_ / layout.name, 10), 10, &got_dir);
       testing::expect_same_losses(got, want, 1e-5);
-      expect_same_tensors(got_dir, want_dir);
+      testing::expect_same_parameters(got_dir, want_dir);
     }
   }
 
