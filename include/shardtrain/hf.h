@@ -22,10 +22,14 @@ struct HfParameterName {
 // Every parameter of `config`, in parameter order, with its Hugging Face name: GPT2LMHeadModel
 // ("transformer.wte.weight", "transformer.h.N.attn.c_attn.weight", ...) or LlamaForCausalLM
 // ("model.embed_tokens.weight", "model.layers.N.self_attn.q_proj.weight", ...). A tied output
-// head has no entry of its own (HF ties "lm_head.weight" to the token embedding too).
+// head has no entry of its own (HF ties "lm_head.weight" to the token embedding too). A
+// mixture-of-experts model's experts are named as MixtralForCausalLM's
+// ("model.layers.N.block_sparse_moe.experts.E.w1.weight") or Qwen3MoeForCausalLM's
+// ("model.layers.N.mlp.experts.E.gate_proj.weight"); one with shared experts throws
+// std::invalid_argument (neither layout has them).
 std::vector<HfParameterName> hf_parameter_names(const ModelConfig& config);
 
-// The config.json Hugging Face writes for `config` ("model_type" gpt2 or llama) with weights of
+// The config.json Hugging Face writes for `config` (its ModelConfig::model_type()) with weights of
 // `dtype` ("torch_dtype"); model_config_from_hf_json() reads it back to the same sizes.
 std::string hf_config_json(const ModelConfig& config, at::ScalarType dtype = at::kFloat);
 

@@ -64,29 +64,53 @@ struct ModelConfig {
   // 0 for none. Sequences longer than the window are refused (the window is not implemented).
   int64_t sliding_window = 0;
 
+  // Mixture of experts (Llama family, Hugging Face's "mixtral" and "qwen3_moe"): with n_experts
+  // > 0 each block's MLP becomes a linear router and n_experts SwiGLU experts of width
+  // ffn_hidden; each token goes to the experts_per_token with the highest router probability
+  // (softmax over all experts, then the top k), weighted by those probabilities, renormalized to
+  // sum 1 when norm_topk_prob. n_shared_experts > 0 adds one SwiGLU of n_shared_experts x
+  // ffn_hidden that every token passes through (DeepSeek's shared experts). docs/moe.md.
+  int64_t n_experts = 0;
+  int64_t experts_per_token = 0;
+  int64_t n_shared_experts = 0;
+  bool norm_topk_prob = true;
+  // The load-balancing loss's weight in the training loss (config.json's router_aux_loss_coef).
+  double router_aux_loss_coef = 0.0;
+  // 0: dropless routing, every token reaches its experts. > 0: an expert takes at most
+  // ceil(capacity_factor x tokens x experts_per_token / n_experts) of a forward's tokens, the
+  // first ones in order; the others skip it.
+  double capacity_factor = 0.0;
+
+  bool moe() const { return n_experts > 0; }
   int64_t head_size() const { return head_dim > 0 ? head_dim : d_model / n_heads; }
-  std::string model_type() const;  // hf_model_type, or the family's name
+  // hf_model_type, or the family's name ("mixtral" for a mixture-of-experts model).
+  std::string model_type() const;
 
   // Every parameter, in registration order, with its shape. No allocation: this is what the
   // planner uses for llama3-405b.
   std::vector<ParameterShape> parameter_shapes() const;
   int64_t num_parameters() const;  // sum of parameter_shapes(), tied weights counted once
+  // The parameters one token computes with: num_parameters() less the experts it does not
+  // reach (n_experts - experts_per_token of each block's). num_parameters() without experts.
+  int64_t active_parameters() const;
   // Throws std::invalid_argument naming the field that is inconsistent (d_model not divisible
   // by n_heads, n_heads not divisible by n_kv_heads, non-positive sizes, ...).
   void validate() const;
 };
 
 // Presets: "tiny" (tests; GPT-2 family), "tiny-llama", "tiny-llama3.2", "tiny-qwen2",
-// "tiny-qwen3", "tiny-mistral" (tests; each Llama-family variant), "gpt2-124m", "gpt2-350m",
-// "llama3-8b", "llama3-70b", "llama3-405b", "llama3.1-8b", "llama3.2-1b", "llama3.2-3b",
-// "qwen2.5-0.5b", "qwen2.5-1.5b", "qwen3-0.6b", "qwen3-1.7b", "mistral-7b" (docs/models.md).
+// "tiny-qwen3", "tiny-mistral", "tiny-moe", "tiny-qwen3-moe" (tests; each Llama-family variant),
+// "gpt2-124m", "gpt2-350m", "llama3-8b", "llama3-70b", "llama3-405b", "llama3.1-8b",
+// "llama3.2-1b", "llama3.2-3b", "qwen2.5-0.5b", "qwen2.5-1.5b", "qwen3-0.6b", "qwen3-1.7b",
+// "mistral-7b", "mixtral-8x7b", "qwen3-30b-a3b" (docs/models.md).
 // Throws std::invalid_argument listing the valid names for an unknown one.
 ModelConfig model_preset(const std::string& name);
 std::vector<std::string> model_preset_names();
 
 // Reads a Hugging Face config.json of a GPT-2 ("model_type": "gpt2"), Llama ("llama": Llama 2,
-// 3, 3.1, 3.2, 3.3), Mistral ("mistral"), Qwen2/2.5 ("qwen2") or Qwen3 ("qwen3") model. Throws
-// std::invalid_argument naming the file and the missing or unsupported key.
+// 3, 3.1, 3.2, 3.3), Mistral ("mistral"), Qwen2/2.5 ("qwen2"), Qwen3 ("qwen3"), Mixtral
+// ("mixtral") or Qwen3-MoE ("qwen3_moe") model. Throws std::invalid_argument naming the file and
+// the missing or unsupported key.
 ModelConfig model_config_from_hf_json(const std::string& path);
 
 // Fills `out` (1-D, contiguous, any floating dtype) with elements [begin, begin + out.numel())
@@ -234,7 +258,18 @@ namespace detail {
 class LayerSplit;
 class ContextSplit;
 struct BlockContext;
+struct MoeState;
 }  // namespace detail
+
+// What a mixture-of-experts model's layers routed in its training forwards since the last
+// TransformerImpl::take_moe_stats(): the tokens each layer sent to each expert (zeros for the
+// layers a pipeline stage does not hold), and the load-balancing losses computed (one per
+// layer and forward), summed, with their number.
+struct MoeStats {
+  at::Tensor tokens_per_expert;  // [n_layers, n_experts] int64
+  double aux_loss_sum = 0.0;
+  int64_t aux_losses = 0;
+};
 
 // The target id of a token no loss is taken on (a prompt token, padding), as PyTorch's and
 // Hugging Face's ignore_index.
@@ -334,6 +369,14 @@ class TransformerImpl : public torch::nn::Module {
   const std::shared_ptr<detail::ContextSplit>& context_split() const { return cp_; }
   void set_context_split(std::shared_ptr<detail::ContextSplit> split) { cp_ = std::move(split); }
 
+  // A mixture-of-experts model (ModelConfig::n_experts): the load-balancing loss enters the
+  // gradient as router_aux_loss_coef x `weight` x its value (the training loop sets the factor
+  // it scales its own loss by: loss scale / micro-batches; 1 unless set). The loss a forward
+  // returns never includes it. take_moe_stats: what the layers routed since the last call, and
+  // the counts start again from zero; empty for a dense model.
+  void set_aux_loss_weight(double weight);
+  MoeStats take_moe_stats();
+
   const ModelConfig& config() const { return config_; }
   // The transformer blocks, in order (the units FSDP wraps).
   torch::nn::ModuleList blocks() const { return blocks_; }
@@ -368,6 +411,7 @@ class TransformerImpl : public torch::nn::Module {
   AttentionKernel attention_ = AttentionKernel::kBlockwise;
   std::shared_ptr<detail::LayerSplit> tp_;
   std::shared_ptr<detail::ContextSplit> cp_;
+  std::shared_ptr<detail::MoeState> moe_;  // null for a dense model
   ModelParts parts_;
   torch::nn::ModuleList blocks_;
   // Embeddings, final norm and head are registered by the implementation (src/model/), held as

@@ -59,6 +59,11 @@ struct StepResult {
   // on the training thread, so all exposed), and their bytes.
   double comm_tp_s = 0;
   int64_t comm_tp_bytes = 0;
+  // A mixture-of-experts model: the load-balancing loss (the mean over layers and micro-batches
+  // of the global batch; not part of `loss`), and the tokens each expert of each layer received
+  // in the step, over the global batch: the least, the mean and the most. NaN otherwise.
+  double aux_loss = NAN;
+  double expert_tokens_min = NAN, expert_tokens_mean = NAN, expert_tokens_max = NAN;
 };
 
 class Trainer {
@@ -149,6 +154,9 @@ class Trainer {
   void add_step_totals(StepResult& result, std::chrono::steady_clock::time_point start,
                        std::chrono::steady_clock::time_point end,
                        const detail::SwapIoTotals& io_before);
+  // A mixture-of-experts model: the step's load-balancing loss and tokens per expert over the
+  // global batch into `result`. Collective.
+  void add_routing(StepResult& result);
   void write_metrics(const StepResult& result, double eval_loss);
   void restore_training_state(const ShardedCheckpointReader& reader, const std::string& dir);
   // One token drawn from the logits of the last position (train.sample_*).

@@ -29,6 +29,25 @@ std::pair<std::string, bool> gpt2_block_name(const std::string& rest) {
   return names.at(rest);
 }
 
+// A mixture-of-experts block's name ("moe.router.weight", "moe.experts.3.up.weight") in
+// Mixtral's layout (block_sparse_moe.gate, experts.N.w1/w3/w2) or Qwen3-MoE's (mlp.gate,
+// experts.N.gate_proj/up_proj/down_proj).
+std::string moe_block_name(const std::string& rest, const std::string& type) {
+  const bool mixtral = type == "mixtral";
+  const std::string block = mixtral ? "block_sparse_moe." : "mlp.";
+  if (rest == "moe.router.weight") return block + "gate.weight";
+  const std::string experts = "moe.experts.";
+  const size_t dot = rest.find('.', experts.size());
+  const std::string expert = rest.substr(experts.size(), dot - experts.size());
+  const std::string layer = rest.substr(dot + 1);
+  static const std::map<std::string, std::pair<std::string, std::string>> names = {
+      {"gate.weight", {"w1.weight", "gate_proj.weight"}},
+      {"up.weight", {"w3.weight", "up_proj.weight"}},
+      {"down.weight", {"w2.weight", "down_proj.weight"}}};
+  const auto& both = names.at(layer);
+  return block + "experts." + expert + "." + (mixtral ? both.first : both.second);
+}
+
 std::string llama_block_name(const std::string& rest) {
   static const std::map<std::string, std::string> names = {
       {"attn_norm.weight", "input_layernorm.weight"},
@@ -56,7 +75,9 @@ nlohmann::json llama_config_json(const ModelConfig& c) {
       {"llama", "LlamaForCausalLM"},
       {"mistral", "MistralForCausalLM"},
       {"qwen2", "Qwen2ForCausalLM"},
-      {"qwen3", "Qwen3ForCausalLM"}};
+      {"qwen3", "Qwen3ForCausalLM"},
+      {"mixtral", "MixtralForCausalLM"},
+      {"qwen3_moe", "Qwen3MoeForCausalLM"}};
   nlohmann::json j = {{"architectures", {architectures.at(type)}},
                       {"model_type", type},
                       {"vocab_size", c.vocab_size},
@@ -74,8 +95,25 @@ nlohmann::json llama_config_json(const ModelConfig& c) {
                       {"tie_word_embeddings", c.tie_embeddings}};
   if (type != "qwen2") j["attention_bias"] = false;
   if (type == "llama") j["mlp_bias"] = false;
-  if (type == "qwen2" || type == "qwen3") j["use_sliding_window"] = false;
-  if (type == "mistral") {
+  if (type == "qwen2" || type == "qwen3" || type == "qwen3_moe") j["use_sliding_window"] = false;
+  if (type == "mixtral") {
+    j["num_local_experts"] = c.n_experts;
+    j["num_experts_per_tok"] = c.experts_per_token;
+    j["router_aux_loss_coef"] = c.router_aux_loss_coef;
+    j["router_jitter_noise"] = 0.0;
+    j["output_router_logits"] = false;
+  } else if (type == "qwen3_moe") {
+    // No dense layer: intermediate_size (a dense MLP's width) is never used.
+    j["moe_intermediate_size"] = c.ffn_hidden;
+    j["num_experts"] = c.n_experts;
+    j["num_experts_per_tok"] = c.experts_per_token;
+    j["norm_topk_prob"] = c.norm_topk_prob;
+    j["router_aux_loss_coef"] = c.router_aux_loss_coef;
+    j["decoder_sparse_step"] = 1;
+    j["mlp_only_layers"] = nlohmann::json::array();
+    j["output_router_logits"] = false;
+  }
+  if (type == "mistral" || type == "mixtral") {
     j["sliding_window"] = c.sliding_window > 0 ? nlohmann::json(c.sliding_window) : nullptr;
   }
   if (c.rope_scaling.enabled()) {
@@ -95,6 +133,12 @@ nlohmann::json llama_config_json(const ModelConfig& c) {
 
 std::vector<HfParameterName> hf_parameter_names(const ModelConfig& config) {
   const bool gpt2 = config.family == ModelFamily::kGpt2;
+  if (config.n_shared_experts > 0) {
+    throw std::invalid_argument(
+        "a model with shared experts (n_shared_experts " +
+        std::to_string(config.n_shared_experts) +
+        ") has no Hugging Face layout here: mixtral and qwen3_moe have none");
+  }
   static const std::map<std::string, std::string> gpt2_top = {
       {"tok_emb.weight", "transformer.wte.weight"},
       {"pos_emb.weight", "transformer.wpe.weight"},
@@ -117,7 +161,9 @@ std::vector<HfParameterName> hf_parameter_names(const ModelConfig& config) {
         entry.hf_name = "transformer.h." + layer + "." + name;
         entry.transposed = conv;
       } else {
-        entry.hf_name = "model.layers." + layer + "." + llama_block_name(rest);
+        entry.hf_name = "model.layers." + layer + "." +
+                        (rest.rfind("moe.", 0) == 0 ? moe_block_name(rest, config.model_type())
+                                                    : llama_block_name(rest));
       }
     } else {
       entry.hf_name = (gpt2 ? gpt2_top : llama_top).at(p.name);
@@ -180,7 +226,13 @@ nlohmann::json describe_model(const ModelConfig& m) {
             {"low_freq_factor", m.rope_scaling.low_freq_factor},
             {"high_freq_factor", m.rope_scaling.high_freq_factor},
             {"original_context_length", m.rope_scaling.original_context_length}}},
-          {"sliding_window", m.sliding_window}};
+          {"sliding_window", m.sliding_window},
+          {"n_experts", m.n_experts},
+          {"experts_per_token", m.experts_per_token},
+          {"n_shared_experts", m.n_shared_experts},
+          {"norm_topk_prob", m.norm_topk_prob},
+          {"router_aux_loss_coef", m.router_aux_loss_coef},
+          {"capacity_factor", m.capacity_factor}};
 }
 
 ModelConfig model_from_description(const nlohmann::json& j, const std::string& source) {
@@ -216,6 +268,13 @@ ModelConfig model_from_description(const nlohmann::json& j, const std::string& s
       m.rope_scaling.original_context_length = r.at("original_context_length").get<int64_t>();
     }
     m.sliding_window = j.value("sliding_window", int64_t{0});
+    // Written since mixture-of-experts models: a description without them is a dense model.
+    m.n_experts = j.value("n_experts", int64_t{0});
+    m.experts_per_token = j.value("experts_per_token", int64_t{0});
+    m.n_shared_experts = j.value("n_shared_experts", int64_t{0});
+    m.norm_topk_prob = j.value("norm_topk_prob", true);
+    m.router_aux_loss_coef = j.value("router_aux_loss_coef", 0.0);
+    m.capacity_factor = j.value("capacity_factor", 0.0);
   } catch (const nlohmann::json::exception& e) {
     throw std::invalid_argument(source + ": the model description is incomplete (" + e.what() +
                                 ")");

@@ -170,6 +170,13 @@ const std::map<std::string, Setter>& known_keys() {
                   {"model.head_dim", model_field(&ModelConfig::head_dim)},
                   {"model.attention_bias", model_field(&ModelConfig::attention_bias)},
                   {"model.qk_norm", model_field(&ModelConfig::qk_norm)},
+                  {"model.n_experts", model_field(&ModelConfig::n_experts)},
+                  {"model.experts_per_token", model_field(&ModelConfig::experts_per_token)},
+                  {"model.n_shared_experts", model_field(&ModelConfig::n_shared_experts)},
+                  {"model.norm_topk_prob", model_field(&ModelConfig::norm_topk_prob)},
+                  {"model.router_aux_loss_coef",
+                   model_field(&ModelConfig::router_aux_loss_coef)},
+                  {"model.capacity_factor", model_field(&ModelConfig::capacity_factor)},
                   {"data.corpus",
                    [](TrainConfig& c, const toml::node& n, const std::string& name) {
                      c.data.corpus.clear();
@@ -676,6 +683,16 @@ void TrainConfig::validate() const {
           "parallelism without dropout");
   validate_pipeline(*this);
   validate_context_parallel(*this);
+  require(!model.moe() || parallel.tp == 1,
+          "parallel.tp > 1 with a mixture-of-experts model (model.n_experts " +
+              std::to_string(model.n_experts) +
+              "): this version does not split the experts across tensor-parallel ranks; use "
+              "data parallelism (ddp, fsdp, zero) or pipeline parallelism");
+  require(!model.moe() || parallel.cp == 1,
+          "parallel.cp > 1 with a mixture-of-experts model (model.n_experts " +
+              std::to_string(model.n_experts) +
+              "): the load-balancing loss is taken per sequence, which context parallelism "
+              "splits; this version trains mixture-of-experts models with cp = 1");
   require(parallel.tp == 1 || lora.rank == 0,
           "lora.rank > 0 with parallel.tp > 1: adapters are not split across tensor-parallel "
           "ranks; use data parallelism (ddp or fsdp) for LoRA");

@@ -110,11 +110,14 @@ at::Tensor Gpt2MlpImpl::forward(const at::Tensor& x) {
   return proj->forward(at::gelu(fc->forward(x), /*approximate=*/"tanh"));
 }
 
-LlamaMlpImpl::LlamaMlpImpl(const ModelConfig& config, bool deferred) {
+LlamaMlpImpl::LlamaMlpImpl(const ModelConfig& config, bool deferred)
+    : LlamaMlpImpl(config.d_model, config.ffn_hidden, deferred) {}
+
+LlamaMlpImpl::LlamaMlpImpl(int64_t d_model, int64_t hidden, bool deferred) {
   auto linear = [deferred](int64_t in, int64_t out) { return Linear(in, out, false, deferred); };
-  gate = register_module("gate", linear(config.d_model, config.ffn_hidden));
-  up = register_module("up", linear(config.d_model, config.ffn_hidden));
-  down = register_module("down", linear(config.ffn_hidden, config.d_model));
+  gate = register_module("gate", linear(d_model, hidden));
+  up = register_module("up", linear(d_model, hidden));
+  down = register_module("down", linear(hidden, d_model));
 }
 
 at::Tensor LlamaMlpImpl::forward(const at::Tensor& x) {
@@ -142,25 +145,31 @@ at::Tensor Gpt2BlockImpl::forward(const at::Tensor& x, const BlockContext& ctx) 
   return h + residual_dropout(mlp->forward(ln2->forward(h)), dropout_, is_training());
 }
 
-LlamaBlockImpl::LlamaBlockImpl(const ModelConfig& config, bool deferred)
+LlamaBlockImpl::LlamaBlockImpl(const ModelConfig& config, int64_t layer, bool deferred)
     : dropout_(config.dropout) {
   attn_norm = register_module("attn_norm", RMSNorm(config.d_model, config.norm_eps, deferred));
   attn = register_module("attn", LlamaAttention(config, deferred));
   ffn_norm = register_module("ffn_norm", RMSNorm(config.d_model, config.norm_eps, deferred));
-  mlp = register_module("mlp", LlamaMlp(config, deferred));
+  if (config.moe()) {
+    moe = register_module("moe", Moe(config, layer, deferred));
+  } else {
+    mlp = register_module("mlp", LlamaMlp(config, deferred));
+  }
 }
 
 at::Tensor LlamaBlockImpl::forward(const at::Tensor& x, const BlockContext& ctx) {
   const at::Tensor h =
       x + residual_dropout(attn->forward(attn_norm->forward(x), ctx), dropout_, is_training());
-  return h + residual_dropout(mlp->forward(ffn_norm->forward(h)), dropout_, is_training());
+  const at::Tensor normed = ffn_norm->forward(h);
+  const at::Tensor ffn = moe ? moe->forward(normed, ctx.moe) : mlp->forward(normed);
+  return h + residual_dropout(ffn, dropout_, is_training());
 }
 
-std::shared_ptr<BlockImpl> make_block(const ModelConfig& config, bool deferred) {
+std::shared_ptr<BlockImpl> make_block(const ModelConfig& config, int64_t layer, bool deferred) {
   if (config.family == ModelFamily::kGpt2) {
     return std::make_shared<Gpt2BlockImpl>(config, deferred);
   }
-  return std::make_shared<LlamaBlockImpl>(config, deferred);
+  return std::make_shared<LlamaBlockImpl>(config, layer, deferred);
 }
 
 }  // namespace shardtrain::detail

@@ -87,6 +87,8 @@ struct CheckpointState : torch::CustomClassHolder {
 // Callbacks queued during a recomputation's nested backward, per nesting level of this thread
 // (the engine runs a nested backward on the thread that started it).
 thread_local std::vector<std::vector<std::function<void()>>> deferred_callbacks;
+// Recomputations running on this thread (nested when a recomputation itself checkpoints).
+thread_local int recomputations = 0;
 
 // Around a nested backward: the callbacks queued inside it go to the enclosing backward.
 class NestedBackward {
@@ -127,7 +129,14 @@ class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> 
       RngReplay rng(state->rng);
       AutocastScope autocast(without_cache(state->autocast));
       at::AutoGradMode grad_mode(true);
-      output = state->fn(input);
+      ++recomputations;
+      try {
+        output = state->fn(input);
+      } catch (...) {
+        --recomputations;
+        throw;
+      }
+      --recomputations;
     }
     // A nested backward: parameter gradients accumulate into .grad exactly as they would have
     // through the original graph; the input's gradient is handed back to the outer pass.
@@ -145,6 +154,8 @@ class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> 
 };
 
 }  // namespace
+
+bool recomputing() { return recomputations > 0; }
 
 void queue_backward_callback(std::function<void()> fn) {
   if (!deferred_callbacks.empty()) {

@@ -25,6 +25,10 @@ using BlockFunction = std::function<at::Tensor(const at::Tensor&)>;
 at::Tensor checkpoint(BlockFunction fn, const at::Tensor& input,
                       const std::vector<at::Tensor>& params);
 
+// True while checkpoint()'s backward recomputes a block on this thread: what a forward counts
+// (routing statistics) is then counted a second time, and should not be.
+bool recomputing();
+
 // The autograd engine's queue_callback (run `fn` when the backward pass ends), except that from
 // inside checkpoint()'s nested backward the callback is handed to the enclosing backward: a
 // strategy that finishes its reductions there must not run when one recomputed block is done

@@ -26,6 +26,14 @@ void add(std::vector<ParameterShape>& shapes, std::string name, std::vector<int6
   shapes.push_back(ParameterShape{std::move(name), std::move(shape)});
 }
 
+// A SwiGLU MLP's weights under `prefix`: gate, up, down.
+void add_swiglu(std::vector<ParameterShape>& shapes, const std::string& prefix, int64_t d,
+                int64_t hidden) {
+  add(shapes, prefix + "gate.weight", {hidden, d});
+  add(shapes, prefix + "up.weight", {hidden, d});
+  add(shapes, prefix + "down.weight", {d, hidden});
+}
+
 // What only the Llama family's variants have (Qwen2's biases, Qwen3's head norms and head size,
 // Llama 3.1's RoPE scaling, Mistral's window) is refused in the GPT-2 family, and checked here.
 void validate_llama_variant(const ModelConfig& c) {
@@ -41,10 +49,18 @@ void validate_llama_variant(const ModelConfig& c) {
     fail(c, "sliding_window must be positive, got " + std::to_string(c.sliding_window));
   }
   const std::string& type = c.hf_model_type;
+  const bool moe_type = type == "mixtral" || type == "qwen3_moe";
+  if (c.moe() && !type.empty() && !moe_type) {
+    fail(c, "hf_model_type \"" + type +
+                "\" has no experts: a mixture-of-experts model is \"mixtral\" or \"qwen3_moe\"");
+  }
+  if (!c.moe() && moe_type) {
+    fail(c, "hf_model_type \"" + type + "\" needs n_experts > 0");
+  }
   if (!type.empty() && type != to_string(c.family) &&
-      !(llama && (type == "mistral" || type == "qwen2" || type == "qwen3"))) {
+      !(llama && (type == "mistral" || type == "qwen2" || type == "qwen3" || moe_type))) {
     fail(c, "hf_model_type \"" + type + "\" is not one of " +
-                (llama ? "llama, mistral, qwen2, qwen3" : "gpt2"));
+                (llama ? "llama, mistral, qwen2, qwen3, mixtral, qwen3_moe" : "gpt2"));
   }
   const RopeScaling& r = c.rope_scaling;
   if (r.enabled() && !(r.factor >= 1.0 && r.low_freq_factor > 0.0 &&
@@ -52,6 +68,45 @@ void validate_llama_variant(const ModelConfig& c) {
     fail(c,
          "rope_scaling needs factor >= 1, 0 < low_freq_factor < high_freq_factor and a "
          "positive original context length");
+  }
+}
+
+// The router and experts of a mixture-of-experts model (Llama family only).
+void validate_experts(const ModelConfig& c) {
+  if (!c.moe()) {
+    if (c.n_experts < 0) fail(c, "n_experts must be positive, got " + std::to_string(c.n_experts));
+    if (c.experts_per_token != 0 || c.n_shared_experts != 0 || c.capacity_factor != 0.0) {
+      fail(c,
+           "experts_per_token, n_shared_experts and capacity_factor belong to a "
+           "mixture-of-experts model: set n_experts");
+    }
+    return;
+  }
+  if (c.family != ModelFamily::kLlama) {
+    fail(c, "n_experts: mixture-of-experts blocks belong to the llama family, not gpt2");
+  }
+  if (c.experts_per_token < 1) {
+    fail(c, "experts_per_token must be at least 1 with n_experts " + std::to_string(c.n_experts) +
+                ", got " + std::to_string(c.experts_per_token));
+  }
+  if (c.experts_per_token > c.n_experts) {
+    fail(c, "experts_per_token " + std::to_string(c.experts_per_token) + " exceeds n_experts " +
+                std::to_string(c.n_experts) + ": a token cannot go to more experts than there are");
+  }
+  if (c.n_shared_experts < 0) {
+    fail(c, "n_shared_experts must not be negative, got " + std::to_string(c.n_shared_experts));
+  }
+  if (!(c.capacity_factor >= 0.0)) {
+    fail(c, "capacity_factor must be 0 (dropless) or positive, got " +
+                std::to_string(c.capacity_factor));
+  }
+  if (c.n_shared_experts > 0 && !c.hf_model_type.empty()) {
+    fail(c, "n_shared_experts: Hugging Face's " + c.hf_model_type +
+                " has no shared experts (leave hf_model_type unset)");
+  }
+  if (!(c.router_aux_loss_coef >= 0.0)) {
+    fail(c, "router_aux_loss_coef must not be negative, got " +
+                std::to_string(c.router_aux_loss_coef));
   }
 }
 
@@ -68,7 +123,8 @@ std::string to_string(ModelFamily family) {
 }
 
 std::string ModelConfig::model_type() const {
-  return hf_model_type.empty() ? to_string(family) : hf_model_type;
+  if (!hf_model_type.empty()) return hf_model_type;
+  return moe() ? "mixtral" : to_string(family);
 }
 
 int64_t ParameterShape::numel() const {
@@ -114,6 +170,7 @@ void ModelConfig::validate() const {
     fail(*this, "dropout must be in [0, 1), got " + std::to_string(dropout));
   }
   validate_llama_variant(*this);
+  validate_experts(*this);
 }
 
 std::vector<ParameterShape> ModelConfig::parameter_shapes() const {
@@ -154,9 +211,17 @@ std::vector<ParameterShape> ModelConfig::parameter_shapes() const {
         add(shapes, p + "attn.k_norm.weight", {head_size()});
       }
       add(shapes, p + "ffn_norm.weight", {d});
-      add(shapes, p + "mlp.gate.weight", {ffn_hidden, d});
-      add(shapes, p + "mlp.up.weight", {ffn_hidden, d});
-      add(shapes, p + "mlp.down.weight", {d, ffn_hidden});
+      if (!moe()) {
+        add_swiglu(shapes, p + "mlp.", d, ffn_hidden);
+        continue;
+      }
+      add(shapes, p + "moe.router.weight", {n_experts, d});
+      for (int64_t e = 0; e < n_experts; ++e) {
+        add_swiglu(shapes, p + "moe.experts." + std::to_string(e) + ".", d, ffn_hidden);
+      }
+      if (n_shared_experts > 0) {
+        add_swiglu(shapes, p + "moe.shared.", d, n_shared_experts * ffn_hidden);
+      }
     }
   }
   if (family == ModelFamily::kGpt2) {
@@ -173,6 +238,11 @@ int64_t ModelConfig::num_parameters() const {
   int64_t total = 0;
   for (const auto& p : parameter_shapes()) total += p.numel();
   return total;
+}
+
+int64_t ModelConfig::active_parameters() const {
+  const int64_t idle_experts = moe() ? n_experts - experts_per_token : 0;
+  return num_parameters() - n_layers * idle_experts * 3 * d_model * ffn_hidden;
 }
 
 }  // namespace shardtrain

@@ -52,6 +52,7 @@ class JsonReader {
     if (!v.is_string()) fail("key \"" + std::string(key) + "\" must be a string, got " + v.dump());
     return v.get<std::string>();
   }
+  const nlohmann::json& json() const { return json_; }
   void refuse_unless(bool supported, const char* key) const {
     if (!supported) fail("unsupported \"" + std::string(key) + "\": " + json_.at(key).dump());
   }
@@ -106,6 +107,30 @@ RopeScaling read_rope_scaling(const JsonReader& in, const nlohmann::json& json) 
   return r;
 }
 
+// Mixtral's experts: intermediate_size is each expert's width; the chosen experts' weights are
+// always renormalized. Router jitter (noise on the router's input in training) is refused.
+void read_mixtral_experts(const JsonReader& in, ModelConfig& c) {
+  c.n_experts = in.integer("num_local_experts");
+  c.experts_per_token = in.integer("num_experts_per_tok");
+  c.norm_topk_prob = true;
+  c.router_aux_loss_coef = in.number_or("router_aux_loss_coef", 0.001);
+  in.refuse_unless(in.number_or("router_jitter_noise", 0.0) == 0.0, "router_jitter_noise");
+}
+
+// Qwen3-MoE's experts (width moe_intermediate_size) in every layer: dense layers between them
+// (decoder_sparse_step other than 1, mlp_only_layers) are refused.
+void read_qwen3_moe_experts(const JsonReader& in, ModelConfig& c) {
+  c.n_experts = in.integer("num_experts");
+  c.experts_per_token = in.integer("num_experts_per_tok");
+  c.ffn_hidden = in.integer("moe_intermediate_size");
+  c.norm_topk_prob = in.boolean_or("norm_topk_prob", false);
+  c.router_aux_loss_coef = in.number_or("router_aux_loss_coef", 0.001);
+  in.refuse_unless(in.integer_or("decoder_sparse_step", 1) == 1, "decoder_sparse_step");
+  if (in.has("mlp_only_layers")) {
+    in.refuse_unless(in.json().at("mlp_only_layers").empty(), "mlp_only_layers");
+  }
+}
+
 // Llama and the models built on its decoder: Mistral (no biases, an optional sliding window),
 // Qwen2/2.5 (biases on q, k and v) and Qwen3 (per-head q/k norms, head_dim of its own).
 ModelConfig read_llama(const JsonReader& in, const nlohmann::json& json, const std::string& type) {
@@ -118,7 +143,8 @@ ModelConfig read_llama(const JsonReader& in, const nlohmann::json& json, const s
   c.n_layers = in.integer("num_hidden_layers");
   c.n_heads = in.integer("num_attention_heads");
   c.n_kv_heads = in.integer_or("num_key_value_heads", c.n_heads);
-  c.ffn_hidden = in.integer("intermediate_size");
+  // Qwen3-MoE's experts have a width of their own (moe_intermediate_size) and no dense layer.
+  c.ffn_hidden = type == "qwen3_moe" ? 0 : in.integer("intermediate_size");
   c.norm_eps = in.number_or("rms_norm_eps", 1e-6);
   c.rope_theta = in.number_or("rope_theta", 10000.0);
   c.dropout = in.number_or("attention_dropout", 0.0);
@@ -128,18 +154,21 @@ ModelConfig read_llama(const JsonReader& in, const nlohmann::json& json, const s
   // Llama's and Qwen3's attention_bias puts a bias on the output projection too, which the
   // model here does not have; Qwen2 always has biases on q, k and v only.
   if (type != "qwen2") in.refuse_unless(!in.boolean_or("attention_bias", false), "attention_bias");
+  const bool qwen3 = type == "qwen3" || type == "qwen3_moe";
   c.attention_bias = type == "qwen2";
-  c.qk_norm = type == "qwen3";
+  c.qk_norm = qwen3;
   // transformers' Qwen3Config defaults head_dim to 128; the others to hidden_size / heads.
-  c.head_dim = in.integer_or("head_dim", type == "qwen3" ? 128 : 0);
+  c.head_dim = in.integer_or("head_dim", qwen3 ? 128 : 0);
   if (c.n_heads > 0 && c.head_dim * c.n_heads == c.d_model) c.head_dim = 0;
   c.rope_scaling = read_rope_scaling(in, json);
-  if (type == "mistral") {
+  if (type == "mistral" || type == "mixtral") {
     c.sliding_window = in.integer_or("sliding_window", 0);
-  } else if (type == "qwen2" || type == "qwen3") {
+  } else {
     // Qwen's window applies only from max_window_layers on, and only when switched on.
     in.refuse_unless(!in.boolean_or("use_sliding_window", false), "use_sliding_window");
   }
+  if (type == "mixtral") read_mixtral_experts(in, c);
+  if (type == "qwen3_moe") read_qwen3_moe_experts(in, c);
   return c;
 }
 
@@ -164,11 +193,12 @@ ModelConfig model_config_from_hf_json(const std::string& path) {
   ModelConfig config;
   if (type == "gpt2") {
     config = read_gpt2(in);
-  } else if (type == "llama" || type == "mistral" || type == "qwen2" || type == "qwen3") {
+  } else if (type == "llama" || type == "mistral" || type == "qwen2" || type == "qwen3" ||
+             type == "mixtral" || type == "qwen3_moe") {
     config = read_llama(in, json, type);
   } else {
     in.fail("unsupported model_type \"" + type +
-            "\" (supported: gpt2, llama, mistral, qwen2, qwen3)");
+            "\" (supported: gpt2, llama, mistral, qwen2, qwen3, mixtral, qwen3_moe)");
   }
   config.name = "custom";
   try {

@@ -234,7 +234,7 @@ ParameterInitializer TransformerImpl::base_initializer() const {
     } else {
       const bool residual =
           ends_with(name, "attn.proj.weight") || ends_with(name, "attn.o.weight") ||
-          ends_with(name, "mlp.proj.weight") || ends_with(name, "mlp.down.weight");
+          ends_with(name, "mlp.proj.weight") || ends_with(name, ".down.weight");
       detail::fill_normal(detail::init_stream_key(seed, name), begin, 0.0,
                           residual ? residual_std : 0.02, out);
     }

@@ -18,6 +18,18 @@
 
 namespace shardtrain::detail {
 
+// What the mixture-of-experts layers of one model share: the factor of the load-balancing
+// loss's gradient, and what the layers saw in training forwards since the last
+// TransformerImpl::take_moe_stats().
+struct MoeState {
+  // The training loss's gradient factor (the loss scale over the micro-batches of a step): the
+  // load-balancing loss enters the gradient as router_aux_loss_coef x this x its value.
+  double aux_weight = 1.0;
+  at::Tensor tokens;  // [n_layers, n_experts] int64: tokens routed to each layer's experts
+  double aux_sum = 0.0;  // the load-balancing losses computed, summed
+  int64_t aux_count = 0;
+};
+
 // What a block needs beyond its input, computed once per forward by the Transformer.
 struct BlockContext {
   // [T, head_dim] in the activations' dtype; [B, 1, T, head_dim] for packed samples (each
@@ -34,6 +46,8 @@ struct BlockContext {
   // through it, `mask` holding this rank's positions and all_segments every rank's segments.
   ContextSplit* cp = nullptr;
   at::Tensor all_segments;
+  // The mixture-of-experts layers' shared state (MoeState); null for a dense model.
+  MoeState* moe = nullptr;
 };
 
 // softmax(q k^T / sqrt(head_dim) with the future masked) v through the kernel ctx names.
@@ -206,10 +220,47 @@ TORCH_MODULE(Gpt2Mlp);
 class LlamaMlpImpl : public torch::nn::Module {
  public:
   LlamaMlpImpl(const ModelConfig& config, bool deferred);
+  LlamaMlpImpl(int64_t d_model, int64_t hidden, bool deferred);  // SwiGLU of width `hidden`
   at::Tensor forward(const at::Tensor& x);
   Linear gate{nullptr}, up{nullptr}, down{nullptr};
 };
 TORCH_MODULE(LlamaMlp);
+
+// The experts' choice for N tokens: softmax over the router's logits [N, n_experts] in fp32
+// (`probs`), the `k` most probable experts of each token (`experts` [N, k] int64) and their
+// probabilities (`weights` [N, k] fp32), renormalized to sum 1 when `normalize`. Mixtral's and
+// Qwen3-MoE's order: softmax, then top k.
+struct Routing {
+  at::Tensor probs, experts, weights;
+};
+Routing route(const at::Tensor& logits, int64_t k, bool normalize);
+
+// The load-balancing loss of one layer, per sequence and averaged over the batch's rows:
+// n_experts x sum_e f_e P_e, f_e the share of the row's token-to-expert assignments that went
+// to expert e and P_e the mean router probability of e over the row (1 x k when balanced, as
+// Hugging Face's load_balancing_loss_func). probs [B, T, E]; experts [B, T, k].
+at::Tensor load_balancing_loss(const at::Tensor& probs, const at::Tensor& experts);
+
+// A mixture-of-experts feed-forward block (ModelConfig::n_experts): the router, the experts
+// (submodules "experts.{e}", SwiGLU MLPs of width ffn_hidden), the optional shared experts
+// ("shared", one SwiGLU of n_shared_experts x ffn_hidden). Every expert computes in every
+// training forward, on no rows when no token chose it, so each has a gradient (zero then).
+class MoeImpl : public torch::nn::Module {
+ public:
+  MoeImpl(const ModelConfig& config, int64_t layer, bool deferred);
+  // x [B, T, d_model] -> the same shape. In training, the load-balancing loss joins the
+  // gradient (state->aux_weight) and the routing is counted in `state`.
+  at::Tensor forward(const at::Tensor& x, MoeState* state);
+  Linear router{nullptr};
+  torch::nn::ModuleList experts;
+  LlamaMlp shared{nullptr};  // null without shared experts
+
+ private:
+  int64_t layer_, top_k_;
+  bool normalize_;
+  double capacity_factor_, aux_coef_;
+};
+TORCH_MODULE(Moe);
 
 // A pre-norm transformer block; the unit of activation checkpointing and of FSDP wrapping.
 class BlockImpl : public torch::nn::Module {
@@ -231,16 +282,18 @@ class Gpt2BlockImpl : public BlockImpl {
 
 class LlamaBlockImpl : public BlockImpl {
  public:
-  LlamaBlockImpl(const ModelConfig& config, bool deferred);
+  LlamaBlockImpl(const ModelConfig& config, int64_t layer, bool deferred);
   at::Tensor forward(const at::Tensor& x, const BlockContext& ctx) override;
   RMSNorm attn_norm{nullptr}, ffn_norm{nullptr};
   LlamaAttention attn{nullptr};
-  LlamaMlp mlp{nullptr};
+  LlamaMlp mlp{nullptr};  // null in a mixture-of-experts model, which has `moe` instead
+  Moe moe{nullptr};
 
  private:
   double dropout_;
 };
 
-std::shared_ptr<BlockImpl> make_block(const ModelConfig& config, bool deferred);
+// Block `layer` of the model.
+std::shared_ptr<BlockImpl> make_block(const ModelConfig& config, int64_t layer, bool deferred);
 
 }  // namespace shardtrain::detail

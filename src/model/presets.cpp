@@ -144,6 +144,47 @@ ModelConfig tiny_variant(const std::string& name) {
   return c;
 }
 
+// Mixtral 8x7B (v0.1): Mistral 7B's attention, 8 experts of width 14,336, two per token.
+ModelConfig mixtral_8x7b() {
+  ModelConfig c = llama3("mixtral-8x7b", 4096, 32, 32, 14336);
+  c.hf_model_type = "mixtral";
+  c.vocab_size = 32000;
+  c.context_length = 32768;
+  c.rope_theta = 1000000.0;
+  c.n_experts = 8;
+  c.experts_per_token = 2;
+  c.router_aux_loss_coef = 0.02;
+  return c;
+}
+
+// Qwen3-30B-A3B: 128 experts of width 768, eight per token, 3.3B parameters active.
+ModelConfig qwen3_30b_a3b() {
+  ModelConfig c = qwen("qwen3-30b-a3b", "qwen3", 2048, 48, 32, 4, 768);
+  c.hf_model_type = "qwen3_moe";
+  c.tie_embeddings = false;
+  c.n_experts = 128;
+  c.experts_per_token = 8;
+  c.router_aux_loss_coef = 0.001;
+  return c;
+}
+
+// The tiny mixture-of-experts models, for tests: 4 experts of width 96, two per token.
+// tiny-moe: tiny-llama's attention, Mixtral's routing (weights renormalized). tiny-qwen3-moe:
+// tiny-qwen3's attention (head norms), Qwen3-MoE's names, the weights left as the softmax gave
+// them (norm_topk_prob false, transformers' default).
+ModelConfig tiny_moe(const std::string& name) {
+  const bool mixtral = name == "tiny-moe";
+  ModelConfig c = mixtral ? tiny_llama() : tiny_variant("tiny-qwen3");
+  c.name = name;
+  c.hf_model_type = mixtral ? "mixtral" : "qwen3_moe";
+  c.ffn_hidden = 96;
+  c.n_experts = 4;
+  c.experts_per_token = 2;
+  c.norm_topk_prob = mixtral;
+  c.router_aux_loss_coef = mixtral ? 0.02 : 0.001;
+  return c;
+}
+
 const std::vector<std::pair<std::string, std::function<ModelConfig()>>>& presets() {
   static const std::vector<std::pair<std::string, std::function<ModelConfig()>>> table = {
       {"tiny", tiny},
@@ -161,10 +202,14 @@ const std::vector<std::pair<std::string, std::function<ModelConfig()>>>& presets
       {"qwen3-0.6b", [] { return qwen("qwen3-0.6b", "qwen3", 1024, 28, 16, 8, 3072); }},
       {"qwen3-1.7b", [] { return qwen("qwen3-1.7b", "qwen3", 2048, 28, 16, 8, 6144); }},
       {"mistral-7b", mistral_7b},
+      {"mixtral-8x7b", mixtral_8x7b},
+      {"qwen3-30b-a3b", qwen3_30b_a3b},
       {"tiny-llama3.2", [] { return tiny_variant("tiny-llama3.2"); }},
       {"tiny-qwen2", [] { return tiny_variant("tiny-qwen2"); }},
       {"tiny-qwen3", [] { return tiny_variant("tiny-qwen3"); }},
       {"tiny-mistral", [] { return tiny_variant("tiny-mistral"); }},
+      {"tiny-moe", [] { return tiny_moe("tiny-moe"); }},
+      {"tiny-qwen3-moe", [] { return tiny_moe("tiny-qwen3-moe"); }},
   };
   return table;
 }

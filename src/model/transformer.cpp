@@ -129,10 +129,14 @@ TransformerImpl::TransformerImpl(ModelConfig config, ModelInit init) : config_(s
   if (gpt2 && parts_.embedding) {
     pos_emb_ = register_module("pos_emb", detail::Embedding(config_.context_length, d, deferred));
   }
+  if (config_.moe()) {
+    moe_ = std::make_shared<detail::MoeState>();
+    moe_->tokens = at::zeros({config_.n_layers, config_.n_experts}, at::kLong);
+  }
   blocks_ = register_module("blocks", torch::nn::ModuleList());
   for (int64_t i = 0; i < config_.n_layers; ++i) {
     if (parts_.holds_block(i)) {
-      blocks_->push_back(detail::make_block(config_, deferred));
+      blocks_->push_back(detail::make_block(config_, i, deferred));
     } else {
       blocks_->push_back(torch::nn::Identity());  // another pipeline stage's block
     }
@@ -232,6 +236,7 @@ at::Tensor TransformerImpl::forward_stage(const at::Tensor& input, int64_t begin
 void TransformerImpl::prepare_context(const at::Tensor& x, int64_t length,
                                       const SequenceLayout& layout, detail::BlockContext& ctx) {
   ctx.attention = attention_;
+  ctx.moe = moe_.get();
   // This rank's chunks of sequences split by context parallelism: their positions in the whole.
   const at::Tensor split = split_positions(cp_, length, x.device());
   if (split.defined()) {
@@ -387,6 +392,22 @@ at::Tensor TransformerImpl::head_input(at::Tensor x) {
   // the ids it holds (the vocabulary-parallel losses take them as they are).
   if (tp_) x = detail::column_parallel_input(x, *tp_);
   return x;
+}
+
+void TransformerImpl::set_aux_loss_weight(double weight) {
+  if (moe_) moe_->aux_weight = weight;
+}
+
+MoeStats TransformerImpl::take_moe_stats() {
+  MoeStats stats;
+  if (!moe_) return stats;
+  stats.tokens_per_expert = moe_->tokens.clone();
+  stats.aux_loss_sum = moe_->aux_sum;
+  stats.aux_losses = moe_->aux_count;
+  moe_->tokens.zero_();
+  moe_->aux_sum = 0.0;
+  moe_->aux_count = 0;
+  return stats;
 }
 
 }  // namespace shardtrain

@@ -232,6 +232,7 @@ StepResult Trainer::train_step() {
   StepResult result;
   result.step = step_ + 1;
   result.loss = loss_sum / static_cast<double>(config_.train.grad_accum);
+  if (config_.model.moe()) add_routing(result);
   result.activations_peak = cpu_memory_stats().peak_bytes - before;
   if (after_backward_) after_backward_(step_);
 
@@ -266,7 +267,27 @@ double Trainer::forward_backward() {
   step.loss_chunk = loss_chunk();
   step.rows = config_.train.micro_batch;
   step.length = config_.data.seq_len;
+  // The load-balancing loss's gradient is scaled as the training loss's is.
+  model_->set_aux_loss_weight(step.loss_scale / static_cast<double>(step.micro_batches));
   return parallel_->forward_backward(step);
+}
+
+void Trainer::add_routing(StepResult& result) {
+  const MoeStats stats = model_->take_moe_stats();
+  // Every rank's counts and losses summed: data-parallel ranks routed different sequences and
+  // pipeline stages different layers (the other entries of their counts are zero).
+  at::Tensor totals = at::cat({stats.tokens_per_expert.reshape({-1}).to(at::kDouble),
+                               at::tensor({stats.aux_loss_sum, static_cast<double>(
+                                                                   stats.aux_losses)},
+                                          at::kDouble)});
+  if (world_ && world_->size() > 1) world_->all_reduce(totals, ReduceOp::kSum)->wait();
+  const int64_t n = stats.tokens_per_expert.numel();
+  const at::Tensor tokens = totals.narrow(0, 0, n);
+  result.expert_tokens_min = tokens.min().item<double>();
+  result.expert_tokens_mean = tokens.mean().item<double>();
+  result.expert_tokens_max = tokens.max().item<double>();
+  const double count = totals[n + 1].item<double>();
+  if (count > 0) result.aux_loss = totals[n].item<double>() / count;
 }
 
 void Trainer::optimizer_step(double lr) {

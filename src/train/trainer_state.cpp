@@ -213,6 +213,12 @@ void Trainer::write_metrics(const StepResult& result, double eval_loss) {
                            {"activations_peak", result.activations_peak},
                            {"peak_rss", peak_rss_}}}};
   parallel_->add_metrics(line);
+  if (!std::isnan(result.aux_loss)) line["aux_loss"] = result.aux_loss;
+  if (!std::isnan(result.expert_tokens_mean)) {
+    line["expert_tokens"] = {{"min", result.expert_tokens_min},
+                             {"mean", result.expert_tokens_mean},
+                             {"max", result.expert_tokens_max}};
+  }
   if (world_size() > 1) {
     line["comm"] = {{"seconds", result.comm_s},
                     {"exposed_seconds", result.comm_exposed_s},

@@ -119,7 +119,8 @@ TEST_P(HfTest, ExportedCheckpointStartsARunWithTheSameOutputs) {
 
 INSTANTIATE_TEST_SUITE_P(Families, HfTest,
                          ::testing::Values("tiny", "tiny-llama", "tiny-llama3.2", "tiny-qwen2",
-                                           "tiny-qwen3", "tiny-mistral"),
+                                           "tiny-qwen3", "tiny-mistral", "tiny-moe",
+                                           "tiny-qwen3-moe"),
                          [](const ::testing::TestParamInfo<std::string>& info) {
                            std::string name = info.param;
                            for (char& ch : name) ch = std::isalnum(ch) ? ch : '_';

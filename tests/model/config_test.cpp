@@ -35,9 +35,15 @@ void expect_shapes_match_module(const ModelConfig& config) {
 TEST(ModelConfig, ParameterShapesMatchNamedParameters) {
   expect_shapes_match_module(model_preset("tiny"));
   expect_shapes_match_module(model_preset("tiny-llama"));
-  for (const char* variant : {"tiny-llama3.2", "tiny-qwen2", "tiny-qwen3", "tiny-mistral"}) {
+  for (const char* variant : {"tiny-llama3.2", "tiny-qwen2", "tiny-qwen3", "tiny-mistral",
+                              "tiny-moe", "tiny-qwen3-moe"}) {
     expect_shapes_match_module(model_preset(variant));
   }
+  ModelConfig shared = model_preset("tiny-moe");  // with a shared expert and a capacity
+  shared.hf_model_type.clear();
+  shared.n_shared_experts = 2;
+  shared.capacity_factor = 1.5;
+  expect_shapes_match_module(shared);
   // The other head choice of each family: an untied GPT-2 head, a tied Llama one.
   ModelConfig untied = model_preset("tiny");
   untied.tie_embeddings = false;
@@ -92,7 +98,7 @@ TEST(ModelConfig, FamilyPresetsHaveThePublishedParameterCounts) {
 
 TEST(ModelConfig, PresetsAreValidAndNamed) {
   const auto names = model_preset_names();
-  ASSERT_EQ(names.size(), 19u);
+  ASSERT_EQ(names.size(), 23u);
   for (const auto& name : names) {
     const ModelConfig config = model_preset(name);
     EXPECT_EQ(config.name, name);

@@ -178,6 +178,25 @@ TEST_F(ModelHfConfig, ImportsTheFamiliesAsTheirPresets) {
         "num_attention_heads": 32, "num_hidden_layers": 32, "num_key_value_heads": 8,
         "rms_norm_eps": 1e-05, "rope_theta": 1000000.0, "sliding_window": null,
         "tie_word_embeddings": false, "vocab_size": 32768})"},
+      {"mixtral-8x7b", R"({
+        "architectures": ["MixtralForCausalLM"], "attention_dropout": 0.0, "hidden_act": "silu",
+        "hidden_size": 4096, "intermediate_size": 14336, "max_position_embeddings": 32768,
+        "model_type": "mixtral", "num_attention_heads": 32, "num_experts_per_tok": 2,
+        "num_hidden_layers": 32, "num_key_value_heads": 8, "num_local_experts": 8,
+        "output_router_logits": false, "rms_norm_eps": 1e-05, "rope_theta": 1000000.0,
+        "router_aux_loss_coef": 0.02, "sliding_window": null, "tie_word_embeddings": false,
+        "vocab_size": 32000})"},
+      {"qwen3-30b-a3b", R"({
+        "architectures": ["Qwen3MoeForCausalLM"], "attention_bias": false,
+        "attention_dropout": 0.0, "decoder_sparse_step": 1, "head_dim": 128,
+        "hidden_act": "silu", "hidden_size": 2048, "intermediate_size": 6144,
+        "max_position_embeddings": 40960, "max_window_layers": 48, "mlp_only_layers": [],
+        "model_type": "qwen3_moe", "moe_intermediate_size": 768, "norm_topk_prob": true,
+        "num_attention_heads": 32, "num_experts": 128, "num_experts_per_tok": 8,
+        "num_hidden_layers": 48, "num_key_value_heads": 4, "output_router_logits": false,
+        "rms_norm_eps": 1e-06, "rope_scaling": null, "rope_theta": 1000000.0,
+        "router_aux_loss_coef": 0.001, "sliding_window": null, "tie_word_embeddings": false,
+        "use_sliding_window": false, "vocab_size": 151936})"},
   };
   for (const Case& c : cases) {
     const ModelConfig imported = model_config_from_hf_json(write(c.json));
@@ -195,7 +214,36 @@ TEST_F(ModelHfConfig, ImportsTheFamiliesAsTheirPresets) {
         << c.preset;
     EXPECT_EQ(imported.sliding_window, 0) << c.preset;
     EXPECT_EQ(imported.num_parameters(), preset.num_parameters()) << c.preset;
+    EXPECT_EQ(imported.n_experts, preset.n_experts) << c.preset;
+    EXPECT_EQ(imported.experts_per_token, preset.experts_per_token) << c.preset;
+    EXPECT_EQ(imported.norm_topk_prob, preset.norm_topk_prob) << c.preset;
+    EXPECT_DOUBLE_EQ(imported.router_aux_loss_coef, preset.router_aux_loss_coef) << c.preset;
+    EXPECT_EQ(imported.active_parameters(), preset.active_parameters()) << c.preset;
   }
+}
+
+TEST_F(ModelHfConfig, RefusesExpertLayoutsItCannotReproduce) {
+  const std::string qwen3_moe = R"({"model_type": "qwen3_moe", "vocab_size": 257,
+      "max_position_embeddings": 64, "hidden_size": 64, "num_hidden_layers": 2,
+      "num_attention_heads": 4, "intermediate_size": 176, "moe_intermediate_size": 32,
+      "num_experts": 4)";
+  EXPECT_EQ(model_config_from_hf_json(write(qwen3_moe + R"(, "num_experts_per_tok": 2})")).ffn_hidden,
+            32);
+  EXPECT_NE(import_error(qwen3_moe + R"(, "num_experts_per_tok": 5})").find("exceeds n_experts"),
+            std::string::npos);
+  EXPECT_NE(import_error(qwen3_moe + R"(, "num_experts_per_tok": 2, "decoder_sparse_step": 2})")
+                .find("decoder_sparse_step"),
+            std::string::npos);
+  EXPECT_NE(import_error(qwen3_moe + R"(, "num_experts_per_tok": 2, "mlp_only_layers": [0]})")
+                .find("mlp_only_layers"),
+            std::string::npos);
+  std::string mixtral = qwen3_moe;
+  mixtral.replace(mixtral.find("qwen3_moe"), 9, "mixtral");
+  mixtral.replace(mixtral.find("num_experts\""), 12, "num_local_experts\"");
+  EXPECT_NE(import_error(mixtral + R"(, "num_experts_per_tok": 2, "router_jitter_noise": 0.1})")
+                .find("router_jitter_noise"),
+            std::string::npos);
+  EXPECT_NE(import_error(mixtral + "}").find("num_experts_per_tok"), std::string::npos);
 }
 
 TEST_F(ModelHfConfig, RefusesWhatTheFamiliesCannotReproduce) {

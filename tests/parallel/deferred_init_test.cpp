@@ -64,6 +64,7 @@ std::vector<std::pair<std::string, ModelConfig>> configs() {
           {"tiny-qwen2", model_preset("tiny-qwen2")},
           {"tiny-qwen3", model_preset("tiny-qwen3")},
           {"tiny-mistral", model_preset("tiny-mistral")},
+          {"tiny-moe", model_preset("tiny-moe")},
           {"odd sizes", small_config()}};
 }
 

@@ -1,0 +1,126 @@
+// The mixture-of-experts feed-forward block: routing, the load-balancing loss, and dropless (or
+// capacity-bounded) dispatch of tokens to the experts and back.
+#include <torch/autograd.h>
+
+#include <cmath>
+
+#include "model/checkpoint.h"
+#include "model/layers.h"
+
+namespace shardtrain::detail {
+namespace {
+
+// Returns `output` unchanged; in backward, `aux` gets the gradient `weight` as if `weight x aux`
+// had been added to the loss (Megatron-LM's MoEAuxLossAutoScaler). The load-balancing loss so
+// joins the gradient wherever the block runs (a pipeline stage, a recomputed block) without
+// changing the loss the model returns.
+class AttachAuxLoss : public torch::autograd::Function<AttachAuxLoss> {
+ public:
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& output,
+                            const at::Tensor& aux, double weight) {
+    ctx->save_for_backward({aux});
+    ctx->saved_data["weight"] = weight;
+    return output;
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const at::Tensor aux = ctx->get_saved_variables()[0];
+    return {grads[0], at::full_like(aux, ctx->saved_data["weight"].toDouble()), at::Tensor()};
+  }
+};
+
+at::ScalarType routing_dtype(const at::Tensor& logits) {
+  return at::promote_types(logits.scalar_type(), at::kFloat);  // fp32, or double for double
+}
+
+}  // namespace
+
+Routing route(const at::Tensor& logits, int64_t k, bool normalize) {
+  Routing r;
+  r.probs = at::softmax(logits.to(routing_dtype(logits)), -1);
+  std::tie(r.weights, r.experts) = at::topk(r.probs, k, -1);
+  if (normalize) r.weights = r.weights / r.weights.sum(-1, /*keepdim=*/true);
+  return r;
+}
+
+at::Tensor load_balancing_loss(const at::Tensor& probs, const at::Tensor& experts) {
+  const int64_t rows = probs.size(0), length = probs.size(1), n_experts = probs.size(2);
+  const at::Tensor assigned = at::zeros({rows, n_experts}, probs.options())
+                                  .scatter_add_(1, experts.reshape({rows, -1}),
+                                                at::ones(experts.reshape({rows, -1}).sizes(),
+                                                         probs.options()));
+  const at::Tensor share = assigned / static_cast<double>(length);  // f_e, no gradient
+  return (share * probs.mean(1)).sum(-1).mean() * static_cast<double>(n_experts);
+}
+
+MoeImpl::MoeImpl(const ModelConfig& config, int64_t layer, bool deferred)
+    : layer_(layer),
+      top_k_(config.experts_per_token),
+      normalize_(config.norm_topk_prob),
+      capacity_factor_(config.capacity_factor),
+      aux_coef_(config.router_aux_loss_coef) {
+  router = register_module("router", Linear(config.d_model, config.n_experts, false, deferred));
+  experts = register_module("experts", torch::nn::ModuleList());
+  for (int64_t e = 0; e < config.n_experts; ++e) {
+    experts->push_back(LlamaMlp(config.d_model, config.ffn_hidden, deferred));
+  }
+  if (config.n_shared_experts > 0) {
+    shared = register_module(
+        "shared", LlamaMlp(config.d_model, config.n_shared_experts * config.ffn_hidden, deferred));
+  }
+}
+
+at::Tensor MoeImpl::forward(const at::Tensor& x, MoeState* state) {
+  const int64_t d = x.size(-1), n_experts = static_cast<int64_t>(experts->size());
+  const at::Tensor flat = x.reshape({-1, d});
+  const int64_t tokens = flat.size(0);
+  const Routing r = route(router->forward(flat), top_k_, normalize_);
+
+  // The token-to-expert assignments grouped by expert, each group in token order.
+  const at::Tensor chosen = r.experts.reshape({-1});
+  at::Tensor order = std::get<1>(at::sort(chosen, /*stable=*/true, 0, /*descending=*/false));
+  const at::Tensor routed = at::bincount(chosen, {}, n_experts);
+  at::Tensor counts = routed;
+  if (capacity_factor_ > 0.0) {
+    // An expert keeps its first `capacity` assignments; the others skip it.
+    const auto capacity = static_cast<int64_t>(std::ceil(capacity_factor_ * tokens * top_k_ /
+                                                         static_cast<double>(n_experts)));
+    const at::Tensor starts = counts.cumsum(0) - counts;
+    const at::Tensor rank_in_expert =
+        at::arange(order.numel(), order.options()) - starts.repeat_interleave(counts);
+    order = order.masked_select(rank_in_expert < capacity);
+    counts = counts.clamp_max(capacity);
+  }
+  const at::Tensor token = order.div(top_k_, "floor");
+  const at::Tensor weight = r.weights.reshape({-1}).index_select(0, order).to(x.scalar_type());
+  const at::Tensor rows = flat.index_select(0, token);
+
+  std::vector<at::Tensor> outputs;
+  outputs.reserve(n_experts);
+  const at::Tensor per_expert = counts.to(at::kCPU);
+  int64_t offset = 0;
+  for (int64_t e = 0; e < n_experts; ++e) {
+    const int64_t count = per_expert[e].item<int64_t>();
+    outputs.push_back(experts[e]->as<LlamaMlpImpl>()->forward(rows.narrow(0, offset, count)));
+    offset += count;
+  }
+  const at::Tensor combined = at::cat(outputs) * weight.unsqueeze(1);
+  at::Tensor out = at::zeros_like(flat).index_add(0, token, combined);
+  if (shared) out = out + shared->forward(flat);
+  out = out.view(x.sizes());
+
+  if (!is_training() || !state || x.dim() != 3) return out;
+  const at::Tensor probs = r.probs.view({x.size(0), x.size(1), n_experts});
+  const at::Tensor aux = load_balancing_loss(probs, r.experts.view({x.size(0), x.size(1), -1}));
+  if (!recomputing()) {
+    state->tokens[layer_] += routed.to(at::kCPU);
+    state->aux_sum += aux.item<double>();
+    ++state->aux_count;
+  }
+  if (aux_coef_ > 0.0 && at::GradMode::is_enabled() && aux.requires_grad()) {
+    out = AttachAuxLoss::apply(out, aux, aux_coef_ * state->aux_weight);
+  }
+  return out;
+}
+
+}  // namespace shardtrain::detail
