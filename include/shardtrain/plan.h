@@ -63,6 +63,13 @@ struct PlanModel {
   int64_t vocab_size = 0;
   bool gated_mlp = false;  // SwiGLU (Llama) rather than GELU (GPT-2)
   double dropout = 0.0;
+  // A mixture-of-experts model: the experts each token passes (experts_per_token, plus the
+  // shared ones as multiples of ffn_hidden), and the parameters one token computes with, in one
+  // block and in all. Memory counts every parameter; FLOPs the active ones. Dense: 0, 0, and
+  // the active counts equal the totals.
+  int64_t experts_per_token = 0, shared_experts = 0, n_experts = 0;
+  int64_t active_block_parameters = 0;
+  int64_t active_parameters = 0;
   std::string preset;     // how an emitted config names the model: a preset name,
   std::string hf_config;  // or a Hugging Face config.json (both empty for bare shapes)
 

@@ -105,6 +105,9 @@ Candidate evaluate_candidate(Candidate c, const PlanModel& model, const Hardware
     return invalid(c, "cp=" + std::to_string(c.cp) +
                           " needs a sequence length divisible by 2 x cp, and no hybrid_shard");
   }
+  if (model.n_experts > 0 && (c.tp > 1 || c.cp > 1)) {
+    return invalid(c, "a mixture-of-experts model trains with tp = 1 and cp = 1 in this version");
+  }
   if (c.tp > k || k % c.tp != 0 || model.n_heads % c.tp != 0 || model.n_kv_heads % c.tp != 0) {
     return invalid(c, "tp=" + std::to_string(c.tp) + " must divide the devices per node (" +
                           std::to_string(k) + ") and the heads (" + std::to_string(model.n_heads) +

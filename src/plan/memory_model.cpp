@@ -25,6 +25,14 @@ PlanModel PlanModel::from_config(const ModelConfig& config) {
     if (p.name.rfind("blocks.0.", 0) == 0) m.block_parameters += p.numel();
   }
   m.root_parameters = m.num_parameters - m.n_layers * m.block_parameters;
+  m.active_parameters = config.active_parameters();
+  m.active_block_parameters =
+      m.block_parameters - (m.num_parameters - m.active_parameters) / m.n_layers;
+  if (config.moe()) {
+    m.n_experts = config.n_experts;
+    m.experts_per_token = config.experts_per_token;
+    m.shared_experts = config.n_shared_experts;
+  }
   const auto names = model_preset_names();
   if (std::find(names.begin(), names.end(), config.name) != names.end()) m.preset = config.name;
   return m;
@@ -84,6 +92,8 @@ PlanModel PlanModel::from_shapes(int64_t num_parameters, int64_t n_layers, int64
                                 " given");
   }
   m.largest_layer = std::max({vocab_size * d_model, ffn_hidden * d_model, d_model * d_model});
+  m.active_block_parameters = m.block_parameters;
+  m.active_parameters = num_parameters;
   return m;
 }
 
@@ -184,8 +194,17 @@ double block_activation_bytes(const PlanModel& model, int64_t seq_len, int64_t m
   // Split by tensor parallelism: q and k (for the scores), v, the output projection's input,
   // the MLP's inner activations (GELU: fc output and GELU output; SwiGLU: gate, up, act(gate),
   // and the product).
-  double split =
-      2 * sbh + 2 * s * b * kv + 2 * s * b * kv + 2 * sbh + (model.gated_mlp ? 8 : 4) * s * b * f;
+  // A mixture of experts keeps that for each expert a token passes, and the rows gathered for
+  // the experts, their weighted outputs and the router's fp32 probabilities.
+  const bool moe = model.experts_per_token > 0;
+  const double passes = moe ? static_cast<double>(model.experts_per_token + model.shared_experts)
+                            : 1.0;
+  double split = 2 * sbh + 2 * s * b * kv + 2 * s * b * kv + 2 * sbh +
+                 passes * (model.gated_mlp ? 8 : 4) * s * b * f;
+  if (moe) {
+    replicated += 4.0 * static_cast<double>(model.experts_per_token) * sbh +
+                  4.0 * s * b * static_cast<double>(model.n_experts);
+  }
   if (fused_attention) {
     split += 4.0 * a * s * b;  // fp32 log-sum-exp per row; no score matrix is kept
   } else {

@@ -32,9 +32,17 @@ std::string format_plan(const Plan& plan) {
   const auto& hw = plan.hardware;
   const auto& w = plan.workload;
   const double n = static_cast<double>(plan.model.num_parameters);
-  out << detail::format("model %s: %.2f%s parameters, %lld layers, d_model %lld\n",
+  const double active = static_cast<double>(plan.model.active_parameters);
+  const std::string experts =
+      plan.model.n_experts > 0
+          ? detail::format(" (%.2f%s active: %lld of %lld experts per token)",
+                           n >= 1e9 ? active / 1e9 : active / 1e6, n >= 1e9 ? "B" : "M",
+                           static_cast<long long>(plan.model.experts_per_token),
+                           static_cast<long long>(plan.model.n_experts))
+          : "";
+  out << detail::format("model %s: %.2f%s parameters%s, %lld layers, d_model %lld\n",
                         plan.model.name.c_str(), n >= 1e9 ? n / 1e9 : n / 1e6, n >= 1e9 ? "B" : "M",
-                        static_cast<long long>(plan.model.n_layers),
+                        experts.c_str(), static_cast<long long>(plan.model.n_layers),
                         static_cast<long long>(plan.model.d_model));
   out << detail::format(
       "cluster: %d node(s) x %d %s (%s per device), seq %lld, micro-batch %lld, "
@@ -70,6 +78,9 @@ std::string plan_to_json(const Plan& plan) {
   const auto& m = plan.model;
   j["model"] = {{"name", m.name},
                 {"num_parameters", m.num_parameters},
+                {"active_parameters", m.active_parameters},
+                {"n_experts", m.n_experts},
+                {"experts_per_token", m.experts_per_token},
                 {"block_parameters", m.block_parameters},
                 {"root_parameters", m.root_parameters},
                 {"n_layers", m.n_layers},

@@ -6,9 +6,12 @@
 namespace shardtrain::detail {
 
 double training_flops_per_token(const PlanModel& model, int64_t seq_len, bool recompute) {
-  // The embedding lookup does no matmul; the output head does (tied or not).
+  // The embedding lookup does no matmul; the output head does (tied or not). A mixture of
+  // experts computes with the experts a token reaches only (the active parameters).
+  const int64_t block = model.active_block_parameters > 0 ? model.active_block_parameters
+                                                          : model.block_parameters;
   const double matmul_params =
-      static_cast<double>(model.n_layers) * static_cast<double>(model.block_parameters) +
+      static_cast<double>(model.n_layers) * static_cast<double>(block) +
       static_cast<double>(model.vocab_size) * static_cast<double>(model.d_model);
   const double attention = static_cast<double>(model.n_layers) *
                            static_cast<double>(model.d_model) * static_cast<double>(seq_len);

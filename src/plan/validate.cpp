@@ -158,6 +158,9 @@ RunEstimate estimate_run(const nlohmann::json& run, const HardwareSpec& host,
   mc.ffn_hidden = required<int64_t>(jm, "ffn_hidden", run_file);
   mc.tie_embeddings = required<bool>(jm, "tie_embeddings", run_file);
   mc.dropout = field<double>(jm, "dropout", 0.0);
+  mc.n_experts = field<int64_t>(jm, "n_experts", 0);
+  mc.experts_per_token = field<int64_t>(jm, "experts_per_token", 0);
+  mc.n_shared_experts = field<int64_t>(jm, "n_shared_experts", 0);
   const json train = required<json>(run, "train", run_file);
   const json precision = field<json>(run, "precision", json::object());
 

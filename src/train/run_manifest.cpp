@@ -25,6 +25,9 @@ nlohmann::ordered_json run_manifest(const TrainConfig& config, int world_size) {
                   {"ffn_hidden", m.ffn_hidden},
                   {"dropout", m.dropout},
                   {"tie_embeddings", m.tie_embeddings},
+                  {"n_experts", m.n_experts},
+                  {"experts_per_token", m.experts_per_token},
+                  {"n_shared_experts", m.n_shared_experts},
                   {"num_parameters", m.num_parameters()}};
   run["train"] = {{"micro_batch", config.train.micro_batch},
                   {"grad_accum", config.train.grad_accum},

@@ -137,6 +137,39 @@ TEST(PlanTimeModel, RingCollectivesAndFlops) {
                    8 * matmul + 16.0 * 12 * 768 * 1024);
 }
 
+// A mixture of experts: memory by every parameter, FLOPs by those a token computes with.
+// Mixtral 8x7B against a dense model of its active size's shape (Mistral 7B: the same
+// attention, one SwiGLU of the experts' width per block).
+TEST(PlanTimeModel, MixtureOfExpertsCountsMemoryByTotalAndFlopsByActiveParameters) {
+  const PlanModel moe = PlanModel::from_config(model_preset("mixtral-8x7b"));
+  ModelConfig dense_config = model_preset("mixtral-8x7b");
+  dense_config.n_experts = 0;
+  dense_config.experts_per_token = 0;
+  dense_config.hf_model_type.clear();
+  const PlanModel dense = PlanModel::from_config(dense_config);
+  EXPECT_EQ(moe.num_parameters, model_preset("mixtral-8x7b").num_parameters());
+  EXPECT_EQ(moe.active_parameters, model_preset("mixtral-8x7b").active_parameters());
+  // A token passes two experts where the dense block has one MLP: one more MLP's matmuls.
+  const double mlp = 3.0 * 4096 * 14336;
+  EXPECT_DOUBLE_EQ(detail::training_flops_per_token(moe, 4096, false),
+                   detail::training_flops_per_token(dense, 4096, false) + 6.0 * 32 * mlp +
+                       6.0 * 32 * 8 * 4096);  // and the router's [8 x 4096]
+  const Plan plan = make_plan(moe, ClusterOptions().gpu("h100-80gb").gpus_per_node(8),
+                              WorkloadOptions().seq_len(4096).micro_batch(1));
+  const Plan dense_plan = make_plan(dense, ClusterOptions().gpu("h100-80gb").gpus_per_node(8),
+                                    WorkloadOptions().seq_len(4096).micro_batch(1));
+  const Candidate& ddp = find(plan, PlanStrategy::kDdp, false);
+  EXPECT_FALSE(ddp.fits);  // 46.7B parameters' state on each device
+  EXPECT_GT(ddp.memory.params, 6.0 * find(dense_plan, PlanStrategy::kDdp, false).memory.params);
+  EXPECT_GT(ddp.memory.activations, find(dense_plan, PlanStrategy::kDdp, false).memory.activations);
+  EXPECT_NE(format_plan(plan).find("12.88B active: 2 of 8 experts per token"), std::string::npos)
+      << format_plan(plan);
+  // What the trainer refuses for it is not proposed.
+  for (const Candidate& c : plan.candidates) {
+    EXPECT_TRUE(c.tp == 1 || !c.valid) << c.label();
+  }
+}
+
 TEST(PlanTimeModel, CrossingNodesUsesTheSlowerLink) {
   const LinkSpec nvlink = link_spec("nvlink", "h100-80gb");
   const LinkSpec ib = link_spec("ib");
