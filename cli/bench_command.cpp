@@ -28,9 +28,11 @@ void add_bench_command(CLI::App& app, int& exit_code) {
   auto a = std::make_shared<CollectiveArgs>();
   CollectiveBenchOptions* options = &a->options;
   coll->add_option("--op", a->op,
-                   "all_reduce, all_gather, reduce_scatter, broadcast, or all (each in turn)")
+                   "all_reduce, all_gather, reduce_scatter, broadcast, all_to_all, or all (each "
+                   "in turn)")
       ->capture_default_str()
-      ->check(CLI::IsMember({"all_reduce", "all_gather", "reduce_scatter", "broadcast", "all"}));
+      ->check(CLI::IsMember(
+          {"all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all", "all"}));
   coll->add_option("--min-bytes,-b", options->min_bytes_,
                    "Smallest array (bytes; K, M, G suffixes are powers of 1024)")
       ->capture_default_str()
@@ -57,7 +59,7 @@ void add_bench_command(CLI::App& app, int& exit_code) {
   coll->callback([a, &exit_code] {
     CollectiveBenchOptions* options = &a->options;
     if (a->op == "all") {
-      options->ops({"all_reduce", "all_gather", "reduce_scatter", "broadcast"});
+      options->ops({"all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all"});
     } else {
       options->ops({a->op});
     }

@@ -10,7 +10,7 @@
 namespace shardtrain {
 
 struct CollectiveBenchOptions {
-  // all_reduce, all_gather, reduce_scatter, broadcast.
+  // all_reduce, all_gather, reduce_scatter, broadcast, all_to_all (equal parts to every rank).
   CollectiveBenchOptions& ops(std::vector<std::string> value) {
     ops_ = std::move(value);
     return *this;

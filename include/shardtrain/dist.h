@@ -122,6 +122,15 @@ class ProcessGroup {
   // ring over the transport, not an all-reduce followed by a slice.
   virtual WorkHandle reduce_scatter(at::Tensor input, at::Tensor output,
                                     ReduceOp op = ReduceOp::kSum) = 0;
+  // Rows (slices along dim 0) to and from every member, as torch's all_to_all_single: this rank
+  // sends input_splits[r] rows of `input`, in order, to rank r and receives output_splits[r] rows
+  // from rank r into `output`, in rank order. The splits must add up to the tensors' rows, and
+  // rank r's input_splits[me] equal my output_splits[r] (exchange the counts first when they are
+  // not known: an all_to_all of one int64 per rank). Empty splits: equal ones. Every member
+  // calls it, even with nothing to send or receive.
+  virtual WorkHandle all_to_all(at::Tensor input, at::Tensor output,
+                                std::vector<int64_t> input_splits,
+                                std::vector<int64_t> output_splits) = 0;
   // In place: every member's `tensor` becomes root's. `root` is a group rank.
   virtual WorkHandle broadcast(at::Tensor tensor, int root) = 0;
   // Point-to-point with group ranks `dst`/`src`. A send matches the recv posted by its peer
@@ -148,6 +157,11 @@ class ProcessGroup {
   // Checks the arguments shared by all backends and throws naming what is wrong.
   void check_tensor(const char* op, const at::Tensor& tensor) const;
   void check_peer(const char* op, int peer) const;
+  // all_to_all's splits checked against the tensors (equal ones filled in); throws naming what
+  // does not add up. Returns the elements of one row.
+  int64_t check_splits(const at::Tensor& input, const at::Tensor& output,
+                       std::vector<int64_t>& input_splits,
+                       std::vector<int64_t>& output_splits) const;
 
   // What new_group(ranks) creates on this rank, after checking the list.
   struct SubgroupPlan {

@@ -8,7 +8,8 @@
 namespace shardtrain {
 namespace {
 
-const std::vector<std::string> kOps = {"all_reduce", "all_gather", "reduce_scatter", "broadcast"};
+const std::vector<std::string> kOps = {"all_reduce", "all_gather", "reduce_scatter", "broadcast",
+                                       "all_to_all"};
 
 // Fills `t` with small integers that depend on the rank and the index, so sums stay exact in
 // every dtype the benchmark runs (values stay below 256 x world size).
@@ -16,19 +17,30 @@ at::Tensor pattern(int64_t numel, int rank, at::ScalarType dtype) {
   return (at::arange(numel, at::kLong).remainder(7) + rank + 1).to(dtype);
 }
 
+// all_to_all sends `full` in equal parts, one to each rank, and receives into `received`.
 WorkHandle run_once(ProcessGroup& group, const std::string& op, at::Tensor& full,
-                    at::Tensor& shard) {
+                    at::Tensor& shard, at::Tensor& received) {
+  if (op == "all_to_all") return group.all_to_all(full, received, {}, {});
   if (op == "all_reduce") return group.all_reduce(full);
   if (op == "all_gather") return group.all_gather(shard, full);
   if (op == "reduce_scatter") return group.reduce_scatter(full, shard);
   return group.broadcast(full, 0);
 }
 
-bool values_ok(const std::string& op, const at::Tensor& full, const at::Tensor& shard, int n,
-               int rank, at::ScalarType dtype) {
+bool values_ok(const std::string& op, const at::Tensor& full, const at::Tensor& shard,
+               const at::Tensor& received, int n, int rank, at::ScalarType dtype) {
   const int64_t count = full.numel();
   const auto base = at::arange(count, at::kLong).remainder(7);
   const ShardRange mine = shard_range(count, n, rank);
+  if (op == "all_to_all") {
+    // Part `rank` of every rank's pattern, in rank order.
+    const int64_t part = count / n;
+    auto expected = at::empty({count}, at::kLong);
+    for (int r = 0; r < n; ++r) {
+      expected.narrow(0, r * part, part).copy_(pattern(count, r, at::kLong).narrow(0, rank * part, part));
+    }
+    return at::equal(received.to(at::kLong), expected);
+  }
   if (op == "all_reduce") {
     // Each iteration re-reduces the previous result, so compare against one reduction of the
     // pattern only when the benchmark reset it before the checked run.
@@ -54,7 +66,9 @@ bool values_ok(const std::string& op, const at::Tensor& full, const at::Tensor& 
 
 double bus_bandwidth_factor(const std::string& op, int n) {
   if (op == "all_reduce") return 2.0 * (n - 1) / n;
-  if (op == "all_gather" || op == "reduce_scatter") return static_cast<double>(n - 1) / n;
+  if (op == "all_gather" || op == "reduce_scatter" || op == "all_to_all") {
+    return static_cast<double>(n - 1) / n;
+  }
   return 1.0;
 }
 
@@ -63,8 +77,8 @@ std::vector<CollectiveBenchRow> bench_collectives(ProcessGroup& group,
   for (const auto& op : o.ops_) {
     if (std::find(kOps.begin(), kOps.end(), op) == kOps.end()) {
       throw std::invalid_argument("unknown collective '" + op +
-                                  "' (expected all_reduce, all_gather, reduce_scatter or "
-                                  "broadcast)");
+                                  "' (expected all_reduce, all_gather, reduce_scatter, "
+                                  "broadcast or all_to_all)");
     }
   }
   if (o.min_bytes_ < 1 || o.max_bytes_ < o.min_bytes_) {
@@ -80,14 +94,17 @@ std::vector<CollectiveBenchRow> bench_collectives(ProcessGroup& group,
   std::vector<CollectiveBenchRow> rows;
   for (const auto& op : o.ops_) {
     for (int64_t bytes = o.min_bytes_; bytes <= o.max_bytes_; bytes *= o.step_factor_) {
-      const int64_t count = std::max<int64_t>(1, bytes / element);
+      int64_t count = std::max<int64_t>(1, bytes / element);
+      // all_to_all sends every rank an equal part: a whole number of elements each.
+      if (op == "all_to_all") count = std::max<int64_t>(n, count / n * n);
       const ShardRange mine = shard_range(count, n, rank);
       at::Tensor full = pattern(count, rank, o.dtype_);
       at::Tensor shard = pattern(count, rank, o.dtype_).narrow(0, mine.offset, mine.numel).clone();
-      for (int i = 0; i < o.warmup_; ++i) run_once(group, op, full, shard)->wait();
+      at::Tensor received = op == "all_to_all" ? at::empty_like(full) : at::Tensor();
+      for (int i = 0; i < o.warmup_; ++i) run_once(group, op, full, shard, received)->wait();
       group.barrier()->wait();
       const auto start = std::chrono::steady_clock::now();
-      for (int i = 0; i < o.iters_; ++i) run_once(group, op, full, shard)->wait();
+      for (int i = 0; i < o.iters_; ++i) run_once(group, op, full, shard, received)->wait();
       const double seconds =
           std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       // The slowest rank's time is the operation's time.
@@ -104,8 +121,9 @@ std::vector<CollectiveBenchRow> bench_collectives(ProcessGroup& group,
       if (o.check_) {
         full = pattern(count, rank, o.dtype_);
         shard = pattern(count, rank, o.dtype_).narrow(0, mine.offset, mine.numel).clone();
-        run_once(group, op, full, shard)->wait();
-        auto ok = at::full({1}, values_ok(op, full, shard, n, rank, o.dtype_) ? 0 : 1, at::kInt);
+        run_once(group, op, full, shard, received)->wait();
+        auto ok = at::full(
+            {1}, values_ok(op, full, shard, received, n, rank, o.dtype_) ? 0 : 1, at::kInt);
         group.all_reduce(ok, ReduceOp::kMax)->wait();
         row.values_ok = ok.item<int>() == 0;
       }

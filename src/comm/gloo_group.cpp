@@ -2,6 +2,7 @@
 
 #include <gloo/allgather.h>
 #include <gloo/allgatherv.h>
+#include <gloo/alltoallv.h>
 #include <gloo/barrier.h>
 #include <gloo/broadcast.h>
 #include <gloo/rendezvous/context.h>
@@ -353,6 +354,38 @@ WorkHandle GlooProcessGroup::reduce_scatter(at::Tensor input, at::Tensor output,
                    ring_reduce_scatter(context_, input.data_ptr(), output.data_ptr(), input.numel(),
                                        input.element_size(), fn, average, tag, options_.timeout_,
                                        ring_workspace_);
+                 });
+}
+
+WorkHandle GlooProcessGroup::all_to_all(at::Tensor input, at::Tensor output,
+                                        std::vector<int64_t> input_splits,
+                                        std::vector<int64_t> output_splits) {
+  check_tensor("all_to_all", input);
+  check_tensor("all_to_all", output);
+  const int64_t row = check_splits(input, output, input_splits, output_splits);
+  if (size() == 1) {
+    output.copy_(input);
+    return std::make_shared<CompletedWork>();
+  }
+  // Every member takes part even with nothing to move: the group's operations stay in step.
+  return enqueue("all_to_all", static_cast<int64_t>(input.nbytes()),
+                 [this, input, output, row, input_splits, output_splits](uint32_t tag) mutable {
+                   std::vector<int64_t> sent, received;
+                   for (int64_t rows : input_splits) sent.push_back(rows * row);
+                   for (int64_t rows : output_splits) received.push_back(rows * row);
+                   // Gloo wants buffers behind its pointers even for no elements.
+                   const at::Tensor spare = at::empty({1}, input.options());
+                   void* in = input.numel() > 0 ? input.data_ptr() : spare.data_ptr();
+                   void* out = output.numel() > 0 ? output.data_ptr() : spare.data_ptr();
+                   gloo::AlltoallvOptions opts(context_);
+                   with_element_size(input.element_size(), [&](auto element) {
+                     using T = decltype(element);
+                     opts.setInput(static_cast<T*>(in), sent);
+                     opts.setOutput(static_cast<T*>(out), received);
+                   });
+                   opts.setTag(tag);
+                   opts.setTimeout(options_.timeout_);
+                   gloo::alltoallv(opts);
                  });
 }
 

@@ -30,6 +30,8 @@ class GlooProcessGroup : public ProcessGroup {
   WorkHandle all_reduce(at::Tensor tensor, ReduceOp op) override;
   WorkHandle all_gather(at::Tensor input, at::Tensor output) override;
   WorkHandle reduce_scatter(at::Tensor input, at::Tensor output, ReduceOp op) override;
+  WorkHandle all_to_all(at::Tensor input, at::Tensor output, std::vector<int64_t> input_splits,
+                        std::vector<int64_t> output_splits) override;
   WorkHandle broadcast(at::Tensor tensor, int root) override;
   WorkHandle send(at::Tensor tensor, int dst, int tag) override;
   WorkHandle recv(at::Tensor tensor, int src, int tag) override;

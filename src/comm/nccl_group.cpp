@@ -128,6 +128,16 @@ WorkHandle NcclProcessGroup::reduce_scatter(at::Tensor input, at::Tensor output,
   });
 }
 
+WorkHandle NcclProcessGroup::all_to_all(at::Tensor input, at::Tensor output,
+                                        std::vector<int64_t> input_splits,
+                                        std::vector<int64_t> output_splits) {
+  check_tensor("all_to_all", input);
+  check_tensor("all_to_all", output);
+  check_splits(input, output, input_splits, output_splits);
+  return std::make_shared<NcclWork>(
+      nccl_->alltoall_base(output, input, output_splits, input_splits), "all_to_all on " + name_);
+}
+
 WorkHandle NcclProcessGroup::broadcast(at::Tensor tensor, int root) {
   check_tensor("broadcast", tensor);
   check_peer("broadcast", root);

@@ -52,6 +52,37 @@ void ProcessGroup::check_peer(const char* op, int peer) const {
               "' of size ", size());
 }
 
+int64_t ProcessGroup::check_splits(const at::Tensor& input, const at::Tensor& output,
+                                   std::vector<int64_t>& input_splits,
+                                   std::vector<int64_t>& output_splits) const {
+  TORCH_CHECK(input.scalar_type() == output.scalar_type(), "all_to_all: input dtype ",
+              input.scalar_type(), " differs from output dtype ", output.scalar_type());
+  TORCH_CHECK(input.dim() >= 1 && output.dim() >= 1, "all_to_all: the tensors need rows (dim 0)");
+  const int64_t row = c10::multiply_integers(input.sizes().slice(1));  // 1 for a 1-D tensor
+  const int64_t out_row = c10::multiply_integers(output.sizes().slice(1));
+  TORCH_CHECK(row == out_row, "all_to_all: a row of the input holds ", row,
+              " elements but one of the output ", out_row);
+  auto fill = [&](std::vector<int64_t>& splits, const at::Tensor& t, const char* which) {
+    if (splits.empty()) {
+      TORCH_CHECK(t.size(0) % size() == 0, "all_to_all: ", t.size(0), " ", which,
+                  " rows do not split equally over ", size(), " ranks");
+      splits.assign(size(), t.size(0) / size());
+    }
+    TORCH_CHECK(static_cast<int>(splits.size()) == size(), "all_to_all: ", splits.size(), " ",
+                which, " splits for a group of ", size());
+    int64_t total = 0;
+    for (int64_t rows : splits) {
+      TORCH_CHECK(rows >= 0, "all_to_all: a negative ", which, " split ", rows);
+      total += rows;
+    }
+    TORCH_CHECK(total == t.size(0), "all_to_all: the ", which, " splits add up to ", total,
+                " rows but the ", which, " has ", t.size(0));
+  };
+  fill(input_splits, input, "input");
+  fill(output_splits, output, "output");
+  return row;
+}
+
 ProcessGroup::SubgroupPlan ProcessGroup::plan_subgroup(const std::vector<int>& ranks) {
   TORCH_CHECK(!ranks.empty(), "new_group: the rank list is empty");
   SubgroupPlan plan;

@@ -245,7 +245,7 @@ TEST(LaunchTest, CollectivesBenchmarkEndToEnd) {
                   " bench collectives --op all --min-bytes 1K --max-bytes 8K --iters 2 "
                   "--warmup 1");
   EXPECT_EQ(result.exit_code, 0) << result.output;
-  for (const char* op : {"all_reduce", "all_gather", "reduce_scatter", "broadcast"}) {
+  for (const char* op : {"all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all"}) {
     EXPECT_NE(result.output.find(op), std::string::npos) << result.output;
   }
   EXPECT_EQ(result.output.find("WRONG"), std::string::npos) << result.output;

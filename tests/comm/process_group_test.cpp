@@ -121,6 +121,49 @@ TEST_P(CollectiveTest, ReduceScatterFromOneFlatTensor) {
   }
 }
 
+// Rank r sends (r + d) % 3 rows to rank d (some none), each row [rank, destination, index,
+// ...]: every rank receives, in rank order, exactly the rows addressed to it; then the counts
+// of unknown splits, exchanged first, and equal splits.
+TEST_P(CollectiveTest, AllToAllSendsEachRankItsRows) {
+  const auto [world, dtype] = GetParam();
+  run_local_ranks(
+      world,
+      [&, world = world, dtype = dtype](ProcessGroup& group) {
+        const int me = group.rank();
+        auto rows_to = [](int from, int to) { return static_cast<int64_t>((from + to) % 3); };
+        auto block = [&](int from, int to) {
+          const int64_t n = rows_to(from, to);
+          at::Tensor rows = at::empty({n, 3}, at::kFloat);
+          for (int64_t i = 0; i < n; ++i) {
+            rows[i] = at::tensor({static_cast<float>(from), static_cast<float>(to),
+                                  static_cast<float>(i)});
+          }
+          return rows;
+        };
+        std::vector<at::Tensor> sent, expected;
+        std::vector<int64_t> in_splits, out_splits;
+        for (int r = 0; r < world; ++r) {
+          sent.push_back(block(me, r));
+          expected.push_back(block(r, me));
+          in_splits.push_back(rows_to(me, r));
+          out_splits.push_back(rows_to(r, me));
+        }
+        const at::Tensor input = at::cat(sent).to(dtype);
+        at::Tensor output = at::full({at::cat(expected).size(0), 3}, -1, dtype);
+        group.all_to_all(input, output, in_splits, out_splits)->wait();
+        EXPECT_TRUE(at::equal(output.to(at::kFloat), at::cat(expected)));
+
+        // Counts nobody knows yet: one int64 per rank exchanged first.
+        at::Tensor counts = at::tensor(in_splits, at::kLong);
+        at::Tensor learned = at::empty({world}, at::kLong);
+        group.all_to_all(counts, learned, {}, {})->wait();
+        EXPECT_EQ(std::vector<int64_t>(learned.data_ptr<int64_t>(),
+                                       learned.data_ptr<int64_t>() + world),
+                  out_splits);
+      },
+      test_options());
+}
+
 TEST_P(CollectiveTest, BroadcastFromTheLastRank) {
   const auto [world, dtype] = GetParam();
   run_local_ranks(
@@ -311,6 +354,14 @@ TEST(ProcessGroupErrorsTest, BadArgumentsAreNamed) {
         EXPECT_THROW(group.all_reduce(at::zeros({3}, at::kInt), ReduceOp::kAvg), c10::Error);
         EXPECT_THROW(group.send(full, group.rank()), c10::Error);
         EXPECT_THROW(group.new_group({1 - group.rank()}), c10::Error);
+        try {
+          group.all_to_all(at::zeros({4, 2}), at::zeros({4, 2}), {1, 2}, {});
+          ADD_FAILURE() << "all_to_all accepted splits of 3 rows for 4";
+        } catch (const c10::Error& e) {
+          EXPECT_NE(std::string(e.what()).find("add up to 3 rows but the input has 4"),
+                    std::string::npos)
+              << e.what();
+        }
       },
       test_options());
 }
