@@ -11,6 +11,9 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "shardtrain/checkpoint.h"
+#include "shardtrain/hf.h"
+#include "shardtrain/lora.h"
 #include "shardtrain/rendezvous.h"
 #include "shardtrain/train.h"
 #include "support.h"
@@ -160,6 +163,18 @@ TEST_P(MoeTrainerTest, LoraAdaptsTheExpertsAndCheckpointsResumeUnderAnotherStrat
   testing::expect_same_losses(sharded.losses(), single.losses(), 1e-5);
   const ShardedCheckpointReader adapters(single.checkpoint);
   EXPECT_NE(adapters.find("blocks.1.moe.experts.3.down.lora_B.weight"), nullptr);
+  // Exported as PEFT adapters under Hugging Face's expert names, and merged into a model that
+  // loads back.
+  export_lora_checkpoint(single.checkpoint, (dir_ / "peft").string(), LoraExport::kAdapters);
+  const auto peft = load_safetensors((dir_ / "peft" / "adapter_model.safetensors").string());
+  const std::string expert_down = GetParam() == "tiny-moe"
+                                      ? "block_sparse_moe.experts.3.w2"
+                                      : "mlp.experts.3.down_proj";
+  EXPECT_EQ(peft.count("base_model.model.model.layers.1." + expert_down + ".lora_B.weight"), 1u);
+  export_lora_checkpoint(single.checkpoint, (dir_ / "merged").string(), LoraExport::kMerged);
+  Transformer merged(model_config_from_hf_json((dir_ / "merged" / "config.json").string()));
+  EXPECT_EQ(merged->config().n_experts, 4);
+  load_hf_weights(merged, (dir_ / "merged").string());
 
   const RankRun whole = run_on_ranks(1, config(one, "whole"), 4);
   const RankRun first =
