@@ -111,6 +111,16 @@
       return stepChart('Gradient norm (before clipping)', 'norm', [line('grad norm', palette[4])],
                        [global('grad_norm')]);
     },
+    experts: function () {
+      var series = [line('fewest', palette[2]), line('mean', palette[0]), line('most', palette[1]),
+                    line('load-balancing loss', palette[4], { scale: 'aux' })];
+      var columns = [global('expert_tokens.min'), global('expert_tokens.mean'),
+                     global('expert_tokens.max'), global('aux_loss')];
+      var chart = stepChart('Tokens per expert (over layers and experts) and load-balancing loss',
+                            'tokens', series, columns);
+      chart.opts.axes.push(yAxis('loss', { scale: 'aux', side: 1, grid: { show: false } }));
+      return chart;
+    },
     throughput: function () {
       var tokens = global('tokens_per_s');
       var series = [line('tokens/s', palette[0])];

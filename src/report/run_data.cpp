@@ -57,9 +57,11 @@ std::string string_or_empty(const ojson& run, const std::string& key) {
 // (2 forward, 4 backward: input and weight gradients) plus attention's scores and weighted sum,
 // 12·L·d·T. A LoRA run never computes the frozen base's weight gradients, so 4 per parameter;
 // the adapters' own FLOPs (rank r ≪ d) are left out. Recomputation under activation
-// checkpointing is not counted: this is model FLOPs utilization, not hardware FLOPs.
+// checkpointing is not counted: this is model FLOPs utilization, not hardware FLOPs. A
+// mixture-of-experts model counts the parameters a token computes with (active_parameters).
 void set_flops_per_token(RunData& data) {
-  const double n = number_or_zero(data.run, "model.num_parameters");
+  const double active = number_or_zero(data.run, "model.active_parameters");
+  const double n = active > 0 ? active : number_or_zero(data.run, "model.num_parameters");
   const double layers = number_or_zero(data.run, "model.n_layers");
   const double d = number_or_zero(data.run, "model.d_model");
   double t = number_or_zero(data.run, "train.seq_len");
@@ -72,9 +74,10 @@ void set_flops_per_token(RunData& data) {
   const double per_param = is_lora ? 4.0 : 6.0;
   data.flops_per_token = per_param * n + 12.0 * layers * d * t;
   char text[256];
-  std::snprintf(text, sizeof(text), "%.0f·N + 12·L·d·T = %.0f·%.0f + 12·%.0f·%.0f·%.0f%s",
+  std::snprintf(text, sizeof(text), "%.0f·N + 12·L·d·T = %.0f·%.0f + 12·%.0f·%.0f·%.0f%s%s",
                 per_param, per_param, n, layers, d, t,
-                is_lora ? " (LoRA: the frozen base has no weight gradients)" : "");
+                is_lora ? " (LoRA: the frozen base has no weight gradients)" : "",
+                active > 0 ? " (N: the active parameters of the mixture of experts)" : "");
   data.flops_formula = text;
 }
 

@@ -159,6 +159,8 @@ std::string training_section(const RunData& data) {
   if (t.column("loss") >= 0) out += chart("loss");
   if (t.column("lr") >= 0) out += chart("lr");
   if (t.column("grad_norm") >= 0) out += chart("grad_norm");
+  // A mixture-of-experts run: its routing.
+  if (t.column("expert_tokens.mean") >= 0) out += chart("experts");
   return out + "</section>\n";
 }
 

@@ -292,6 +292,26 @@ TEST_F(ReportTest, EmptyMetricsRendersWithoutCharts) {
   EXPECT_NE(render_report(run.string()).find("no metrics.jsonl yet"), std::string::npos);
 }
 
+// A mixture-of-experts run: its routing charted, its FLOPs by the active parameters.
+TEST_F(ReportTest, MixtureOfExpertsRunChartsItsRoutingAndCountsActiveParameters) {
+  const fs::path run = dir_ / "run";
+  json manifest = run_json(2, 2);
+  manifest["model"]["active_parameters"] = 3000000;
+  write_text(run / "run.json", manifest.dump());
+  std::string lines;
+  for (int64_t step = 1; step <= 2; ++step) {
+    json line = metrics_line(step, 0, 3.0);
+    line["aux_loss"] = 2.01;
+    line["expert_tokens"] = {{"min", 40.0}, {"mean", 64.0}, {"max", 90.0}};
+    lines += line.dump() + "\n";
+  }
+  write_text(run / "metrics.jsonl", lines);
+  const std::string html = render_report(run.string());
+  EXPECT_NE(html.find("data-chart=\"experts\""), std::string::npos);
+  EXPECT_NE(html.find("6·3000000"), std::string::npos);
+  EXPECT_NE(html.find("active parameters of the mixture of experts"), std::string::npos);
+}
+
 TEST_F(ReportTest, MfuUsesModelFlopsAndThePeakOfAllRanks) {
   const fs::path run = write_run(dir_ / "run", 3, 3);
   const double per_token = 6.0 * 7200000 + 12.0 * 4 * 128 * 128;
