@@ -4,8 +4,11 @@
 
 #include <cmath>
 
+#include <optional>
+
 #include "model/checkpoint.h"
 #include "model/layers.h"
+#include "trace/telemetry.h"
 
 namespace shardtrain::detail {
 namespace {
@@ -74,6 +77,9 @@ at::Tensor MoeImpl::forward(const at::Tensor& x, MoeState* state) {
   const int64_t d = x.size(-1), n_experts = static_cast<int64_t>(experts->size());
   const at::Tensor flat = x.reshape({-1, d});
   const int64_t tokens = flat.size(0);
+  // Forward's phases in a trace (category "moe"): routing and gathering each expert's rows, the
+  // experts, and adding their weighted outputs back.
+  std::optional<TraceSpan> phase(std::in_place, "moe dispatch", "moe");
   const Routing r = route(router->forward(flat), top_k_, normalize_);
 
   // The token-to-expert assignments grouped by expert, each group in token order.
@@ -95,6 +101,7 @@ at::Tensor MoeImpl::forward(const at::Tensor& x, MoeState* state) {
   const at::Tensor weight = r.weights.reshape({-1}).index_select(0, order).to(x.scalar_type());
   const at::Tensor rows = flat.index_select(0, token);
 
+  phase.emplace("moe experts", "moe");
   std::vector<at::Tensor> outputs;
   outputs.reserve(n_experts);
   const at::Tensor per_expert = counts.to(at::kCPU);
@@ -104,10 +111,12 @@ at::Tensor MoeImpl::forward(const at::Tensor& x, MoeState* state) {
     outputs.push_back(experts[e]->as<LlamaMlpImpl>()->forward(rows.narrow(0, offset, count)));
     offset += count;
   }
+  phase.emplace("moe combine", "moe");
   const at::Tensor combined = at::cat(outputs) * weight.unsqueeze(1);
   at::Tensor out = at::zeros_like(flat).index_add(0, token, combined);
   if (shared) out = out + shared->forward(flat);
   out = out.view(x.sizes());
+  phase.reset();
 
   if (!is_training() || !state || x.dim() != 3) return out;
   const at::Tensor probs = r.probs.view({x.size(0), x.size(1), n_experts});
