@@ -14,7 +14,10 @@ enum class MeshAxis { kPp = 0, kDpReplicate = 1, kDpShard = 2, kCp = 3, kTp = 4 
 constexpr int kMeshAxes = 5;
 std::string to_string(MeshAxis axis);
 
-// Degrees of the five axes. At most one may be -1: it takes the ranks left over.
+// Degrees of the five axes. At most one may be -1: it takes the ranks left over. `ep` is not an
+// axis of its own: expert parallelism splits the experts of mixture-of-experts layers over
+// groups of `ep` neighbouring ranks of dp_shard x cp (torchtitan's dp_shard_in_ep), which must
+// divide it.
 struct MeshShape {
   MeshShape& pp(int value) {
     degrees[0] = value;
@@ -36,15 +39,20 @@ struct MeshShape {
     degrees[4] = value;
     return *this;
   }
+  MeshShape& ep(int value) {
+    ep_degree = value;
+    return *this;
+  }
   int degree(MeshAxis axis) const { return degrees[static_cast<int>(axis)]; }
 
   std::array<int, kMeshAxes> degrees{1, 1, -1, 1, 1};  // pp, dp_replicate, dp_shard, cp, tp
+  int ep_degree = 1;
 };
 
-// Fills in the -1 axis and checks that the product equals world_size. Throws
-// std::invalid_argument with every factor in the message, e.g.
-// "mesh pp=1 x dp_replicate=1 x dp_shard=3 x tp=2 = 6 does not match world size 4" (cp is named
-// when it is not 1).
+// Fills in the -1 axis and checks that the product equals world_size, and that ep divides
+// dp_shard x cp. Throws std::invalid_argument with every factor in the message, e.g.
+// "mesh pp=1 x dp_replicate=1 x dp_shard=3 x tp=2 = 6 does not match world size 4" (cp and ep
+// are named when they are not 1).
 MeshShape resolve_mesh(MeshShape shape, int world_size);
 
 // Ranks are laid out with tp innermost, then cp, dp_shard, dp_replicate, pp outermost:
@@ -78,6 +86,18 @@ class DeviceMesh {
   // Global rank at the given coordinates (pp, dp_replicate, dp_shard, cp, tp).
   int rank_at(const std::array<int, kMeshAxes>& coordinates) const;
 
+  // Expert parallelism (shape().ep_degree > 1), on the data-parallel layout (dp_shard x cp):
+  // the ep group is this rank and its ep - 1 neighbours there, which hold the other experts;
+  // ep_rank() is this rank's place in it (it holds experts [ep_rank() x n / ep, ...)). The
+  // expert mesh is the mesh the experts' data-parallel step runs on: the ranks that hold the same
+  // experts, with dp_shard x cp / ep of them on its dp_shard axis (torchtitan's
+  // dp_shard_mod_ep); its other axes as this mesh's. With ep = 1: no group (ep_ptr() null),
+  // ep_rank() 0, and the expert mesh is data_parallel_mesh().
+  int ep_size() const { return shape_.ep_degree; }
+  int ep_rank() const { return ep_ ? ep_->rank() : 0; }
+  std::shared_ptr<ProcessGroup> ep_ptr() const { return ep_; }
+  const DeviceMesh& expert_mesh() const;
+
  private:
   std::shared_ptr<ProcessGroup> world_;
   MeshShape shape_;
@@ -85,6 +105,10 @@ class DeviceMesh {
   std::array<std::shared_ptr<ProcessGroup>, kMeshAxes> groups_;
   std::shared_ptr<ProcessGroup> dp_;
   std::unique_ptr<DeviceMesh> folded_;  // cp > 1 only
+  std::shared_ptr<ProcessGroup> ep_;
+  std::unique_ptr<DeviceMesh> expert_;  // ep > 1 and cp = 1 only (else folded_'s)
+
+  void split_experts();
 };
 
 }  // namespace shardtrain

@@ -15,6 +15,7 @@ std::string describe(const MeshShape& shape) {
     if (a == kCpAxis && shape.degrees[a] == 1) continue;
     out << (a ? " x " : "") << kAxisNames[a] << "=" << shape.degrees[a];
   }
+  if (shape.ep_degree != 1) out << " (ep=" << shape.ep_degree << ")";
   return out.str();
 }
 
@@ -51,6 +52,13 @@ MeshShape resolve_mesh(MeshShape shape, int world_size) {
   if (product != world_size) {
     throw std::invalid_argument("mesh " + describe(shape) + " = " + std::to_string(product) +
                                 " does not match world size " + std::to_string(world_size));
+  }
+  const int data_ranks = shape.degrees[2] * shape.degrees[kCpAxis];
+  if (shape.ep_degree < 1 || data_ranks % shape.ep_degree != 0) {
+    throw std::invalid_argument(
+        "mesh " + describe(shape) + ": ep=" + std::to_string(shape.ep_degree) +
+        " does not divide dp_shard" + (shape.degrees[kCpAxis] > 1 ? " x cp" : "") + " = " +
+        std::to_string(data_ranks) + " (the experts are split over those data-parallel ranks)");
   }
   return shape;
 }
@@ -89,7 +97,43 @@ DeviceMesh::DeviceMesh(std::shared_ptr<ProcessGroup> world, MeshShape shape)
     folded.degrees[2] *= d[kCpAxis];
     folded.degrees[kCpAxis] = 1;
     folded_ = std::make_unique<DeviceMesh>(world_, folded);
+    ep_ = folded_->ep_;  // experts are split on the data-parallel layout
+  } else if (shape_.ep_degree > 1) {
+    split_experts();
   }
+}
+
+void DeviceMesh::split_experts() {
+  // dp_shard = dp_shard_mod_ep x ep, ep innermost: an ep group is ep neighbouring dp_shard
+  // coordinates, and the ranks holding the same experts are every ep-th.
+  const auto& d = shape_.degrees;
+  const int ep = shape_.ep_degree;
+  const int inner = coordinate_[2] % ep, outer = coordinate_[2] / ep;
+  std::vector<int> group;
+  auto at = coordinate_;
+  for (int i = 0; i < ep; ++i) {
+    at[2] = outer * ep + i;
+    group.push_back(rank_at(at));
+  }
+  ep_ = world_->new_group(group);
+  // The ranks holding this rank's experts, in global rank order (pp, dp_replicate, the outer
+  // dp_shard coordinate, tp), which is the order of the expert mesh's own layout.
+  std::vector<int> holders;
+  for (int p = 0; p < d[0]; ++p) {
+    for (int r = 0; r < d[1]; ++r) {
+      for (int s = 0; s < d[2] / ep; ++s) {
+        for (int t = 0; t < d[4]; ++t) holders.push_back(rank_at({p, r, s * ep + inner, 0, t}));
+      }
+    }
+  }
+  expert_ = std::make_unique<DeviceMesh>(
+      world_->new_group(holders),
+      MeshShape().pp(d[0]).dp_replicate(d[1]).dp_shard(d[2] / ep).tp(d[4]));
+}
+
+const DeviceMesh& DeviceMesh::expert_mesh() const {
+  if (folded_) return folded_->expert_mesh();
+  return expert_ ? *expert_ : *this;
 }
 
 DeviceMesh::~DeviceMesh() = default;
