@@ -121,14 +121,20 @@ ModelConfig model_config_from_hf_json(const std::string& path);
 using ParameterInitializer =
     std::function<void(const std::string& name, int64_t begin, at::Tensor out)>;
 
-// The parts of the model one pipeline-parallel rank builds (pipeline.h): the blocks of its
-// stages, the embeddings when it holds the first stage, and the final norm and head when it holds
-// the last (with tied embeddings, the token embedding too, which the head reads). Blocks it does
-// not hold are empty placeholders, so parameter names stay those of the whole model.
+// The parts of the model one rank builds: under pipeline parallelism (pipeline.h) the blocks of
+// its stages, the embeddings when it holds the first stage, and the final norm and head when it
+// holds the last (with tied embeddings, the token embedding too, which the head reads); under
+// expert parallelism some of each block's experts. Blocks it does not hold are empty
+// placeholders, so parameter names stay those of the whole model.
 struct ModelParts {
   std::vector<std::pair<int64_t, int64_t>> blocks;  // [begin, end) of each stage held
   bool embedding = true;
   bool head = true;
+  // The experts of each mixture-of-experts block held (expert parallelism): [first_expert,
+  // first_expert + experts); experts = -1: all of them. They keep the whole model's names
+  // ("blocks.{i}.moe.experts.{e}...").
+  int64_t first_expert = 0;
+  int64_t experts = -1;
   bool holds_block(int64_t index) const;
 };
 
@@ -154,7 +160,7 @@ struct ModelInit {
     values_ = std::move(init);
     return *this;
   }
-  // Build only `parts` of the model (a pipeline stage); unset: the whole model.
+  // Build only `parts` of the model (a pipeline stage, some experts); unset: the whole model.
   ModelInit& parts(ModelParts value) {
     parts_ = std::move(value);
     return *this;
@@ -257,6 +263,7 @@ auto call(ModulePtr& module, Args&&... args)
 namespace detail {
 class LayerSplit;
 class ContextSplit;
+class ExpertSplit;
 struct BlockContext;
 struct MoeState;
 }  // namespace detail
@@ -368,6 +375,11 @@ class TransformerImpl : public torch::nn::Module {
   // (ContextScope) and attention reads the other ranks' keys by ring.
   const std::shared_ptr<detail::ContextSplit>& context_split() const { return cp_; }
   void set_context_split(std::shared_ptr<detail::ContextSplit> split) { cp_ = std::move(split); }
+  // Set by expert parallelism (apply_ep): the group a mixture-of-experts model's experts are
+  // split across (this rank holding the experts parts() names), through which each layer sends
+  // its tokens' rows to the experts' ranks; null when every expert is held here.
+  std::shared_ptr<detail::ExpertSplit> expert_split() const;
+  void set_expert_split(std::shared_ptr<detail::ExpertSplit> split);
 
   // A mixture-of-experts model (ModelConfig::n_experts): the load-balancing loss enters the
   // gradient as router_aux_loss_coef x `weight` x its value (the training loop sets the factor

@@ -145,13 +145,14 @@ at::Tensor Gpt2BlockImpl::forward(const at::Tensor& x, const BlockContext& ctx) 
   return h + residual_dropout(mlp->forward(ln2->forward(h)), dropout_, is_training());
 }
 
-LlamaBlockImpl::LlamaBlockImpl(const ModelConfig& config, int64_t layer, bool deferred)
+LlamaBlockImpl::LlamaBlockImpl(const ModelConfig& config, int64_t layer, bool deferred,
+                               int64_t first_expert, int64_t experts)
     : dropout_(config.dropout) {
   attn_norm = register_module("attn_norm", RMSNorm(config.d_model, config.norm_eps, deferred));
   attn = register_module("attn", LlamaAttention(config, deferred));
   ffn_norm = register_module("ffn_norm", RMSNorm(config.d_model, config.norm_eps, deferred));
   if (config.moe()) {
-    moe = register_module("moe", Moe(config, layer, deferred));
+    moe = register_module("moe", Moe(config, layer, deferred, first_expert, experts));
   } else {
     mlp = register_module("mlp", LlamaMlp(config, deferred));
   }
@@ -165,11 +166,13 @@ at::Tensor LlamaBlockImpl::forward(const at::Tensor& x, const BlockContext& ctx)
   return h + residual_dropout(ffn, dropout_, is_training());
 }
 
-std::shared_ptr<BlockImpl> make_block(const ModelConfig& config, int64_t layer, bool deferred) {
+std::shared_ptr<BlockImpl> make_block(const ModelConfig& config, int64_t layer, bool deferred,
+                                      const ModelParts& parts) {
   if (config.family == ModelFamily::kGpt2) {
     return std::make_shared<Gpt2BlockImpl>(config, deferred);
   }
-  return std::make_shared<LlamaBlockImpl>(config, layer, deferred);
+  return std::make_shared<LlamaBlockImpl>(config, layer, deferred, parts.first_expert,
+                                          parts.experts);
 }
 
 }  // namespace shardtrain::detail

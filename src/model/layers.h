@@ -5,6 +5,7 @@
 
 #include <ATen/ATen.h>
 #include <torch/nn/module.h>
+#include <torch/nn/modules/container/moduledict.h>
 #include <torch/nn/pimpl.h>
 
 #include <memory>
@@ -13,6 +14,7 @@
 
 #include "model/blockwise_attention.h"
 #include "model/context_split.h"
+#include "model/expert_split.h"
 #include "model/layer_split.h"
 #include "shardtrain/model.h"
 
@@ -25,9 +27,12 @@ struct MoeState {
   // The training loss's gradient factor (the loss scale over the micro-batches of a step): the
   // load-balancing loss enters the gradient as router_aux_loss_coef x this x its value.
   double aux_weight = 1.0;
-  at::Tensor tokens;  // [n_layers, n_experts] int64: tokens routed to each layer's experts
+  at::Tensor tokens;     // [n_layers, n_experts] int64: tokens routed to each layer's experts
   double aux_sum = 0.0;  // the load-balancing losses computed, summed
   int64_t aux_count = 0;
+  // Set by expert parallelism: the group the experts are split across, through which each
+  // layer's rows reach the experts that other ranks hold. Null: this rank holds every expert.
+  std::shared_ptr<ExpertSplit> split;
 };
 
 // What a block needs beyond its input, computed once per forward by the Transformer.
@@ -245,18 +250,28 @@ at::Tensor load_balancing_loss(const at::Tensor& probs, const at::Tensor& expert
 // (submodules "experts.{e}", SwiGLU MLPs of width ffn_hidden), the optional shared experts
 // ("shared", one SwiGLU of n_shared_experts x ffn_hidden). Every expert computes in every
 // training forward, on no rows when no token chose it, so each has a gradient (zero then).
+// Under expert parallelism the block holds experts [first_expert, first_expert + count) of the
+// model's (ModelParts), under their own names, and the other ranks' experts compute the rows
+// routed to them (MoeState::split).
 class MoeImpl : public torch::nn::Module {
  public:
-  MoeImpl(const ModelConfig& config, int64_t layer, bool deferred);
+  MoeImpl(const ModelConfig& config, int64_t layer, bool deferred, int64_t first_expert = 0,
+          int64_t count = -1);
   // x [B, T, d_model] -> the same shape. In training, the load-balancing loss joins the
   // gradient (state->aux_weight) and the routing is counted in `state`.
   at::Tensor forward(const at::Tensor& x, MoeState* state);
+  // Expert `e` of the model (a held one).
+  LlamaMlp& expert(int64_t e);
   Linear router{nullptr};
-  torch::nn::ModuleList experts;
-  LlamaMlp shared{nullptr};  // null without shared experts
+  torch::nn::ModuleDict experts;  // keyed by the expert's index in the model
+  LlamaMlp shared{nullptr};       // null without shared experts
 
  private:
-  int64_t layer_, top_k_;
+  // The held experts on `rows` grouped by expert, counts[i] rows for the i-th held one.
+  at::Tensor run_experts(const at::Tensor& rows, const std::vector<int64_t>& counts);
+
+  int64_t layer_, top_k_, n_experts_, first_expert_;
+  std::vector<LlamaMlp> held_;
   bool normalize_;
   double capacity_factor_, aux_coef_;
 };
@@ -282,7 +297,9 @@ class Gpt2BlockImpl : public BlockImpl {
 
 class LlamaBlockImpl : public BlockImpl {
  public:
-  LlamaBlockImpl(const ModelConfig& config, int64_t layer, bool deferred);
+  // The experts [first_expert, first_expert + experts) of a mixture-of-experts block (-1: all).
+  LlamaBlockImpl(const ModelConfig& config, int64_t layer, bool deferred, int64_t first_expert = 0,
+                 int64_t experts = -1);
   at::Tensor forward(const at::Tensor& x, const BlockContext& ctx) override;
   RMSNorm attn_norm{nullptr}, ffn_norm{nullptr};
   LlamaAttention attn{nullptr};
@@ -293,7 +310,8 @@ class LlamaBlockImpl : public BlockImpl {
   double dropout_;
 };
 
-// Block `layer` of the model.
-std::shared_ptr<BlockImpl> make_block(const ModelConfig& config, int64_t layer, bool deferred);
+// Block `layer` of the model, with the experts `parts` holds.
+std::shared_ptr<BlockImpl> make_block(const ModelConfig& config, int64_t layer, bool deferred,
+                                      const ModelParts& parts = ModelParts());
 
 }  // namespace shardtrain::detail

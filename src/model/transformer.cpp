@@ -120,6 +120,13 @@ TransformerImpl::TransformerImpl(ModelConfig config, ModelInit init) : config_(s
   } else {
     parts_.blocks = {{0, config_.n_layers}};
   }
+  if (parts_.experts != -1 && (!config_.moe() || parts_.first_expert < 0 || parts_.experts < 1 ||
+                               parts_.first_expert + parts_.experts > config_.n_experts)) {
+    throw std::invalid_argument("ModelParts: experts [" + std::to_string(parts_.first_expert) +
+                                ", " + std::to_string(parts_.first_expert + parts_.experts) +
+                                ") are not within the model's " +
+                                std::to_string(config_.n_experts) + " experts");
+  }
   const int64_t d = config_.d_model;
   const bool gpt2 = config_.family == ModelFamily::kGpt2;
   // Registration order is the parameter order ModelConfig::parameter_shapes() promises.
@@ -136,7 +143,7 @@ TransformerImpl::TransformerImpl(ModelConfig config, ModelInit init) : config_(s
   blocks_ = register_module("blocks", torch::nn::ModuleList());
   for (int64_t i = 0; i < config_.n_layers; ++i) {
     if (parts_.holds_block(i)) {
-      blocks_->push_back(detail::make_block(config_, i, deferred));
+      blocks_->push_back(detail::make_block(config_, i, deferred, parts_));
     } else {
       blocks_->push_back(torch::nn::Identity());  // another pipeline stage's block
     }
@@ -396,6 +403,15 @@ at::Tensor TransformerImpl::head_input(at::Tensor x) {
 
 void TransformerImpl::set_aux_loss_weight(double weight) {
   if (moe_) moe_->aux_weight = weight;
+}
+
+std::shared_ptr<detail::ExpertSplit> TransformerImpl::expert_split() const {
+  return moe_ ? moe_->split : nullptr;
+}
+
+void TransformerImpl::set_expert_split(std::shared_ptr<detail::ExpertSplit> split) {
+  if (!moe_) throw std::invalid_argument("expert parallelism needs a mixture-of-experts model");
+  moe_->split = std::move(split);
 }
 
 MoeStats TransformerImpl::take_moe_stats() {

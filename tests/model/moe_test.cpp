@@ -46,8 +46,9 @@ Moe random_block(const ModelConfig& c, at::ScalarType dtype) {
 
 at::Tensor swiglu(torch::nn::Module& mlp, const at::Tensor& x) {
   auto params = mlp.named_parameters();
-  return at::linear(at::silu(at::linear(x, params["gate.weight"])) * at::linear(x, params["up.weight"]),
-                    params["down.weight"]);
+  return at::linear(
+      at::silu(at::linear(x, params["gate.weight"])) * at::linear(x, params["up.weight"]),
+      params["down.weight"]);
 }
 
 // Token by token: softmax over the router's logits, the top k (renormalized when asked), each
@@ -72,7 +73,7 @@ at::Tensor reference(Moe& block, const ModelConfig& c, const at::Tensor& x) {
       const int64_t e = chosen[j].item<int64_t>();
       const at::Tensor weight = c.norm_topk_prob ? top[j] / top.sum() : top[j];
       if (taken[e]++ >= capacity) continue;
-      y = y + weight * swiglu(*block->experts[e], xt.unsqueeze(0)).squeeze(0);
+      y = y + weight * swiglu(*block->expert(e), xt.unsqueeze(0)).squeeze(0);
     }
     if (block->shared) y = y + swiglu(*block->shared, xt.unsqueeze(0)).squeeze(0);
     rows.push_back(y);
@@ -198,12 +199,12 @@ TEST(MoeBlock, AnExpertNoTokenChoosesGetsAZeroGradient) {
   block->forward(x, &state).sum().backward();
   EXPECT_EQ(state.tokens[0][0].item<int64_t>(), 10);
   for (int64_t e = 1; e < c.n_experts; ++e) {
-    for (const auto& p : block->experts[e]->parameters()) {
+    for (const auto& p : block->expert(e)->parameters()) {
       ASSERT_TRUE(p.grad().defined()) << "expert " << e;
       EXPECT_EQ(p.grad().abs().max().item<float>(), 0.0f) << "expert " << e;
     }
   }
-  EXPECT_GT(block->experts[0]->parameters()[0].grad().abs().max().item<float>(), 0.0f);
+  EXPECT_GT(block->expert(0)->parameters()[0].grad().abs().max().item<float>(), 0.0f);
 }
 
 TEST(MoeBlock, RecomputedBlocksAreCountedOnce) {
