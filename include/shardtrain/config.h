@@ -145,6 +145,11 @@ struct ParallelSection {
   // two of its 2 cp chunks, attention by ring; they hold the same parameters, and the strategy
   // runs across dp_shard x cp.
   int64_t cp = 1;
+  // Expert parallelism (docs/moe.md): a mixture-of-experts model's experts split over groups of
+  // `ep` data-parallel ranks (carved out of dp_shard), tokens sent to the ranks holding their
+  // experts by all-to-all; the data-parallel strategy shards the experts over the dp_shard / ep
+  // ranks that hold the same ones, and everything else over every data-parallel rank.
+  int64_t ep = 1;
   // Pipeline parallelism (docs/pp.md): the blocks split into pp x pp_virtual_stages stages on
   // the mesh's outermost axis, train.grad_accum micro-batches per step run by pp_schedule.
   // pp_split: blocks per stage (empty: balanced). pp_microbatches, when set, is

@@ -39,11 +39,20 @@ struct DDPOptions {
     comm_hook_ = value;
     return *this;
   }
+  // Parameters (by their names in the module) DDP leaves alone: not broadcast at construction,
+  // not bucketed, not reduced (PyTorch's params_and_buffers_to_ignore). Another wrapper, or a
+  // second DDP on another group, takes care of them: expert parallelism's experts, which differ
+  // across the group.
+  DDPOptions& ignore(std::vector<std::string> names) {
+    ignore_ = std::move(names);
+    return *this;
+  }
 
   double bucket_cap_mb_ = 25.0;
   double first_bucket_cap_mb_ = 1.0;
   bool find_unused_parameters_ = false;
   DDPCommHook comm_hook_ = DDPCommHook::kNone;
+  std::vector<std::string> ignore_;
 };
 
 // What one synchronized backward did, for the benchmark: times in seconds since the backward's

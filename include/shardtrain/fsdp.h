@@ -185,6 +185,9 @@ struct ShardSegment {
   at::Tensor param;
   int unit = 0;              // which flat parameter
   int64_t shard_offset = 0;  // where the piece starts in this rank's shard of it
+  // False when a rank of another replica holds the same piece (hybrid_shard, no_shard): one
+  // replica writes it to checkpoints.
+  bool unique = true;
 };
 
 // Bytes this rank holds, for the progress line and metrics.
@@ -210,7 +213,10 @@ class FullyShardedDataParallel {
   // Collective over the mesh's data-parallel ranks (dp_replicate x dp_shard; kFullShard and
   // kShardGradOp need dp_replicate = 1, kNoShard dp_shard = 1, kHybridShard both > 1). Builds
   // one flat parameter per unit, keeps this rank's shard as fp32 master, and installs forward
-  // hooks on the model and gradient hooks on its parameters. The model is shared: call its
+  // hooks on the model and gradient hooks on its parameters. Under expert parallelism
+  // (mesh.ep_size() > 1, the model holding this rank's experts) each block's experts are a unit
+  // of their own, gathered and released with the block's, sharded and reduced over the expert
+  // mesh (DeviceMesh::expert_mesh). The model is shared: call its
   // forward as usual; afterwards its parameters are views into gathered buffers that exist only
   // while a unit computes. Throws std::invalid_argument for a mesh that does not fit the
   // strategy or a wrap policy that matches nothing.
@@ -276,7 +282,7 @@ class FullyShardedDataParallel {
   std::vector<std::vector<std::string>> unit_layout() const;
   // False on ranks whose shards are copies of another replica's (hybrid_shard, no_shard): one
   // replica writes checkpoints.
-  bool holds_unique_shards() const { return !replicate_group_ || replicate_group_->rank() == 0; }
+  bool holds_unique_shards() const { return !groups_.replicate || groups_.replicate->rank() == 0; }
   FSDPMemory memory() const;
   void reset_peak();
   const FSDPOptions& options() const { return options_; }
@@ -291,15 +297,17 @@ class FullyShardedDataParallel {
   };
   // The constructor's phases, in order: the options against the mesh; the shard and replicate
   // groups; the directories of shards kept in files; the units from the wrap policy, then the
-  // root; frozen parameters moved to companion units; rank 0's values broadcast (a materialized
-  // model) and buffers cast. Then for each unit: its flat parameter, shard and gradient laid
-  // out (`init` fills what a deferred model has no values for); the optimizer's segments; the
-  // shards moved to their files; the hooks that reduce its gradients.
+  // root; frozen parameters moved to companion units, then the experts' (expert parallelism);
+  // rank 0's values broadcast (a materialized model) and buffers cast. Then for each unit: its
+  // flat parameter, shard and gradient laid out (`init` fills what a deferred model has no
+  // values for); the optimizer's segments; the shards moved to their files; the hooks that
+  // reduce its gradients.
   void check_options(const DeviceMesh& mesh);
   void choose_groups(const DeviceMesh& mesh);
   void open_swap_dirs();
   void form_units(const DeviceMesh& mesh);
   void split_frozen_parameters();
+  void split_expert_parameters();
   void sync_module_states();
   void lay_out_flat(Unit& unit, const ParameterInitializer& init);
   void add_segments(Unit& unit);
@@ -355,11 +363,20 @@ class FullyShardedDataParallel {
 
   Transformer model_;
   FSDPOptions options_;
-  std::shared_ptr<ProcessGroup> shard_group_;      // null when dp_shard = 1
-  std::shared_ptr<ProcessGroup> replicate_group_;  // null when dp_replicate = 1
-  std::shared_ptr<ProcessGroup> dp_group_;
-  int shard_rank_ = 0, shard_size_ = 1;
+  // The groups a unit's flat parameter is sharded and reduced over: the mesh's for every unit
+  // but the experts' (expert parallelism), which use the expert mesh's.
+  struct Groups {
+    std::shared_ptr<ProcessGroup> shard;      // null when dp_shard = 1
+    std::shared_ptr<ProcessGroup> replicate;  // null when dp_replicate = 1
+    std::shared_ptr<ProcessGroup> dp;
+    int shard_rank = 0, shard_size = 1;
+  };
+  Groups groups_on(const DeviceMesh& mesh, bool experts) const;
+  Groups groups_, expert_groups_;
+  std::shared_ptr<ProcessGroup> ep_group_;    // null without expert parallelism
   std::vector<std::unique_ptr<Unit>> units_;  // forward order; the root last
+  std::vector<Unit*> every_unit_;             // the units, each followed by its companions
+  std::vector<Unit*> segment_units_;          // the unit of each of segments_
   std::vector<ShardSegment> segments_;
   std::shared_ptr<ForwardHooks> hooks_;  // attached to the model and each unit's blocks
   std::map<const torch::nn::Module*, HookPoint> hook_points_;

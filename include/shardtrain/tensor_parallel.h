@@ -85,10 +85,11 @@ TpPlan transformer_tp_plan(const ModelConfig& config, int tp);
 std::vector<std::pair<std::string, at::Tensor>> whole_parameters(Transformer& model);
 
 // The gradient norm of the whole model over the group (a split parameter counts all its
-// slices, a replicated one once) and, given `pipeline` (the mesh's pp group), over every
+// slices, a replicated one once), over the experts every rank of an expert-parallel group
+// holds (Transformer::expert_split) and, given `pipeline` (the mesh's pp group), over every
 // pipeline stage (a tied embedding once); the gradients scaled to `max_norm` when it is above it
-// (0: never), as clip_grad_norm (optim.h) does for one process. Collective over the group and
-// the pipeline; with neither, the same as clip_grad_norm of the model's parameters.
+// (0: never), as clip_grad_norm (optim.h) does for one process. Collective over those groups;
+// with none, the same as clip_grad_norm of the model's parameters.
 double clip_grad_norm(Transformer& model, double max_norm, ProcessGroup* pipeline = nullptr);
 
 // The building blocks, each differentiable (its backward is the matching collective):

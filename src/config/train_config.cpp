@@ -174,8 +174,7 @@ const std::map<std::string, Setter>& known_keys() {
                   {"model.experts_per_token", model_field(&ModelConfig::experts_per_token)},
                   {"model.n_shared_experts", model_field(&ModelConfig::n_shared_experts)},
                   {"model.norm_topk_prob", model_field(&ModelConfig::norm_topk_prob)},
-                  {"model.router_aux_loss_coef",
-                   model_field(&ModelConfig::router_aux_loss_coef)},
+                  {"model.router_aux_loss_coef", model_field(&ModelConfig::router_aux_loss_coef)},
                   {"model.capacity_factor", model_field(&ModelConfig::capacity_factor)},
                   {"data.corpus",
                    [](TrainConfig& c, const toml::node& n, const std::string& name) {
@@ -239,6 +238,7 @@ const std::map<std::string, Setter>& known_keys() {
                   {"parallel.strategy", field(&ParallelSection::strategy)},
                   {"parallel.tp", field(&ParallelSection::tp)},
                   {"parallel.cp", field(&ParallelSection::cp)},
+                  {"parallel.ep", field(&ParallelSection::ep)},
                   {"parallel.sequence_parallel", field(&ParallelSection::sequence_parallel)},
                   {"parallel.pp", field(&ParallelSection::pp)},
                   {"parallel.pp_schedule", field(&ParallelSection::pp_schedule)},
@@ -573,6 +573,34 @@ void validate_context_parallel(const TrainConfig& c) {
           "parallelism's are");
 }
 
+// Expert parallelism against the model and the other settings; ep against the data-parallel
+// ranks is checked with the mesh (train_mesh_shape).
+void validate_expert_parallel(const TrainConfig& c) {
+  auto require = [](bool ok, const std::string& message) {
+    if (!ok) throw std::invalid_argument(message);
+  };
+  const int64_t ep = c.parallel.ep;
+  require(ep >= 1, "parallel.ep must be at least 1, got " + std::to_string(ep));
+  if (ep == 1) return;
+  require(c.model.moe(),
+          "parallel.ep = " + std::to_string(ep) +
+              " splits the experts of a mixture-of-experts model, but model.n_experts is 0");
+  require(c.model.n_experts % ep == 0,
+          "model.n_experts " + std::to_string(c.model.n_experts) +
+              " is not divisible by parallel.ep = " + std::to_string(ep) +
+              ": each rank of an expert-parallel group holds n_experts / ep of them");
+  require(c.parallel.strategy != ParallelStrategy::kNone,
+          "parallel.ep > 1 needs parallel.strategy \"ddp\", \"fsdp\" or \"zero\": the experts "
+          "are split over data-parallel ranks");
+  require(c.lora.rank == 0,
+          "lora.rank > 0 with parallel.ep > 1: this version does not split adapted experts "
+          "across ranks; train LoRA on a mixture-of-experts model with parallel.ep = 1");
+  require(c.parallel.zero.offload_optimizer != OffloadDevice::kNvme &&
+              c.parallel.zero.offload_param != OffloadDevice::kNvme,
+          "parallel.ep > 1 with ZeRO offload to nvme: this version keeps the experts' shards in "
+          "memory; offload to \"cpu\" or use parallel.ep = 1");
+}
+
 }  // namespace
 
 void TrainConfig::validate() const {
@@ -683,11 +711,12 @@ void TrainConfig::validate() const {
           "parallelism without dropout");
   validate_pipeline(*this);
   validate_context_parallel(*this);
-  require(!model.moe() || parallel.tp == 1,
-          "parallel.tp > 1 with a mixture-of-experts model (model.n_experts " +
+  validate_expert_parallel(*this);
+  require(!model.moe() || !parallel.sequence_parallel,
+          "parallel.sequence_parallel with a mixture-of-experts model (model.n_experts " +
               std::to_string(model.n_experts) +
-              "): this version does not split the experts across tensor-parallel ranks; use "
-              "data parallelism (ddp, fsdp, zero) or pipeline parallelism");
+              "): the experts take whole tokens from every tensor-parallel rank; this version "
+              "splits them by tensor parallelism without sequence parallelism");
   require(!model.moe() || parallel.cp == 1,
           "parallel.cp > 1 with a mixture-of-experts model (model.n_experts " +
               std::to_string(model.n_experts) +

@@ -4,6 +4,7 @@
 
 #include "model/autocast.h"
 #include "parallel/context/context_batch.h"
+#include "parallel/expert/expert_parallel.h"
 #include "parallel/tensor/tp_state.h"
 #include "shardtrain/tensor_parallel.h"
 #include "trace/telemetry.h"
@@ -118,7 +119,17 @@ NamedTensors ParallelModel::checkpoint_expected() {
     expected.emplace_back(name, at::empty(detail::whole_shape(tp, name, value.sizes()), meta));
   }
   for (const auto& item : model_->named_buffers()) expected.emplace_back(item.key(), item.value());
-  return expected;
+  if (!model_->expert_split()) return expected;
+  // Under expert parallelism the checkpoint holds every expert; this rank's are among them.
+  std::vector<TensorSpec> specs;
+  for (const auto& [name, tensor] : expected) {
+    specs.push_back({name, tensor.sizes().vec(), tensor.scalar_type()});
+  }
+  NamedTensors every;
+  for (const auto& spec : detail::with_every_expert(specs, model_->config().n_experts)) {
+    every.emplace_back(spec.name, at::empty(spec.shape, meta.dtype(spec.dtype)));
+  }
+  return every;
 }
 
 bool ParallelModel::gradients_finite(const LossScaler& scaler) {
@@ -147,6 +158,14 @@ at::Tensor ParallelModel::whole_vocabulary(const at::Tensor& logits) const {
   return full;
 }
 
-bool ParallelModel::forward_is_collective() const { return detail::tp_state(model_) != nullptr; }
+bool ParallelModel::forward_is_collective() const {
+  return detail::tp_state(model_) != nullptr || model_->expert_split() != nullptr;
+}
+
+void ParallelModel::share_sampled(at::Tensor& token) {
+  // The experts' outputs come from other ranks: every rank gets rank 0's draw, so that all
+  // generate the same sequence and take part in the same exchanges.
+  if (model_->expert_split() && world_ && world_->size() > 1) world_->broadcast(token, 0)->wait();
+}
 
 }  // namespace shardtrain

@@ -94,7 +94,8 @@ class ParallelModel {
   // What a checkpoint must hold for this rank's model, to compare before anything is read: the
   // trained parameters as fp32 meta tensors of their whole shapes (under FSDP/ZeRO the module's
   // tensors are views of gathered buffers, perhaps freed, perhaps bf16; under tensor
-  // parallelism slices), and the buffers.
+  // parallelism slices), and the buffers; under expert parallelism every expert's, of which
+  // this rank holds some.
   NamedTensors checkpoint_expected();
   // False when this rank's model is some stages of the whole one.
   virtual bool holds_whole_model() const { return true; }
@@ -112,7 +113,7 @@ class ParallelModel {
   // ranks that do not hold the last pipeline stage.
   virtual at::Tensor batch_loss(const Batch& batch, std::optional<int64_t> chunk);
   virtual double eval_total(double local_total);
-  virtual void share_sampled(at::Tensor& /*token*/) {}
+  virtual void share_sampled(at::Tensor& token);
   // The last position's logits over the whole vocabulary (gathered across a tensor-parallel
   // group), fp32.
   at::Tensor whole_vocabulary(const at::Tensor& logits) const;

@@ -3,6 +3,7 @@
 #include <numeric>
 #include <stdexcept>
 
+#include "parallel/expert/expert_parallel.h"
 #include "parallel/pipeline/pipelined_model.h"
 #include "shardtrain/tensor_parallel.h"
 
@@ -123,8 +124,16 @@ bool keeps_state_in_files(const TrainConfig& config) {
           config.parallel.zero.offload_optimizer == OffloadDevice::kNvme);
 }
 
-void limit_to_own_stages(ModelInit& init, const TrainConfig& config, int pp_rank) {
-  if (config.parallel.pp > 1) init.parts(pipeline_parts(config, pp_rank));
+void limit_to_own_parts(ModelInit& init, const TrainConfig& config, int pp_rank, int ep_rank) {
+  if (config.parallel.pp == 1 && config.parallel.ep == 1) return;
+  ModelParts parts;
+  if (config.parallel.pp > 1) {
+    parts = pipeline_parts(config, pp_rank);
+  } else {
+    parts.blocks = {{0, config.model.n_layers}};
+  }
+  limit_to_own_experts(parts, config.model, ep_rank, static_cast<int>(config.parallel.ep));
+  init.parts(std::move(parts));
 }
 
 MeshShape train_mesh_shape(const TrainConfig& config, int world_size, int ranks_per_node) {
@@ -163,13 +172,27 @@ MeshShape train_mesh_shape(const TrainConfig& config, int world_size, int ranks_
                                 " is not divisible by parallel.cp=" + std::to_string(cp) +
                                 (pp * tp > 1 ? " x the other model-parallel degrees" : ""));
   }
-  return resolve_mesh(MeshShape().pp(pp).dp_replicate(replicate).cp(cp).tp(tp), world_size);
+  MeshShape shape =
+      resolve_mesh(MeshShape().pp(pp).dp_replicate(replicate).cp(cp).tp(tp), world_size);
+  const int ep = static_cast<int>(config.parallel.ep);
+  const int shard = shape.degree(MeshAxis::kDpShard);
+  if (shard % ep != 0) {
+    std::string others = "pp=" + std::to_string(pp) + " x tp=" + std::to_string(tp);
+    if (replicate > 1) others += " x dp_replicate=" + std::to_string(replicate);
+    if (cp > 1) others += " x cp=" + std::to_string(cp);
+    throw std::invalid_argument(
+        "parallel.ep=" + std::to_string(ep) + " does not divide the " + std::to_string(shard) +
+        " data-parallel rank(s) of dp_shard (world size " + std::to_string(world_size) + " / " +
+        others + "): the experts are split over those ranks");
+  }
+  return shape.ep(ep);
 }
 
 std::unique_ptr<ParallelModel> parallelize(Transformer& model, const TrainConfig& config,
                                            const std::shared_ptr<ProcessGroup>& world,
                                            const DeviceMesh* mesh) {
-  const bool meshed = config.parallel.tp > 1 || config.parallel.pp > 1 || runs_on_a_group(config);
+  const bool meshed = config.parallel.tp > 1 || config.parallel.pp > 1 || config.parallel.ep > 1 ||
+                      runs_on_a_group(config);
   if (!(world && mesh) && meshed) {
     throw std::invalid_argument("parallel.tp > 1, parallel.pp > 1 and parallel.strategy \"" +
                                 to_string(config.parallel.strategy) + "\" need a process group");
@@ -179,6 +202,7 @@ std::unique_ptr<ParallelModel> parallelize(Transformer& model, const TrainConfig
              *mesh);
   }
   if (config.parallel.cp > 1) apply_cp(model, *mesh);
+  if (config.parallel.ep > 1) apply_ep(model, mesh->data_parallel_mesh());
   apply_activation_checkpointing(model, config.train.activation_checkpointing);
   model->set_attention(attention_kernel(config));
   // One data-parallel step, each strategy's from its own folder, over dp_shard x cp: the ranks
@@ -193,6 +217,12 @@ std::unique_ptr<ParallelModel> parallelize(Transformer& model, const TrainConfig
   if (config.parallel.pp > 1) {
     out = apply_pp(std::move(out), model, pipeline_schedule(config), pipeline_blocks(config),
                    /*split_backward=*/!config.train.activation_checkpointing, world, *mesh);
+  }
+  if (config.parallel.ep > 1) {
+    out->append_description(
+        "expert parallel over groups of " + std::to_string(config.parallel.ep) + " ranks (" +
+        std::to_string(config.model.n_experts / config.parallel.ep) + " of " +
+        std::to_string(config.model.n_experts) + " experts per rank, tokens by all-to-all)\n");
   }
   if (config.parallel.cp > 1) {
     out->append_description("context parallel over groups of " +

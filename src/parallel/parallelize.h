@@ -28,11 +28,14 @@ void check_parallel_settings(const TrainConfig& config);
 //      ModelInit::parts(pipeline_parts(...)), since a stage never builds the other stages' parts);
 //      apply_pp, last, runs them by the schedule around the stage's data-parallel step;
 //   1. tensor parallelism (apply_tp, parallel.tp) on the mesh's tp axis;
-//   2. context parallelism (apply_cp, parallel.cp) on the mesh's cp axis;
+//   2. context parallelism (apply_cp, parallel.cp) on the mesh's cp axis, expert parallelism
+//      (apply_ep, parallel.ep) on its ep groups (the model then holds this rank's experts,
+//      built with limit_to_own_parts);
 //   3. activation checkpointing, per block, and the attention kernel;
 //   4. one data-parallel step on the mesh's data-parallel ranks with cp folded in
-//      (DeviceMesh::data_parallel_mesh): apply_fsdp, apply_zero, or apply_ddp (replicated:
-//      "ddp", and "none");
+//      (DeviceMesh::data_parallel_mesh), the experts' parameters on the expert mesh
+//      (DeviceMesh::expert_mesh): apply_fsdp, apply_zero, or apply_ddp (replicated: "ddp", and
+//      "none");
 //   5. materialization: a sharded step allocates and initializes only this rank's shards of a
 //      deferred model; every other path materializes the whole model.
 // `model` may be deferred (ModelInit().deferred()). `mesh` is the trainer's mesh over `world`
@@ -55,9 +58,10 @@ void check_tp_sizes(const TrainConfig& config, const std::string& vocabulary);
 // Whether the run keeps state in files (ZeRO's offload to nvme): memory is then bounded by the
 // units in flight and should go back to the system at once.
 bool keeps_state_in_files(const TrainConfig& config);
-// What pipeline rank `pp_rank` builds of the model: its stages only (nothing changes for
-// parallel.pp = 1).
-void limit_to_own_stages(ModelInit& init, const TrainConfig& config, int pp_rank);
+// What pipeline rank `pp_rank`, expert-parallel rank `ep_rank` builds of the model: its stages
+// only, and of each mixture-of-experts block its experts only (nothing changes for
+// parallel.pp = 1 and parallel.ep = 1).
+void limit_to_own_parts(ModelInit& init, const TrainConfig& config, int pp_rank, int ep_rank);
 
 // The trainer's mesh over `world_size` ranks: pp = parallel.pp outermost, tp = parallel.tp
 // innermost, dp_replicate from hybrid_shard's parallel.fsdp.replicate (0: one replica per node

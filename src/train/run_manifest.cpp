@@ -45,6 +45,7 @@ nlohmann::ordered_json run_manifest(const TrainConfig& config, int world_size) {
                      {"sequence_parallel", config.parallel.sequence_parallel},
                      {"pp", config.parallel.pp},
                      {"cp", config.parallel.cp},
+                     {"ep", config.parallel.ep},
                      {"pp_schedule", to_string(config.parallel.pp_schedule)},
                      {"pp_split", config.parallel.pp_split},
                      {"ddp",

@@ -150,8 +150,8 @@ void Trainer::build_model() {
     ModelInit init = ModelInit().seed(static_cast<uint64_t>(config_.train.seed)).deferred();
     if (!config_.model.init_from.empty())
       init.values(hf_initializer(config_.model, config_.model.init_from));
-    // A pipeline rank builds its stages only.
-    limit_to_own_stages(init, config_, pp_rank());
+    // A pipeline rank builds its stages only, an expert-parallel rank its experts only.
+    limit_to_own_parts(init, config_, pp_rank(), mesh_ ? mesh_->data_parallel_mesh().ep_rank() : 0);
     model_ = Transformer(config_.model, std::move(init));
     // Fine-tuning with adapters: the base is frozen before any strategy sees the model, so
     // that only the adapters are in the optimizer, the gradient reductions and checkpoints.
@@ -275,14 +275,14 @@ double Trainer::forward_backward() {
 void Trainer::add_routing(StepResult& result) {
   const MoeStats stats = model_->take_moe_stats();
   // Every rank's counts and losses summed: data-parallel ranks routed different sequences and
-  // pipeline stages different layers (the other entries of their counts are zero).
-  at::Tensor totals = at::cat({stats.tokens_per_expert.reshape({-1}).to(at::kDouble),
-                               at::tensor({stats.aux_loss_sum, static_cast<double>(
-                                                                   stats.aux_losses)},
-                                          at::kDouble)});
+  // pipeline stages different layers (the other entries of their counts are zero); the ranks of
+  // a tensor-parallel group routed the same tokens, counted once.
+  at::Tensor totals = at::cat(
+      {stats.tokens_per_expert.reshape({-1}).to(at::kDouble),
+       at::tensor({stats.aux_loss_sum, static_cast<double>(stats.aux_losses)}, at::kDouble)});
   if (world_ && world_->size() > 1) world_->all_reduce(totals, ReduceOp::kSum)->wait();
   const int64_t n = stats.tokens_per_expert.numel();
-  const at::Tensor tokens = totals.narrow(0, 0, n);
+  const at::Tensor tokens = totals.narrow(0, 0, n) / static_cast<double>(config_.parallel.tp);
   result.expert_tokens_min = tokens.min().item<double>();
   result.expert_tokens_mean = tokens.mean().item<double>();
   result.expert_tokens_max = tokens.max().item<double>();

@@ -5,6 +5,7 @@
 #include <torch/csrc/autograd/variable.h>
 
 #include <algorithm>
+#include <set>
 #include <sstream>
 
 #include "model/checkpoint.h"
@@ -47,16 +48,19 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Modu
   TORCH_CHECK(module_ && group_, "DistributedDataParallel: module and group are required");
   TORCH_CHECK(options_.bucket_cap_mb_ > 0 && options_.first_bucket_cap_mb_ > 0,
               "DistributedDataParallel: bucket caps must be positive");
+  const std::set<std::string> ignored(options_.ignore_.begin(), options_.ignore_.end());
   // Every replica starts from rank 0's state.
   {
     torch::NoGradGuard no_grad;
     std::vector<WorkHandle> pending;
-    for (auto& p : module_->parameters()) pending.push_back(group_->broadcast(p.data(), 0));
+    for (const auto& item : module_->named_parameters()) {
+      if (!ignored.count(item.key())) pending.push_back(group_->broadcast(item.value().data(), 0));
+    }
     for (auto& b : module_->buffers()) pending.push_back(group_->broadcast(b, 0));
     for (auto& w : pending) w->wait();
   }
   for (const auto& item : module_->named_parameters()) {
-    if (!item.value().requires_grad()) continue;
+    if (!item.value().requires_grad() || ignored.count(item.key())) continue;
     names_.push_back(item.key());
     params_.push_back(item.value());
   }
@@ -269,8 +273,8 @@ void DistributedDataParallel::finish_backward() {
     };
     const double start = since_backward(bucket.work->started_at(), bucket.launched);
     timeline_.buckets.push_back(DDPTimeline::Bucket{
-        static_cast<int>(b), static_cast<int64_t>(bucket.buffer.nbytes()), bucket.launched,
-        start, std::max(start, since_backward(bucket.work->finished_at(), start))});
+        static_cast<int>(b), static_cast<int64_t>(bucket.buffer.nbytes()), bucket.launched, start,
+        std::max(start, since_backward(bucket.work->finished_at(), start))});
   }
   timeline_.finished = seconds_between(backward_start_, std::chrono::steady_clock::now());
   reset_for_next_backward();

@@ -3,30 +3,36 @@
 #include <optional>
 
 #include "model/names.h"
+#include "parallel/expert/expert_parallel.h"
 #include "parallel/tensor/tp_state.h"
 #include "shardtrain/tensor_parallel.h"
 
 namespace shardtrain {
 namespace {
 
-// DDP's gradients held back over a pipeline's schedule, all-reduced once at its end.
+// DDP's gradients held back over a pipeline's schedule, all-reduced once at its end (the
+// experts' on their own group).
 class HeldReduction : public StageScope {
  public:
-  explicit HeldReduction(DistributedDataParallel* ddp) : ddp_(ddp) {
+  HeldReduction(DistributedDataParallel* ddp, DistributedDataParallel* expert_ddp)
+      : ddp_(ddp), expert_ddp_(expert_ddp) {
     if (ddp_) local_only_.emplace(*ddp_);
+    if (expert_ddp_) experts_local_only_.emplace(*expert_ddp_);
   }
   void reduce(const std::function<void(ProcessGroup*)>& sum_tied) override {
     local_only_.reset();
+    experts_local_only_.reset();
     // Averaged over the data-parallel ranks first: the two copies' averages are then added in
     // one addition, which commutes, so both copies get the same bits (summed first, each
     // stage's all-reduce would add in its own order).
     if (ddp_) ddp_->all_reduce_gradients();
+    if (expert_ddp_) expert_ddp_->all_reduce_gradients();
     sum_tied(nullptr);
   }
 
  private:
-  DistributedDataParallel* ddp_;
-  std::optional<DistributedDataParallel::NoSync> local_only_;
+  DistributedDataParallel *ddp_, *expert_ddp_;
+  std::optional<DistributedDataParallel::NoSync> local_only_, experts_local_only_;
 };
 
 // A pipeline's last stage holds the tied token embedding (or its optimizer state) as a copy:
@@ -56,13 +62,13 @@ NamedTensors detail::logical_tensors(Transformer& model, const torch::optim::Ada
   return tensors;
 }
 
-std::vector<FlatSlice> detail::owned_slices(int rank, int world, const TpState* tp, int dp_rank,
-                                            int dp_size, const NamedTensors& tensors) {
+std::vector<FlatSlice> detail::owned_slices(const Holders& holders, const TpState* tp,
+                                            const NamedTensors& tensors) {
   std::vector<FlatSlice> slices;
   for (const auto& [name, tensor] : tensors) {
     const bool split = tp && tp->layout_of(name);
-    const ShardRange range =
-        shard_range(tensor.numel(), split ? dp_size : world, split ? dp_rank : rank);
+    const ShardRange range = shard_range(tensor.numel(), split ? holders.dp_size : holders.size,
+                                         split ? holders.dp_rank : holders.rank);
     if (range.numel == 0) continue;
     const FlatSlice local{name, range.offset,
                           tensor.detach().reshape({-1}).narrow(0, range.offset, range.numel)};
@@ -72,14 +78,14 @@ std::vector<FlatSlice> detail::owned_slices(int rank, int world, const TpState* 
 }
 
 ReplicatedModel::ReplicatedModel(Transformer model, std::shared_ptr<ProcessGroup> world,
-                                 std::unique_ptr<DistributedDataParallel> ddp, int holder_rank,
-                                 int holders, int dp_rank, int dp_size, std::string description)
+                                 std::unique_ptr<DistributedDataParallel> ddp, Holders dense,
+                                 std::unique_ptr<DistributedDataParallel> expert_ddp,
+                                 Holders experts, std::string description)
     : ParallelModel(std::move(model), std::move(world), std::move(description)),
       ddp_(std::move(ddp)),
-      holder_rank_(holder_rank),
-      holders_(holders),
-      dp_rank_(dp_rank),
-      dp_size_(dp_size) {}
+      expert_ddp_(std::move(expert_ddp)),
+      dense_(dense),
+      experts_(experts) {}
 
 ReplicatedModel::~ReplicatedModel() = default;
 
@@ -93,12 +99,18 @@ std::vector<OptimizedTensor> ReplicatedModel::optimized() const {
 
 std::shared_ptr<void> ReplicatedModel::local_backward(int a, int count) {
   // Only the last micro-batch's backward communicates.
-  if (!ddp_ || a + 1 == count) return nullptr;
-  return std::make_shared<DistributedDataParallel::NoSync>(*ddp_);
+  if (a + 1 == count) return nullptr;
+  struct Both {
+    std::optional<DistributedDataParallel::NoSync> dense, experts;
+  };
+  auto guard = std::make_shared<Both>();
+  if (ddp_) guard->dense.emplace(*ddp_);
+  if (expert_ddp_) guard->experts.emplace(*expert_ddp_);
+  return guard;
 }
 
 std::unique_ptr<StageScope> ReplicatedModel::hold_stage() {
-  return std::make_unique<HeldReduction>(ddp_.get());
+  return std::make_unique<HeldReduction>(ddp_.get(), expert_ddp_.get());
 }
 
 bool ReplicatedModel::unscale_gradients(const LossScaler& scaler) {
@@ -106,14 +118,16 @@ bool ReplicatedModel::unscale_gradients(const LossScaler& scaler) {
 }
 
 bool ReplicatedModel::finite_everywhere(bool local) {
-  // Each rank checked its own slices: the tensor-parallel group agrees.
+  // Each rank checked its own slices (and experts): every rank agrees.
+  if (model_->expert_split()) return !detail::on_any_rank(*world_, !local);
   const auto& tp = detail::tp_state(model_);
   return tp ? !detail::on_any_rank(*tp->group, !local) : local;
 }
 
 double ReplicatedModel::clip_grad_norm(double max_norm, ProcessGroup* stages) {
-  return detail::tp_state(model_) || stages ? shardtrain::clip_grad_norm(model_, max_norm, stages)
-                                            : shardtrain::clip_grad_norm(parameters(), max_norm);
+  return detail::tp_state(model_) || stages || model_->expert_split()
+             ? shardtrain::clip_grad_norm(model_, max_norm, stages)
+             : shardtrain::clip_grad_norm(parameters(), max_norm);
 }
 
 CheckpointContents ReplicatedModel::checkpoint_contents(const torch::optim::AdamW& optimizer) {
@@ -127,7 +141,17 @@ CheckpointContents ReplicatedModel::checkpoint_contents(const torch::optim::Adam
     out.specs.push_back(
         {name, detail::whole_shape(tp, name, tensor.sizes()), tensor.scalar_type()});
   }
-  out.slices = detail::owned_slices(holder_rank_, holders_, tp, dp_rank_, dp_size_, tensors);
+  if (!model_->expert_split()) {
+    out.slices = detail::owned_slices(dense_, tp, tensors);
+    return out;
+  }
+  // Every rank lists every expert; the ranks holding an expert share out its writing.
+  out.specs = detail::with_every_expert(out.specs, model_->config().n_experts);
+  NamedTensors dense, experts;
+  for (auto& item : tensors)
+    (detail::is_expert_tensor(item.first) ? experts : dense).push_back(item);
+  out.slices = detail::owned_slices(dense_, tp, dense);
+  for (auto& slice : detail::owned_slices(experts_, tp, experts)) out.slices.push_back(slice);
   return out;
 }
 

@@ -9,14 +9,23 @@
 
 namespace shardtrain {
 
+// The ranks that hold a tensor, among which a checkpoint shares out its writing: this is `rank`
+// of `size` ranks holding it whole (the world, or one pipeline stage's ranks), and `dp_rank` of
+// `dp_size` data-parallel ranks holding the same tensor-parallel slice of it.
+struct Holders {
+  int rank = 0, size = 1, dp_rank = 0, dp_size = 1;
+};
+
 class ReplicatedModel : public ParallelModel {
  public:
-  // `ddp`: null for "none" (or one data-parallel rank). A checkpoint's tensors are shared out
-  // among the `holders` ranks that hold this model (the world, or one pipeline stage's ranks),
-  // of which this is `holder_rank`; `dp_rank`/`dp_size` place it among the data-parallel ranks.
+  // `ddp`: null for "none" (or one data-parallel rank). `dense`: the holders of every tensor but
+  // the experts'. Under expert parallelism (the model has an expert split) the experts'
+  // parameters are `expert_ddp`'s (null: no other rank holds the same experts), held by
+  // `experts`.
   ReplicatedModel(Transformer model, std::shared_ptr<ProcessGroup> world,
-                  std::unique_ptr<DistributedDataParallel> ddp, int holder_rank, int holders,
-                  int dp_rank, int dp_size, std::string description);
+                  std::unique_ptr<DistributedDataParallel> ddp, Holders dense,
+                  std::unique_ptr<DistributedDataParallel> expert_ddp, Holders experts,
+                  std::string description);
   ~ReplicatedModel() override;
 
   std::vector<OptimizedTensor> optimized() const override;
@@ -33,8 +42,8 @@ class ReplicatedModel : public ParallelModel {
   std::shared_ptr<void> local_backward(int a, int count) override;
 
  private:
-  std::unique_ptr<DistributedDataParallel> ddp_;
-  int holder_rank_, holders_, dp_rank_, dp_size_;
+  std::unique_ptr<DistributedDataParallel> ddp_, expert_ddp_;
+  Holders dense_, experts_;
 };
 
 namespace detail {
@@ -47,13 +56,13 @@ struct TpState;
 // full tensor whatever the strategy, so that it reshards like the parameters.
 NamedTensors logical_tensors(Transformer& model, const torch::optim::AdamW& optimizer);
 
-// The flat slices of `tensors` this rank writes under a replicated strategy: each of the `world`
-// ranks that hold every tensor whole writes shard_range(numel, world, rank) of each, so that all
-// write in parallel. A tensor split by tensor parallelism (`tp`) is held whole by the
-// data-parallel ranks of one group position: they share it the same way, and its slices are
-// written as ranges of the whole tensor.
-std::vector<FlatSlice> owned_slices(int rank, int world, const TpState* tp, int dp_rank,
-                                    int dp_size, const NamedTensors& tensors);
+// The flat slices of `tensors` this rank writes under a replicated strategy: each of the
+// holders.size ranks that hold every tensor whole writes shard_range(numel, size, rank) of
+// each, so that all write in parallel. A tensor split by tensor parallelism (`tp`) is held
+// whole by the data-parallel ranks of one group position: they share it the same way, and its
+// slices are written as ranges of the whole tensor.
+std::vector<FlatSlice> owned_slices(const Holders& holders, const TpState* tp,
+                                    const NamedTensors& tensors);
 
 }  // namespace detail
 }  // namespace shardtrain

@@ -1,4 +1,4 @@
-// FSDP construction: units from the wrap policy, flat parameters and their shards, and the
+// FSDP construction: flat parameters and their shards for the units (fsdp_units.cpp), and the
 // gathering and releasing of a unit's full parameters.
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/variable.h>
@@ -10,6 +10,7 @@
 #include <stdexcept>
 
 #include "model/module_hooks.h"
+#include "parallel/expert/expert_parallel.h"
 #include "parallel/fsdp/unit.h"
 #include "parallel/grad_hook.h"
 #include "parallel/tensor/tp_state.h"
@@ -50,16 +51,19 @@ FullyShardedDataParallel::FullyShardedDataParallel(Transformer model, const Devi
   open_swap_dirs();
   form_units(mesh);
   split_frozen_parameters();
+  split_expert_parameters();
   torch::NoGradGuard no_grad;
   // A deferred model (ModelInit().deferred()) has no parameter memory: each rank initializes
   // just the elements it holds, bit-identical to the same slice of a whole model.
   const ParameterInitializer init = model_->initializer();
   sync_module_states();
-  std::vector<Unit*> every_unit;  // the units, each followed by its companions
   for (auto& unit : units_) {
-    for (Unit* u = unit.get(); u; u = u->companion.get()) every_unit.push_back(u);
+    for (Unit* u = unit.get(); u; u = u->companion.get()) {
+      if (!u->groups) u->groups = &groups_;
+      every_unit_.push_back(u);
+    }
   }
-  for (Unit* unit : every_unit) {
+  for (Unit* unit : every_unit_) {
     lay_out_flat(*unit, init);
     release(*unit);              // start sharded, unless it stays gathered
     if (unit->frozen) continue;  // nothing for the optimizer or the gradient hooks
@@ -84,37 +88,6 @@ void FullyShardedDataParallel::check_options(const DeviceMesh& mesh) {
   if (options_.limit_all_gathers_ < 1) {
     throw std::invalid_argument("FSDP limit_all_gathers must be at least 1, got " +
                                 std::to_string(options_.limit_all_gathers_));
-  }
-}
-
-void FullyShardedDataParallel::choose_groups(const DeviceMesh& mesh) {
-  const auto strategy = options_.sharding_;
-  const int replicate = mesh.size(MeshAxis::kDpReplicate);
-  const int shard = mesh.size(MeshAxis::kDpShard);
-  dp_group_ = mesh.dp_ptr();
-  if (strategy == ShardingStrategy::kHybridShard) {
-    if (replicate < 2 || shard < 2) {
-      throw std::invalid_argument(
-          "hybrid_shard needs a 2-D mesh with dp_replicate > 1 and dp_shard > 1, got "
-          "dp_replicate=" +
-          std::to_string(replicate) + " x dp_shard=" + std::to_string(shard));
-    }
-    shard_group_ = mesh.group_ptr(MeshAxis::kDpShard);
-    replicate_group_ = mesh.group_ptr(MeshAxis::kDpReplicate);
-  } else if (strategy == ShardingStrategy::kNoShard) {
-    if (dp_group_->size() > 1) replicate_group_ = dp_group_;
-  } else {
-    if (replicate != 1) {
-      throw std::invalid_argument(to_string(strategy) +
-                                  " shards over every data-parallel rank, but the mesh has "
-                                  "dp_replicate=" +
-                                  std::to_string(replicate) + "; use hybrid_shard for a 2-D mesh");
-    }
-    if (dp_group_->size() > 1) shard_group_ = dp_group_;
-  }
-  if (shard_group_) {
-    shard_rank_ = shard_group_->rank();
-    shard_size_ = shard_group_->size();
   }
 }
 
@@ -148,124 +121,16 @@ void FullyShardedDataParallel::open_swap_dirs() {
   if (on_file || grads_on_file) io_ = std::make_unique<detail::IoThread>();
 }
 
-void FullyShardedDataParallel::form_units(const DeviceMesh& mesh) {
-  // Units: the policy's groups of blocks in forward order, then the root with the rest.
-  const auto points = model_->hook_points();
-  for (size_t i = 0; i < points.size(); ++i) {
-    for (size_t j = 0; j < i; ++j) {
-      if (points[i] == points[j]) {
-        throw std::invalid_argument(
-            "FSDP: blocks." + std::to_string(j) + " and blocks." + std::to_string(i) +
-            " are the same module; a unit used twice in one forward is not supported (its "
-            "parameters are freed after its first use)");
-      }
-    }
-  }
-  WrapPolicy policy = options_.wrap_;
-  if (mesh.size(MeshAxis::kPp) > 1 && policy.kind == WrapPolicy::Kind::kSize) {
-    // A pipeline stage's blocks that together fall short of min_params make one unit. The
-    // policy would refuse them on this stage's ranks only, while the other stages waited.
-    int64_t stage_params = 0;
-    for (const auto& point : points) stage_params += detail::parameter_count(*point);
-    policy.min_params = std::min(policy.min_params, std::max<int64_t>(stage_params, 1));
-  }
-  const auto groups = detail::plan_units(points, policy);
-  std::map<const at::TensorImpl*, std::string> names;
-  for (const auto& item : model_->named_parameters()) {
-    names[item.value().unsafeGetTensorImpl()] = item.key();
-  }
-  std::map<const at::TensorImpl*, int> owner;
-  auto add_params = [&](Unit& unit, const std::vector<at::Tensor>& params) {
-    for (const auto& p : params) {
-      auto [it, fresh] = owner.emplace(p.unsafeGetTensorImpl(), unit.index);
-      if (!fresh) {
-        throw std::invalid_argument("FSDP: parameter '" + names[p.unsafeGetTensorImpl()] +
-                                    "' belongs to two units (" + units_[it->second]->name +
-                                    " and " + unit.name + ")");
-      }
-      unit.params.push_back(p);
-      unit.names.push_back(names[p.unsafeGetTensorImpl()]);
-    }
-  };
-  for (const auto& group : groups) {
-    auto unit = std::make_unique<Unit>();
-    unit->index = static_cast<int>(units_.size());
-    unit->name = "blocks." + std::to_string(group.front()) +
-                 (group.size() > 1 ? "-" + std::to_string(group.back()) : "");
-    for (size_t i : group) unit->modules.push_back(points[i].get());
-    units_.push_back(std::move(unit));
-    for (size_t i : group) add_params(*units_.back(), points[i]->parameters());
-  }
-  {
-    auto root = std::make_unique<Unit>();
-    root->index = static_cast<int>(units_.size());
-    root->name = "root";
-    root->root = true;
-    units_.push_back(std::move(root));
-    std::vector<at::Tensor> rest;
-    for (const auto& p : model_->parameters()) {
-      if (!owner.count(p.unsafeGetTensorImpl())) rest.push_back(p);
-    }
-    add_params(*units_.back(), rest);
-  }
-}
-
-void FullyShardedDataParallel::split_frozen_parameters() {
-  // Frozen parameters leave their unit's flat parameter for companions, one per dtype (unit.h).
-  bool any_frozen = false;
-  for (auto& unit : units_) {
-    std::vector<at::Tensor> trained;
-    std::vector<std::string> trained_names;
-    std::vector<std::unique_ptr<Unit>> frozen;  // by dtype, in order of first appearance
-    for (size_t k = 0; k < unit->params.size(); ++k) {
-      const at::Tensor& p = unit->params[k];
-      if (p.requires_grad()) {
-        trained.push_back(p);
-        trained_names.push_back(unit->names[k]);
-        continue;
-      }
-      auto group = std::find_if(frozen.begin(), frozen.end(), [&p](const auto& f) {
-        return f->params.front().scalar_type() == p.scalar_type();
-      });
-      if (group == frozen.end()) {
-        auto companion = std::make_unique<Unit>();
-        companion->index = unit->index;
-        companion->name = unit->name + " (frozen " + c10::toString(p.scalar_type()) + ")";
-        companion->root = unit->root;
-        companion->modules = unit->modules;
-        companion->frozen = true;
-        frozen.push_back(std::move(companion));
-        group = frozen.end() - 1;
-      }
-      (*group)->params.push_back(p);
-      (*group)->names.push_back(unit->names[k]);
-    }
-    if (frozen.empty()) continue;
-    any_frozen = true;
-    unit->params = std::move(trained);
-    unit->names = std::move(trained_names);
-    if (unit->params.empty()) {
-      // A unit of frozen parameters only: the first group is the unit itself.
-      unit->params = std::move(frozen.front()->params);
-      unit->names = std::move(frozen.front()->names);
-      unit->frozen = true;
-      frozen.erase(frozen.begin());
-    }
-    // Each companion hangs off the one before: gather, wait and release follow the chain.
-    Unit* tail = unit.get();
-    for (auto& f : frozen) {
-      tail->companion = std::move(f);
-      tail = tail->companion.get();
-    }
-  }
-  options_.zero_.check_frozen(any_frozen);
-}
-
 void FullyShardedDataParallel::sync_module_states() {
-  if (options_.sync_module_states_ && dp_group_->size() > 1 && model_->materialized()) {
+  if (options_.sync_module_states_ && groups_.dp->size() > 1 && model_->materialized()) {
     std::vector<WorkHandle> pending;
-    for (auto& p : model_->parameters()) pending.push_back(dp_group_->broadcast(p.data(), 0));
-    for (auto& b : model_->buffers()) pending.push_back(dp_group_->broadcast(b, 0));
+    for (const auto& item : model_->named_parameters()) {
+      // Experts differ across the ep group: each is sent among the ranks that hold it.
+      const bool expert = ep_group_ && detail::is_expert_tensor(item.key());
+      ProcessGroup& group = expert ? *expert_groups_.dp : *groups_.dp;
+      if (group.size() > 1) pending.push_back(group.broadcast(item.value().data(), 0));
+    }
+    for (auto& b : model_->buffers()) pending.push_back(groups_.dp->broadcast(b, 0));
     for (auto& w : pending) w->wait();
   }
   for (auto& b : model_->buffers()) b.set_data(b.to(options_.mixed_precision_.buffer_dtype_));
@@ -281,8 +146,9 @@ void FullyShardedDataParallel::lay_out_flat(Unit& unit, const ParameterInitializ
     unit.shapes.push_back(p.sizes().vec());
     unit.numel += p.numel();
   }
-  unit.padded = (unit.numel + shard_size_ - 1) / shard_size_ * shard_size_;
-  unit.shard_numel = unit.padded / shard_size_;
+  const int shard_size = unit.groups->shard_size, shard_rank = unit.groups->shard_rank;
+  unit.padded = (unit.numel + shard_size - 1) / shard_size * shard_size;
+  unit.shard_numel = unit.padded / shard_size;
   // What trains keeps an fp32 master and computes in the policy's dtype. Frozen parameters
   // keep the dtype they were given (a LoRA base in bf16 stays bf16 on the wire and gathered);
   // frozen fp32 ones follow the policy.
@@ -291,7 +157,7 @@ void FullyShardedDataParallel::lay_out_flat(Unit& unit, const ParameterInitializ
   const at::ScalarType param_dtype = stored == at::kFloat ? policy_dtype : stored;
   const at::TensorOptions options =
       (unit.params.empty() ? at::TensorOptions() : unit.params.front().options()).dtype(stored);
-  unit.aliased = shard_size_ == 1 && param_dtype == stored && !on_file;
+  unit.aliased = shard_size == 1 && param_dtype == stored && !on_file;
   unit.master_in_full =
       zero.master_in_whole_parameters() && param_dtype == at::kFloat && !unit.aliased;
   if (unit.master_in_full) {
@@ -299,10 +165,10 @@ void FullyShardedDataParallel::lay_out_flat(Unit& unit, const ParameterInitializ
     // updated in place, then all-gathered.
     unit.full = at::empty({unit.padded}, options);
     fill_flat(init, unit, 0, unit.full);
-    unit.master = unit.full.narrow(0, shard_rank_ * unit.shard_numel, unit.shard_numel);
+    unit.master = unit.full.narrow(0, shard_rank * unit.shard_numel, unit.shard_numel);
   } else {
     unit.master = at::empty({unit.shard_numel}, options);
-    fill_flat(init, unit, shard_rank_ * unit.shard_numel, unit.master);
+    fill_flat(init, unit, shard_rank * unit.shard_numel, unit.master);
     unit.full = unit.aliased ? unit.master : at::empty({unit.padded}, options.dtype(param_dtype));
     // Only a unit that stays gathered needs its full values now; the others are released
     // below and gathered from the shards when they compute.
@@ -326,7 +192,7 @@ void FullyShardedDataParallel::lay_out_flat(Unit& unit, const ParameterInitializ
     // no gradient shard
   } else if (zero.whole_gradients()) {
     unit.grad_full = at::zeros({unit.padded}, unit.master.options());
-    unit.grad_shard = unit.grad_full.narrow(0, shard_rank_ * unit.shard_numel, unit.shard_numel);
+    unit.grad_shard = unit.grad_full.narrow(0, shard_rank * unit.shard_numel, unit.shard_numel);
     unit.grads_in_full =
         param_dtype == at::kFloat && options_.mixed_precision_.reduce_dtype_ == at::kFloat;
   } else {
@@ -354,8 +220,9 @@ void FullyShardedDataParallel::lay_out_flat(Unit& unit, const ParameterInitializ
 
 void FullyShardedDataParallel::add_segments(Unit& unit) {
   // The optimizer's pieces: where each parameter meets this rank's shard.
-  const int64_t begin = shard_rank_ * unit.shard_numel;
+  const int64_t begin = unit.groups->shard_rank * unit.shard_numel;
   const int64_t end = begin + unit.shard_numel;
+  const bool unique = !unit.groups->replicate || unit.groups->replicate->rank() == 0;
   for (size_t k = 0; k < unit.params.size(); ++k) {
     const int64_t lo = std::max(begin, unit.offsets[k]);
     const int64_t hi = std::min(end, unit.offsets[k] + unit.params[k].numel());
@@ -369,7 +236,9 @@ void FullyShardedDataParallel::add_segments(Unit& unit) {
     segment.param = unit.master.narrow(0, lo - begin, hi - lo);
     segment.param.requires_grad_(true);
     segment.param.mutable_grad() = unit.grad_shard.narrow(0, lo - begin, hi - lo);
+    segment.unique = unique;
     segments_.push_back(std::move(segment));
+    segment_units_.push_back(&unit);
   }
 }
 
@@ -413,11 +282,9 @@ FullyShardedDataParallel::~FullyShardedDataParallel() {
   io_.reset();  // transfers still queued use the units' files and memory
   detail::clear_module_hooks(model_.get(), hooks_.get());
   for (const auto& [module, point] : hook_points_) detail::clear_module_hooks(module, hooks_.get());
-  for (auto& unit : units_) {
+  for (Unit* unit : every_unit_) {
     try {
-      for (Unit* u = unit.get(); u; u = u->companion.get()) {
-        if (u->gather_work) u->gather_work->wait();
-      }
+      if (unit->gather_work) unit->gather_work->wait();
       for (auto& pending : unit->pending) {
         if (pending.scatter) pending.scatter->wait();
         if (pending.replicate) pending.replicate->wait();
@@ -455,9 +322,9 @@ void FullyShardedDataParallel::start_gather(Unit& unit) {
   } else if (!input.defined()) {
     input = unit.master.to(options_.mixed_precision_.param_dtype_);
   }
-  if (shard_group_) {
+  if (unit.groups->shard) {
     unit.gather_input = input;
-    unit.gather_work = shard_group_->all_gather(input, unit.full);
+    unit.gather_work = unit.groups->shard->all_gather(input, unit.full);
   } else {
     unit.full.copy_(input);
     drop_master(unit);

@@ -149,8 +149,8 @@ void FullyShardedDataParallel::reduce(Unit& unit) {
     // passes since zero_grad: equal on every rank, so averaging the sum again adds this pass's
     // average to it.
     pending.output = unit.grad_full;
-    if (dp_group_->size() > 1)
-      pending.scatter = dp_group_->all_reduce(unit.grad_full, ReduceOp::kAvg);
+    if (unit.groups->dp->size() > 1)
+      pending.scatter = unit.groups->dp->all_reduce(unit.grad_full, ReduceOp::kAvg);
     unit.pending.push_back(std::move(pending));
     reduction_issued(unit);
     return;
@@ -167,10 +167,12 @@ void FullyShardedDataParallel::reduce(Unit& unit) {
   if (options_.zero_.whole_gradients()) {
     // ZeRO-1 keeps the whole gradient: an all-reduce, of which the optimizer reads its slice.
     pending.output = flat;
-    if (dp_group_->size() > 1) pending.scatter = dp_group_->all_reduce(flat, ReduceOp::kAvg);
-  } else if (shard_group_) {
+    if (unit.groups->dp->size() > 1) {
+      pending.scatter = unit.groups->dp->all_reduce(flat, ReduceOp::kAvg);
+    }
+  } else if (unit.groups->shard) {
     pending.output = at::empty({unit.shard_numel}, flat.options());
-    pending.scatter = shard_group_->reduce_scatter(flat, pending.output, ReduceOp::kAvg);
+    pending.scatter = unit.groups->shard->reduce_scatter(flat, pending.output, ReduceOp::kAvg);
   } else {
     pending.output = flat;
   }
@@ -200,20 +202,18 @@ void FullyShardedDataParallel::reduction_issued(Unit& unit) {
   // ends (4·N/W more bytes at the peak). The values and the order of the additions into each
   // shard are unchanged. Under hybrid_shard they wait: the all-reduce across replicas is issued
   // at the end of backward.
-  if (!replicate_group_) {
-    for (auto& other : units_) {
-      if (other.get() == &unit || other->pending.empty()) continue;
-      bring_grad(*other);
-      for (auto& earlier : other->pending) {
-        if (earlier.scatter) earlier.scatter->wait();
-        add_reduced(*other, earlier);
-      }
-      other->pending.clear();
-      drop_grad(*other, /*write=*/true);
+  for (Unit* other : every_unit_) {
+    if (other == &unit || other->pending.empty() || other->groups->replicate) continue;
+    bring_grad(*other);
+    for (auto& earlier : other->pending) {
+      if (earlier.scatter) earlier.scatter->wait();
+      add_reduced(*other, earlier);
     }
-    // This unit's shard is read while the next unit's backward computes.
-    read_grad_async(unit);
+    other->pending.clear();
+    drop_grad(*other, /*write=*/true);
   }
+  // This unit's shard is read while the next unit's backward computes.
+  if (!unit.groups->replicate) read_grad_async(unit);
   const Unit::PendingReduce& pending = unit.pending.back();
   if (pending.scatter) {
     if (!options_.zero_.overlap_comm) {
@@ -226,7 +226,7 @@ void FullyShardedDataParallel::reduction_issued(Unit& unit) {
   // Backward is done with this unit's trained parameters. Its frozen ones may still be needed
   // for the gradient of the unit's input (a LoRA base layer computes it after its adapter's
   // gradients are in): release_frozen_after() frees them.
-  if (!unit.aliased && shard_group_) release(unit, /*companion=*/false);
+  if (!unit.aliased && unit.groups->shard) release(unit, /*companion=*/false);
   if (options_.backward_prefetch_ == BackwardPrefetch::kBackwardPost) {
     prefetch_ahead(unit.index, -1);
   }
@@ -246,16 +246,16 @@ void FullyShardedDataParallel::bound_reductions() {
 void FullyShardedDataParallel::finish_backward() {
   // Units whose parameters got no gradient (unused in this pass) still take part, with zeros,
   // so that every rank issues the same collectives.
-  for (auto it = units_.rbegin(); it != units_.rend(); ++it) reduce(**it);
-  for (auto& unit : units_) {
+  for (auto it = every_unit_.rbegin(); it != every_unit_.rend(); ++it) reduce(**it);
+  for (Unit* unit : every_unit_) {
     for (auto& pending : unit->pending) {
       if (pending.scatter) pending.scatter->wait();
-      if (replicate_group_) {
-        pending.replicate = replicate_group_->all_reduce(pending.output, ReduceOp::kAvg);
+      if (unit->groups->replicate) {
+        pending.replicate = unit->groups->replicate->all_reduce(pending.output, ReduceOp::kAvg);
       }
     }
   }
-  for (auto& unit : units_) {
+  for (Unit* unit : every_unit_) {
     if (!unit->pending.empty()) bring_grad(*unit);
     for (auto& pending : unit->pending) {
       if (pending.replicate) pending.replicate->wait();

@@ -1,6 +1,7 @@
 // FSDP between backward passes: what the optimizer sees (the shards), gradient clipping and
 // loss scaling over shards, full tensors for checkpoints, and memory accounting.
 #include <cmath>
+#include <map>
 
 #include "parallel/fsdp/unit.h"
 #include "parallel/tensor/tp_state.h"
@@ -8,7 +9,7 @@
 namespace shardtrain {
 
 void FullyShardedDataParallel::zero_grad() {
-  for (auto& unit : units_) {
+  for (Unit* unit : every_unit_) {
     if (unit->frozen) continue;
     if (unit->grad_in_file()) {
       // The file is not touched: the next reduction starts from zeros instead of reading it.
@@ -24,34 +25,45 @@ void FullyShardedDataParallel::zero_grad() {
 
 double FullyShardedDataParallel::clip_grad_norm(double max_norm, ProcessGroup* stages,
                                                 const std::set<std::string>& counted_elsewhere) {
-  at::Tensor squares = at::zeros({}, at::kDouble);
+  // Squares of everything but the experts, and of the experts (expert parallelism).
+  at::Tensor squares = at::zeros({2}, at::kDouble);
+  auto kind = [this](const Unit& unit) { return unit.groups == &expert_groups_ ? 1 : 0; };
   const auto& tp = detail::tp_state(model_);
   if (tp || !counted_elsewhere.empty()) {
     // Split by tensor parallelism, the group's ranks hold different slices of split parameters
     // and the same replicated ones: each replicated piece counts 1/tp on every rank, so that
     // the sum over the group counts it once.
-    for (const auto& segment : segments_) {
+    for (size_t i = 0; i < segments_.size(); ++i) {
+      const ShardSegment& segment = segments_[i];
       const at::Tensor& grad = segment.param.grad();
       if (!grad.defined() || counted_elsewhere.count(segment.name)) continue;
       const double weight = !tp || tp->layout_of(segment.name) ? 1.0 : 1.0 / tp->size();
-      squares += grad.to(at::kDouble).pow(2).sum() * weight;
+      squares[kind(*segment_units_[i])] += grad.to(at::kDouble).pow(2).sum() * weight;
     }
   } else {
-    for (auto& unit : units_) {
+    for (Unit* unit : every_unit_) {
       if (unit->frozen) continue;
       // A shard in its file: the sum kept from when it was written (the same computation).
-      squares +=
+      squares[kind(*unit)] +=
           unit->grad_in_file() ? unit->grad_squares : unit->grad_shard.to(at::kDouble).pow(2).sum();
     }
   }
-  // Shards are disjoint inside the shard group and identical across replicas.
-  if (shard_group_) shard_group_->all_reduce(squares, ReduceOp::kSum)->wait();
-  if (tp) tp->group->all_reduce(squares, ReduceOp::kSum)->wait();
-  if (stages && stages->size() > 1) stages->all_reduce(squares, ReduceOp::kSum)->wait();
-  const double norm = std::sqrt(squares.item<double>());
+  // Shards are disjoint inside the shard group and identical across replicas; the experts'
+  // shards are so inside the expert mesh's shard group, and the experts differ across the ep
+  // group.
+  at::Tensor dense = squares.narrow(0, 0, 1), experts = squares.narrow(0, 1, 1).clone();
+  if (groups_.shard) groups_.shard->all_reduce(dense, ReduceOp::kSum)->wait();
+  if (ep_group_) {
+    if (expert_groups_.shard) expert_groups_.shard->all_reduce(experts, ReduceOp::kSum)->wait();
+    ep_group_->all_reduce(experts, ReduceOp::kSum)->wait();
+  }
+  at::Tensor total = dense + experts;
+  if (tp) tp->group->all_reduce(total, ReduceOp::kSum)->wait();
+  if (stages && stages->size() > 1) stages->all_reduce(total, ReduceOp::kSum)->wait();
+  const double norm = std::sqrt(total.item<double>());
   if (max_norm > 0 && norm > max_norm) {
     const double factor = max_norm / (norm + 1e-6);
-    for (auto& unit : units_) {
+    for (Unit* unit : every_unit_) {
       if (unit->frozen) continue;
       if (unit->grad_in_file()) {
         unit->grad_factor = factor;  // applied as the shard is read
@@ -65,19 +77,20 @@ double FullyShardedDataParallel::clip_grad_norm(double max_norm, ProcessGroup* s
 
 bool FullyShardedDataParallel::grads_finite() {
   bool finite = true;
-  for (auto& unit : units_) {
+  for (Unit* unit : every_unit_) {
     if (unit->frozen) continue;
     finite = finite && (unit->grad_in_file() ? unit->grad_finite
                                              : unit->grad_shard.isfinite().all().item<bool>());
   }
   at::Tensor bad = at::tensor(finite ? 0.0 : 1.0, at::kDouble);
-  if (dp_group_->size() > 1) dp_group_->all_reduce(bad, ReduceOp::kMax)->wait();
+  // Every data-parallel rank (the experts' holders among them) agrees.
+  if (groups_.dp->size() > 1) groups_.dp->all_reduce(bad, ReduceOp::kMax)->wait();
   if (const auto& tp = detail::tp_state(model_)) tp->group->all_reduce(bad, ReduceOp::kMax)->wait();
   return bad.item<double>() == 0.0;
 }
 
 void FullyShardedDataParallel::unscale(double scale) {
-  for (auto& unit : units_) {
+  for (Unit* unit : every_unit_) {
     if (unit->frozen) continue;
     const bool on_file = unit->grad_in_file();
     bring_grad(*unit);
@@ -91,10 +104,10 @@ void FullyShardedDataParallel::after_optimizer_step() {
   const int64_t bucket = options_.zero_.allgather_bucket_size;
   int64_t in_flight = 0;
   std::vector<Unit*> flying;
-  for (auto& unit : units_) {
+  for (Unit* unit : every_unit_) {
     refresh(*unit);
     if (unit->gather_work && bucket > 0) {
-      flying.push_back(unit.get());
+      flying.push_back(unit);
       in_flight += unit->padded;
       while (in_flight > bucket && flying.size() > 1) {
         wait_gathered(*flying.front());
@@ -160,9 +173,9 @@ void FullyShardedDataParallel::store_shards(int unit) {
 void FullyShardedDataParallel::split_full(const Unit& unit, const at::Tensor& shard,
                                           std::vector<std::pair<std::string, at::Tensor>>& out) {
   at::Tensor full = shard;
-  if (shard_group_) {
+  if (unit.groups->shard) {
     full = at::empty({unit.padded}, shard.options());
-    shard_group_->all_gather(shard.contiguous(), full)->wait();
+    unit.groups->shard->all_gather(shard.contiguous(), full)->wait();
   }
   for (size_t k = 0; k < unit.params.size(); ++k) {
     int64_t numel = 1;
@@ -185,18 +198,18 @@ std::vector<std::pair<std::string, at::Tensor>> FullyShardedDataParallel::full_p
 
 std::vector<std::pair<std::string, at::Tensor>> FullyShardedDataParallel::full_state(
     const std::function<at::Tensor(size_t)>& state_of) {
-  std::vector<at::Tensor> shards;
-  for (auto& unit : units_) shards.push_back(at::zeros_like(unit->master));
+  std::map<const Unit*, at::Tensor> shards;
+  for (Unit* unit : every_unit_) shards[unit] = at::zeros_like(unit->master);
   for (size_t i = 0; i < segments_.size(); ++i) {
     const ShardSegment& segment = segments_[i];
     const at::Tensor piece = state_of(i);
     if (piece.defined()) {
-      shards[segment.unit].narrow(0, segment.shard_offset, segment.param.numel()).copy_(piece);
+      shards[segment_units_[i]].narrow(0, segment.shard_offset, segment.param.numel()).copy_(piece);
     }
   }
   std::vector<std::pair<std::string, at::Tensor>> out;
-  for (size_t u = 0; u < units_.size(); ++u) {
-    if (!units_[u]->frozen) split_full(*units_[u], shards[u], out);
+  for (Unit* unit : every_unit_) {
+    if (!unit->frozen) split_full(*unit, shards[unit], out);
   }
   return out;
 }
@@ -232,6 +245,10 @@ FSDPMemory FullyShardedDataParallel::memory() const {
     if (!unit->master_in_full && unit->master_resident) memory.param_shards += master_bytes;
     if (unit->wire.defined() && !unit->wire.is_same(unit->master)) {
       memory.param_shards += static_cast<int64_t>(unit->wire.nbytes());
+    }
+    for (const Unit* c = top->companion.get(); c; c = c->companion.get()) {
+      if (c->grad_shard.defined())
+        memory.grad_shards += static_cast<int64_t>(c->grad_shard.nbytes());
     }
     const at::Tensor& grad = unit->grad_full.defined() ? unit->grad_full : unit->grad_shard;
     const int64_t grad_bytes = grad.defined() ? static_cast<int64_t>(grad.nbytes()) : 0;

@@ -3,6 +3,7 @@
 #include <set>
 
 #include "model/names.h"
+#include "parallel/expert/expert_parallel.h"
 #include "parallel/tensor/tp_state.h"
 
 namespace shardtrain {
@@ -80,9 +81,14 @@ void ShardedModel::model_specs(CheckpointContents& out, bool has_state) {
       out.slices.push_back({item.key(), 0, item.value().detach().reshape({-1})});
     }
   }
-  if (!has_state) return;
-  for (const auto& [name, value] : trained) {
-    detail::add_adam_specs(out.specs, name, detail::whole_shape(tp, name, value.sizes()));
+  if (has_state) {
+    for (const auto& [name, value] : trained) {
+      detail::add_adam_specs(out.specs, name, detail::whole_shape(tp, name, value.sizes()));
+    }
+  }
+  // Under expert parallelism every rank lists every expert.
+  if (model_->expert_split()) {
+    out.specs = detail::with_every_expert(out.specs, model_->config().n_experts);
   }
 }
 
@@ -91,14 +97,13 @@ CheckpointContents ShardedModel::checkpoint_contents(const torch::optim::AdamW& 
   fsdp_->load_shards(-1, /*gradients=*/false);
   // The same logical tensors as the replicated strategies write (fp32 parameters, AdamW state
   // whole), as the pieces of them this rank's shards hold. Ranks of other replicas hold the
-  // same pieces and write nothing.
+  // same pieces and write none of them.
   CheckpointContents out;
   const auto& segments = fsdp_->segments();
   bool has_state = false;
   for (const auto& s : segments) has_state = has_state || detail::adam_state(optimizer, s.param);
   has_state = detail::on_any_rank(*world_, has_state);
   model_specs(out, has_state);
-  if (!fsdp_->holds_unique_shards()) return out;
   // Split by tensor parallelism, a rank writes its slices as ranges of the whole tensor; what
   // is replicated across the group is written by the group's first rank.
   const detail::TpState* tp = detail::tp_state(model_).get();
@@ -106,6 +111,7 @@ CheckpointContents ShardedModel::checkpoint_contents(const torch::optim::AdamW& 
     for (auto& slice : detail::whole_slices(tp, local)) out.slices.push_back(std::move(slice));
   };
   for (const auto& s : segments) {
+    if (!s.unique) continue;
     const bool split = tp && tp->layout_of(s.name);
     if (tp && !split && tp->rank() != 0) continue;
     if (detail::is_tied_head_copy(*model_, s.name)) continue;  // the first stage writes it

@@ -28,6 +28,9 @@ struct FullyShardedDataParallel::Unit {
   // cover only what trains.
   bool frozen = false;
   std::unique_ptr<Unit> companion;
+  // Where its flat parameter is sharded and reduced: the mesh's groups, or under expert
+  // parallelism the expert mesh's for a block's experts (a trained companion of the block).
+  const Groups* groups = nullptr;
   std::vector<torch::nn::Module*> modules;  // the hook points it covers (none for the root)
   std::vector<at::Tensor> params;           // the model's parameters, views into `full`
   std::vector<std::string> names;
@@ -43,7 +46,7 @@ struct FullyShardedDataParallel::Unit {
   at::Tensor full;        // param_dtype [padded]; its storage's memory exists only while gathered
   bool aliased = false;   // full is master itself: one rank holds everything in fp32
   bool master_in_full = false;  // ZeRO-1/2 in fp32: master is this rank's slice of full
-  at::Tensor grad_full;   // ZeRO-1: the whole averaged gradient; grad_shard is a slice of it
+  at::Tensor grad_full;         // ZeRO-1: the whole averaged gradient; grad_shard is a slice of it
   // ZeRO-1 in fp32: the parameters' .grad are views into grad_full, so backward accumulates
   // there and the all-reduce runs on it in place (no copy in, no add out).
   bool grads_in_full = false;
@@ -55,7 +58,7 @@ struct FullyShardedDataParallel::Unit {
   // current and the master's memory exists only while a gather reads it.
   std::unique_ptr<detail::SwapFile> swap;
   bool master_resident = true;
-  bool held = false;  // loaded by load_shards(), until store_shards()
+  bool held = false;            // loaded by load_shards(), until store_shards()
   std::future<void> master_io;  // the master shard's transfer on the I/O thread, if any
 
   // grad_swap_dir: the gradient shard's file; its memory exists only while a reduction adds
@@ -63,10 +66,10 @@ struct FullyShardedDataParallel::Unit {
   std::unique_ptr<detail::SwapFile> grad_swap;
   bool grad_resident = true;
   bool grad_held = false;
-  bool grad_zero = false;    // zeroed since the file was last written: the file is stale
-  at::Tensor grad_squares;   // fp64 sum of squares of the shard as last written
-  bool grad_finite = true;   // and whether it was finite
-  double grad_factor = 1.0;  // clip_grad_norm's scaling, applied when the shard is read
+  bool grad_zero = false;     // zeroed since the file was last written: the file is stale
+  at::Tensor grad_squares;    // fp64 sum of squares of the shard as last written
+  bool grad_finite = true;    // and whether it was finite
+  double grad_factor = 1.0;   // clip_grad_norm's scaling, applied when the shard is read
   std::future<void> grad_io;  // the gradient shard's transfer on the I/O thread, if any
   bool grad_in_file() const { return grad_swap && !grad_resident; }
 
@@ -82,7 +85,9 @@ struct FullyShardedDataParallel::Unit {
   };
   std::vector<PendingReduce> pending;
 
-  int64_t full_bytes() const { return aliased ? 0 : padded * static_cast<int64_t>(full.element_size()); }
+  int64_t full_bytes() const {
+    return aliased ? 0 : padded * static_cast<int64_t>(full.element_size());
+  }
 };
 
 namespace detail {

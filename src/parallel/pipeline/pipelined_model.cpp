@@ -81,6 +81,7 @@ double PipelinedModel::eval_total(double local_total) {
 
 void PipelinedModel::share_sampled(at::Tensor& token) {
   stages_.broadcast(token, runner_->last_stage_rank())->wait();
+  ParallelModel::share_sampled(token);
 }
 
 bool PipelinedModel::finite_everywhere(bool local) { return !detail::on_any_rank(*world_, !local); }

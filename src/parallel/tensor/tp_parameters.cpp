@@ -1,6 +1,7 @@
 // What needs the whole of a split model: its parameters gathered, and the global gradient norm.
 #include <cmath>
 
+#include "model/expert_split.h"
 #include "model/names.h"
 #include "parallel/tensor/tp_state.h"
 #include "shardtrain/optim.h"
@@ -37,24 +38,35 @@ std::vector<std::pair<std::string, at::Tensor>> whole_parameters(Transformer& mo
 
 double clip_grad_norm(Transformer& model, double max_norm, ProcessGroup* pipeline) {
   const auto& tp = detail::tp_state(model);
-  if (!tp && !pipeline) return clip_grad_norm(model->parameters(), max_norm);
-  // [squares of split parameters' slices, squares of replicated ones]: only the first differs
-  // across the group.
-  double split = 0.0, replicated = 0.0;
+  const auto experts = model->expert_split();
+  if (!tp && !pipeline && !experts) return clip_grad_norm(model->parameters(), max_norm);
+  // Squares of [split parameters' slices, replicated ones], of everything but the experts and
+  // of the experts: only split ones differ across the tensor-parallel group, and experts differ
+  // across the expert-parallel group.
+  at::Tensor squares = at::zeros({2, 2}, at::kDouble);
   std::vector<at::Tensor> grads;
   for (const auto& item : model->named_parameters()) {
     const at::Tensor& grad = item.value().grad();
     if (!grad.defined()) continue;
     grads.push_back(grad);
     if (detail::is_tied_head_copy(*model, item.key())) continue;
-    const double squares = grad.to(at::kDouble).pow(2).sum().item<double>();
-    (tp && tp->layout_of(item.key()) ? split : replicated) += squares;
+    const int64_t split = tp && tp->layout_of(item.key()) ? 0 : 1;
+    const int64_t expert = experts && item.key().find(".moe.experts.") != std::string::npos;
+    squares[expert][split] += grad.to(at::kDouble).pow(2).sum();
   }
-  double stage = replicated;  // this pipeline stage's squares, the same across the group
+  if (experts) {
+    at::Tensor expert_squares = squares[1].clone();
+    experts->sum_across(expert_squares);
+    squares[1].copy_(expert_squares);
+  }
+  const at::Tensor by_kind = squares.sum(0);  // [split, replicated]
+  double stage = by_kind[1].item<double>();   // this pipeline stage's squares, the same across tp
   if (tp) {
-    at::Tensor total = at::tensor(split, at::kDouble);
+    at::Tensor total = by_kind[0].clone();
     tp->group->all_reduce(total)->wait();
     stage += total.item<double>();
+  } else {
+    stage += by_kind[0].item<double>();
   }
   if (pipeline) {
     at::Tensor total = at::tensor(stage, at::kDouble);
