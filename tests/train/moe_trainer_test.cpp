@@ -2,8 +2,8 @@
 // ZeRO-3 and a pipeline it trains as one process does on the same global batch (losses, the
 // load-balancing loss, the tokens per expert and the final parameters), LoRA adapts its experts,
 // a checkpoint resumes under another strategy, metrics.jsonl reports the routing, and what this
-// version does not split (experts across tensor-parallel ranks, sequences across cp ranks) is
-// refused with one message each.
+// version does not split (sequences across cp ranks) is refused. Expert parallelism:
+// ep_trainer_test.cpp.
 #include <gtest/gtest.h>
 
 #include <cctype>
@@ -121,6 +121,8 @@ TEST_P(MoeTrainerTest, EveryStrategyTrainsAsOneProcess) {
       {"fsdp", 2, {"parallel.strategy=\"fsdp\"", "train.micro_batch=1"}},
       {"zero3", 2, {"parallel.strategy=\"zero\"", "parallel.zero.stage=3", "train.micro_batch=1"}},
       {"pp2", 2, {"parallel.pp=2"}},
+      // The experts split by tensor parallelism as the dense MLP, the router replicated.
+      {"tp2", 2, {"parallel.tp=2"}},
       {"ckpt", 1, {"train.activation_checkpointing=true"}}};
   for (const Layout& layout : layouts) {
     SCOPED_TRACE(layout.name);
@@ -147,7 +149,8 @@ TEST_P(MoeTrainerTest, EveryStrategyTrainsAsOneProcess) {
 TEST_P(MoeTrainerTest, TheLoadBalancingLossChangesTheTraining) {
   const Layout one{"one", 1, {}};
   const RankRun with = run_on_ranks(1, config(one, "with"), 3);
-  const RankRun without = run_on_ranks(1, config(one, "without", {"model.router_aux_loss_coef=0"}), 3);
+  const RankRun without =
+      run_on_ranks(1, config(one, "without", {"model.router_aux_loss_coef=0"}), 3);
   // The same first step (the loss it returns never includes the load-balancing loss); the
   // gradients differ, so the steps after do.
   EXPECT_DOUBLE_EQ(with.steps[0].loss, without.steps[0].loss);
@@ -167,9 +170,8 @@ TEST_P(MoeTrainerTest, LoraAdaptsTheExpertsAndCheckpointsResumeUnderAnotherStrat
   // loads back.
   export_lora_checkpoint(single.checkpoint, (dir_ / "peft").string(), LoraExport::kAdapters);
   const auto peft = load_safetensors((dir_ / "peft" / "adapter_model.safetensors").string());
-  const std::string expert_down = GetParam() == "tiny-moe"
-                                      ? "block_sparse_moe.experts.3.w2"
-                                      : "mlp.experts.3.down_proj";
+  const std::string expert_down =
+      GetParam() == "tiny-moe" ? "block_sparse_moe.experts.3.w2" : "mlp.experts.3.down_proj";
   EXPECT_EQ(peft.count("base_model.model.model.layers.1." + expert_down + ".lora_B.weight"), 1u);
   export_lora_checkpoint(single.checkpoint, (dir_ / "merged").string(), LoraExport::kMerged);
   Transformer merged(model_config_from_hf_json((dir_ / "merged" / "config.json").string()));
@@ -177,24 +179,20 @@ TEST_P(MoeTrainerTest, LoraAdaptsTheExpertsAndCheckpointsResumeUnderAnotherStrat
   load_hf_weights(merged, (dir_ / "merged").string());
 
   const RankRun whole = run_on_ranks(1, config(one, "whole"), 4);
-  const RankRun first =
-      run_on_ranks(2, config(Layout{"fsdp", 2, {"parallel.strategy=\"fsdp\"", "train.micro_batch=1"}},
-                             "first"),
-                   2);
+  const RankRun first = run_on_ranks(
+      2, config(Layout{"fsdp", 2, {"parallel.strategy=\"fsdp\"", "train.micro_batch=1"}}, "first"),
+      2);
   const Layout pp{"pp2", 2, {"parallel.pp=2"}};
-  const RankRun rest = run_on_ranks(2, config(pp, "resumed", {"run.resume=\"" + first.checkpoint + "\""}), 2);
+  const RankRun rest =
+      run_on_ranks(2, config(pp, "resumed", {"run.resume=\"" + first.checkpoint + "\""}), 2);
   testing::expect_same_losses(rest.losses(), {whole.steps[2].loss, whole.steps[3].loss}, 1e-5);
 }
 
-TEST_P(MoeTrainerTest, RefusesWhatItDoesNotSplit) {
-  const Layout tp{"tp", 2, {"parallel.tp=2"}};
-  testing::expect_refused(
-      2, [&] { return config(tp, "tp"); },
-      "does not split the experts across tensor-parallel ranks");
+TEST_P(MoeTrainerTest, RefusesContextParallelism) {
   const Layout cp{"cp", 2, {"parallel.cp=2", "parallel.strategy=\"ddp\""}};
   testing::expect_refused(
       2, [&] { return config(cp, "cp"); }, "trains mixture-of-experts models with cp = 1");
-  EXPECT_FALSE(fs::exists(dir_ / "tp" / "metrics.jsonl"));
+  EXPECT_FALSE(fs::exists(dir_ / "cp" / "metrics.jsonl"));
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, MoeTrainerTest, ::testing::Values("tiny-moe", "tiny-qwen3-moe"),

@@ -252,6 +252,8 @@ TpPlan transformer_tp_plan(const ModelConfig& config, int tp) {
   require(config.n_kv_heads, "model.n_kv_heads",
           " (a rank keeps whole key/value heads and the query heads that read them)");
   require(config.ffn_hidden, "model.ffn_hidden");
+  if (config.moe())
+    require(config.n_shared_experts * config.ffn_hidden, "the shared experts' width");
   require(config.vocab_size, "the vocabulary size (model.vocab_size)");
   TpPlan plan{{"tok_emb", RowwiseParallel()}};
   if (config.family == ModelFamily::kGpt2) {
@@ -268,11 +270,21 @@ TpPlan transformer_tp_plan(const ModelConfig& config, int tp) {
                              {"blocks.*.attn.k", ColwiseParallel()},
                              {"blocks.*.attn.v", ColwiseParallel()},
                              {"blocks.*.attn.o", RowwiseParallel()},
-                             {"blocks.*.ffn_norm", SequenceParallel()},
-                             {"blocks.*.mlp.gate", ColwiseParallel()},
-                             {"blocks.*.mlp.up", ColwiseParallel()},
-                             {"blocks.*.mlp.down", RowwiseParallel()},
-                             {"norm", SequenceParallel()}});
+                             {"blocks.*.ffn_norm", SequenceParallel()}});
+    // Each expert is an MLP split as the dense one (Megatron-Core's expert tensor parallelism
+    // at the tensor-parallel size); the router is replicated: every rank of the group routes
+    // the same tokens the same way.
+    const std::vector<std::string> mlps =
+        !config.moe() ? std::vector<std::string>{"blocks.*.mlp."}
+        : config.n_shared_experts > 0
+            ? std::vector<std::string>{"blocks.*.moe.experts.*.", "blocks.*.moe.shared."}
+            : std::vector<std::string>{"blocks.*.moe.experts.*."};
+    for (const std::string& mlp : mlps) {
+      plan.insert(plan.end(), {{mlp + "gate", ColwiseParallel()},
+                               {mlp + "up", ColwiseParallel()},
+                               {mlp + "down", RowwiseParallel()}});
+    }
+    plan.emplace_back("norm", SequenceParallel());
   }
   if (!config.tie_embeddings) plan.emplace_back("lm_head", ColwiseParallel());
   return plan;
