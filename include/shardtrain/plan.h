@@ -70,6 +70,9 @@ struct PlanModel {
   int64_t experts_per_token = 0, shared_experts = 0, n_experts = 0;
   int64_t active_block_parameters = 0;
   int64_t active_parameters = 0;
+  // The routed experts' parameters in one block (SwiGLU: 3 x d_model x ffn_hidden each); 0 for a
+  // dense model. Expert parallelism splits these.
+  int64_t expert_block_parameters() const { return n_experts * 3 * d_model * ffn_hidden; }
   std::string preset;     // how an emitted config names the model: a preset name,
   std::string hf_config;  // or a Hugging Face config.json (both empty for bare shapes)
 
@@ -277,6 +280,10 @@ struct Candidate {
   // Context parallelism: each sequence split over cp devices (ring attention); the strategy's
   // gradients and shards span dp x cp.
   int cp = 1;
+  // Expert parallelism (a mixture-of-experts model): the experts split over ep of the dp
+  // devices, tokens exchanged by all-to-all in every MoE layer; the experts' states are sharded
+  // over the other dp / ep.
+  int ep = 1;
   int shard = 1;  // devices model states are partitioned over
   int64_t grad_accum = 1;
   MemoryBreakdown memory;  // per device, bytes

@@ -88,6 +88,7 @@ std::string Candidate::label() const {
   }
   if (lora) s = "LoRA " + s;
   if (cp > 1) s += " x CP" + std::to_string(cp);
+  if (ep > 1) s += " x EP" + std::to_string(ep);
   return offload ? s + " + offload" : s;
 }
 
@@ -105,8 +106,12 @@ Candidate evaluate_candidate(Candidate c, const PlanModel& model, const Hardware
     return invalid(c, "cp=" + std::to_string(c.cp) +
                           " needs a sequence length divisible by 2 x cp, and no hybrid_shard");
   }
-  if (model.n_experts > 0 && (c.tp > 1 || c.cp > 1)) {
-    return invalid(c, "a mixture-of-experts model trains with tp = 1 and cp = 1 in this version");
+  if (model.n_experts > 0 && c.cp > 1) {
+    return invalid(c, "a mixture-of-experts model trains with cp = 1 in this version");
+  }
+  if (c.ep > 1 && (model.n_experts % c.ep != 0 || (world / (c.tp * c.pp)) % c.ep != 0)) {
+    return invalid(c, "ep=" + std::to_string(c.ep) + " must divide the experts (" +
+                          std::to_string(model.n_experts) + ") and the data-parallel devices");
   }
   if (c.tp > k || k % c.tp != 0 || model.n_heads % c.tp != 0 || model.n_kv_heads % c.tp != 0) {
     return invalid(c, "tp=" + std::to_string(c.tp) + " must divide the devices per node (" +
@@ -141,7 +146,10 @@ Candidate evaluate_candidate(Candidate c, const PlanModel& model, const Hardware
   const bool sp = c.tp > 1;  // tensor parallel runs with sequence parallelism
   const double d = static_cast<double>(model.d_model);
   const double blocks = static_cast<double>(model.n_layers / c.pp);
-  const double block = static_cast<double>(model.block_parameters) / c.tp;
+  // Under expert parallelism a device holds ep-th of the experts of each of its blocks.
+  const double experts = static_cast<double>(model.expert_block_parameters());
+  const double block =
+      (static_cast<double>(model.block_parameters) - experts + experts / c.ep) / c.tp;
   // With pp > 1 the first stage holds the embedding and the last the head: each one matrix.
   double root = static_cast<double>(model.root_parameters);
   if (c.pp > 1) root = std::min(root, static_cast<double>(model.vocab_size) * d);
@@ -153,8 +161,14 @@ Candidate evaluate_candidate(Candidate c, const PlanModel& model, const Hardware
   zi.parameters = replica;
   zi.n = c.shard;
   zi.stage = stage;
-  // Flat parameters: one per block and one for the rest, each padded to a multiple of n.
-  zi.sharded_parameters = blocks * ceil_div(block, c.shard) + ceil_div(root, c.shard);
+  // Flat parameters: one per block and one for the rest, each padded to a multiple of n. A
+  // block's experts (ep-th of them) are sharded over the shard / ep devices holding the same.
+  const double expert_shard = std::max(1, c.shard / c.ep);
+  const double held_experts = experts / c.ep / c.tp;
+  zi.sharded_parameters = c.ep > 1 ? blocks * (ceil_div(block - held_experts, c.shard) +
+                                               ceil_div(held_experts, expert_shard)) +
+                                         ceil_div(root, c.shard)
+                                   : blocks * ceil_div(block, c.shard) + ceil_div(root, c.shard);
   zi.largest_layer = std::max(block, root);  // FSDP gathers a whole unit
   zi.offload_optimizer = c.offload;
   zi.offload_params = c.offload && stage == 3;
@@ -345,6 +359,15 @@ Candidate evaluate_candidate(Candidate c, const PlanModel& model, const Hardware
     const double ring = blocks * per_layer;
     comm += ga * ring;
     exposed += ga * std::max(0.0, ring - t_mb * attention_share);
+  }
+  if (c.ep > 1) {
+    // Each MoE layer sends every token's rows to its k experts and takes them back: two
+    // all-to-alls forward, two backward (and two more when recomputed), on the critical path.
+    const auto ep_link =
+        detail::group_link(c.ep, std::min(c.ep, std::max(1, k / c.tp)), cluster, intra, inter);
+    const double rows = sb * static_cast<double>(model.experts_per_token) * d *
+                        (w.precision_ == "fp32" ? 4.0 : 2.0);
+    tp_pp_mb += blocks * (w.checkpointing_ ? 6 : 4) * detail::all_to_all_time(rows, c.ep, ep_link);
   }
   if (c.pp > 1) {
     const bool across_nodes = c.tp * c.dp >= k && cluster.nodes_ > 1;

@@ -77,6 +77,7 @@ std::string shardtrain_toml(const Plan& plan, const Candidate& c) {
       break;
   }
   if (c.cp > 1) out << "cp = " << c.cp << "\n";
+  if (c.ep > 1) out << "ep = " << c.ep << "\n";
   if (c.strategy == PlanStrategy::kTpPp) {
     // The planner's tensor-parallel layouts run with sequence parallelism (its memory model
     // assumes it). 1F1B needs a micro-batch per stage; with fewer, GPipe runs.
@@ -162,6 +163,10 @@ std::string accelerate_yaml(const Plan& plan, const Candidate& c) {
   if (c.cp > 1) {
     out << "# context parallel " << c.cp
         << " has no key in this file: give --set parallel.cp=" << c.cp << " with it\n";
+  }
+  if (c.ep > 1) {
+    out << "# expert parallel " << c.ep
+        << " has no key in this file: give --set parallel.ep=" << c.ep << " with it\n";
   }
   const char* ckpt = w.checkpointing_ ? "true" : "false";
   switch (c.strategy) {

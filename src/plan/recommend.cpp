@@ -33,7 +33,8 @@ void check_inputs(const ClusterOptions& c, const WorkloadOptions& w) {
   PrecisionBytes::of(w.precision_, w.optimizer_);  // throws for unknown names
 }
 
-std::vector<Candidate> shapes(const ClusterOptions& cluster, const WorkloadOptions& workload) {
+std::vector<Candidate> shapes(const PlanModel& model, const ClusterOptions& cluster,
+                              const WorkloadOptions& workload) {
   std::vector<Candidate> out;
   auto add = [&](PlanStrategy s, bool offload, int tp = 1, int pp = 1) {
     Candidate c;
@@ -67,6 +68,18 @@ std::vector<Candidate> shapes(const ClusterOptions& cluster, const WorkloadOptio
       c.strategy = PlanStrategy::kFullShard;
       c.cp = cp;
       out.push_back(c);
+    }
+  }
+  // Mixture-of-experts models: the experts split over the data-parallel devices (torchtitan's
+  // and DeepSpeed-MoE's expert parallelism), within a node first.
+  if (model.n_experts > 0) {
+    for (int ep = 2; ep <= std::min<int64_t>(model.n_experts, world); ep *= 2) {
+      for (PlanStrategy s : {PlanStrategy::kZero1, PlanStrategy::kFullShard}) {
+        Candidate c;
+        c.strategy = s;
+        c.ep = ep;
+        out.push_back(c);
+      }
     }
   }
   for (int tp = 1; tp <= std::min(8, cluster.gpus_per_node_); tp *= 2) {
@@ -184,7 +197,7 @@ Plan make_plan(const PlanModel& model, const ClusterOptions& cluster,
   plan.cluster = cluster;
   plan.workload = workload;
   plan.hardware = cluster.has_custom_ ? cluster.custom_ : hardware_spec(cluster.gpu_);
-  for (const Candidate& shape : shapes(cluster, workload)) {
+  for (const Candidate& shape : shapes(model, cluster, workload)) {
     plan.candidates.push_back(evaluate_candidate(shape, model, plan.hardware, cluster, workload));
   }
   // The fastest that fits; within 10% of it, the simpler (earlier in the list) wins: the estimates

@@ -105,7 +105,8 @@ std::string plan_to_json(const Plan& plan) {
     e["label"] = c.label();
     e["strategy"] = to_string(c.strategy);
     e["offload"] = c.offload;
-    e["tp"] = c.tp, e["pp"] = c.pp, e["dp"] = c.dp, e["cp"] = c.cp, e["shard"] = c.shard;
+    e["tp"] = c.tp, e["pp"] = c.pp, e["dp"] = c.dp, e["cp"] = c.cp, e["ep"] = c.ep,
+    e["shard"] = c.shard;
     e["valid"] = c.valid;
     e["note"] = c.note;
     if (c.valid) {

@@ -8,8 +8,8 @@ namespace shardtrain::detail {
 double training_flops_per_token(const PlanModel& model, int64_t seq_len, bool recompute) {
   // The embedding lookup does no matmul; the output head does (tied or not). A mixture of
   // experts computes with the experts a token reaches only (the active parameters).
-  const int64_t block = model.active_block_parameters > 0 ? model.active_block_parameters
-                                                          : model.block_parameters;
+  const int64_t block =
+      model.active_block_parameters > 0 ? model.active_block_parameters : model.block_parameters;
   const double matmul_params =
       static_cast<double>(model.n_layers) * static_cast<double>(block) +
       static_cast<double>(model.vocab_size) * static_cast<double>(model.d_model);
@@ -38,6 +38,11 @@ double all_reduce_time(double bytes, int n, const GroupLink& link) {
 }
 
 double all_gather_time(double bytes, int n, const GroupLink& link) {
+  if (n <= 1 || bytes <= 0) return 0.0;
+  return (n - 1) * link.latency + static_cast<double>(n - 1) / n * bytes / link.bandwidth;
+}
+
+double all_to_all_time(double bytes, int n, const GroupLink& link) {
   if (n <= 1 || bytes <= 0) return 0.0;
   return (n - 1) * link.latency + static_cast<double>(n - 1) / n * bytes / link.bandwidth;
 }

@@ -25,5 +25,7 @@ GroupLink group_link(int size, int per_node, const ClusterOptions& cluster, cons
 double all_reduce_time(double bytes, int n, const GroupLink& link);
 double all_gather_time(double bytes, int n, const GroupLink& link);  // also reduce-scatter
 double p2p_time(double bytes, const GroupLink& link);
+// Every device sends `bytes` in all, (n - 1) / n of them to the others (pairwise exchange).
+double all_to_all_time(double bytes, int n, const GroupLink& link);
 
 }  // namespace shardtrain::detail

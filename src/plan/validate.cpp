@@ -87,6 +87,7 @@ Candidate candidate_of(const json& parallel, int world, const std::string& file)
   }
   if (c.strategy == PlanStrategy::kHybridShard) c.shard /= c.tp;
   c.cp = parallel.value("cp", 1);
+  c.ep = parallel.value("ep", 1);
   return c;
 }
 
@@ -256,6 +257,7 @@ RunEstimate estimate_run(const nlohmann::json& run, const HardwareSpec& host,
     Candidate c;
     c.strategy = strategy;
     c.cp = shape.cp;
+    c.ep = shape.ep;
     if (pp > 1) {
       c.tp = shape.tp;
       c.pp = shape.pp;

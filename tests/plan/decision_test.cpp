@@ -164,10 +164,51 @@ TEST(PlanTimeModel, MixtureOfExpertsCountsMemoryByTotalAndFlopsByActiveParameter
   EXPECT_GT(ddp.memory.activations, find(dense_plan, PlanStrategy::kDdp, false).memory.activations);
   EXPECT_NE(format_plan(plan).find("12.88B active: 2 of 8 experts per token"), std::string::npos)
       << format_plan(plan);
-  // What the trainer refuses for it is not proposed.
+  // What the trainer refuses for it (context parallelism) is not proposed.
   for (const Candidate& c : plan.candidates) {
-    EXPECT_TRUE(c.tp == 1 || !c.valid) << c.label();
+    EXPECT_TRUE(c.cp == 1 || !c.valid) << c.label();
   }
+}
+
+const Candidate& find_ep(const Plan& plan, PlanStrategy s, int ep) {
+  for (const auto& c : plan.candidates) {
+    if (c.strategy == s && !c.offload && c.ep == ep && c.tp == 1) return c;
+  }
+  throw std::runtime_error("no such candidate");
+}
+
+// Expert parallelism: a device holds 1/ep of every block's experts. Under ZeRO-1 (whole
+// parameters on every device) the replica shrinks by the experts' (ep - 1)/ep; under full_shard
+// the model states stay 1/dp, and the unit gathered per block holds 1/ep of its experts; each
+// MoE layer's all-to-alls join the critical path.
+TEST(PlanTimeModel, ExpertParallelismSplitsTheExpertsOverEp) {
+  const PlanModel moe = PlanModel::from_config(model_preset("mixtral-8x7b"));
+  const Plan plan = make_plan(moe, ClusterOptions().gpu("h100-80gb").gpus_per_node(8).nodes(2),
+                              WorkloadOptions().seq_len(4096).micro_batch(1));
+  const double experts = 8.0 * 3 * 4096 * 14336, block = static_cast<double>(moe.block_parameters);
+  const double root = static_cast<double>(moe.root_parameters);
+  const Candidate& zero1 = find(plan, PlanStrategy::kZero1, false);
+  for (int ep : {2, 4, 8}) {
+    SCOPED_TRACE(ep);
+    const Candidate& split = find_ep(plan, PlanStrategy::kZero1, ep);
+    ASSERT_TRUE(split.valid) << split.note;
+    EXPECT_NE(split.label().find("x EP" + std::to_string(ep)), std::string::npos);
+    const double replica = 32 * (block - experts + experts / ep) + root;
+    EXPECT_NEAR(split.memory.params / zero1.memory.params, replica / (32 * block + root), 1e-9);
+    EXPECT_GT(split.time.exposed_comm, 0.0);
+    const Candidate& sharded = find_ep(plan, PlanStrategy::kFullShard, ep);
+    ASSERT_TRUE(sharded.valid) << sharded.note;
+    EXPECT_LT(sharded.memory.temporary,
+              find(plan, PlanStrategy::kFullShard, false).memory.temporary);
+    EXPECT_NEAR(
+        sharded.memory.optimizer / find(plan, PlanStrategy::kFullShard, false).memory.optimizer,
+        1.0, 1e-3);
+  }
+  // ep must divide the experts: none of 16.
+  for (const Candidate& c : plan.candidates) EXPECT_LE(c.ep, 8) << c.label();
+  // The TOML of an expert-parallel candidate trains with parallel.ep.
+  EXPECT_NE(shardtrain_toml(plan, find_ep(plan, PlanStrategy::kFullShard, 4)).find("ep = 4\n"),
+            std::string::npos);
 }
 
 TEST(PlanTimeModel, CrossingNodesUsesTheSlowerLink) {
