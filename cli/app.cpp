@@ -23,8 +23,8 @@ int run(std::vector<std::string> args, std::ostream& out, std::ostream& err) {
   std::reverse(args.begin(), args.end());  // CLI11 takes a reversed vector
 
   CLI::App app{
-      "shardtrain: distributed training for LibTorch (DDP, FSDP, ZeRO, tensor, pipeline and "
-      "context parallelism)",
+      "shardtrain: distributed training for LibTorch (DDP, FSDP, ZeRO, tensor, pipeline, "
+      "context and expert parallelism)",
       "shardtrain"};
   app.require_subcommand(1);
   app.set_version_flag("--version", "shardtrain 0.1.0");
