@@ -7,9 +7,14 @@
 #     fortune files tokenized by bytes; one rank, then 2 and 4 ranks under FSDP (`shardtrain
 #     launch`, one thread per rank). Per run: the median step time over the steps after the
 #     first, and the peak RSS per rank (the largest rank's mem.peak_rss at the last step).
-#  2. The share of a forward pass the MoE layers spend routing and gathering rows ("moe
-#     dispatch"), in the experts ("moe experts") and adding outputs back ("moe combine"), from
-#     the one-rank run's trace (steps 2-4), against the "forward" spans.
+#     Then expert parallelism: the MoE model at 2 and 4 ranks under FSDP with ep = 1 (every rank
+#     shards every expert) and ep = ranks (each rank holds 8 / ranks experts whole, tokens sent
+#     to them by all-to-all), and under DDP with ep = ranks.
+#  2. The share of a forward pass the MoE layers spend routing, gathering rows and sending them
+#     to their experts' ranks ("moe dispatch"), in the experts ("moe experts") and sending the
+#     outputs back and adding them ("moe combine"), from the trace of steps 2-4, against the
+#     "forward" spans: one rank, and 2 ranks at ep = 2 (where dispatch and combine hold the
+#     all-to-alls).
 #  3. `shardtrain bench collectives` for all_reduce and all_to_all at the same sizes on 2 and 4
 #     ranks: busbw in nccl-tests' units (all-reduce 2(n-1)/n, all-to-all (n-1)/n).
 # Usage: bash bench/moe.sh  (from the repository root, after a build)
@@ -51,7 +56,7 @@ TOML
 dense=(--set 'model.preset="tiny-llama"' --set model.n_experts=0 --set model.experts_per_token=0
   --set model.ffn_hidden=1024)
 
-run() {  # name world [--set ...]: prints "peak_bytes step_seconds"
+run() {  # name world [--set ...]: prints "peak_bytes step_seconds" (FSDP unless a --set says)
   local name="$1" world="$2"
   shift 2
   local dir="$work/runs/$name"
@@ -82,9 +87,22 @@ for world in "${worlds[@]}"; do
 done
 
 echo
-echo "share of the forward pass in the MoE layers (one rank, traced steps 2-4):"
-run moe_traced 1 --set run.trace=true --set 'run.trace_steps=[2, 4]' >/dev/null
-python3 - "$work/runs/moe_traced" <<'PY'
+echo "expert parallelism (the MoE model):"
+echo "| ranks | strategy | ep | s/step | peak RSS per rank MiB |"
+echo "|---|---|---|---|---|"
+for world in "${worlds[@]}"; do
+  [ "$world" -gt 1 ] || continue
+  for setting in "fsdp 1" "fsdp $world" "ddp $world"; do
+    read -r strategy ep <<<"$setting"
+    read -r peak step < <(run "ep_${strategy}_${ep}_$world" "$world" \
+      --set "parallel.strategy=\"$strategy\"" --set "parallel.ep=$ep")
+    python3 -c "import sys; w,s,e,p,t=sys.argv[1:]; print(f'| {w} | {s} | {e} | {float(t):.3f} | {int(p)/2**20:,.0f} |')" \
+      "$world" "$strategy" "$ep" "$peak" "$step"
+  done
+done
+
+share() {  # traced run directory: the MoE phases against the forward spans, every rank
+  python3 - "$1" <<'PY'
 import glob, json, sys
 total = {}
 for path in glob.glob(sys.argv[1] + "/trace/rank_*.json"):
@@ -100,6 +118,17 @@ for name in ("moe dispatch", "moe experts", "moe combine"):
     print(f"| {name} | {total.get(name, 0.0) / 1e3:,.1f} | {total.get(name, 0.0) / forward:.1%} |")
 print(f"| forward | {forward / 1e3:,.1f} | 100% |")
 PY
+}
+
+echo
+echo "share of the forward pass in the MoE layers (one rank, traced steps 2-4):"
+run moe_traced 1 --set run.trace=true --set 'run.trace_steps=[2, 4]' >/dev/null
+share "$work/runs/moe_traced"
+echo
+echo "the same at 2 ranks, FSDP, ep = 2 (both ranks' spans):"
+run moe_traced_ep 2 --set run.trace=true --set 'run.trace_steps=[2, 4]' --set parallel.ep=2 \
+  >/dev/null
+share "$work/runs/moe_traced_ep"
 
 echo
 echo "all_to_all against all_reduce (busbw GB/s, nccl-tests' units):"
