@@ -53,8 +53,9 @@ struct LoraOptions {
 // torch::nn::Linear draws its weights (uniform in +-1/sqrt(in)), B is zero.
 // Call it on one process before any strategy wraps the model (DDP, FSDP, fully_shard). Returns
 // the names of the adapted layers. Throws std::invalid_argument for rank <= 0, a negative alpha,
-// dropout outside [0, 1), a layer that already has adapters, or target_modules that match no
-// linear layer (the message lists the linear layers there are).
+// dropout outside [0, 1), a layer that already has adapters, or a target_modules entry that
+// matches no linear layer (the message names it and lists the linear layers there are); nothing
+// is adapted then.
 std::vector<std::string> add_lora(torch::nn::Module& model, const LoraOptions& options);
 
 // The names of the linear layers of `model` that add_lora can adapt, in registration order.

@@ -22,9 +22,9 @@ namespace {
 // entry whose layer is gone is ignored (another module may have its address now).
 struct AdapterTable {
   std::mutex mutex;
-  std::unordered_map<const torch::nn::Module*,
-                     std::pair<std::weak_ptr<torch::nn::Module>,
-                               std::shared_ptr<const detail::LoraAdapter>>>
+  std::unordered_map<
+      const torch::nn::Module*,
+      std::pair<std::weak_ptr<torch::nn::Module>, std::shared_ptr<const detail::LoraAdapter>>>
       entries;
 };
 
@@ -56,8 +56,9 @@ void check_options(const LoraOptions& options) {
                                 std::to_string(options.dropout_));
   }
   if (options.target_modules_.empty()) {
-    throw std::invalid_argument("LoRA target_modules is empty: name the linear layers to adapt "
-                                "(e.g. [\"attn.q\", \"attn.v\"]) or \"all-linear\"");
+    throw std::invalid_argument(
+        "LoRA target_modules is empty: name the linear layers to adapt "
+        "(e.g. [\"attn.q\", \"attn.v\"]) or \"all-linear\"");
   }
 }
 
@@ -75,7 +76,8 @@ bool has_adapter(const torch::nn::Module& module) {
 std::vector<std::string> lora_candidate_layers(const torch::nn::Module& model) {
   std::vector<std::string> names;
   for (const auto& item : model.named_modules("", /*include_self=*/false)) {
-    if (is_linear(*item.value()) && !detail::is_adapter_layer(item.key())) names.push_back(item.key());
+    if (is_linear(*item.value()) && !detail::is_adapter_layer(item.key()))
+      names.push_back(item.key());
   }
   return names;
 }
@@ -89,15 +91,23 @@ std::vector<std::string> add_lora(torch::nn::Module& model, const LoraOptions& o
       chosen.emplace_back(item.key(), item.value());
     }
   }
-  if (chosen.empty()) {
-    std::string targets, layers;
-    for (const auto& t : options.target_modules_) targets += (targets.empty() ? "" : ", ") + t;
+  // Every entry must reach a layer: a misspelt one beside a good one would otherwise leave
+  // layers without the adapters the run asked for.
+  std::string unmatched;
+  for (const auto& target : options.target_modules_) {
+    bool used = false;
+    for (const auto& item : chosen) used = used || matches(item.first, {target});
+    if (!used) unmatched += (unmatched.empty() ? "" : ", ") + target;
+  }
+  if (!unmatched.empty()) {
+    std::string layers;
     for (const auto& name : lora_candidate_layers(model)) {
       layers += (layers.empty() ? "" : ", ") + name;
     }
-    throw std::invalid_argument("LoRA target_modules [" + targets +
-                                "] match no linear layer; the linear layers are: " +
-                                (layers.empty() ? std::string("(none)") : layers));
+    throw std::invalid_argument(
+        "LoRA target_modules [" + unmatched + "] match no linear layer" +
+        (chosen.empty() ? "" : " (the other entries match " + std::to_string(chosen.size()) + ")") +
+        "; the linear layers are: " + (layers.empty() ? std::string("(none)") : layers));
   }
   for (const auto& [name, layer] : chosen) {
     if (has_adapter(*layer)) {
@@ -140,10 +150,10 @@ std::vector<std::string> add_lora(torch::nn::Module& model, const LoraOptions& o
       };
       // torch::nn::Linear's own initialization of A is the paper's (PEFT's kaiming_uniform
       // with a = sqrt(5)): uniform in +-1/sqrt(in).
-      auto a = linear->register_module("lora_A",
-                                       on(torch::nn::Linear(torch::nn::LinearOptions(in, r).bias(false))));
-      auto b = linear->register_module("lora_B",
-                                       on(torch::nn::Linear(torch::nn::LinearOptions(r, out).bias(false))));
+      auto a = linear->register_module(
+          "lora_A", on(torch::nn::Linear(torch::nn::LinearOptions(in, r).bias(false))));
+      auto b = linear->register_module(
+          "lora_B", on(torch::nn::Linear(torch::nn::LinearOptions(r, out).bias(false))));
       b->weight.zero_();
       adapters.insert(a->weight.unsafeGetTensorImpl());
       adapters.insert(b->weight.unsafeGetTensorImpl());

@@ -1,9 +1,10 @@
 // LoRA adapters: placement, initialization, freezing, forward and merge, on the reference model
 // and on a user's torch::nn::Linear layers.
+#include "shardtrain/lora.h"
+
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
-#include "shardtrain/lora.h"
 #include "shardtrain/model.h"
 
 namespace shardtrain {
@@ -83,7 +84,8 @@ TEST(Lora, DeferredAdaptersInitializeAsEagerOnes) {
 
 TEST(Lora, MergedWeightsComputeWhatTheAdaptersDo) {
   Transformer model(model_preset("tiny-llama"), ModelInit().seed(kSeed));
-  const auto layers = add_lora(*model, LoraOptions().rank(4).alpha(32).target_modules({"attn.q", "attn.v"}));
+  const auto layers =
+      add_lora(*model, LoraOptions().rank(4).alpha(32).target_modules({"attn.q", "attn.v"}));
   ASSERT_EQ(layers.size(), 2u * static_cast<size_t>(model->config().n_layers));
   {
     torch::NoGradGuard no_grad;
@@ -116,9 +118,7 @@ struct TwoLayerImpl : torch::nn::Module {
     fc1 = register_module("fc1", torch::nn::Linear(8, 16));
     fc2 = register_module("fc2", torch::nn::Linear(16, 4));
   }
-  at::Tensor forward(const at::Tensor& x) {
-    return call(fc2, at::relu(call(fc1, x)));
-  }
+  at::Tensor forward(const at::Tensor& x) { return call(fc2, at::relu(call(fc1, x))); }
   torch::nn::Linear fc1{nullptr}, fc2{nullptr};
 };
 TORCH_MODULE(TwoLayer);
@@ -157,9 +157,19 @@ TEST(Lora, BadOptionsAreNamed) {
             std::string::npos);
   EXPECT_NE(message_of([&] { add_lora(*model, LoraOptions().dropout(1.5)); }).find("dropout"),
             std::string::npos);
+  // Every entry must match: a misspelt one beside one that matches is named, nothing adapted.
+  const std::string one = message_of([&] {
+    add_lora(*model, LoraOptions().target_modules({"attn.qkv", "mlp.fcc"}));
+  });
+  EXPECT_NE(one.find("target_modules [mlp.fcc] match no linear layer (the other entries match " +
+                     std::to_string(model->config().n_layers) + ")"),
+            std::string::npos)
+      << one;
+  EXPECT_FALSE(model->named_parameters().contains("blocks.0.attn.qkv.lora_A.weight"));
   add_lora(*model, LoraOptions().target_modules({"mlp.fc"}));
-  EXPECT_NE(message_of([&] { add_lora(*model, LoraOptions().target_modules({"mlp.fc"})); })
-                .find("already has an adapter"),
+  EXPECT_NE(message_of([&] {
+              add_lora(*model, LoraOptions().target_modules({"mlp.fc"}));
+            }).find("already has an adapter"),
             std::string::npos);
 }
 

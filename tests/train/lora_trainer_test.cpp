@@ -312,6 +312,52 @@ TEST_F(LoraTrainerTest, AMergedBf16OrNf4BaseComputesWhatTheRunDid) {
   }
 }
 
+TEST_F(LoraTrainerTest, AResumeOnAnotherBaseIsRefused) {
+  // Two bases exported as Hugging Face weights: the same model drawn with two seeds.
+  for (const auto& [name, seed] : {std::pair<std::string, int>{"one", 1}, {"two", 2}}) {
+    Trainer(config({"lora.rank=0", "train.steps=1", "train.seed=" + std::to_string(seed)},
+                   "full_" + name))
+        .fit();
+    export_hf_checkpoint((dir_ / ("full_" + name) / "checkpoints" / "step_000001").string(),
+                         (dir_ / ("hf_" + name)).string());
+  }
+  const std::string one = (dir_ / "hf_one").string(), two = (dir_ / "hf_two").string();
+  auto init_from = [](const std::string& path) { return "model.init_from=\"" + path + "\""; };
+  Trainer(config({"train.steps=1", init_from(one)}, "adapted")).fit();
+  auto resume = [&](std::vector<std::string> settings) -> std::string {
+    settings.push_back("run.resume=\"latest\"");
+    settings.push_back("train.steps=2");
+    try {
+      Trainer trainer(config(settings, "adapted"));
+      EXPECT_EQ(trainer.step(), 1);
+    } catch (const std::invalid_argument& e) {
+      return e.what();
+    }
+    return "";
+  };
+  const std::string random = resume({});
+  EXPECT_NE(random.find("adapters trained on the base '" + one +
+                        "', but model.init_from is not set (the base would be random)"),
+            std::string::npos)
+      << random;
+  const std::string other = resume({init_from(two)});
+  EXPECT_NE(other.find("the weights in model.init_from '" + two + "' are other ones"),
+            std::string::npos)
+      << other;
+  EXPECT_EQ(resume({init_from(one)}), "");
+
+  // A random base is the seed's: another seed is another base.
+  Trainer(config({"train.steps=1", "train.seed=5"}, "random")).fit();
+  try {
+    Trainer trainer(config({"train.seed=6", "run.resume=\"latest\""}, "random"));
+    ADD_FAILURE() << "resumed on another random base";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("drawn with train.seed 5, but train.seed is 6"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 TEST_F(LoraTrainerTest, BadSettingsAreRefusedByName) {
   auto refused = [&](const std::vector<std::string>& overrides) -> std::string {
     try {
