@@ -1,7 +1,10 @@
 // shardtrain ckpt inspect|export|reshard: reads, converts and reshards sharded checkpoints.
+#include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
+#include <stdexcept>
 
 #include "commands.h"
 #include "shardtrain/checkpoint.h"
@@ -20,6 +23,32 @@ std::string checkpoint_dir(const std::string& path) {
   }
   return path;
 }
+
+// SIGINT and SIGTERM during a reshard are remembered, so that it stops before its next slice
+// and removes what it wrote (their default action would leave a partial directory behind).
+volatile std::sig_atomic_t g_signal = 0;
+extern "C" void remember_signal(int signal) { g_signal = signal; }
+
+class StopOnSignal {
+ public:
+  StopOnSignal() {
+    struct sigaction remember {};
+    remember.sa_handler = remember_signal;
+    sigemptyset(&remember.sa_mask);
+    sigaction(SIGINT, &remember, &old_int_);
+    sigaction(SIGTERM, &remember, &old_term_);
+  }
+  ~StopOnSignal() {
+    sigaction(SIGINT, &old_int_, nullptr);
+    sigaction(SIGTERM, &old_term_, nullptr);
+  }
+  StopOnSignal(const StopOnSignal&) = delete;
+  StopOnSignal& operator=(const StopOnSignal&) = delete;
+
+ private:
+  struct sigaction old_int_ {
+  }, old_term_{};
+};
 
 std::string human_bytes(int64_t bytes) {
   const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
@@ -53,7 +82,8 @@ void inspect_safetensors(const std::string& path, bool verify) {
   for (const auto& file : hf_weight_files(path)) {
     const auto specs = read_safetensors_specs(file);
     int64_t bytes = 0;
-    for (const auto& t : specs) bytes += t.numel() * static_cast<int64_t>(c10::elementSize(t.dtype));
+    for (const auto& t : specs)
+      bytes += t.numel() * static_cast<int64_t>(c10::elementSize(t.dtype));
     std::printf("safetensors file %s: %zu tensors, %s\n", file.c_str(), specs.size(),
                 human_bytes(bytes).c_str());
     for (const auto& t : specs) {
@@ -128,8 +158,7 @@ void add_ckpt_command(CLI::App& app) {
       ->required();
   inspect_cmd->add_flag("--verify", inspect_args->verify, "check the crc32 of every file in full");
   inspect_cmd->add_flag("--json", inspect_args->json, "print index.json instead of the summary");
-  inspect_cmd->callback(
-      [a = inspect_args] { inspect(a->dir, a->verify, a->json); });
+  inspect_cmd->callback([a = inspect_args] { inspect(a->dir, a->verify, a->json); });
 
   auto* export_cmd = ckpt->add_subcommand(
       "export", "Write one consolidated model with Hugging Face names and its config.json");
@@ -143,8 +172,7 @@ void add_ckpt_command(CLI::App& app) {
   };
   auto export_args = std::make_shared<ExportArgs>();
   export_cmd->add_option("DIR", export_args->dir, "checkpoint directory")->required();
-  export_cmd
-      ->add_option("OUT", export_args->out, "output folder (model.safetensors, config.json)")
+  export_cmd->add_option("OUT", export_args->out, "output folder (model.safetensors, config.json)")
       ->required();
   export_cmd->add_option("--format", export_args->format, "output format")
       ->required()
@@ -193,7 +221,28 @@ void add_ckpt_command(CLI::App& app) {
       ->required()
       ->check(CLI::PositiveNumber);
   reshard_cmd->callback([a = reshard_args] {
-    reshard_checkpoint(checkpoint_dir(a->dir), a->out, a->world_size);
+    // A line at every tenth of the bytes, or every 10 s, so a long reshard is not silent.
+    const StopOnSignal stop;
+    auto last = std::chrono::steady_clock::now();
+    int64_t reported = -1;
+    reshard_checkpoint(
+        checkpoint_dir(a->dir), a->out, a->world_size, [&](int64_t done, int64_t total) {
+          if (g_signal != 0) {
+            throw std::runtime_error(std::string("reshard interrupted (") +
+                                     (g_signal == SIGINT ? "SIGINT" : "SIGTERM") +
+                                     "): nothing of '" + a->out + "' was kept");
+          }
+          const auto now = std::chrono::steady_clock::now();
+          const int64_t tenth = total > 0 ? done * 10 / total : 10;
+          if (tenth > reported || now - last > std::chrono::seconds(10)) {
+            std::printf("reshard: %s of %s written (%lld%%)\n", human_bytes(done).c_str(),
+                        human_bytes(total).c_str(),
+                        static_cast<long long>(total > 0 ? done * 100 / total : 100));
+            std::fflush(stdout);
+            reported = tenth;
+            last = now;
+          }
+        });
     std::printf("wrote %s with %d rank files\n", a->out.c_str(), a->world_size);
   });
 }

@@ -1,3 +1,5 @@
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -12,7 +14,7 @@ struct PlanArgs {
   std::string model, validate, chart, out_dir;
   double params = 0;
   int64_t layers = 0, d_model = 0, heads = 0, kv_heads = 0, ffn = 0, vocab = 32000;
-  bool gated = false;
+  bool gated = false, force = false;
   std::string gpu = "h100-80gb", intra, inter = "ib", precision = "bf16", optimizer = "adamw";
   int64_t lora = 0;
   std::string lora_base = "bf16";
@@ -49,9 +51,33 @@ PlanModel plan_model(const PlanArgs& a) {
 }
 
 void write_file(const std::filesystem::path& path, const std::string& text) {
+  errno = 0;
   std::ofstream out(path);
   out << text;
-  if (!out) throw std::invalid_argument("cannot write '" + path.string() + "'");
+  out.close();
+  if (!out) {
+    throw std::invalid_argument("cannot write '" + path.string() +
+                                "': " + std::strerror(errno ? errno : EIO));
+  }
+}
+
+// The configs --out writes. Files already there (perhaps edited by hand) are replaced only with
+// --force; without it the run stops before printing anything.
+const char* const kConfigFiles[] = {"shardtrain.toml", "ds_config.json", "accelerate.yaml"};
+void check_out_dir(const PlanArgs& a) {
+  if (a.out_dir.empty() || a.force) return;
+  std::string there;
+  for (const char* name : kConfigFiles) {
+    const std::filesystem::path file = std::filesystem::path(a.out_dir) / name;
+    std::error_code error;
+    if (std::filesystem::exists(file, error))
+      there += (there.empty() ? "'" : ", '") + file.string() + "'";
+  }
+  if (!there.empty()) {
+    throw std::invalid_argument("--out: " + there +
+                                " already exist(s); pass --force to replace them, or choose "
+                                "another directory");
+  }
 }
 
 void run_plan(const PlanArgs& a) {
@@ -78,6 +104,7 @@ void run_plan(const PlanArgs& a) {
         h.memory_bytes / 1e9);
     return;
   }
+  check_out_dir(a);
   ClusterOptions cluster;
   cluster.gpu(a.gpu)
       .gpus_per_node(a.gpus)
@@ -105,9 +132,9 @@ void run_plan(const PlanArgs& a) {
     if (!rec) throw std::invalid_argument("--out: nothing fits, so there is no config to write");
     std::filesystem::create_directories(a.out_dir);
     const std::filesystem::path dir(a.out_dir);
-    write_file(dir / "shardtrain.toml", shardtrain_toml(plan, *rec));
-    write_file(dir / "ds_config.json", deepspeed_json(plan, *rec));
-    write_file(dir / "accelerate.yaml", accelerate_yaml(plan, *rec));
+    write_file(dir / kConfigFiles[0], shardtrain_toml(plan, *rec));
+    write_file(dir / kConfigFiles[1], deepspeed_json(plan, *rec));
+    write_file(dir / kConfigFiles[2], accelerate_yaml(plan, *rec));
   }
 }
 
@@ -116,9 +143,9 @@ void run_plan(const PlanArgs& a) {
 void add_plan_command(CLI::App& app) {
   auto* cmd = app.add_subcommand(
       "plan",
-      "Estimate per-device memory and step time of DDP, ZeRO-1/2/3, FSDP, TP x PP x DP and, for "
-      "long sequences, FSDP x CP on a cluster, recommend one, and write its configs "
-      "(docs/planner.md)");
+      "Estimate per-device memory and step time of DDP, ZeRO-1/2/3, FSDP, TP x PP x DP, for "
+      "long sequences FSDP x CP and for mixture-of-experts models x EP on a cluster, recommend "
+      "one, and write its configs (docs/planner.md)");
   auto a = std::make_shared<PlanArgs>();
   cmd->add_option("--model", a->model, "a preset name, or a Hugging Face config.json");
   cmd->add_option("--params", a->params,
@@ -168,7 +195,8 @@ void add_plan_command(CLI::App& app) {
   cmd->add_option("--chart", a->chart, "write an SVG chart of memory per device by candidate");
   cmd->add_option("--out", a->out_dir,
                   "write shardtrain.toml, ds_config.json and accelerate.yaml "
-                  "of the recommendation to this directory");
+                  "of the recommendation to this directory (refused when they exist: --force)");
+  cmd->add_flag("--force", a->force, "with --out: replace the files already there");
   cmd->add_option("--validate", a->validate, "compare the estimate with a finished shardtrain run");
   cmd->add_flag("--measure-host", a->measure_host,
                 "measure this host's GEMM rate and bandwidth (with --validate: estimate with "

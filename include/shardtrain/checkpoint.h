@@ -32,6 +32,8 @@ std::map<std::string, at::Tensor> load_safetensors(const std::string& path);
 // killed mid-save leaves them loadable.
 class CheckpointWriter {
  public:
+  // Removes the staging directories ("." NAME ".partial") that saves killed before their end
+  // left in `root`: one save at a time writes there.
   CheckpointWriter(std::string root, std::string name, int keep);
   // The staging directory a writer for `root`/`name` uses, so that other ranks can write into it
   // once the writer exists.

@@ -7,8 +7,8 @@
 
 #include <ATen/ATen.h>
 
-#include <cstdint>
 #include <chrono>
+#include <cstdint>
 #include <functional>
 #include <map>
 #include <string>
@@ -186,7 +186,12 @@ std::vector<TensorSpec> read_safetensors_specs(const std::string& path);
 // shard_range(numel, world_size, r) of every tensor) in the new directory `out`, which must not
 // exist; it appears only when complete. Streams one slice at a time, so memory stays near the
 // largest slice. Rank r keeps the rank state of old rank r (ranks beyond the old world size have
-// none). Metadata is kept. Throws std::invalid_argument for a bad source or an existing `out`.
-void reshard_checkpoint(const std::string& dir, const std::string& out, int world_size);
+// none). Metadata is kept. `progress`, when given, is called before each slice with the bytes
+// written so far and in all; it may throw to stop the reshard (an interrupt). Whatever ends it
+// early, what it wrote is removed and the exception passes on. Throws std::invalid_argument for
+// a bad source or an existing `out`.
+using ReshardProgress = std::function<void(int64_t bytes_done, int64_t bytes_total)>;
+void reshard_checkpoint(const std::string& dir, const std::string& out, int world_size,
+                        const ReshardProgress& progress = nullptr);
 
 }  // namespace shardtrain

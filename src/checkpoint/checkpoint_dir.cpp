@@ -6,6 +6,7 @@
 #include <fstream>
 #include <stdexcept>
 
+#include "common/file_error.h"
 #include "shardtrain/checkpoint.h"
 
 namespace fs = std::filesystem;
@@ -27,7 +28,16 @@ CheckpointWriter::CheckpointWriter(std::string root, std::string name, int keep)
     : root_(std::move(root)), name_(std::move(name)), keep_(keep) {
   fs::create_directories(root_);
   staging_ = staging_path(root_, name_);
-  fs::remove_all(staging_);  // leftovers of a save that was killed
+  // Leftovers of saves that were killed (a crash, Ctrl-C) before they could remove their
+  // staging directory: no save of this root is in progress but this one.
+  for (const auto& entry : fs::directory_iterator(root_)) {
+    const std::string file = entry.path().filename().string();
+    const std::string suffix = ".partial";
+    if (file.size() > suffix.size() + 1 && file[0] == '.' &&
+        file.compare(file.size() - suffix.size(), suffix.size(), suffix) == 0) {
+      fs::remove_all(entry.path());
+    }
+  }
   fs::create_directories(staging_);
 }
 
@@ -45,8 +55,17 @@ std::string CheckpointWriter::commit() {
   const fs::path latest = fs::path(root_) / "latest";
   const fs::path latest_tmp = fs::path(root_) / ".latest.tmp";
   {
+    // Checked: an empty `latest` renamed over the good one would lose the run's place.
+    errno = 0;
     std::ofstream out(latest_tmp, std::ios::trunc);
     out << name_ << "\n";
+    out.close();
+    if (!out) {
+      const std::string message = detail::cannot_write(latest_tmp.string());
+      std::error_code ignored;
+      fs::remove(latest_tmp, ignored);
+      throw std::runtime_error(message);
+    }
   }
   fsync_path(latest_tmp);
   fs::rename(latest_tmp, latest);

@@ -7,6 +7,7 @@
 #include "checkpoint/export_files.h"
 #include "checkpoint/model_description.h"
 #include "checkpoint/safetensors_detail.h"
+#include "common/file_error.h"
 #include "shardtrain/hf.h"
 #include "shardtrain/sharded_checkpoint.h"
 
@@ -66,10 +67,11 @@ void detail::write_export(const std::string& out_dir, bool overwrite,
       writer.finish();
     }
     {
+      errno = 0;
       std::ofstream out(json_partial, std::ios::trunc);
       out << json_text;
       out.close();
-      if (!out) throw std::runtime_error("writing '" + json_partial.string() + "' failed");
+      if (!out) throw std::runtime_error(detail::cannot_write(json_partial.string()));
     }
     detail::fsync_path(json_partial.string());
   } catch (...) {

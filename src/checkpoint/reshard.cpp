@@ -12,7 +12,11 @@ namespace {
 
 // Every rank file and the index of the resharded checkpoint, into `staging`.
 void write_resharded(const ShardedCheckpointReader& reader, const std::string& staging,
-                     int world_size) {
+                     int world_size, const ReshardProgress& progress) {
+  int64_t total = 0, done = 0;
+  for (const auto& spec : reader.tensors()) {
+    total += spec.numel() * static_cast<int64_t>(c10::elementSize(spec.dtype));
+  }
   std::vector<nlohmann::json> files;
   for (int rank = 0; rank < world_size; ++rank) {
     std::vector<detail::SliceRef> refs;
@@ -24,9 +28,14 @@ void write_resharded(const ShardedCheckpointReader& reader, const std::string& s
     for (auto& [name, tensor] : reader.rank_state(rank)) state.emplace_back(name, tensor);
     files.push_back(detail::write_rank_file(
         staging, rank, refs,
-        [&](size_t i) { return reader.read_flat(refs[i].tensor, refs[i].offset, refs[i].numel); },
+        [&](size_t i) {
+          if (progress) progress(done, total);
+          done += refs[i].numel * static_cast<int64_t>(c10::elementSize(refs[i].dtype));
+          return reader.read_flat(refs[i].tensor, refs[i].offset, refs[i].numel);
+        },
         state));
   }
+  if (progress) progress(done, total);
   detail::write_index(staging, reader.tensors(),
                       {{"strategy", "reshard"}, {"world_size", world_size}},
                       nlohmann::json::parse(reader.metadata()), files);
@@ -35,7 +44,8 @@ void write_resharded(const ShardedCheckpointReader& reader, const std::string& s
 
 }  // namespace
 
-void reshard_checkpoint(const std::string& dir, const std::string& out, int world_size) {
+void reshard_checkpoint(const std::string& dir, const std::string& out, int world_size,
+                        const ReshardProgress& progress) {
   if (world_size < 1) {
     throw std::invalid_argument("reshard: the world size must be at least 1, got " +
                                 std::to_string(world_size));
@@ -52,7 +62,7 @@ void reshard_checkpoint(const std::string& dir, const std::string& out, int worl
   fs::create_directories(staging);
 
   try {
-    write_resharded(reader, staging.string(), world_size);
+    write_resharded(reader, staging.string(), world_size, progress);
   } catch (...) {
     std::error_code ignored;
     fs::remove_all(staging, ignored);  // a failed reshard leaves nothing behind

@@ -3,6 +3,7 @@
 #include <stdexcept>
 
 #include "checkpoint/safetensors_detail.h"
+#include "common/file_error.h"
 #include "shardtrain/checkpoint.h"
 
 namespace shardtrain {
@@ -24,8 +25,9 @@ void save_safetensors(const std::string& path, const NamedTensors& tensors,
   }
   std::string text = header.dump();
   text.append((8 - text.size() % 8) % 8, ' ');  // the format pads the header to 8 bytes
+  errno = 0;
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  if (!out) throw std::runtime_error("cannot write '" + path + "'");
+  if (!out) throw std::runtime_error(detail::cannot_write(path));
   const uint64_t length = text.size();
   out.write(reinterpret_cast<const char*>(&length), 8);
   out.write(text.data(), static_cast<std::streamsize>(text.size()));
@@ -34,7 +36,7 @@ void save_safetensors(const std::string& path, const NamedTensors& tensors,
               static_cast<std::streamsize>(tensor.nbytes()));
   }
   out.close();
-  if (!out) throw std::runtime_error("writing '" + path + "' failed");
+  if (!out) throw std::runtime_error(detail::cannot_write(path));
   detail::fsync_path(path);
 }
 

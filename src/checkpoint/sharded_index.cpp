@@ -8,6 +8,7 @@
 #include <stdexcept>
 
 #include "checkpoint/safetensors_detail.h"
+#include "common/file_error.h"
 
 namespace fs = std::filesystem;
 
@@ -137,10 +138,11 @@ void write_index(const std::string& dir, const std::vector<TensorSpec>& tensors,
                                 {"files", files}};
   const std::string path = (fs::path(dir) / "index.json").string();
   {
+    errno = 0;
     std::ofstream out(path, std::ios::trunc);
     out << index.dump(1) << "\n";
     out.close();
-    if (!out) throw std::runtime_error("writing '" + path + "' failed");
+    if (!out) throw std::runtime_error(cannot_write(path));
   }
   fsync_path(path);
 }

@@ -3,6 +3,7 @@
 // error on one rank is raised on all of them instead of leaving the others waiting.
 
 #include <cstring>
+#include <filesystem>
 #include <memory>
 #include <stdexcept>
 
@@ -73,6 +74,12 @@ uint32_t specs_checksum(const std::vector<TensorSpec>& tensors) {
   return detail::crc32_of(text.data(), static_cast<int64_t>(text.size()));
 }
 
+// The rank files, then the index and the commit (rank 0's `writer`), each phase agreed on.
+std::string write_and_commit(const std::string& root, const std::string& name,
+                             const std::vector<TensorSpec>& tensors,
+                             const std::vector<FlatSlice>& slices, ProcessGroup* group,
+                             const ShardedSaveOptions& options, CheckpointWriter* writer);
+
 }  // namespace
 
 int64_t TensorSpec::numel() const {
@@ -86,7 +93,6 @@ std::string save_sharded_checkpoint(const std::string& root, const std::string& 
                                     const std::vector<FlatSlice>& slices, ProcessGroup* group,
                                     const ShardedSaveOptions& options) {
   const int rank = group ? group->rank() : 0;
-  const int world = group ? group->size() : 1;
   const std::string staging = CheckpointWriter::staging_path(root, name);
 
   std::unique_ptr<CheckpointWriter> writer;
@@ -95,36 +101,59 @@ std::string save_sharded_checkpoint(const std::string& root, const std::string& 
           return nlohmann::json();
         }));
 
-  const auto records = agree(
-      group, attempt([&] {
-        std::map<std::string, const TensorSpec*> by_name;
-        for (const auto& spec : tensors) by_name[spec.name] = &spec;
-        std::vector<detail::SliceRef> refs;
-        for (const auto& slice : slices) {
-          auto it = by_name.find(slice.name);
-          if (it == by_name.end()) {
-            throw std::invalid_argument("slice of unknown tensor '" + slice.name + "'");
-          }
-          const TensorSpec& spec = *it->second;
-          if (slice.data.scalar_type() != spec.dtype || slice.data.dim() != 1 || slice.offset < 0 ||
-              slice.offset + slice.data.numel() > spec.numel()) {
-            throw std::invalid_argument(
-                "slice of tensor '" + slice.name + "' at offset " + std::to_string(slice.offset) +
-                " with " + std::to_string(slice.data.numel()) + " elements of " +
-                c10::toString(slice.data.scalar_type()) + " does not fit the tensor (" +
-                std::to_string(spec.numel()) + " elements of " + c10::toString(spec.dtype) +
-                "; slices are 1-D)");
-          }
-          refs.push_back({slice.name, slice.offset, slice.data.numel(), spec.dtype});
-        }
-        nlohmann::json record = detail::write_rank_file(
-            staging, rank, refs,
-            [&](size_t i) { return options.fetch_ ? options.fetch_(i) : slices[i].data; },
-            options.rank_state_);
-        record["specs_crc32"] = specs_checksum(tensors);
-        return record;
-      }),
-      options.write_timeout_);
+  // From here a failure leaves a staging directory that will never be complete: once every rank
+  // is past the phase that failed (agree() raises the error on all of them), rank 0 removes it,
+  // so that a full disk is not left fuller.
+  try {
+    return write_and_commit(root, name, tensors, slices, group, options, writer.get());
+  } catch (...) {
+    if (rank == 0) {
+      std::error_code ignored;
+      std::filesystem::remove_all(staging, ignored);
+    }
+    throw;
+  }
+}
+
+namespace {
+
+std::string write_and_commit(const std::string& root, const std::string& name,
+                             const std::vector<TensorSpec>& tensors,
+                             const std::vector<FlatSlice>& slices, ProcessGroup* group,
+                             const ShardedSaveOptions& options, CheckpointWriter* writer) {
+  const int rank = group ? group->rank() : 0;
+  const int world = group ? group->size() : 1;
+  const std::string staging = CheckpointWriter::staging_path(root, name);
+  const auto records =
+      agree(group, attempt([&] {
+              std::map<std::string, const TensorSpec*> by_name;
+              for (const auto& spec : tensors) by_name[spec.name] = &spec;
+              std::vector<detail::SliceRef> refs;
+              for (const auto& slice : slices) {
+                auto it = by_name.find(slice.name);
+                if (it == by_name.end()) {
+                  throw std::invalid_argument("slice of unknown tensor '" + slice.name + "'");
+                }
+                const TensorSpec& spec = *it->second;
+                if (slice.data.scalar_type() != spec.dtype || slice.data.dim() != 1 ||
+                    slice.offset < 0 || slice.offset + slice.data.numel() > spec.numel()) {
+                  throw std::invalid_argument(
+                      "slice of tensor '" + slice.name + "' at offset " +
+                      std::to_string(slice.offset) + " with " + std::to_string(slice.data.numel()) +
+                      " elements of " + c10::toString(slice.data.scalar_type()) +
+                      " does not fit the tensor (" + std::to_string(spec.numel()) +
+                      " elements of " + c10::toString(spec.dtype) + "; slices are 1-D)");
+                }
+                refs.push_back({slice.name, slice.offset, slice.data.numel(), spec.dtype});
+              }
+              nlohmann::json record = detail::write_rank_file(
+                  staging, rank, refs,
+                  [&](size_t i) { return options.fetch_ ? options.fetch_(i) : slices[i].data; },
+                  options.rank_state_);
+              record["specs_crc32"] = specs_checksum(tensors);
+              return record;
+            }),
+            options.write_timeout_);
 
   const auto committed = agree(
       group, attempt([&]() -> nlohmann::json {
@@ -154,4 +183,5 @@ std::string save_sharded_checkpoint(const std::string& root, const std::string& 
   return committed[0].get<std::string>();
 }
 
+}  // namespace
 }  // namespace shardtrain

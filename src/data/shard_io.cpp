@@ -10,6 +10,8 @@
 #include <filesystem>
 #include <stdexcept>
 
+#include "common/file_error.h"
+
 namespace shardtrain::detail {
 
 std::string shard_header(const char (&magic)[8], uint64_t tokens, int64_t vocab_size,
@@ -27,10 +29,17 @@ void write_atomically(const std::string& path, const std::string& what,
                       const std::function<void(std::ofstream&)>& write) {
   const std::string tmp = path + ".tmp";
   {
+    errno = 0;
     std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    if (!out) throw std::invalid_argument("cannot write " + what + " '" + path + "'");
+    if (!out) throw std::invalid_argument(what + ": " + cannot_write(tmp));
     write(out);
-    if (!out.flush()) throw std::runtime_error("writing " + what + " '" + path + "' failed");
+    out.close();
+    if (!out) {
+      const std::string message = what + ": " + cannot_write(tmp);
+      std::error_code ignored;
+      std::filesystem::remove(tmp, ignored);  // a full disk keeps no half of it
+      throw std::runtime_error(message);
+    }
   }
   std::filesystem::rename(tmp, path);
 }

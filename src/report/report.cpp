@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <stdexcept>
 
+#include "common/file_error.h"
 #include "report/assets.h"
 #include "report/html.h"
 #include "report/sections.h"
@@ -207,8 +208,9 @@ void write_report(const std::string& run_dir, const std::string& out_path,
   }
   fchmod(fd, 0644);  // mkstemp's 0600 would make the page private to its writer
   if (::close(fd) != 0) {
+    const std::string message = "report: " + detail::cannot_write(tmp);
     fs::remove(tmp);
-    throw std::runtime_error("report: cannot write '" + tmp + "'");
+    throw std::runtime_error(message);
   }
   std::error_code ec;
   fs::rename(tmp, out, ec);

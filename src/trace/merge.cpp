@@ -5,6 +5,7 @@
 #include <regex>
 #include <stdexcept>
 
+#include "common/file_error.h"
 #include "shardtrain/trace.h"
 
 namespace shardtrain {
@@ -45,9 +46,16 @@ int merge_traces(const std::string& run_dir, const std::string& out_path) {
   const nlohmann::json merged = {{"traceEvents", std::move(events)}, {"displayTimeUnit", "ms"}};
   const std::string tmp = out_path + ".tmp";
   {
+    errno = 0;
     std::ofstream out(tmp, std::ios::binary);
     out << merged.dump() << "\n";
-    if (!out) throw std::invalid_argument("cannot write '" + tmp + "'");
+    out.close();
+    if (!out) {
+      const std::string message = detail::cannot_write(tmp);
+      std::error_code ignored;
+      fs::remove(tmp, ignored);
+      throw std::invalid_argument(message);
+    }
   }
   fs::rename(tmp, out_path);
   return static_cast<int>(files.size());

@@ -5,6 +5,8 @@
 #include <stdexcept>
 #include <utility>
 
+#include "common/file_error.h"
+
 namespace shardtrain::detail {
 namespace {
 
@@ -141,9 +143,16 @@ void Telemetry::write_trace(const std::string& path) const {
   std::filesystem::create_directories(target.parent_path());
   const std::string tmp = path + ".tmp";
   {
+    errno = 0;
     std::ofstream out(tmp, std::ios::binary);
     out << text << "\n";
-    if (!out) throw std::runtime_error("cannot write the trace '" + tmp + "'");
+    out.close();
+    if (!out) {
+      const std::string message = "the trace: " + cannot_write(tmp);
+      std::error_code ignored;
+      std::filesystem::remove(tmp, ignored);
+      throw std::runtime_error(message);
+    }
   }
   std::filesystem::rename(tmp, target);
 }

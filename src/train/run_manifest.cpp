@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 
+#include "common/file_error.h"
 #include "parallel/parallelize.h"
 
 namespace shardtrain::detail {
@@ -86,9 +87,16 @@ void write_run_manifest(const TrainConfig& config, int world_size, int64_t resid
   const std::filesystem::path path = std::filesystem::path(config.run.dir) / "run.json";
   const std::filesystem::path tmp = path.string() + ".tmp";
   {
+    errno = 0;
     std::ofstream out(tmp);
     out << run.dump(2) << "\n";
-    if (!out) throw std::runtime_error("cannot write '" + tmp.string() + "'");
+    out.close();
+    if (!out) {
+      const std::string message = detail::cannot_write(tmp.string());
+      std::error_code ignored;
+      std::filesystem::remove(tmp, ignored);
+      throw std::runtime_error(message);
+    }
   }
   std::filesystem::rename(tmp, path);
 }

@@ -10,11 +10,13 @@
 #include <set>
 
 #include "checkpoint/model_description.h"
+#include "common/file_error.h"
 #include "parallel/parallel_model.h"
 #include "shardtrain/checkpoint.h"
 #include "shardtrain/sharded_checkpoint.h"
 #include "shardtrain/train.h"
 #include "trace/telemetry.h"
+#include "train/lora_base.h"
 #include "train/run_data.h"
 #include "train/run_setup.h"
 
@@ -35,8 +37,22 @@ void drop_metrics_after(const fs::path& metrics, int64_t step) {
       // a line cut short by the interruption
     }
   }
-  std::ofstream rewrite(metrics, std::ios::trunc);
-  for (const auto& line : kept) rewrite << line << "\n";
+  // Through a file beside it, renamed over it: a resume that cannot write (a full disk) leaves
+  // the metrics as they were.
+  const fs::path tmp = metrics.string() + ".tmp";
+  {
+    errno = 0;
+    std::ofstream rewrite(tmp, std::ios::trunc);
+    for (const auto& line : kept) rewrite << line << "\n";
+    rewrite.close();
+    if (!rewrite) {
+      const std::string message = detail::cannot_write(tmp.string());
+      std::error_code ignored;
+      fs::remove(tmp, ignored);
+      throw std::runtime_error(message);
+    }
+  }
+  fs::rename(tmp, metrics);
 }
 
 int64_t bytes_of(const std::vector<at::Tensor>& tensors) {
@@ -114,7 +130,9 @@ std::string Trainer::save_checkpoint() {
                         {"target_modules", config_.lora.target_modules},
                         {"base_dtype", config_.lora.base_dtype},
                         {"init_from", config_.model.init_from},
-                        {"seed", config_.train.seed}};
+                        {"seed", config_.train.seed},
+                        // What a resume compares its own base with.
+                        {"base", detail::lora_base(config_)}};
   }
   auto options = ShardedSaveOptions()
                      .strategy(to_string(config_.parallel.strategy))
@@ -149,8 +167,15 @@ void Trainer::load_checkpoint(const std::string& dir) {
                                 "' has no training state in index.json (not written by the "
                                 "trainer)");
   }
-  // Compared before anything is read: a checkpoint of another model changes nothing.
+  // Compared before anything is read: a checkpoint of another model, or adapters of another
+  // base, changes nothing.
   check_model_tensors(reader, parallel_->checkpoint_expected(), parallel_->holds_whole_model());
+  if (config_.lora.rank > 0) {
+    const nlohmann::json metadata = nlohmann::json::parse(reader.metadata());
+    if (metadata.contains("lora")) {
+      detail::check_lora_base(metadata.at("lora").value("base", nlohmann::json()), config_, dir);
+    }
+  }
   parallel_->restore(reader, *optimizer_);
   restore_training_state(reader, dir);
 }
@@ -238,8 +263,12 @@ void Trainer::write_metrics(const StepResult& result, double eval_loss) {
                        {"wait_seconds", result.file_wait_s}};
   }
   if (!std::isnan(eval_loss)) line["eval_loss"] = eval_loss;
-  std::ofstream out(fs::path(config_.run.dir) / "metrics.jsonl", std::ios::app);
+  const fs::path path = fs::path(config_.run.dir) / "metrics.jsonl";
+  errno = 0;
+  std::ofstream out(path, std::ios::app);
   out << line.dump() << "\n";
+  out.close();
+  if (!out) throw std::runtime_error(detail::cannot_write(path.string()));
 }
 
 }  // namespace shardtrain

@@ -38,6 +38,19 @@ TEST(SafetensorsTest, RoundTripsEveryDtypeAndRefusesDamage) {
   fs::remove_all(dir);
 }
 
+TEST(SafetensorsTest, AFailedWriteSaysWhy) {
+  // /dev/full takes the open and refuses every write with ENOSPC, as a full disk does.
+  if (!std::filesystem::exists("/dev/full")) GTEST_SKIP() << "no /dev/full here";
+  try {
+    save_safetensors("/dev/full", {{"w", at::ones({1024, 1024})}});
+    FAIL() << "a write to a full device succeeded";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("cannot write '/dev/full': No space left on device"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 TEST(SafetensorsTest, CheckpointDirectoriesAppearWhenCompleteAndOldOnesAreRemoved) {
   const fs::path root = fs::temp_directory_path() / ("shardtrain_ckpt_" + std::to_string(getpid()));
   fs::remove_all(root);

@@ -137,7 +137,16 @@ TEST_F(ShardedCheckpointTest, SlicesThatMissOrOverlapAreRefusedAndNothingIsCommi
   for (const auto& e : errors) EXPECT_NE(e.find("tensor 'b' overlap"), std::string::npos) << e;
   EXPECT_FALSE(fs::exists(fs::path(root) / "step_000002"));
   EXPECT_FALSE(fs::exists(fs::path(root) / "step_000003"));
+  // Nor is anything of the failed saves left behind.
+  EXPECT_FALSE(fs::exists(fs::path(root) / ".step_000002.partial"));
+  EXPECT_FALSE(fs::exists(fs::path(root) / ".step_000003.partial"));
   EXPECT_EQ(resolve_checkpoint(root, "latest"), (fs::path(root) / "step_000001").string());
+  // What a save killed before its end left (no unwinding then) goes with the next save.
+  fs::create_directories(fs::path(root) / ".step_000004.partial");
+  std::ofstream(fs::path(root) / ".step_000004.partial" / "rank_00000.safetensors") << "half";
+  save_sharded_checkpoint(root, "step_000005", specs_of(tensors), flat_slices_of(tensors, 1, 0),
+                          nullptr);
+  EXPECT_FALSE(fs::exists(fs::path(root) / ".step_000004.partial"));
 }
 
 TEST_F(ShardedCheckpointTest, TruncatedAndBitFlippedFilesAreRefusedNamingTheFile) {
@@ -227,6 +236,23 @@ TEST_F(ShardedCheckpointTest, ReshardRewritesAnyRankCountWithTheSameTensors) {
   EXPECT_TRUE(at::equal(ShardedCheckpointReader(one).read("v"), sample_tensors()[5].second));
   EXPECT_THROW(reshard_checkpoint(dir, two, 4), std::invalid_argument);
   EXPECT_THROW(reshard_checkpoint(dir, (dir_ / "zero").string(), 0), std::invalid_argument);
+
+  // Progress reaches every byte; a stop asked for halfway (an interrupt) leaves nothing.
+  int64_t last = -1, total = 0;
+  reshard_checkpoint(dir, (dir_ / "four").string(), 4, [&](int64_t done, int64_t all) {
+    EXPECT_GE(done, last);
+    last = done;
+    total = all;
+  });
+  EXPECT_EQ(last, total);
+  EXPECT_GT(total, 0);
+  EXPECT_THROW(reshard_checkpoint(dir, (dir_ / "five").string(), 5,
+                                  [&](int64_t done, int64_t all) {
+                                    if (done * 2 >= all) throw std::runtime_error("interrupted");
+                                  }),
+               std::runtime_error);
+  EXPECT_FALSE(fs::exists(dir_ / "five"));
+  EXPECT_FALSE(fs::exists(dir_ / ".five.partial"));
 }
 
 TEST_F(ShardedCheckpointTest, CommandLineInspectsVerifiesAndReshards) {
@@ -246,6 +272,9 @@ TEST_F(ShardedCheckpointTest, CommandLineInspectsVerifiesAndReshards) {
       testing::run_command(testing::cli() + " ckpt reshard " + dir + " " + out + " --world-size 3");
   ASSERT_EQ(reshard.exit_code, 0) << reshard.output;
   EXPECT_EQ(ShardedCheckpointReader(out).files().size(), 3u);
+  // It says how far it is, from the start to the end.
+  EXPECT_NE(reshard.output.find("(0%)"), std::string::npos) << reshard.output;
+  EXPECT_NE(reshard.output.find("(100%)"), std::string::npos) << reshard.output;
 
   fs::resize_file(fs::path(dir) / "rank_00000.safetensors", 100);
   auto bad = testing::run_command(testing::cli() + " ckpt inspect " + dir);

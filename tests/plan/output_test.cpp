@@ -130,6 +130,13 @@ TEST_F(PlanOutput, JsonAndChartCoverEveryCandidate) {
   EXPECT_EQ(labels, static_cast<size_t>(valid) + 1);  // + the title
 }
 
+std::string slurp(const std::filesystem::path& path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
 TEST(PlanCli, PrintsWritesAndRejects) {
   const auto dir = testing::fresh_test_dir("shardtrain_plan_cli");
   const auto out = testing::run_command(
@@ -141,6 +148,19 @@ TEST(PlanCli, PrintsWritesAndRejects) {
   for (const char* f : {"shardtrain.toml", "ds_config.json", "accelerate.yaml"}) {
     EXPECT_TRUE(std::filesystem::exists(dir / "cfg" / f)) << f;
   }
+  // A file edited by hand is not replaced without --force; nothing is printed before the refusal.
+  { std::ofstream(dir / "cfg" / "shardtrain.toml") << "# mine\n"; }
+  const std::string again =
+      testing::cli() + " plan --model llama3-8b --gpus 8 --out " + (dir / "cfg").string();
+  const auto refused = testing::run_command(again);
+  EXPECT_EQ(refused.exit_code, 2) << refused.output;
+  EXPECT_TRUE(has(refused.output, "shardtrain.toml', '")) << refused.output;
+  EXPECT_TRUE(has(refused.output, "already exist(s); pass --force")) << refused.output;
+  EXPECT_FALSE(has(refused.output, "Recommended:")) << refused.output;
+  EXPECT_EQ(slurp(dir / "cfg" / "shardtrain.toml"), "# mine\n");
+  const auto forced = testing::run_command(again + " --force");
+  EXPECT_EQ(forced.exit_code, 0) << forced.output;
+  EXPECT_TRUE(has(slurp(dir / "cfg" / "shardtrain.toml"), "[parallel]"));
   const auto json = testing::run_command(testing::cli() +
                                          " plan --params 7e9 --layers 32 --d-model 4096 --heads 32 "
                                          "--ffn 11008 --gated-mlp --gpu a100-80gb --gpus 4 --json");
