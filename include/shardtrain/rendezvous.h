@@ -51,8 +51,10 @@ TransportAddress transport_address(const std::string& master_addr, int master_po
 
 // Reads the environment, connects the TCP store (rank 0 hosts it) and the world group.
 // Every rank calls it; blocks until all joined or options.timeout_ passed (naming the missing
-// ranks). Gloo binds transport_address() (GLOO_SOCKET_IFNAME, when set, picks an interface
-// instead).
+// ranks). A store that takes the connection but never answers (another service on
+// MASTER_PORT) is given up on after options.timeout_ and 5 s, with a std::runtime_error naming
+// the address. Gloo binds transport_address() (GLOO_SOCKET_IFNAME, when set, picks an
+// interface instead).
 std::shared_ptr<ProcessGroup> init_from_environment(ProcessGroupOptions options = {});
 std::shared_ptr<ProcessGroup> init_from_environment(const RendezvousInfo& info,
                                                     ProcessGroupOptions options = {});

@@ -28,6 +28,7 @@
 namespace shardtrain {
 class ParallelModel;
 namespace detail {
+class RunDirLock;
 struct SwapIoTotals;
 class Telemetry;
 struct TrainingData;
@@ -93,7 +94,9 @@ class Trainer {
   // checkpoint. Prints a sample at the end when train.sample_tokens > 0. After
   // train.max_skipped consecutive steps with non-finite gradients it throws
   // std::runtime_error naming the step and the last finite loss; no checkpoint is written while
-  // steps are being skipped, so `latest` stays the last good one.
+  // steps are being skipped, so `latest` stays the last good one. A run whose last steps were
+  // skipped (fewer than max_skipped) throws std::runtime_error too, naming them, after writing
+  // their metrics: it writes no final checkpoint.
   void fit();
   // One optimizer step over the global batch.
   StepResult train_step();
@@ -192,6 +195,7 @@ class Trainer {
   std::unique_ptr<Tokenizer> tokenizer_;
   std::unique_ptr<ChatTemplate> chat_template_;  // null unless data.* or the tokenizer has one
   std::unique_ptr<detail::TrainingData> data_;
+  std::unique_ptr<detail::RunDirLock> run_lock_;  // rank 0: run.dir is this run's while it lives
   std::unique_ptr<DataLoader> loader_;
   Transformer model_{nullptr};
   // The model as parallelize() made it: what the trainer drives for every strategy.

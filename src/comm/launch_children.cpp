@@ -241,6 +241,9 @@ bool any_running(const std::vector<Child>& children) {
 
 void stop_all(std::vector<Child>& children, std::chrono::milliseconds grace) {
   signal_all(children, SIGTERM);
+  // A stopped rank (SIGSTOP, a debugger's) would hold SIGTERM until the grace ran out: continued,
+  // it takes the SIGTERM now.
+  signal_all(children, SIGCONT);
   const auto deadline = std::chrono::steady_clock::now() + grace;
   while (any_running(children) && std::chrono::steady_clock::now() < deadline) {
     pump(children, 20);

@@ -7,9 +7,12 @@
 #include <unistd.h>
 
 #include <cctype>
+#include <chrono>
 #include <cstring>
+#include <future>
 #include <iostream>
 #include <stdexcept>
+#include <thread>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 extern char** environ;
@@ -253,23 +256,45 @@ std::shared_ptr<ProcessGroup> init_from_environment(const RendezvousInfo& info,
       std::cerr << "shardtrain: " << chosen.reason << "\n";
     }
   }
-  c10d::TCPStoreOptions store_options;
-  store_options.port = static_cast<uint16_t>(info.master_port);
-  store_options.isServer = info.rank == 0;
-  store_options.numWorkers = info.world_size;
-  store_options.waitWorkers = false;  // wait_for_members names the ranks that are missing
-  store_options.timeout = options.timeout_;
-  c10::intrusive_ptr<c10d::Store> store;
-  try {
-    store = c10::make_intrusive<c10d::TCPStore>(info.master_addr, store_options);
-  } catch (const std::exception& e) {
+  // c10d's store client waits for an answer with no timeout of its own: a port that takes the
+  // connection and never answers (another service on MASTER_PORT) would hold this rank forever.
+  // The first contact and the rendezvous run on a thread of their own, waited for at most the
+  // timeout and a grace; past it this rank gives up, and that thread is left waiting (the
+  // process ends with the error).
+  auto rendezvous =
+      std::make_shared<std::packaged_task<std::shared_ptr<ProcessGroup>()>>([info, options] {
+        c10d::TCPStoreOptions store_options;
+        store_options.port = static_cast<uint16_t>(info.master_port);
+        store_options.isServer = info.rank == 0;
+        store_options.numWorkers = info.world_size;
+        store_options.waitWorkers = false;  // wait_for_members names the ranks that are missing
+        store_options.timeout = options.timeout_;
+        c10::intrusive_ptr<c10d::Store> store;
+        try {
+          store = c10::make_intrusive<c10d::TCPStore>(info.master_addr, store_options);
+        } catch (const std::exception& e) {
+          throw std::runtime_error(
+              std::string(info.rank == 0
+                              ? "rank 0 could not host"
+                              : "rank " + std::to_string(info.rank) + " could not reach") +
+              " the rendezvous store at " + info.master_addr + ":" +
+              std::to_string(info.master_port) + (info.rank == 0 ? "" : " (is rank 0 running?)") +
+              ": " + e.what());
+        }
+        return init_process_group(std::move(store), info.rank, info.world_size, options);
+      });
+  std::future<std::shared_ptr<ProcessGroup>> joined = rendezvous->get_future();
+  std::thread([rendezvous] { (*rendezvous)(); }).detach();
+  const auto limit = options.timeout_ + std::chrono::seconds(5);
+  if (joined.wait_for(limit) != std::future_status::ready) {
     throw std::runtime_error(
-        std::string(info.rank == 0 ? "rank 0 could not host"
-                                   : "rank " + std::to_string(info.rank) + " could not reach") +
-        " the rendezvous store at " + info.master_addr + ":" + std::to_string(info.master_port) +
-        (info.rank == 0 ? "" : " (is rank 0 running?)") + ": " + e.what());
+        "rank " + std::to_string(info.rank) + ": the rendezvous store at " + info.master_addr +
+        ":" + std::to_string(info.master_port) + " did not answer within " +
+        std::to_string(std::chrono::duration_cast<std::chrono::seconds>(limit).count()) +
+        " s (the timeout and 5 s): is another service listening on MASTER_PORT " +
+        std::to_string(info.master_port) + "? Rank 0 hosts the store there");
   }
-  return init_process_group(std::move(store), info.rank, info.world_size, options);
+  return joined.get();
 }
 
 }  // namespace shardtrain

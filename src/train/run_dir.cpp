@@ -1,7 +1,13 @@
 #include "train/run_dir.h"
 
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <stdexcept>
 
@@ -23,7 +29,66 @@ std::string aside_name(const std::string& dir) {
   }
 }
 
+constexpr const char* kLockName = ".lock";
+
+// Tries to take the exclusive lock of an open lock file; "" when taken, else who holds it (what
+// the holder wrote in it).
+std::string try_lock(int fd, const std::string& path) {
+  if (::flock(fd, LOCK_EX | LOCK_NB) == 0) return "";
+  if (errno != EWOULDBLOCK) {
+    throw std::runtime_error("cannot lock '" + path + "': " + std::strerror(errno));
+  }
+  char text[256] = {};
+  const ssize_t n = ::pread(fd, text, sizeof(text) - 1, 0);
+  std::string holder = n > 0 ? std::string(text, static_cast<size_t>(n)) : std::string();
+  while (!holder.empty() && (holder.back() == '\n' || holder.back() == ' ')) holder.pop_back();
+  return holder.empty() ? "another process" : holder;
+}
+
+std::string in_use_message(const std::string& dir, const std::string& holder) {
+  return "run.dir '" + dir + "' is in use by a run that is still going (" + holder +
+         "): wait for it to end, or give this run another run.dir";
+}
+
 }  // namespace
+
+RunDirLock::RunDirLock(const std::string& dir) {
+  fs::create_directories(dir);
+  const std::string path = (fs::path(dir) / kLockName).string();
+  fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd_ < 0) throw std::runtime_error("cannot open '" + path + "': " + std::strerror(errno));
+  const std::string holder = try_lock(fd_, path);
+  if (!holder.empty()) {
+    ::close(fd_);
+    fd_ = -1;
+    throw std::invalid_argument(in_use_message(dir, holder));
+  }
+  char host[256] = {};
+  ::gethostname(host, sizeof(host) - 1);
+  const std::string me = "process " + std::to_string(::getpid()) + " on " + host + "\n";
+  if (::ftruncate(fd_, 0) != 0 || ::pwrite(fd_, me.data(), me.size(), 0) < 0) {
+    // The lock holds without the note; a second run is told "another process".
+  }
+}
+
+RunDirLock::~RunDirLock() {
+  if (fd_ >= 0) ::close(fd_);  // closing the descriptor drops the lock
+}
+
+void check_not_in_use(const std::string& dir) {
+  const std::string path = (fs::path(dir) / kLockName).string();
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return;  // no lock file: no run has been here, or one from before locks
+  std::string holder;
+  try {
+    holder = try_lock(fd, path);
+  } catch (...) {
+    ::close(fd);
+    throw;
+  }
+  ::close(fd);  // drops the lock taken only to look
+  if (!holder.empty()) throw std::invalid_argument(in_use_message(dir, holder));
+}
 
 bool holds_run(const std::string& dir) {
   std::error_code ec;

@@ -28,4 +28,24 @@ RunStart plan_run_start(const TrainConfig& config, bool restarted);
 // creates run.dir. Rank 0 only, after every rank has called plan_run_start.
 void prepare_run_dir(const TrainConfig& config, const RunStart& start);
 
+// The run that owns a run directory: rank 0 holds an exclusive flock(2) on RUN_DIR/.lock for
+// the run's life, with its process id and host written in it. The kernel drops the lock when
+// the process ends, however it ends, so a lock file nobody holds is a finished run's.
+class RunDirLock {
+ public:
+  // Creates `dir` if needed and takes its lock. Throws std::invalid_argument naming the
+  // process that holds it (a second run started into the same directory).
+  explicit RunDirLock(const std::string& dir);
+  ~RunDirLock();
+  RunDirLock(const RunDirLock&) = delete;
+  RunDirLock& operator=(const RunDirLock&) = delete;
+
+ private:
+  int fd_ = -1;
+};
+
+// Throws std::invalid_argument naming the process when a live run holds `dir`'s lock: checked
+// before a new run changes anything there (run.overwrite's move, dropping metrics, a resume).
+void check_not_in_use(const std::string& dir);
+
 }  // namespace shardtrain::detail

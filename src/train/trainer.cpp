@@ -119,8 +119,22 @@ std::string Trainer::prepare_data() {
                               resident_at_start_);
   }
   barrier();  // every rank has looked before rank 0 changes the directory
-  if (rank() == 0) detail::prepare_run_dir(config_, start);
-  barrier();
+  // Rank 0 takes run.dir for this run, after checking that no live run holds it: a second run
+  // (or run.overwrite) would otherwise move or mix a running job's files.
+  std::string in_use;
+  if (rank() == 0) {
+    try {
+      detail::check_not_in_use(config_.run.dir);
+      detail::prepare_run_dir(config_, start);
+      run_lock_ = std::make_unique<detail::RunDirLock>(config_.run.dir);
+    } catch (const std::invalid_argument& e) {
+      in_use = e.what();
+    }
+  }
+  if (world_ ? detail::on_any_rank(*world_, !in_use.empty()) : !in_use.empty()) {
+    throw std::invalid_argument(rank() == 0 ? in_use
+                                            : "rank 0 could not take run.dir (its error says why)");
+  }
   std::filesystem::create_directories(config_.run.dir);  // ranks on other hosts' file systems
   // Checkpoints are written by every rank into one directory: it must be the same storage.
   if (world_) detail::check_shared_run_dir(config_, *world_);
@@ -424,11 +438,17 @@ void Trainer::fit() {
     fail_if_injected();
   }
   if (skipped_in_a_row_ > 0) {
-    if (talk) {
-      std::printf("no final checkpoint: the last %lld step(s) had non-finite gradients\n",
-                  static_cast<long long>(skipped_in_a_row_));
-    }
-    return;
+    // A model whose last steps were skipped may have diverged: the run has not trained what it
+    // was asked to, and says so with a failure rather than a quiet end.
+    throw std::runtime_error(
+        "the run ended on " + std::to_string(skipped_in_a_row_) +
+        " step(s) with non-finite gradients (steps " +
+        std::to_string(step_ - skipped_in_a_row_ + 1) + " to " + std::to_string(step_) +
+        "): no final checkpoint was written" +
+        (last_good_step_ > 0
+             ? ", the last finite loss was at step " + std::to_string(last_good_step_)
+             : std::string()) +
+        "; resume from the latest checkpoint with a lower train.lr or a higher train.clip");
   }
   if (config_.train.final_checkpoint) {
     const std::string dir = save_checkpoint();

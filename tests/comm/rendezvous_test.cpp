@@ -5,7 +5,11 @@
 #include <ifaddrs.h>
 #include <net/if.h>
 #include <netdb.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
+#include <chrono>
 #include <thread>
 
 #include "support.h"
@@ -146,6 +150,54 @@ TEST(RendezvousTest, RanksMeetOverTheTcpStore) {
   EXPECT_EQ(results[1], 3.0f);
   EXPECT_EQ(per_node, std::vector<int>({2, 2}));
   EXPECT_EQ(per_node_of_subgroup, std::vector<int>({2, 2}));
+}
+
+TEST(RendezvousTest, AStoreThatNeverAnswersIsNamedWithinTheTimeout) {
+  // Something other than a rendezvous store on MASTER_PORT: it takes connections and never
+  // answers.
+  const int server = ::socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(server, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  address.sin_port = 0;
+  ASSERT_EQ(::bind(server, reinterpret_cast<sockaddr*>(&address), sizeof(address)), 0);
+  ASSERT_EQ(::listen(server, 8), 0);
+  socklen_t length = sizeof(address);
+  ASSERT_EQ(::getsockname(server, reinterpret_cast<sockaddr*>(&address), &length), 0);
+  std::vector<int> accepted;
+  std::thread taker([&] {
+    for (int i = 0; i < 2; ++i) {
+      const int fd = ::accept(server, nullptr, nullptr);
+      if (fd < 0) return;
+      accepted.push_back(fd);
+    }
+  });
+  RendezvousInfo info;
+  info.rank = info.local_rank = 1;
+  info.world_size = info.local_world_size = 2;
+  info.master_addr = "127.0.0.1";
+  info.master_port = ntohs(address.sin_port);
+  const auto start = std::chrono::steady_clock::now();
+  std::string error;
+  try {
+    init_from_environment(info, ProcessGroupOptions().timeout(std::chrono::seconds(2)));
+  } catch (const std::runtime_error& e) {
+    error = e.what();
+  }
+  const double waited =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_NE(error.find("rank 1: the rendezvous store at 127.0.0.1:" +
+                       std::to_string(info.master_port) + " did not answer within 7 s"),
+            std::string::npos)
+      << error;
+  EXPECT_NE(error.find("is another service listening on MASTER_PORT"), std::string::npos) << error;
+  EXPECT_LT(waited, 12.0);
+  // Closing the connections ends the store client still waiting on them.
+  ::shutdown(server, SHUT_RDWR);
+  ::close(server);
+  taker.join();
+  for (int fd : accepted) ::close(fd);
 }
 
 // With a loopback master the transport stays on loopback. With a master elsewhere it uses the

@@ -2,6 +2,7 @@
 // changes nothing, "auto" resumes when it can, a diverging run stops without replacing the
 // last good checkpoint, and a launcher's restart continues from the checkpoint it left.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cmath>
@@ -34,7 +35,8 @@ class RunDirTest : public ::testing::Test {
     dir_ = testing::fresh_test_dir("shardtrain_run_dir");
     run_ = dir_ / "run";
     std::ofstream corpus(dir_ / "corpus.txt");
-    for (int i = 0; i < 200; ++i) corpus << "sphinx of black quartz " << i % 7 << ", judge my vow.\n";
+    for (int i = 0; i < 200; ++i)
+      corpus << "sphinx of black quartz " << i % 7 << ", judge my vow.\n";
   }
   void TearDown() override { fs::remove_all(dir_); }
 
@@ -90,6 +92,32 @@ TEST_F(RunDirTest, ANewRunIntoAnOldOneIsRefusedAndOverwriteMovesTheOldOneAside) 
   EXPECT_EQ(testing::rank0_losses(run_ / "metrics.jsonl").size(), 1u);
 }
 
+TEST_F(RunDirTest, ALiveRunKeepsItsDirectory) {
+  {
+    Trainer first(config({"train.steps=4"}));
+    first.train_step();
+    first.save_checkpoint();
+    const std::string latest = contents(run_ / "checkpoints" / "latest");
+    // A second run into the same directory, resuming it, or starting over over it, is refused
+    // while the first lives, naming it; nothing of the first's moves.
+    const std::string me = "process " + std::to_string(::getpid()) + " on ";
+    for (const auto& settings : std::vector<std::vector<std::string>>{
+             {"run.resume=\"auto\""}, {"run.overwrite=true"}, {"run.resume=\"latest\""}}) {
+      const std::string message = refusal(config(settings));
+      EXPECT_NE(message.find("run.dir '" + run_.string() +
+                             "' is in use by a run that is still going (" + me),
+                std::string::npos)
+          << message;
+      EXPECT_EQ(contents(run_ / "checkpoints" / "latest"), latest);
+      EXPECT_FALSE(fs::exists(run_.string() + ".old.1"));
+    }
+    first.train_step();  // the first run goes on
+  }
+  // Once it has ended the directory is free again.
+  Trainer second(config({"run.resume=\"auto\""}));
+  EXPECT_EQ(second.step(), 1);
+}
+
 TEST_F(RunDirTest, AStartUpThatFailsChangesNothingInTheRunDirectory) {
   // A fresh directory is not even created when the corpus is missing.
   run_ = dir_ / "never";
@@ -105,7 +133,8 @@ TEST_F(RunDirTest, AStartUpThatFailsChangesNothingInTheRunDirectory) {
   refusal(config({"run.overwrite=true", "data.corpus=\"" + (dir_ / "nope.txt").string() + "\""}));
   EXPECT_EQ(contents(run_ / "run.json"), manifest);
   EXPECT_FALSE(fs::exists(run_.string() + ".old.1"));
-  refusal(config({"run.resume=\"latest\"", "model.init_from=\"" + (dir_ / "none").string() + "\""}));
+  refusal(
+      config({"run.resume=\"latest\"", "model.init_from=\"" + (dir_ / "none").string() + "\""}));
   EXPECT_EQ(contents(run_ / "run.json"), manifest);
 }
 
@@ -141,8 +170,7 @@ TEST_F(RunDirTest, NonFiniteSettingsAreRefused) {
       ADD_FAILURE() << "accepted";
     } catch (const std::invalid_argument& e) {
       EXPECT_NE(std::string(e.what()).find("finite"), std::string::npos) << e.what();
-      EXPECT_NE(std::string(e.what()).find(setting.substr(0, setting.find('='))),
-                std::string::npos)
+      EXPECT_NE(std::string(e.what()).find(setting.substr(0, setting.find('='))), std::string::npos)
           << e.what();
     }
   }
@@ -171,6 +199,27 @@ TEST_F(RunDirTest, ADivergingRunStopsAndKeepsTheLastGoodCheckpoint) {
   std::string line;
   for (int i = 0; i < 3; ++i) std::getline(in, line);
   EXPECT_TRUE(nlohmann::json::parse(line).at("grad_norm").is_null()) << line;
+}
+
+TEST_F(RunDirTest, ARunThatEndsOnSkippedStepsFails) {
+  // Steps 2 to 5 have non-finite gradients: fewer than max_skipped, but the last ones.
+  Trainer trainer(config({"train.steps=5", "train.checkpoint_every=1", "train.max_skipped=10"}));
+  trainer.set_after_backward([&](int64_t step) {
+    if (step >= 1) trainer.model()->parameters()[0].mutable_grad().fill_(NAN);
+  });
+  try {
+    trainer.fit();
+    FAIL() << "a run that ended on skipped steps succeeded";
+  } catch (const std::runtime_error& e) {
+    const std::string message = e.what();
+    EXPECT_NE(message.find("ended on 4 step(s) with non-finite gradients (steps 2 to 5)"),
+              std::string::npos)
+        << message;
+    EXPECT_NE(message.find("at step 1"), std::string::npos) << message;
+  }
+  EXPECT_EQ(trainer.step(), 5);
+  EXPECT_EQ(contents(run_ / "checkpoints" / "latest"), "step_000001\n");
+  EXPECT_FALSE(fs::exists(run_ / "checkpoints" / "step_000005"));
 }
 
 // Reads every tensor of a checkpoint.
@@ -221,10 +270,10 @@ TEST_F(RunDirTest, AStoppedPeerEndsTheRunWithinItsTimeout) {
   const std::string config_file = launch_config("steps = 500\n");
   // Rank 1 stops (SIGSTOP) after step 2: its socket stays open, so only the timeout finds it.
   const auto start = std::chrono::steady_clock::now();
-  const auto result = testing::run_command(
-      "SHARDTRAIN_STOP_AFTER_STEP=2 " + testing::cli() +
-      " launch --nproc 2 --timeout 10 --kill-timeout 1 -- " + testing::cli() +
-      " train --config " + config_file + " --set run.dir=" + (dir_ / "run").string());
+  const auto result = testing::run_command("SHARDTRAIN_STOP_AFTER_STEP=2 " + testing::cli() +
+                                           " launch --nproc 2 --timeout 10 -- " + testing::cli() +
+                                           " train --config " + config_file +
+                                           " --set run.dir=" + (dir_ / "run").string());
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   EXPECT_NE(result.exit_code, 0) << result.output;
@@ -232,7 +281,8 @@ TEST_F(RunDirTest, AStoppedPeerEndsTheRunWithinItsTimeout) {
   EXPECT_NE(result.output.find("waiting for data from global rank 1 at 127.0.0.1"),
             std::string::npos)
       << result.output;
-  // 10 s of timeout, plus start-up and the stop of the other rank, but not the default 30 min.
+  // 10 s of timeout, plus start-up and the stop of the other rank, but not the default 30 min,
+  // nor the launcher's 10 s of grace for SIGTERM, which a stopped rank would hold.
   EXPECT_GE(seconds, 10.0);
   EXPECT_LT(seconds, 10.0 + 5.0 + 5.0) << "start-up included";
 }

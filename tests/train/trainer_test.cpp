@@ -86,6 +86,8 @@ TEST_F(TrainerTest, ResumeReproducesTheUninterruptedLossesExactly) {
   for (int i = 0; i < 3; ++i) EXPECT_EQ(head[i], all[i]) << "step " << i + 1;
 
   resumed_config.run.resume = saved;
+  // A run dir of its own: "run" belongs to `uninterrupted`, alive till the end of the test.
+  resumed_config.run.dir = (dir_ / "resumed").string();
   Trainer resumed(resumed_config);
   EXPECT_EQ(resumed.step(), 3);
   const auto tail = losses(resumed, 3);
