@@ -53,23 +53,8 @@ std::string CheckpointWriter::commit() {
   fs::rename(staging_, final_dir);
   // `latest` is replaced by rename too, so readers see the old or the new name, never half.
   const fs::path latest = fs::path(root_) / "latest";
-  const fs::path latest_tmp = fs::path(root_) / ".latest.tmp";
-  {
-    // Checked: an empty `latest` renamed over the good one would lose the run's place.
-    errno = 0;
-    std::ofstream out(latest_tmp, std::ios::trunc);
-    out << name_ << "\n";
-    out.close();
-    if (!out) {
-      const std::string message = detail::cannot_write(latest_tmp.string());
-      std::error_code ignored;
-      fs::remove(latest_tmp, ignored);
-      throw std::runtime_error(message);
-    }
-  }
-  fsync_path(latest_tmp);
-  fs::rename(latest_tmp, latest);
-  fsync_path(root_);
+  // Checked: an empty `latest` renamed over the good one would lose the run's place.
+  detail::replace_file(latest.string(), name_ + "\n", /*durable=*/true);
 
   std::vector<std::string> complete;
   for (const auto& entry : fs::directory_iterator(root_)) {

@@ -44,20 +44,7 @@ int merge_traces(const std::string& run_dir, const std::string& out_path) {
     for (auto& event : trace["traceEvents"]) events.push_back(std::move(event));
   }
   const nlohmann::json merged = {{"traceEvents", std::move(events)}, {"displayTimeUnit", "ms"}};
-  const std::string tmp = out_path + ".tmp";
-  {
-    errno = 0;
-    std::ofstream out(tmp, std::ios::binary);
-    out << merged.dump() << "\n";
-    out.close();
-    if (!out) {
-      const std::string message = detail::cannot_write(tmp);
-      std::error_code ignored;
-      fs::remove(tmp, ignored);
-      throw std::invalid_argument(message);
-    }
-  }
-  fs::rename(tmp, out_path);
+  detail::replace_file(out_path, merged.dump() + "\n");
   return static_cast<int>(files.size());
 }
 

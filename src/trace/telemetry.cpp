@@ -141,20 +141,7 @@ void Telemetry::write_trace(const std::string& path) const {
   const std::string text = trace().dump();
   const std::filesystem::path target(path);
   std::filesystem::create_directories(target.parent_path());
-  const std::string tmp = path + ".tmp";
-  {
-    errno = 0;
-    std::ofstream out(tmp, std::ios::binary);
-    out << text << "\n";
-    out.close();
-    if (!out) {
-      const std::string message = "the trace: " + cannot_write(tmp);
-      std::error_code ignored;
-      std::filesystem::remove(tmp, ignored);
-      throw std::runtime_error(message);
-    }
-  }
-  std::filesystem::rename(tmp, target);
+  replace_file(path, text + "\n");
 }
 
 const std::shared_ptr<Telemetry>& current_telemetry() { return current; }

@@ -85,20 +85,7 @@ void write_run_manifest(const TrainConfig& config, int world_size, int64_t resid
   nlohmann::ordered_json run = run_manifest(config, world_size);
   run["process"] = {{"resident_at_start", resident_at_start}};
   const std::filesystem::path path = std::filesystem::path(config.run.dir) / "run.json";
-  const std::filesystem::path tmp = path.string() + ".tmp";
-  {
-    errno = 0;
-    std::ofstream out(tmp);
-    out << run.dump(2) << "\n";
-    out.close();
-    if (!out) {
-      const std::string message = detail::cannot_write(tmp.string());
-      std::error_code ignored;
-      std::filesystem::remove(tmp, ignored);
-      throw std::runtime_error(message);
-    }
-  }
-  std::filesystem::rename(tmp, path);
+  replace_file(path.string(), run.dump(2) + "\n");
 }
 
 }  // namespace shardtrain::detail

@@ -37,22 +37,10 @@ void drop_metrics_after(const fs::path& metrics, int64_t step) {
       // a line cut short by the interruption
     }
   }
-  // Through a file beside it, renamed over it: a resume that cannot write (a full disk) leaves
-  // the metrics as they were.
-  const fs::path tmp = metrics.string() + ".tmp";
-  {
-    errno = 0;
-    std::ofstream rewrite(tmp, std::ios::trunc);
-    for (const auto& line : kept) rewrite << line << "\n";
-    rewrite.close();
-    if (!rewrite) {
-      const std::string message = detail::cannot_write(tmp.string());
-      std::error_code ignored;
-      fs::remove(tmp, ignored);
-      throw std::runtime_error(message);
-    }
-  }
-  fs::rename(tmp, metrics);
+  // Replaced whole: a resume that cannot write (a full disk) leaves the metrics as they were.
+  std::string text;
+  for (const auto& line : kept) text += line + "\n";
+  detail::replace_file(metrics.string(), text);
 }
 
 int64_t bytes_of(const std::vector<at::Tensor>& tensors) {

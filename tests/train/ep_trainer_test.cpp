@@ -6,7 +6,6 @@
 // another ep; settings that cannot split are refused with one message each.
 #include <gtest/gtest.h>
 
-#include <cctype>
 #include <filesystem>
 #include <fstream>
 
@@ -14,92 +13,17 @@
 #include "shardtrain/train.h"
 #include "support.h"
 #include "train/local_training.h"
-#include "train/run_config.h"
+#include "train/moe_training.h"
 
 namespace shardtrain {
 namespace {
 
 namespace fs = std::filesystem;
+using Layout = testing::MoeLayout;
+using RankRun = testing::MoeRun;
+using testing::expect_same_routing;
 
-struct Layout {
-  std::string name;
-  int world;
-  std::vector<std::string> keys;
-};
-
-struct RankRun {
-  std::vector<StepResult> steps;
-  std::string checkpoint;
-  std::vector<double> losses() const {
-    std::vector<double> out;
-    for (const auto& s : steps) out.push_back(s.loss);
-    return out;
-  }
-};
-
-RankRun run_on_ranks(int world, const TrainConfig& cfg, int steps) {
-  RankRun run;
-  auto body = [&](const std::shared_ptr<ProcessGroup>& group) {
-    Trainer trainer(cfg, group);
-    std::vector<StepResult> mine;
-    for (int i = 0; i < steps; ++i) mine.push_back(trainer.train_step());
-    const std::string dir = trainer.save_checkpoint();
-    if (!group || group->rank() == 0) {
-      run.steps = mine;
-      run.checkpoint = dir;
-    }
-  };
-  if (world == 1) {
-    body(nullptr);
-  } else {
-    run_local_ranks(world, [&](ProcessGroup& group) {
-      body(std::shared_ptr<ProcessGroup>(&group, [](ProcessGroup*) {}));
-    });
-  }
-  return run;
-}
-
-class ExpertParallelTrainerTest : public ::testing::TestWithParam<std::string> {
- protected:
-  void SetUp() override {
-    dir_ = testing::fresh_test_dir("shardtrain_ep");
-    std::ofstream corpus(dir_ / "corpus.txt");
-    for (int i = 0; i < 200; ++i) {
-      corpus << "sphinx of black quartz " << i % 7 << ", judge my vow " << i % 5 << ".\n";
-    }
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-
-  // A global batch of 8 sequences of 16 tokens: one process takes 4 micro-batches of 2; the
-  // layouts' keys set their micro-batches so that micro_batch x grad_accum x dp = 8.
-  TrainConfig config(const Layout& layout, const std::string& run,
-                     const std::vector<std::string>& more = {}) const {
-    std::vector<std::string> all = {"model.preset=\"" + GetParam() + "\"",
-                                    "model.vocab_size=260",
-                                    "data.seq_len=16",
-                                    "train.grad_accum=4",
-                                    "train.micro_batch=2",
-                                    "train.steps=10",
-                                    "train.lr=3e-3",
-                                    "train.eps=1e-6"};
-    all.insert(all.end(), layout.keys.begin(), layout.keys.end());
-    all.insert(all.end(), more.begin(), more.end());
-    return testing::tiny_run_config(dir_ / "corpus.txt", dir_ / run, all);
-  }
-
-  fs::path dir_;
-};
-
-void expect_same_routing(const RankRun& got, const RankRun& want) {
-  ASSERT_EQ(got.steps.size(), want.steps.size());
-  for (size_t i = 0; i < want.steps.size(); ++i) {
-    const StepResult &g = got.steps[i], &w = want.steps[i];
-    EXPECT_NEAR(g.aux_loss, w.aux_loss, 1e-5 * w.aux_loss) << "step " << i + 1;
-    EXPECT_EQ(g.expert_tokens_min, w.expert_tokens_min) << "step " << i + 1;
-    EXPECT_EQ(g.expert_tokens_max, w.expert_tokens_max) << "step " << i + 1;
-    EXPECT_EQ(g.expert_tokens_mean, w.expert_tokens_mean) << "step " << i + 1;
-  }
-}
+class ExpertParallelTrainerTest : public testing::MoeTrainingTest {};
 
 // Two data-parallel ranks take micro-batches of 1 (4 each); four take micro-batches of 1, 2 each.
 const std::vector<std::string> kTwoDp = {"train.micro_batch=1"};
@@ -111,7 +35,7 @@ std::vector<std::string> with(std::vector<std::string> keys, const std::vector<s
 }
 
 TEST_P(ExpertParallelTrainerTest, EveryLayoutTrainsAsOneProcess) {
-  const RankRun want = run_on_ranks(1, config(Layout{"one", 1, {}}, "one"), 10);
+  const RankRun want = testing::run_moe(1, config(Layout{"one", 1, {}}, "one"), 10);
   const std::string ddp = "parallel.strategy=\"ddp\"", fsdp = "parallel.strategy=\"fsdp\"";
   const std::vector<Layout> layouts = {
       {"ep2", 2, with({ddp, "parallel.ep=2"}, kTwoDp)},
@@ -135,7 +59,7 @@ TEST_P(ExpertParallelTrainerTest, EveryLayoutTrainsAsOneProcess) {
   };
   for (const Layout& layout : layouts) {
     SCOPED_TRACE(layout.name);
-    const RankRun got = run_on_ranks(layout.world, config(layout, layout.name), 10);
+    const RankRun got = testing::run_moe(layout.world, config(layout, layout.name), 10);
     testing::expect_same_losses(got.losses(), want.losses(), 1e-5);
     expect_same_routing(got, want);
     testing::expect_same_parameters(got.checkpoint, want.checkpoint);
@@ -143,9 +67,9 @@ TEST_P(ExpertParallelTrainerTest, EveryLayoutTrainsAsOneProcess) {
 }
 
 TEST_P(ExpertParallelTrainerTest, ACheckpointResumesAtAnotherEp) {
-  const RankRun whole = run_on_ranks(1, config(Layout{"one", 1, {}}, "whole"), 6);
+  const RankRun whole = testing::run_moe(1, config(Layout{"one", 1, {}}, "whole"), 6);
   const Layout ep2{"ep2", 2, with({"parallel.strategy=\"fsdp\"", "parallel.ep=2"}, kTwoDp)};
-  const RankRun first = run_on_ranks(2, config(ep2, "first"), 3);
+  const RankRun first = testing::run_moe(2, config(ep2, "first"), 3);
   // Every expert is in the checkpoint, whichever rank wrote it.
   const ShardedCheckpointReader saved(first.checkpoint);
   for (int e = 0; e < 4; ++e) {
@@ -160,7 +84,7 @@ TEST_P(ExpertParallelTrainerTest, ACheckpointResumesAtAnotherEp) {
   };
   for (const Layout& layout : next) {
     SCOPED_TRACE(layout.name);
-    const RankRun rest = run_on_ranks(layout.world, config(layout, layout.name, {resume}), 3);
+    const RankRun rest = testing::run_moe(layout.world, config(layout, layout.name, {resume}), 3);
     testing::expect_same_losses(
         rest.losses(), {whole.steps[3].loss, whole.steps[4].loss, whole.steps[5].loss}, 1e-5);
     testing::expect_same_parameters(rest.checkpoint, whole.checkpoint);
@@ -220,11 +144,7 @@ TEST_P(ExpertParallelTrainerTest, RefusesWhatCannotSplit) {
 
 INSTANTIATE_TEST_SUITE_P(Models, ExpertParallelTrainerTest,
                          ::testing::Values("tiny-moe", "tiny-qwen3-moe"),
-                         [](const ::testing::TestParamInfo<std::string>& info) {
-                           std::string name = info.param;
-                           for (char& ch : name) ch = std::isalnum(ch) ? ch : '_';
-                           return name;
-                         });
+                         testing::preset_test_name);
 
 }  // namespace
 }  // namespace shardtrain

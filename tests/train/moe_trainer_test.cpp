@@ -6,7 +6,6 @@
 // ep_trainer_test.cpp.
 #include <gtest/gtest.h>
 
-#include <cctype>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -18,97 +17,26 @@
 #include "shardtrain/train.h"
 #include "support.h"
 #include "train/local_training.h"
-#include "train/run_config.h"
+#include "train/moe_training.h"
 
 namespace shardtrain {
 namespace {
 
 namespace fs = std::filesystem;
+using Layout = testing::MoeLayout;
+using RankRun = testing::MoeRun;
+using testing::expect_same_routing;
 
-struct Layout {
-  std::string name;
-  int world;
-  std::vector<std::string> keys;
-};
-
-// Rank 0's step results, and the checkpoint written after the last step.
-struct RankRun {
-  std::vector<StepResult> steps;
-  std::string checkpoint;
-  std::vector<double> losses() const {
-    std::vector<double> out;
-    for (const auto& s : steps) out.push_back(s.loss);
-    return out;
-  }
-};
-
-RankRun run_on_ranks(int world, const TrainConfig& cfg, int steps) {
-  RankRun run;
-  auto body = [&](const std::shared_ptr<ProcessGroup>& group) {
-    Trainer trainer(cfg, group);
-    std::vector<StepResult> mine;
-    for (int i = 0; i < steps; ++i) mine.push_back(trainer.train_step());
-    const std::string dir = trainer.save_checkpoint();
-    if (!group || group->rank() == 0) {
-      run.steps = mine;
-      run.checkpoint = dir;
-    }
-  };
-  if (world == 1) {
-    body(nullptr);
-  } else {
-    run_local_ranks(world, [&](ProcessGroup& group) {
-      body(std::shared_ptr<ProcessGroup>(&group, [](ProcessGroup*) {}));
-    });
-  }
-  return run;
-}
-
-class MoeTrainerTest : public ::testing::TestWithParam<std::string> {
+// Four micro-batches of 2 sequences of 16 tokens per step (the pipeline's), as the families'
+// test; data-parallel layouts take half a micro-batch each. Six steps.
+class MoeTrainerTest : public testing::MoeTrainingTest {
  protected:
-  void SetUp() override {
-    dir_ = testing::fresh_test_dir("shardtrain_moe");
-    std::ofstream corpus(dir_ / "corpus.txt");
-    for (int i = 0; i < 200; ++i) {
-      corpus << "sphinx of black quartz " << i % 7 << ", judge my vow " << i % 5 << ".\n";
-    }
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-
-  // Four micro-batches of 2 sequences of 16 tokens per step (the pipeline's), as the families'
-  // test; data-parallel layouts take half a micro-batch each.
-  TrainConfig config(const Layout& layout, const std::string& run,
-                     const std::vector<std::string>& more = {}) const {
-    std::vector<std::string> all = {"model.preset=\"" + GetParam() + "\"",
-                                    "model.vocab_size=260",
-                                    "data.seq_len=16",
-                                    "train.grad_accum=4",
-                                    "train.micro_batch=2",
-                                    "train.steps=6",
-                                    "train.lr=3e-3",
-                                    "train.eps=1e-6"};
-    all.insert(all.end(), layout.keys.begin(), layout.keys.end());
-    all.insert(all.end(), more.begin(), more.end());
-    return testing::tiny_run_config(dir_ / "corpus.txt", dir_ / run, all);
-  }
-
-  fs::path dir_;
+  MoeTrainerTest() { steps_ = 6; }
 };
-
-void expect_same_routing(const RankRun& got, const RankRun& want) {
-  ASSERT_EQ(got.steps.size(), want.steps.size());
-  for (size_t i = 0; i < want.steps.size(); ++i) {
-    const StepResult &g = got.steps[i], &w = want.steps[i];
-    EXPECT_NEAR(g.aux_loss, w.aux_loss, 1e-5 * w.aux_loss) << "step " << i + 1;
-    EXPECT_EQ(g.expert_tokens_min, w.expert_tokens_min) << "step " << i + 1;
-    EXPECT_EQ(g.expert_tokens_max, w.expert_tokens_max) << "step " << i + 1;
-    EXPECT_EQ(g.expert_tokens_mean, w.expert_tokens_mean) << "step " << i + 1;
-  }
-}
 
 TEST_P(MoeTrainerTest, EveryStrategyTrainsAsOneProcess) {
   const Layout one{"one", 1, {}};
-  const RankRun want = run_on_ranks(1, config(one, "one"), 6);
+  const RankRun want = testing::run_moe(1, config(one, "one"), 6);
   // The routing of a whole global batch: 8 sequences x 16 tokens x 2 experts over 4 experts.
   for (const StepResult& step : want.steps) {
     EXPECT_EQ(step.expert_tokens_mean, 8 * 16 * 2 / 4);
@@ -126,7 +54,7 @@ TEST_P(MoeTrainerTest, EveryStrategyTrainsAsOneProcess) {
       {"ckpt", 1, {"train.activation_checkpointing=true"}}};
   for (const Layout& layout : layouts) {
     SCOPED_TRACE(layout.name);
-    const RankRun got = run_on_ranks(layout.world, config(layout, layout.name), 6);
+    const RankRun got = testing::run_moe(layout.world, config(layout, layout.name), 6);
     testing::expect_same_losses(got.losses(), want.losses(), 1e-5);
     expect_same_routing(got, want);
     testing::expect_same_parameters(got.checkpoint, want.checkpoint);
@@ -148,9 +76,9 @@ TEST_P(MoeTrainerTest, EveryStrategyTrainsAsOneProcess) {
 
 TEST_P(MoeTrainerTest, TheLoadBalancingLossChangesTheTraining) {
   const Layout one{"one", 1, {}};
-  const RankRun with = run_on_ranks(1, config(one, "with"), 3);
+  const RankRun with = testing::run_moe(1, config(one, "with"), 3);
   const RankRun without =
-      run_on_ranks(1, config(one, "without", {"model.router_aux_loss_coef=0"}), 3);
+      testing::run_moe(1, config(one, "without", {"model.router_aux_loss_coef=0"}), 3);
   // The same first step (the loss it returns never includes the load-balancing loss); the
   // gradients differ, so the steps after do.
   EXPECT_DOUBLE_EQ(with.steps[0].loss, without.steps[0].loss);
@@ -160,9 +88,9 @@ TEST_P(MoeTrainerTest, TheLoadBalancingLossChangesTheTraining) {
 TEST_P(MoeTrainerTest, LoraAdaptsTheExpertsAndCheckpointsResumeUnderAnotherStrategy) {
   const Layout one{"one", 1, {}};
   const std::vector<std::string> lora = {"lora.rank=4", "lora.alpha=8"};
-  const RankRun single = run_on_ranks(1, config(one, "lora_one", lora), 4);
+  const RankRun single = testing::run_moe(1, config(one, "lora_one", lora), 4);
   const Layout fsdp{"lora_fsdp", 2, {"parallel.strategy=\"fsdp\"", "train.micro_batch=1"}};
-  const RankRun sharded = run_on_ranks(2, config(fsdp, "lora_fsdp", lora), 4);
+  const RankRun sharded = testing::run_moe(2, config(fsdp, "lora_fsdp", lora), 4);
   testing::expect_same_losses(sharded.losses(), single.losses(), 1e-5);
   const ShardedCheckpointReader adapters(single.checkpoint);
   EXPECT_NE(adapters.find("blocks.1.moe.experts.3.down.lora_B.weight"), nullptr);
@@ -178,13 +106,13 @@ TEST_P(MoeTrainerTest, LoraAdaptsTheExpertsAndCheckpointsResumeUnderAnotherStrat
   EXPECT_EQ(merged->config().n_experts, 4);
   load_hf_weights(merged, (dir_ / "merged").string());
 
-  const RankRun whole = run_on_ranks(1, config(one, "whole"), 4);
-  const RankRun first = run_on_ranks(
+  const RankRun whole = testing::run_moe(1, config(one, "whole"), 4);
+  const RankRun first = testing::run_moe(
       2, config(Layout{"fsdp", 2, {"parallel.strategy=\"fsdp\"", "train.micro_batch=1"}}, "first"),
       2);
   const Layout pp{"pp2", 2, {"parallel.pp=2"}};
   const RankRun rest =
-      run_on_ranks(2, config(pp, "resumed", {"run.resume=\"" + first.checkpoint + "\""}), 2);
+      testing::run_moe(2, config(pp, "resumed", {"run.resume=\"" + first.checkpoint + "\""}), 2);
   testing::expect_same_losses(rest.losses(), {whole.steps[2].loss, whole.steps[3].loss}, 1e-5);
 }
 
@@ -196,11 +124,7 @@ TEST_P(MoeTrainerTest, RefusesContextParallelism) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, MoeTrainerTest, ::testing::Values("tiny-moe", "tiny-qwen3-moe"),
-                         [](const ::testing::TestParamInfo<std::string>& info) {
-                           std::string name = info.param;
-                           for (char& ch : name) ch = std::isalnum(ch) ? ch : '_';
-                           return name;
-                         });
+                         testing::preset_test_name);
 
 }  // namespace
 }  // namespace shardtrain

@@ -8,6 +8,7 @@
 #include <numeric>
 #include <stdexcept>
 
+#include "parallel/autograd_group.h"
 #include "parallel/expert/expert_parallel.h"
 
 namespace shardtrain {
@@ -16,12 +17,6 @@ namespace {
 
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
-
-// Autograd saves IValues; the group outlives every graph built with it (the model holds it).
-int64_t handle_of(ProcessGroup& group) { return reinterpret_cast<intptr_t>(&group); }
-ProcessGroup& group_of(AutogradContext* ctx) {
-  return *reinterpret_cast<ProcessGroup*>(ctx->saved_data["group"].toInt());
-}
 
 // `sent[r]` rows of `rows` to rank r, in order; `received[r]` rows from rank r, in rank order.
 at::Tensor exchange(const at::Tensor& rows, ProcessGroup& group, const std::vector<int64_t>& sent,
@@ -43,7 +38,7 @@ class AllToAllRows : public torch::autograd::Function<AllToAllRows> {
     ctx->saved_data["received"] = received;
     ctx->saved_data["width"] = rows.numel() / std::max<int64_t>(rows.size(0), 1);
     ctx->saved_data["dtype"] = static_cast<int64_t>(rows.scalar_type());
-    return exchange(rows, group_of(ctx), sent, received);
+    return exchange(rows, detail::saved_group(ctx), sent, received);
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const std::vector<int64_t> sent = ctx->saved_data["sent"].toIntVector();
@@ -55,7 +50,7 @@ class AllToAllRows : public torch::autograd::Function<AllToAllRows> {
       grad = at::zeros({rows, ctx->saved_data["width"].toInt()},
                        static_cast<at::ScalarType>(ctx->saved_data["dtype"].toInt()));
     }
-    return {exchange(grad, group_of(ctx), received, sent), at::Tensor(), at::Tensor(),
+    return {exchange(grad, detail::saved_group(ctx), received, sent), at::Tensor(), at::Tensor(),
             at::Tensor()};
   }
 };
@@ -131,7 +126,7 @@ class AllToAllSplit : public ExpertSplit {
                          .index_copy_(0, route->by_expert,
                                       at::arange(static_cast<int64_t>(order.size()), index));
     const at::Tensor arrived =
-        AllToAllRows::apply(rows, handle_of(*group_), route->sent, route->received);
+        AllToAllRows::apply(rows, detail::group_handle(*group_), route->sent, route->received);
     // The experts' gradients are averaged over the data-parallel ranks that hold the same
     // experts (the expert mesh), not over every data-parallel rank as the rest of the model's
     // are, yet they are sums over the tokens of all `peers` ranks: the gradient through the
@@ -149,7 +144,7 @@ class AllToAllSplit : public ExpertSplit {
     const auto& route = *std::static_pointer_cast<Route>(received.route);
     const at::Tensor scaled =
         ScaleGradient::apply(outputs, 1.0 / static_cast<double>(group_->size()));
-    return AllToAllRows::apply(scaled.index_select(0, route.by_peer), handle_of(*group_),
+    return AllToAllRows::apply(scaled.index_select(0, route.by_peer), detail::group_handle(*group_),
                                route.received, route.sent);
   }
 

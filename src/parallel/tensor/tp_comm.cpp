@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "model/chunked_loss.h"
+#include "parallel/autograd_group.h"
 #include "shardtrain/tensor_parallel.h"
 #include "trace/telemetry.h"
 
@@ -15,12 +16,6 @@ namespace {
 
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
-
-// Autograd saves IValues; the group outlives every graph built with it (the model holds it).
-int64_t handle_of(ProcessGroup& group) { return reinterpret_cast<intptr_t>(&group); }
-ProcessGroup& group_of(AutogradContext* ctx) {
-  return *reinterpret_cast<ProcessGroup*>(ctx->saved_data["group"].toInt());
-}
 
 // Runs one blocking collective of `bytes`, counted as tensor-parallel communication of the
 // calling thread's telemetry (metrics.jsonl's comm.tp_seconds).
@@ -77,7 +72,7 @@ class CopyToParallel : public torch::autograd::Function<CopyToParallel> {
     return x.view_as(x);
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    return {all_reduced(grads[0], group_of(ctx)), at::Tensor()};
+    return {all_reduced(grads[0], detail::saved_group(ctx)), at::Tensor()};
   }
 };
 
@@ -98,7 +93,7 @@ class GatherSequence : public torch::autograd::Function<GatherSequence> {
     return sequence_gathered(x, *reinterpret_cast<ProcessGroup*>(group));
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    return {sequence_reduce_scattered(grads[0], group_of(ctx)), at::Tensor()};
+    return {sequence_reduce_scattered(grads[0], detail::saved_group(ctx)), at::Tensor()};
   }
 };
 
@@ -109,7 +104,7 @@ class ReduceScatterSequence : public torch::autograd::Function<ReduceScatterSequ
     return sequence_reduce_scattered(x, *reinterpret_cast<ProcessGroup*>(group));
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    return {sequence_gathered(grads[0], group_of(ctx)), at::Tensor()};
+    return {sequence_gathered(grads[0], detail::saved_group(ctx)), at::Tensor()};
   }
 };
 
@@ -168,19 +163,19 @@ class VocabParallelCrossEntropy : public torch::autograd::Function<VocabParallel
 }  // namespace
 
 at::Tensor copy_to_tensor_parallel(const at::Tensor& x, ProcessGroup& group) {
-  return CopyToParallel::apply(x, handle_of(group));
+  return CopyToParallel::apply(x, detail::group_handle(group));
 }
 
 at::Tensor reduce_from_tensor_parallel(const at::Tensor& x, ProcessGroup& group) {
-  return ReduceFromParallel::apply(x, handle_of(group));
+  return ReduceFromParallel::apply(x, detail::group_handle(group));
 }
 
 at::Tensor gather_sequence(const at::Tensor& x, ProcessGroup& group) {
-  return GatherSequence::apply(x, handle_of(group));
+  return GatherSequence::apply(x, detail::group_handle(group));
 }
 
 at::Tensor reduce_scatter_sequence(const at::Tensor& x, ProcessGroup& group) {
-  return ReduceScatterSequence::apply(x, handle_of(group));
+  return ReduceScatterSequence::apply(x, detail::group_handle(group));
 }
 
 at::Tensor vocab_parallel_cross_entropy(const at::Tensor& local_logits, const at::Tensor& targets,
@@ -189,7 +184,8 @@ at::Tensor vocab_parallel_cross_entropy(const at::Tensor& local_logits, const at
       local_logits.dim() == 2 && targets.dim() == 1 && local_logits.size(0) == targets.size(0),
       "vocab_parallel_cross_entropy: expected logits [N, V/size] and targets [N], got ",
       local_logits.sizes(), " and ", targets.sizes());
-  return VocabParallelCrossEntropy::apply(local_logits, targets, handle_of(group), divisor);
+  return VocabParallelCrossEntropy::apply(local_logits, targets, detail::group_handle(group),
+                                          divisor);
 }
 
 void all_reduce_tensor_parallel(at::Tensor& x, ProcessGroup& group, ReduceOp op) {
