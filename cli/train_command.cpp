@@ -41,9 +41,11 @@ void add_train_command(CLI::App& app) {
     const RendezvousInfo launched = rendezvous_info(current_environment());
     const int world_size = launched.world_size;
     std::vector<std::string> all;
-    if (!a->deepspeed.empty()) all = deepspeed_overrides(a->deepspeed, world_size);
+    std::vector<ImportNote> ds_notes;
+    std::vector<ImportNote> accelerate_notes;
+    if (!a->deepspeed.empty()) all = deepspeed_overrides(a->deepspeed, world_size, &ds_notes);
     if (!a->accelerate.empty()) {
-      const auto imported = accelerate_overrides(a->accelerate, world_size);
+      const auto imported = accelerate_overrides(a->accelerate, world_size, &accelerate_notes);
       all.insert(all.end(), imported.begin(), imported.end());
     }
     // `shardtrain launch --timeout` reaches every rank through the environment; --set wins.
@@ -52,6 +54,16 @@ void add_train_command(CLI::App& app) {
     }
     all.insert(all.end(), a->overrides.begin(), a->overrides.end());
     TrainConfig config = load_train_config(a->config, all);
+    // What the imported files left to the TOML or took from their tools' defaults, once.
+    if (launched.rank == 0) {
+      for (const auto& [file, notes] :
+           {std::pair{a->deepspeed, ds_notes}, std::pair{a->accelerate, accelerate_notes}}) {
+        for (const std::string& line : describe_import_notes(config, file, notes)) {
+          std::cout << line << "\n";
+        }
+      }
+      std::cout.flush();
+    }
     // Under a launcher (torchrun, mpirun, srun, shardtrain launch) every rank joins the world.
     std::shared_ptr<ProcessGroup> world;
     if (world_size > 1) {

@@ -55,7 +55,8 @@ struct TrainSection {
   double lr = 1e-3;
   double min_lr = 1e-4;
   int64_t warmup = 10;
-  std::string schedule = "cosine";  // "cosine", "linear" or "constant" after warmup
+  std::string schedule = "cosine";     // "cosine", "linear" or "constant" after warmup
+  std::string warmup_type = "linear";  // "linear" or "log" (DeepSpeed's default shape)
   double weight_decay = 0.1;
   double beta1 = 0.9;
   double beta2 = 0.95;
@@ -91,6 +92,10 @@ struct PrecisionSection {
   double initial_scale = 65536.0;
   int64_t scale_window = 1000;
   double min_scale = 1.0;
+  // Overflows absorbed before the scale is lowered (DeepSpeed's fp16.hysteresis); with
+  // consecutive_hysteresis the count refills at every good step, else at every growth.
+  int64_t hysteresis = 1;
+  bool consecutive_hysteresis = false;
   // The dtypes of FSDP's mixed-precision policy: "fp32" or "bf16".
   std::string param_dtype = "fp32";   // gathered parameters the model computes with
   std::string reduce_dtype = "fp32";  // gradient reduction
@@ -238,17 +243,35 @@ TrainConfig load_train_config(const std::string& path,
 // the file, e.g. "zero_optimization.stage3_foo") and the value; nothing is silently downgraded.
 // docs/deepspeed.md lists every key and what it becomes.
 
+// What an imported file left to the TOML config or took from its tool's defaults, told to the
+// user one line each before training (describe_import_notes).
+struct ImportNote {
+  std::string file_key;    // the key's path in the file ("bf16.enabled"), or the section absent
+  std::string config_key;  // the key that keeps the TOML config's (or --set's) value; or empty
+  std::string text;        // for a default the importer chose: what and why
+};
+
+// One line per note: "FILE: 'bf16.enabled' is \"auto\": precision.param_dtype = \"fp32\" (from the
+// TOML config)", or "FILE: no 'scheduler': constant learning rate ...".
+std::vector<std::string> describe_import_notes(const TrainConfig& config, const std::string& file,
+                                               const std::vector<ImportNote>& notes);
+
 // DeepSpeed's ds_config.json: zero_optimization, bf16, fp16, gradient_clipping, the three batch
 // sizes ("auto" resolved from the others and world_size), optimizer (Adam/AdamW) and scheduler
 // (WarmupLR, WarmupDecayLR, WarmupCosineLR). `source` names the text in errors.
+// `notes`, when given, receives what the file left to the TOML config or to DeepSpeed's defaults.
 std::vector<std::string> deepspeed_overrides_from_json(const std::string& json_text,
-                                                       const std::string& source, int world_size);
-std::vector<std::string> deepspeed_overrides(const std::string& path, int world_size);
+                                                       const std::string& source, int world_size,
+                                                       std::vector<ImportNote>* notes = nullptr);
+std::vector<std::string> deepspeed_overrides(const std::string& path, int world_size,
+                                             std::vector<ImportNote>* notes = nullptr);
 
 // accelerate's config YAML with distributed_type FSDP: its fsdp_config section, mixed_precision
 // and num_processes (which must equal world_size).
 std::vector<std::string> accelerate_overrides_from_yaml(const std::string& yaml_text,
-                                                        const std::string& source, int world_size);
-std::vector<std::string> accelerate_overrides(const std::string& path, int world_size);
+                                                        const std::string& source, int world_size,
+                                                        std::vector<ImportNote>* notes = nullptr);
+std::vector<std::string> accelerate_overrides(const std::string& path, int world_size,
+                                              std::vector<ImportNote>* notes = nullptr);
 
 }  // namespace shardtrain

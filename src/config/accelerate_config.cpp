@@ -197,7 +197,8 @@ void import_fsdp(const YAML::Node& section, Overrides& out) {
 // accelerate's deepspeed_config block (what `accelerate config` writes for DeepSpeed without a
 // ds_config.json file): the ZeRO stage, offload devices, accumulation and clipping.
 void import_deepspeed(const YAML::Node& node, Overrides& out) {
-  if (!node.IsMap()) throw std::invalid_argument("accelerate config key 'deepspeed_config': expected a mapping");
+  if (!node.IsMap())
+    throw std::invalid_argument("accelerate config key 'deepspeed_config': expected a mapping");
   out.set_string("parallel.strategy", "zero");
   for (const auto& item : node) {
     const std::string key = item.first.as<std::string>();
@@ -251,7 +252,8 @@ void import_mixed_precision(const std::string& value, bool fsdp, Overrides& out)
 }  // namespace
 
 std::vector<std::string> accelerate_overrides_from_yaml(const std::string& yaml_text,
-                                                        const std::string& source, int world_size) {
+                                                        const std::string& source, int world_size,
+                                                        std::vector<ImportNote>* notes) {
   detail::require_world_size(world_size);
   YAML::Node doc;
   try {
@@ -308,15 +310,17 @@ std::vector<std::string> accelerate_overrides_from_yaml(const std::string& yaml_
         unknown_key(key);
       }
     }
+    if (notes) *notes = out.notes();
     return out.list();
   } catch (const std::invalid_argument& e) {
     throw std::invalid_argument(source + ": " + e.what());
   }
 }
 
-std::vector<std::string> accelerate_overrides(const std::string& path, int world_size) {
+std::vector<std::string> accelerate_overrides(const std::string& path, int world_size,
+                                              std::vector<ImportNote>* notes) {
   return accelerate_overrides_from_yaml(detail::read_config_file(path, "accelerate config"), path,
-                                        world_size);
+                                        world_size, notes);
 }
 
 }  // namespace shardtrain

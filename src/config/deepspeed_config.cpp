@@ -55,8 +55,8 @@ void import_batch(const Json& ds, int world_size, Overrides& out) {
     accum = 1;
     micro = divide(*total, 1, "train_micro_batch_size_per_gpu");
   }
-  if (micro) out.set_int("train.micro_batch", *micro);
-  if (accum) out.set_int("train.grad_accum", *accum);
+  out.set_int_or_keep("train_micro_batch_size_per_gpu", "train.micro_batch", micro);
+  out.set_int_or_keep("gradient_accumulation_steps", "train.grad_accum", accum);
 }
 
 // `data_parallel_only`: ZeRO stage 0 (plain DDP), which has no parameter dtype policy here, so
@@ -75,9 +75,11 @@ void import_bf16(const Json& section, bool data_parallel_only, Overrides& out) {
       detail::unknown_key(path);
     }
   }
-  if (enabled.value_or(false) && data_parallel_only) {
+  if (!enabled) {
+    out.keep("bf16.enabled", data_parallel_only ? "precision.autocast" : "precision.param_dtype");
+  } else if (*enabled && data_parallel_only) {
     out.set_string("precision.autocast", "bf16");
-  } else if (enabled.value_or(false)) {
+  } else if (*enabled) {
     // DeepSpeed's bf16 computes with bf16 weights, keeps fp32 master weights in the optimizer
     // and communicates gradients in the model's dtype: bf16.
     out.set_string("precision.param_dtype", "bf16");
@@ -88,10 +90,15 @@ void import_bf16(const Json& section, bool data_parallel_only, Overrides& out) {
 
 void import_fp16(const Json& section, Overrides& out) {
   detail::object_at(section, "fp16");
-  const bool enabled = section.contains("enabled") &&
-                       bool_or_auto(section.at("enabled"), "fp16.enabled").value_or(false);
+  const auto enabled_or_auto = section.contains("enabled")
+                                   ? bool_or_auto(section.at("enabled"), "fp16.enabled")
+                                   : std::optional<bool>(false);
+  if (!enabled_or_auto) out.keep("fp16.enabled", "precision.autocast");
+  const bool enabled = enabled_or_auto.value_or(false);
   Overrides scaling;
   bool dynamic = true;
+  // DeepSpeed lowers the scale at the second overflow in a row unless told otherwise.
+  int64_t hysteresis = 2;
   for (const auto& [key, value] : section.items()) {
     const std::string path = "fp16." + key;
     if (key == "enabled" || key == "auto_cast") {
@@ -106,26 +113,19 @@ void import_fp16(const Json& section, Overrides& out) {
     } else if (key == "initial_scale_power") {
       if (const auto power = int_or_auto(value, path)) {
         scaling.set_float("precision.initial_scale", std::ldexp(1.0, static_cast<int>(*power)));
+      } else {
+        scaling.keep(path, "precision.initial_scale");
       }
     } else if (key == "loss_scale_window") {
-      if (const auto window = int_or_auto(value, path)) {
-        scaling.set_int("precision.scale_window", *window);
-      }
+      scaling.set_int_or_keep(path, "precision.scale_window", int_or_auto(value, path));
     } else if (key == "min_loss_scale") {
-      if (const auto min = number_or_auto(value, path)) {
-        scaling.set_float("precision.min_scale", *min);
-      }
+      scaling.set_float_or_keep(path, "precision.min_scale", number_or_auto(value, path));
     } else if (key == "hysteresis") {
-      // shardtrain lowers the scale at the first overflow; DeepSpeed's hysteresis H waits for H.
-      if (enabled) {
-        detail::require_value(value, path, 1,
-                              "only hysteresis 1 is supported (the scale is lowered at every "
-                              "overflow)");
-      }
+      const auto h = int_or_auto(value, path);
+      if (h && *h < 1) bad_value(path, value, "must be at least 1");
+      if (h) hysteresis = *h;
     } else if (key == "consecutive_hysteresis") {
-      if (enabled) {
-        detail::require_value(value, path, false, "only false is supported (no hysteresis)");
-      }
+      scaling.set_bool_or_keep(path, "precision.consecutive_hysteresis", bool_or_auto(value, path));
     } else {
       detail::unknown_key(path);
     }
@@ -133,6 +133,12 @@ void import_fp16(const Json& section, Overrides& out) {
   if (!enabled) return;
   out.set_string("precision.autocast", "fp16");
   if (dynamic) out.set_string("precision.loss_scale", "dynamic");
+  if (!section.contains("hysteresis")) {
+    out.decide("fp16.hysteresis",
+               "absent: DeepSpeed's default 2 (the scale is lowered at the "
+               "second overflow)");
+  }
+  out.set_int("precision.hysteresis", hysteresis);
   out.append(scaling);
 }
 
@@ -213,9 +219,9 @@ void import_zero(const Json& section, int world_size, Overrides& out) {
     const std::string path = "zero_optimization." + key;
     if (key == "stage") continue;
     if (bool_keys.count(key)) {
-      if (const auto b = bool_or_auto(value, path)) out.set_bool(bool_keys.at(key), *b);
+      out.set_bool_or_keep(path, bool_keys.at(key), bool_or_auto(value, path));
     } else if (int_keys.count(key)) {
-      if (const auto n = int_or_auto(value, path)) out.set_int(int_keys.at(key), *n);
+      out.set_int_or_keep(path, int_keys.at(key), int_or_auto(value, path));
     } else if (key == "offload_optimizer" || key == "offload_param") {
       import_offload(value, key, out, pin, nvme_path);
     } else if (key == "reduce_scatter" || key == "allgather_partitions" ||
@@ -223,7 +229,8 @@ void import_zero(const Json& section, int world_size, Overrides& out) {
       detail::require_value(value, path, true,
                             "only true is supported (the behaviour shardtrain always has)");
     } else if (key == "round_robin_gradients") {
-      detail::require_value(value, path, false, "only false is supported");
+      // The order in which ranks copy their gradient partitions out: the same sums.
+      bool_or_auto(value, path);
     } else if (key == "stage3_gather_16bit_weights_on_model_save" ||
                key == "stage3_gather_fp16_weights_on_model_save") {
       // Checkpoints always record every tensor whole (by slices), so either value is honoured.
@@ -250,7 +257,8 @@ void import_zero(const Json& section, int world_size, Overrides& out) {
         bad_value(path, section.at("mics_shard_size"),
                   "must divide the world size " + std::to_string(world_size));
       }
-      const bool offload = section.contains("offload_optimizer") || section.contains("offload_param");
+      const bool offload =
+          section.contains("offload_optimizer") || section.contains("offload_param");
       out.set_string("parallel.strategy", "fsdp");
       out.set_string("parallel.fsdp.sharding", "hybrid_shard");
       out.set_int("parallel.fsdp.replicate", world_size / *size);
@@ -262,7 +270,8 @@ void import_zero(const Json& section, int world_size, Overrides& out) {
 }  // namespace
 
 std::vector<std::string> deepspeed_overrides_from_json(const std::string& json_text,
-                                                       const std::string& source, int world_size) {
+                                                       const std::string& source, int world_size,
+                                                       std::vector<ImportNote>* notes) {
   detail::require_world_size(world_size);
   Json ds;
   try {
@@ -288,34 +297,49 @@ std::vector<std::string> deepspeed_overrides_from_json(const std::string& json_t
       } else if (key == "fp16") {
         import_fp16(value, out);
       } else if (key == "gradient_clipping") {
-        if (const auto clip = number_or_auto(value, key)) out.set_float("train.clip", *clip);
+        out.set_float_or_keep(key, "train.clip", number_or_auto(value, key));
       } else if (key == "steps_per_print") {
-        if (const auto every = int_or_auto(value, key)) out.set_int("run.log_every", *every);
-      } else if (key == "wall_clock_breakdown" || key == "zero_allow_untested_optimizer") {
-        bool_or_auto(value, key);  // logging, and a DeepSpeed-side safety check
+        out.set_int_or_keep(key, "run.log_every", int_or_auto(value, key));
+      } else if (key == "wall_clock_breakdown" || key == "zero_allow_untested_optimizer" ||
+                 key == "prescale_gradients") {
+        // Logging, a DeepSpeed-side safety check, and whether gradients are divided by the
+        // ranks before or after they are summed: the same average.
+        bool_or_auto(value, key);
+      } else if (key == "gradient_predivide_factor") {
+        number_or_auto(value, key);  // a split of the same division, before and after the sum
       } else if (key == "optimizer") {
         optimizer_lr = detail::import_ds_optimizer(value, out);
       } else if (key != "scheduler") {
         detail::unknown_key(key);
       }
     }
-    if (ds.contains("scheduler"))
+    if (ds.contains("scheduler")) {
       detail::import_ds_scheduler(ds.at("scheduler"), optimizer_lr, out);
+    } else if (ds.contains("optimizer")) {
+      // DeepSpeed without a scheduler keeps the optimizer's learning rate throughout.
+      out.set_string("train.schedule", "constant");
+      out.set_int("train.warmup", 0);
+      out.decide("scheduler", "absent: a constant learning rate without warmup (DeepSpeed's)");
+    } else {
+      out.keep("scheduler", "train.schedule");
+    }
     auto enabled = [&](const char* key) {
       return ds.contains(key) && ds.at(key).contains("enabled") && ds.at(key).at("enabled") == true;
     };
     if (enabled("bf16") && enabled("fp16")) {
       throw std::invalid_argument("ds_config: bf16.enabled and fp16.enabled cannot both be true");
     }
+    if (notes) *notes = out.notes();
     return out.list();
   } catch (const std::invalid_argument& e) {
     throw std::invalid_argument(source + ": " + e.what());
   }
 }
 
-std::vector<std::string> deepspeed_overrides(const std::string& path, int world_size) {
+std::vector<std::string> deepspeed_overrides(const std::string& path, int world_size,
+                                             std::vector<ImportNote>* notes) {
   return deepspeed_overrides_from_json(detail::read_config_file(path, "DeepSpeed config"), path,
-                                       world_size);
+                                       world_size, notes);
 }
 
 }  // namespace shardtrain

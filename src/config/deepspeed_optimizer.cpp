@@ -22,9 +22,13 @@ void import_adam_params(const Json& params, const std::string& type, std::option
     const std::string path = "optimizer.params." + key;
     if (key == "lr") {
       lr = number_or_auto(value, path);
-      if (lr) out.set_float("train.lr", *lr);
+      out.set_float_or_keep(path, "train.lr", lr);
     } else if (key == "betas") {
-      if (is_auto(value)) continue;
+      if (is_auto(value)) {
+        out.keep(path, "train.beta1");
+        out.keep(path, "train.beta2");
+        continue;
+      }
       if (!value.is_array() || value.size() != 2 || !value[0].is_number() ||
           !value[1].is_number()) {
         bad_value(path, value, "expected [beta1, beta2] or \"auto\"");
@@ -32,9 +36,9 @@ void import_adam_params(const Json& params, const std::string& type, std::option
       out.set_float("train.beta1", value[0].get<double>());
       out.set_float("train.beta2", value[1].get<double>());
     } else if (key == "eps") {
-      if (const auto eps = number_or_auto(value, path)) out.set_float("train.eps", *eps);
+      out.set_float_or_keep(path, "train.eps", number_or_auto(value, path));
     } else if (key == "weight_decay") {
-      if (const auto wd = number_or_auto(value, path)) out.set_float("train.weight_decay", *wd);
+      out.set_float_or_keep(path, "train.weight_decay", number_or_auto(value, path));
     } else if (key == "adam_w_mode") {
       // DeepSpeed's "Adam" decouples weight decay (AdamW) unless adam_w_mode is false.
       require_value(value, path, true,
@@ -53,15 +57,19 @@ void import_adam_params(const Json& params, const std::string& type, std::option
   }
 }
 
-// DeepSpeed's warmup shapes: "log" (its default) and "linear". shardtrain warms up linearly.
-void require_linear_warmup(const Json& params) {
+// DeepSpeed's warmup shapes: "log" (its default) and "linear".
+void import_warmup_type(const Json& params, Overrides& out) {
+  const std::string path = "scheduler.params.warmup_type";
   if (!params.contains("warmup_type")) {
-    throw std::invalid_argument(
-        "ds_config key 'scheduler.params.warmup_type' is missing: DeepSpeed then warms up "
-        "logarithmically, shardtrain only linearly; set \"warmup_type\": \"linear\"");
+    out.set_string("train.warmup_type", "log");
+    out.decide(path, "absent: DeepSpeed's default \"log\" warmup");
+    return;
   }
-  require_value(params.at("warmup_type"), "scheduler.params.warmup_type", "linear",
-                "only \"linear\" warmup is supported");
+  const Json& value = params.at("warmup_type");
+  if (is_auto(value)) return out.keep(path, "train.warmup_type");
+  const std::string type = string_at(value, path);
+  if (type != "linear" && type != "log") bad_value(path, value, "expected \"linear\" or \"log\"");
+  out.set_string("train.warmup_type", type);
 }
 
 }  // namespace
@@ -112,7 +120,7 @@ void import_ds_scheduler(const Json& section, std::optional<double> optimizer_lr
       unknown_key("scheduler.params." + key);
     }
   }
-  require_linear_warmup(params);
+  import_warmup_type(params, out);
   // shardtrain's warmup rises from 0 to train.lr, so it starts from 0 there as well.
   for (const char* key : {"warmup_min_lr", "warmup_min_ratio"}) {
     if (params.contains(key)) {
@@ -121,16 +129,15 @@ void import_ds_scheduler(const Json& section, std::optional<double> optimizer_lr
     }
   }
   if (params.contains("warmup_num_steps")) {
-    if (const auto n =
-            int_or_auto(params.at("warmup_num_steps"), "scheduler.params.warmup_num_steps")) {
-      out.set_int("train.warmup", *n);
-    }
+    const std::string path = "scheduler.params.warmup_num_steps";
+    out.set_int_or_keep(path, "train.warmup", int_or_auto(params.at("warmup_num_steps"), path));
+  } else {
+    out.set_int("train.warmup", 1000);
+    out.decide("scheduler.params.warmup_num_steps", "absent: DeepSpeed's default 1000 steps");
   }
   if (params.contains("total_num_steps")) {
-    if (const auto n =
-            int_or_auto(params.at("total_num_steps"), "scheduler.params.total_num_steps")) {
-      out.set_int("train.steps", *n);
-    }
+    const std::string path = "scheduler.params.total_num_steps";
+    out.set_int_or_keep(path, "train.steps", int_or_auto(params.at("total_num_steps"), path));
   }
   if (params.contains("warmup_max_lr")) {
     const auto max_lr =
@@ -141,6 +148,16 @@ void import_ds_scheduler(const Json& section, std::optional<double> optimizer_lr
                     "; shardtrain has one peak learning rate (train.lr)");
     }
     if (max_lr) out.set_float("train.lr", *max_lr);
+    if (!max_lr && !optimizer_lr) out.keep("scheduler.params.warmup_max_lr", "train.lr");
+  } else if (type != "WarmupCosineLR") {
+    // WarmupLR and WarmupDecayLR rise to warmup_max_lr, 0.001 unless given, whatever the
+    // optimizer's lr.
+    out.set_float("train.lr", 1e-3);
+    out.decide("scheduler.params.warmup_max_lr",
+               optimizer_lr && *optimizer_lr != 1e-3
+                   ? "absent: DeepSpeed's default 0.001, which it uses in place of "
+                     "optimizer.params.lr"
+                   : "absent: DeepSpeed's default 0.001");
   }
   if (type == "WarmupLR") {
     out.set_string("train.schedule", "constant");
@@ -163,6 +180,8 @@ void import_ds_scheduler(const Json& section, std::optional<double> optimizer_lr
       out.set_float("train.min_lr", *ratio * *optimizer_lr);
     } else if (ratio) {
       out.set_float("train.min_lr", 0.0);
+    } else {
+      out.keep("scheduler.params.cos_min_ratio", "train.min_lr");
     }
   }
 }

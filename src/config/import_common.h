@@ -5,10 +5,13 @@
 #include <cmath>
 #include <cstdint>
 #include <fstream>
+#include <optional>
 #include <sstream>
 #include <stdexcept>
 #include <string>
 #include <vector>
+
+#include "shardtrain/config.h"
 
 namespace shardtrain::detail {
 
@@ -59,11 +62,36 @@ class Overrides {
   void set_bool(const std::string& key, bool value) { set(key, value ? "true" : "false"); }
   void append(const Overrides& other) {
     list_.insert(list_.end(), other.list_.begin(), other.list_.end());
+    notes_.insert(notes_.end(), other.notes_.begin(), other.notes_.end());
+  }
+  // `file_key` was "auto" (or absent where the tool takes it from elsewhere): `config_key` keeps
+  // the TOML config's value, which the user is told.
+  void keep(const std::string& file_key, const std::string& config_key) {
+    notes_.push_back({file_key, config_key, ""});
+  }
+  // A value the importer chose for `file_key` (the tool's default), in words.
+  void decide(const std::string& file_key, const std::string& text) {
+    notes_.push_back({file_key, "", text});
+  }
+  // The value when there is one, else the TOML's.
+  void set_int_or_keep(const std::string& file_key, const std::string& key,
+                       std::optional<int64_t> value) {
+    value ? set_int(key, *value) : keep(file_key, key);
+  }
+  void set_float_or_keep(const std::string& file_key, const std::string& key,
+                         std::optional<double> value) {
+    value ? set_float(key, *value) : keep(file_key, key);
+  }
+  void set_bool_or_keep(const std::string& file_key, const std::string& key,
+                        std::optional<bool> value) {
+    value ? set_bool(key, *value) : keep(file_key, key);
   }
   const std::vector<std::string>& list() const { return list_; }
+  const std::vector<ImportNote>& notes() const { return notes_; }
 
  private:
   std::vector<std::string> list_;
+  std::vector<ImportNote> notes_;
 };
 
 inline void require_world_size(int world_size) {

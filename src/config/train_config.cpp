@@ -202,6 +202,7 @@ const std::map<std::string, Setter>& known_keys() {
                   {"train.min_lr", field(&TrainSection::min_lr)},
                   {"train.warmup", field(&TrainSection::warmup)},
                   {"train.schedule", field(&TrainSection::schedule)},
+                  {"train.warmup_type", field(&TrainSection::warmup_type)},
                   {"train.weight_decay", field(&TrainSection::weight_decay)},
                   {"train.beta1", field(&TrainSection::beta1)},
                   {"train.beta2", field(&TrainSection::beta2)},
@@ -235,6 +236,9 @@ const std::map<std::string, Setter>& known_keys() {
                   {"precision.initial_scale", field(&PrecisionSection::initial_scale)},
                   {"precision.scale_window", field(&PrecisionSection::scale_window)},
                   {"precision.min_scale", field(&PrecisionSection::min_scale)},
+                  {"precision.hysteresis", field(&PrecisionSection::hysteresis)},
+                  {"precision.consecutive_hysteresis",
+                   field(&PrecisionSection::consecutive_hysteresis)},
                   {"parallel.strategy", field(&ParallelSection::strategy)},
                   {"parallel.tp", field(&ParallelSection::tp)},
                   {"parallel.cp", field(&ParallelSection::cp)},
@@ -652,9 +656,18 @@ void TrainConfig::validate() const {
             std::string(key) + " must be a finite number, got " + std::to_string(value));
   }
   require(train.lr > 0, "train.lr must be positive");
-  require(train.min_lr >= 0 && train.min_lr <= train.lr,
-          "train.min_lr must be between 0 and train.lr");
+  // A constant schedule never reaches min_lr, so only the decaying ones bound it by lr.
+  auto toml_number = [](double value) {
+    std::ostringstream text;
+    text << value;
+    return text.str();
+  };
+  require(train.min_lr >= 0 && (train.min_lr <= train.lr || train.schedule == "constant"),
+          "train.min_lr (" + toml_number(train.min_lr) + ") must be between 0 and train.lr (" +
+              toml_number(train.lr) + ") for the \"" + train.schedule + "\" schedule");
   require(train.warmup >= 0, "train.warmup must be >= 0");
+  require(train.warmup_type == "linear" || train.warmup_type == "log",
+          "train.warmup_type must be \"linear\" or \"log\", got \"" + train.warmup_type + "\"");
   require(train.schedule == "cosine" || train.schedule == "linear" || train.schedule == "constant",
           "train.schedule must be \"cosine\", \"linear\" or \"constant\", got \"" + train.schedule +
               "\"");
@@ -692,6 +705,8 @@ void TrainConfig::validate() const {
   }
   require(precision.initial_scale > 0 && precision.min_scale > 0 && precision.scale_window >= 1,
           "precision.initial_scale and min_scale must be positive, scale_window >= 1");
+  require(precision.hysteresis >= 1,
+          "precision.hysteresis must be at least 1, got " + std::to_string(precision.hysteresis));
   require(parallel.zero.stage >= 1 && parallel.zero.stage <= 3,
           "parallel.zero.stage must be 1, 2 or 3, got " + std::to_string(parallel.zero.stage));
   require(parallel.tp >= 1, "parallel.tp must be at least 1, got " + std::to_string(parallel.tp));

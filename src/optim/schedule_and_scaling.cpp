@@ -1,3 +1,4 @@
+#include <algorithm>
 #include <cmath>
 #include <stdexcept>
 
@@ -6,6 +7,12 @@
 namespace shardtrain {
 
 double LrSchedule::at(int64_t step) const {
+  if (step < warmup && warmup_type == "log") {
+    // ln(1) / ln(1) for a one-step warmup: the step takes the whole rate.
+    return warmup == 1 ? lr
+                       : lr * std::log(static_cast<double>(step + 1)) /
+                             std::log(static_cast<double>(warmup));
+  }
   if (step < warmup) return lr * static_cast<double>(step + 1) / static_cast<double>(warmup);
   if (kind == "constant") return lr;
   const int64_t decay_steps = std::max<int64_t>(1, total_steps - warmup);
@@ -63,24 +70,44 @@ bool LossScaler::unscale(const std::vector<at::Tensor>& parameters) const {
   return grads_are_finite(parameters);
 }
 
+void LossScaler::set_hysteresis(int64_t hysteresis, bool consecutive) {
+  if (hysteresis < 1) {
+    throw std::invalid_argument("loss-scale hysteresis must be at least 1, got " +
+                                std::to_string(hysteresis));
+  }
+  hysteresis_ = hysteresis;
+  consecutive_ = consecutive;
+  hysteresis_left_ = hysteresis;
+}
+
 bool LossScaler::update(bool grads_finite) {
   if (grads_finite) {
+    if (consecutive_) hysteresis_left_ = hysteresis_;
     if (mode_ == Mode::kDynamic && ++good_steps_ >= window_) {
       scale_ *= growth_;
       good_steps_ = 0;
+      hysteresis_left_ = hysteresis_;
     }
     return true;
   }
   ++skipped_;
   good_steps_ = 0;
-  if (mode_ == Mode::kDynamic) scale_ = std::max(min_scale_, scale_ * backoff_);
+  if (mode_ == Mode::kDynamic) {
+    if (hysteresis_left_ <= 1) {
+      scale_ = std::max(min_scale_, scale_ * backoff_);
+    } else {
+      --hysteresis_left_;
+    }
+  }
   return false;
 }
 
-void LossScaler::restore(double scale, int64_t good_steps, int64_t skipped) {
+void LossScaler::restore(double scale, int64_t good_steps, int64_t skipped,
+                         int64_t hysteresis_left) {
   scale_ = scale;
   good_steps_ = good_steps;
   skipped_ = skipped;
+  hysteresis_left_ = hysteresis_left > 0 ? std::min(hysteresis_left, hysteresis_) : hysteresis_;
 }
 
 }  // namespace shardtrain

@@ -47,6 +47,7 @@ void check_same_config(const TrainConfig& config, ProcessGroup& world) {
   settings["optimizer"] = {{"min_lr", config.train.min_lr},
                            {"warmup", config.train.warmup},
                            {"schedule", config.train.schedule},
+                           {"warmup_type", config.train.warmup_type},
                            {"weight_decay", config.train.weight_decay},
                            {"betas", {config.train.beta1, config.train.beta2}},
                            {"eps", config.train.eps},

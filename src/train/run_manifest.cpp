@@ -40,6 +40,11 @@ nlohmann::ordered_json run_manifest(const TrainConfig& config, int world_size) {
                   {"threads", config.run.threads},
                   {"steps", config.train.steps},
                   {"lr", config.train.lr},
+                  {"schedule", config.train.schedule},
+                  {"warmup", config.train.warmup},
+                  {"warmup_type", config.train.warmup_type},
+                  {"min_lr", config.train.min_lr},
+                  {"clip", config.train.clip},
                   {"eval_every", config.train.eval_every}};
   run["parallel"] = {{"strategy", to_string(config.parallel.strategy)},
                      {"tp", config.parallel.tp},
@@ -70,7 +75,8 @@ nlohmann::ordered_json run_manifest(const TrainConfig& config, int world_size) {
   run["precision"] = {{"param_dtype", config.precision.param_dtype},
                       {"reduce_dtype", config.precision.reduce_dtype},
                       {"autocast", config.precision.autocast},
-                      {"loss_scale", config.precision.loss_scale}};
+                      {"loss_scale", config.precision.loss_scale},
+                      {"hysteresis", config.precision.hysteresis}};
   if (config.run.trace) {
     const int64_t last = config.run.trace_last ? config.run.trace_last : config.train.steps;
     run["trace"] = {{"steps", {config.run.trace_first, last}}};

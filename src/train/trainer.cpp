@@ -197,10 +197,11 @@ void Trainer::build_optimizer() {
                                     torch::optim::AdamWOptions(options).weight_decay(0.0)));
   // The fused kernel gives LibTorch's AdamW results bit for bit, in one pass over memory.
   optimizer_ = std::make_unique<FusedAdamW>(std::move(groups), options);
-  schedule_ = LrSchedule{config_.train.lr, config_.train.min_lr, config_.train.warmup,
-                         config_.train.steps, config_.train.schedule};
+  schedule_ = LrSchedule{config_.train.lr,    config_.train.min_lr,   config_.train.warmup,
+                         config_.train.steps, config_.train.schedule, config_.train.warmup_type};
   scaler_ = LossScaler::from_config(config_.precision.loss_scale, config_.precision.initial_scale,
                                     config_.precision.scale_window, config_.precision.min_scale);
+  scaler_.set_hysteresis(config_.precision.hysteresis, config_.precision.consecutive_hysteresis);
 }
 
 void Trainer::check_vocabulary() const {

@@ -96,12 +96,14 @@ std::string Trainer::save_checkpoint() {
       {"loss_scale", scaler_.scale()},
       {"loss_scale_good_steps", scaler_.good_steps()},
       {"loss_scale_skipped", scaler_.skipped_steps()},
+      {"loss_scale_hysteresis_left", scaler_.hysteresis_left()},
       {"schedule",
        {{"lr", schedule_.lr},
         {"min_lr", schedule_.min_lr},
         {"warmup", schedule_.warmup},
         {"steps", schedule_.total_steps},
-        {"kind", schedule_.kind}}},
+        {"kind", schedule_.kind},
+        {"warmup_type", schedule_.warmup_type}}},
       {"tokenizer", tokenizer_->name()},
       // What `shardtrain generate` reads the checkpoint with.
       {"tokenizer_path", detail::tokenizer_path(config_)},
@@ -185,7 +187,8 @@ void Trainer::restore_training_state(const ShardedCheckpointReader& reader,
     samples_ = training.at("samples").get<int64_t>();
     scaler_.restore(training.at("loss_scale").get<double>(),
                     training.at("loss_scale_good_steps").get<int64_t>(),
-                    training.at("loss_scale_skipped").get<int64_t>());
+                    training.at("loss_scale_skipped").get<int64_t>(),
+                    training.value("loss_scale_hysteresis_left", int64_t{0}));
   } catch (const nlohmann::json::exception& e) {
     throw std::invalid_argument("checkpoint '" + dir + "': training state is incomplete (" +
                                 e.what() + ")");

@@ -33,8 +33,9 @@ TEST(DeepSpeedConfigTest, ZeroTwoExampleGivesItsOverrides) {
   const auto got = deepspeed_overrides(kConfigs + "ds_zero2.json", 2);
   EXPECT_EQ(sorted(got),
             sorted({"train.micro_batch=4", "train.grad_accum=2", "run.log_every=5",
-                    "train.schedule=\"linear\"", "train.min_lr=0.0", "parallel.strategy=\"zero\"",
-                    "parallel.zero.stage=2", "parallel.zero.offload_optimizer=\"none\"",
+                    "train.schedule=\"linear\"", "train.warmup_type=\"linear\"", "train.min_lr=0.0",
+                    "parallel.strategy=\"zero\"", "parallel.zero.stage=2",
+                    "parallel.zero.offload_optimizer=\"none\"",
                     "parallel.zero.allgather_bucket_size=200000000",
                     "parallel.zero.overlap_comm=true", "parallel.zero.reduce_bucket_size=200000000",
                     "parallel.zero.contiguous_gradients=true"}));
@@ -126,14 +127,14 @@ TEST(DeepSpeedConfigTest, UnsupportedValuesNameKeyAndValue) {
   EXPECT_NE(e.find("'zero_optimization.stage' = 4"), std::string::npos) << e;
   e = error_of(R"({"zero_optimization": {"stage": 2, "reduce_scatter": false}})");
   EXPECT_NE(e.find("'zero_optimization.reduce_scatter' = false"), std::string::npos) << e;
-  e = error_of(R"({"fp16": {"enabled": true, "hysteresis": 2}})");
-  EXPECT_NE(e.find("'fp16.hysteresis' = 2"), std::string::npos) << e;
+  e = error_of(R"({"fp16": {"enabled": true, "hysteresis": 0}})");
+  EXPECT_NE(e.find("'fp16.hysteresis' = 0"), std::string::npos) << e;
   e = error_of(R"({"optimizer": {"type": "Lamb", "params": {}}})");
   EXPECT_NE(e.find("'optimizer.type' = \"Lamb\""), std::string::npos) << e;
   e = error_of(R"({"scheduler": {"type": "OneCycle", "params": {}}})");
   EXPECT_NE(e.find("'scheduler.type' = \"OneCycle\""), std::string::npos) << e;
-  e = error_of(R"({"scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": 5}}})");
-  EXPECT_NE(e.find("warmup_type"), std::string::npos) << e;
+  e = error_of(R"({"scheduler": {"type": "WarmupLR", "params": {"warmup_type": "cubic"}}})");
+  EXPECT_NE(e.find("'scheduler.params.warmup_type' = \"cubic\""), std::string::npos) << e;
   e = error_of(R"({"bf16": {"enabled": true}, "fp16": {"enabled": true}})");
   EXPECT_NE(e.find("cannot both be true"), std::string::npos) << e;
   // Relations between keys are checked once, by TrainConfig::validate.
@@ -185,6 +186,95 @@ TEST(DeepSpeedConfigTest, SchedulersMapOntoOurSchedules) {
   const auto e = error_of(R"({"optimizer": {"type": "AdamW", "params": {"lr": 0.001}},
       "scheduler": {"type": "WarmupLR", "params": {"warmup_max_lr": 0.002, "warmup_type": "linear"}}})");
   EXPECT_NE(e.find("'scheduler.params.warmup_max_lr' = 0.002"), std::string::npos) << e;
+}
+
+// The file keys of the notes that record a default the importer chose (not the TOML's).
+std::vector<std::string> decided(const std::vector<ImportNote>& notes) {
+  std::vector<std::string> keys;
+  for (const auto& note : notes) {
+    if (!note.text.empty()) keys.push_back(note.file_key);
+  }
+  return sorted(keys);
+}
+
+TEST(DeepSpeedConfigTest, Fp16TakesDeepSpeedsHysteresis) {
+  auto c = with_tiny(deepspeed_overrides_from_json(
+      R"({"fp16": {"enabled": true, "hysteresis": 4, "consecutive_hysteresis": true}})", "ds.json",
+      1));
+  EXPECT_EQ(c.precision.hysteresis, 4);
+  EXPECT_TRUE(c.precision.consecutive_hysteresis);
+  std::vector<ImportNote> notes;
+  c = with_tiny(
+      deepspeed_overrides_from_json(R"({"fp16": {"enabled": true}})", "ds.json", 1, &notes));
+  EXPECT_EQ(c.precision.hysteresis, 2);  // DeepSpeed's default, said in a note
+  EXPECT_FALSE(c.precision.consecutive_hysteresis);
+  EXPECT_EQ(decided(notes), std::vector<std::string>{"fp16.hysteresis"});
+  // Off, the TOML's single-overflow behaviour stays.
+  c = with_tiny(deepspeed_overrides_from_json(R"({"fp16": {"enabled": false, "hysteresis": 2}})",
+                                              "ds.json", 1));
+  EXPECT_EQ(c.precision.hysteresis, 1);
+}
+
+TEST(DeepSpeedConfigTest, DeepSpeedsSchedulerDefaultsApply) {
+  // No warmup_type: DeepSpeed's log warmup; no warmup_num_steps: 1000; no warmup_max_lr: 0.001.
+  std::vector<ImportNote> notes;
+  auto c = with_tiny(deepspeed_overrides_from_json(
+      R"({"scheduler": {"type": "WarmupLR", "params": {"warmup_min_lr": 0}}})", "ds.json", 1,
+      &notes));
+  EXPECT_EQ(c.train.schedule, "constant");
+  EXPECT_EQ(c.train.warmup_type, "log");
+  EXPECT_EQ(c.train.warmup, 1000);
+  EXPECT_DOUBLE_EQ(c.train.lr, 1e-3);
+  EXPECT_EQ(decided(notes),
+            sorted({"scheduler.params.warmup_max_lr", "scheduler.params.warmup_num_steps",
+                    "scheduler.params.warmup_type"}));
+  // An optimizer without a scheduler: its learning rate throughout, below the TOML's min_lr too.
+  c = with_tiny(deepspeed_overrides_from_json(
+      R"({"optimizer": {"type": "AdamW", "params": {"lr": 1e-5}}})", "ds.json", 1));
+  EXPECT_EQ(c.train.schedule, "constant");
+  EXPECT_EQ(c.train.warmup, 0);
+  EXPECT_DOUBLE_EQ(c.train.lr, 1e-5);
+  // Neither: the TOML's optimizer and schedule, as a trainer that builds its own would.
+  c = with_tiny(deepspeed_overrides_from_json(R"({"train_batch_size": 8})", "ds.json", 1));
+  EXPECT_EQ(c.train.schedule, "cosine");
+  EXPECT_EQ(c.train.warmup, 5);
+}
+
+TEST(DeepSpeedConfigTest, KnobsWithTheSameResultsAreAccepted) {
+  const auto got = deepspeed_overrides_from_json(
+      R"({"prescale_gradients": true, "gradient_predivide_factor": 2.0,
+          "zero_optimization": {"stage": 2, "round_robin_gradients": true}})",
+      "ds.json", 2);
+  EXPECT_EQ(with_tiny(got).parallel.zero.stage, 2);
+}
+
+TEST(DeepSpeedConfigTest, EveryAutoIsToldWithTheValueItBecame) {
+  std::vector<ImportNote> notes;
+  const auto got = deepspeed_overrides(kConfigs + "ds_zero2.json", 2, &notes);
+  const TrainConfig config = with_tiny(got);
+  const auto lines = describe_import_notes(config, "ds_zero2.json", notes);
+  auto has = [&](const std::string& text) {
+    return std::any_of(lines.begin(), lines.end(),
+                       [&](const std::string& line) { return line == text; });
+  };
+  std::string all;
+  for (const auto& line : lines) all += line + "\n";
+  EXPECT_TRUE(has("ds_zero2.json: 'optimizer.params.lr' left to the TOML config: train.lr = 0.003"))
+      << all;
+  EXPECT_TRUE(
+      has("ds_zero2.json: 'bf16.enabled' left to the TOML config: precision.param_dtype = "
+          "\"fp32\", precision.autocast = \"none\""))
+      << all;
+  EXPECT_TRUE(has("ds_zero2.json: 'gradient_clipping' left to the TOML config: train.clip = 1"))
+      << all;
+  EXPECT_TRUE(
+      has("ds_zero2.json: 'scheduler.params.total_num_steps' left to the TOML config: "
+          "train.steps = 40"))
+      << all;
+  // Every "auto" in the file is told: lr, betas (two keys), eps, weight_decay, warmup_max_lr,
+  // warmup_num_steps, total_num_steps, fp16, bf16, gradient_accumulation_steps (derived here, so
+  // not "auto" any more) and gradient_clipping.
+  EXPECT_EQ(lines.size(), 11u) << all;
 }
 
 }  // namespace

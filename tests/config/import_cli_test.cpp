@@ -54,7 +54,8 @@ TEST_F(ImportCliTest, AccelerateFsdpExampleTrainsLikeTheSameSettingsBySet) {
   ASSERT_EQ(by_set.exit_code, 0) << by_set.output;
   const auto want = testing::rank0_losses(dir_ / "by_set" / "metrics.jsonl");
   ASSERT_EQ(want.size(), 3u);
-  testing::expect_same_losses(testing::rank0_losses(dir_ / "imported" / "metrics.jsonl"), want, 1e-6);
+  testing::expect_same_losses(testing::rank0_losses(dir_ / "imported" / "metrics.jsonl"), want,
+                              1e-6);
 }
 
 TEST_F(ImportCliTest, DeepSpeedZeroTwoExampleMatchesOneProcessOnTheGlobalBatch) {
@@ -68,6 +69,39 @@ TEST_F(ImportCliTest, DeepSpeedZeroTwoExampleMatchesOneProcessOnTheGlobalBatch) 
   const auto want = testing::rank0_losses(dir_ / "one" / "metrics.jsonl");
   ASSERT_EQ(want.size(), 3u);
   testing::expect_same_losses(testing::rank0_losses(dir_ / "two" / "metrics.jsonl"), want, 1e-5);
+  // Every "auto" is told once (by rank 0) with the value it became.
+  const std::string told = kConfigs + "ds_zero2.json: 'optimizer.params.lr' left to the TOML " +
+                           "config: train.lr = 0.003";
+  const auto first = two.output.find(told);
+  EXPECT_NE(first, std::string::npos) << two.output;
+  EXPECT_EQ(two.output.find(told, first + 1), std::string::npos) << two.output;
+}
+
+TEST_F(ImportCliTest, AnOptimizerWithoutASchedulerTrainsAtItsRateThroughout) {
+  // DeepSpeed keeps the optimizer's rate when there is no scheduler; 1e-5 is below the TOML's
+  // min_lr, which a constant schedule never reaches.
+  const fs::path ds = dir_ / "ds.json";
+  std::ofstream(ds) << R"({"train_micro_batch_size_per_gpu": 4,
+      "optimizer": {"type": "AdamW", "params": {"lr": 1e-5}}, "prescale_gradients": false})";
+  auto r = train(1, "constant", "--deepspeed " + ds.string());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("'scheduler' absent: a constant learning rate without warmup"),
+            std::string::npos)
+      << r.output;
+  const nlohmann::json run = nlohmann::json::parse(std::ifstream(dir_ / "constant" / "run.json"));
+  EXPECT_EQ(run["train"]["schedule"], "constant");
+  EXPECT_EQ(run["train"]["warmup"], 0);
+  EXPECT_DOUBLE_EQ(run["train"]["lr"].get<double>(), 1e-5);
+  EXPECT_EQ(run["train"]["micro_batch"], 4);
+  std::ifstream metrics(dir_ / "constant" / "metrics.jsonl");
+  int steps = 0;
+  for (std::string line; std::getline(metrics, line);) {
+    const auto record = nlohmann::json::parse(line);
+    if (!record.contains("lr")) continue;
+    EXPECT_DOUBLE_EQ(record["lr"].get<double>(), 1e-5) << line;
+    ++steps;
+  }
+  EXPECT_EQ(steps, 3);
 }
 
 TEST_F(ImportCliTest, DeepSpeedZeroThreeOffloadExampleMatchesOneProcessInBf16) {

@@ -75,6 +75,16 @@ TEST(ConfigTest, BadValuesAreNamed) {
   EXPECT_NE(error_of("[data]\ntokenizer = \"sentencepiece\"\n").find("data.tokenizer"),
             std::string::npos);
   EXPECT_NE(error_of("[train]\nschedule = \"step\"\n").find("train.schedule"), std::string::npos);
+  EXPECT_NE(error_of("[train]\nwarmup_type = \"cubic\"\n").find("train.warmup_type"),
+            std::string::npos);
+  EXPECT_NE(error_of("[precision]\nhysteresis = 0\n").find("precision.hysteresis"),
+            std::string::npos);
+  // min_lr above lr is named with both values for a decaying schedule, and allowed for a
+  // constant one, which never reaches it.
+  EXPECT_NE(error_of("[train]\nlr = 1e-5\nmin_lr = 1e-4\n")
+                .find("train.min_lr (0.0001) must be between 0 and train.lr (1e-05)"),
+            std::string::npos);
+  EXPECT_EQ(error_of("[train]\nlr = 1e-5\nmin_lr = 1e-4\nschedule = \"constant\"\n"), "");
   EXPECT_NE(error_of("[precision]\nloss_scale = \"big\"\n").find("precision.loss_scale"),
             std::string::npos);
   EXPECT_NE(error_of("[model]\npreset = \"gpt5\"\n").find("gpt5"), std::string::npos);

@@ -19,6 +19,56 @@ TEST(OptimTest, WarmupThenCosineToTheFloor) {
   EXPECT_DOUBLE_EQ((LrSchedule{1.0, 0.0, 0, 100, "linear"}).at(50), 0.5);
 }
 
+TEST(OptimTest, LogWarmupIsDeepSpeedsShape) {
+  LrSchedule s{2.0, 0.0, 10, 100, "constant"};
+  s.warmup_type = "log";
+  EXPECT_DOUBLE_EQ(s.at(0), 0.0);  // ln 1
+  EXPECT_NEAR(s.at(4), 2.0 * std::log(5.0) / std::log(10.0), 1e-15);
+  EXPECT_NEAR(s.at(9), 2.0, 1e-15);  // ln 10 / ln 10
+  EXPECT_DOUBLE_EQ(s.at(10), 2.0);
+  s.warmup = 1;
+  EXPECT_DOUBLE_EQ(s.at(0), 2.0);
+}
+
+TEST(OptimTest, HysteresisLowersTheScaleAtTheHthOverflow) {
+  // DeepSpeed's hysteresis 2: the first overflow only uses up the count, the second halves the
+  // scale, and so does every later one until a growth refills it.
+  LossScaler scaler(LossScaler::Mode::kDynamic, 1024.0, 2, 1.0);
+  scaler.set_hysteresis(2, false);
+  EXPECT_FALSE(scaler.update(false));
+  EXPECT_DOUBLE_EQ(scaler.scale(), 1024.0);
+  EXPECT_TRUE(scaler.update(true));  // a good step does not refill without `consecutive`
+  EXPECT_FALSE(scaler.update(false));
+  EXPECT_DOUBLE_EQ(scaler.scale(), 512.0);
+  EXPECT_FALSE(scaler.update(false));
+  EXPECT_DOUBLE_EQ(scaler.scale(), 256.0);
+  EXPECT_TRUE(scaler.update(true));
+  EXPECT_TRUE(scaler.update(true));  // grows, and refills
+  EXPECT_DOUBLE_EQ(scaler.scale(), 512.0);
+  EXPECT_EQ(scaler.hysteresis_left(), 2);
+  EXPECT_FALSE(scaler.update(false));
+  EXPECT_DOUBLE_EQ(scaler.scale(), 512.0);
+  EXPECT_EQ(scaler.skipped_steps(), 4);
+
+  LossScaler consecutive(LossScaler::Mode::kDynamic, 1024.0, 100, 1.0);
+  consecutive.set_hysteresis(2, true);
+  consecutive.update(false);
+  consecutive.update(true);  // refills
+  consecutive.update(false);
+  EXPECT_DOUBLE_EQ(consecutive.scale(), 1024.0);
+  consecutive.update(false);
+  EXPECT_DOUBLE_EQ(consecutive.scale(), 512.0);
+  // A checkpoint's count is restored; one without it refills.
+  LossScaler restored(LossScaler::Mode::kDynamic, 1024.0, 100, 1.0);
+  restored.set_hysteresis(3, false);
+  restored.restore(64.0, 5, 1, 1);
+  restored.update(false);
+  EXPECT_DOUBLE_EQ(restored.scale(), 32.0);
+  restored.restore(64.0, 5, 1);
+  EXPECT_EQ(restored.hysteresis_left(), 3);
+  EXPECT_THROW(restored.set_hysteresis(0, false), std::invalid_argument);
+}
+
 TEST(OptimTest, ClippingScalesToTheMaximumNorm) {
   at::Tensor a = at::zeros({2}, at::requires_grad()), b = at::zeros({1}, at::requires_grad());
   a.mutable_grad() = at::tensor({3.0f, 0.0f});
