@@ -6,6 +6,7 @@
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
+#include <map>
 #include <optional>
 #include <set>
 
@@ -55,26 +56,15 @@ int64_t integer(const YAML::Node& node, const std::string& key) {
 
 // Launch-side keys: where and how accelerate starts processes, not what they train.
 const std::set<std::string>& launch_keys() {
-  static const std::set<std::string> keys = {"compute_environment",
-                                             "machine_rank",
-                                             "main_training_function",
-                                             "num_machines",
-                                             "rdzv_backend",
-                                             "same_network",
-                                             "tpu_env",
-                                             "tpu_use_cluster",
-                                             "tpu_use_sudo",
-                                             "use_cpu",
-                                             "downcast_bf16",
-                                             "debug",
-                                             "gpu_ids",
-                                             "main_process_ip",
-                                             "main_process_port",
-                                             "enable_cpu_affinity",
-                                             "tpu_name",
-                                             "tpu_zone",
-                                             "command_file",
-                                             "commands"};
+  static const std::set<std::string> keys = {
+      "compute_environment", "machine_rank", "main_training_function", "num_machines",
+      "rdzv_backend", "same_network", "tpu_env", "tpu_use_cluster", "tpu_use_sudo", "use_cpu",
+      "downcast_bf16", "debug", "gpu_ids", "main_process_ip", "main_process_port",
+      "enable_cpu_affinity", "tpu_name", "tpu_zone", "command_file", "commands", "mpirun_config",
+      // Amazon SageMaker's job settings
+      "ec2_instance_type", "iam_role_name", "profile", "region", "base_job_name",
+      "num_machines_per_node", "sagemaker_inputs_file", "sagemaker_metrics_file", "additional_args",
+      "pytorch_version", "transformers_version", "py_version"};
   return keys;
 }
 
@@ -159,8 +149,28 @@ void import_fsdp(const YAML::Node& section, Overrides& out) {
                   "any)");
       }
     } else if (name == "fsdp_version") {
-      if (integer(node, key) != 1)
-        bad_value(key, scalar(node, key), "only FSDP version 1 is supported");
+      // FSDP2 shards each parameter, FSDP1 flat groups of them; shardtrain's FSDP computes the
+      // same steps either way (docs/fsdp.md).
+      const int64_t version = integer(node, key);
+      if (version != 1 && version != 2) bad_value(key, scalar(node, key), "expected 1 or 2");
+    } else if (name == "fsdp_reshard_after_forward") {
+      // FSDP2's spelling of the sharding strategy: true frees the gathered parameters after
+      // forward (FULL_SHARD), false keeps them for backward (SHARD_GRAD_OP). Newer files may
+      // name the strategy itself.
+      const std::string value = scalar(node, key);
+      if (value == "true" || value == "True") {
+        out.set_string("parallel.fsdp.sharding", "full_shard");
+      } else if (value == "false" || value == "False") {
+        out.set_string("parallel.fsdp.sharding", "shard_grad_op");
+      } else {
+        out.set_string("parallel.fsdp.sharding", sharding_name(value, key));
+      }
+    } else if (name == "fsdp_ignored_modules") {
+      if (!node.IsNull()) {
+        throw std::invalid_argument("accelerate config key '" + key +
+                                    "': modules left out of FSDP are not supported (every "
+                                    "parameter is sharded)");
+      }
     } else if (name == "fsdp_use_orig_params" || name == "fsdp_sync_module_states" ||
                name == "fsdp_cpu_ram_efficient_loading") {
       // The optimizer steps on flat shards either way, and every rank builds the same initial
@@ -177,9 +187,11 @@ void import_fsdp(const YAML::Node& section, Overrides& out) {
   }
   if (wrap_policy == "TRANSFORMER_BASED_WRAP") {
     if (classes.empty()) {
-      throw std::invalid_argument(
-          "accelerate config: fsdp_auto_wrap_policy TRANSFORMER_BASED_WRAP needs "
-          "fsdp_config.fsdp_transformer_layer_cls_to_wrap");
+      // accelerate then wraps the model's own block class (its _no_split_modules).
+      out.set_string("parallel.fsdp.wrap", "block");
+      out.decide("fsdp_config.fsdp_transformer_layer_cls_to_wrap",
+                 "absent: the model's own block class, as accelerate does");
+      return;
     }
     out.set_string("parallel.fsdp.wrap", "class");
     out.set("parallel.fsdp.wrap_classes", class_list(classes));
@@ -196,10 +208,32 @@ void import_fsdp(const YAML::Node& section, Overrides& out) {
 
 // accelerate's deepspeed_config block (what `accelerate config` writes for DeepSpeed without a
 // ds_config.json file): the ZeRO stage, offload devices, accumulation and clipping.
-void import_deepspeed(const YAML::Node& node, Overrides& out) {
+void import_deepspeed(const YAML::Node& node, int world_size, Overrides& out) {
   if (!node.IsMap())
     throw std::invalid_argument("accelerate config key 'deepspeed_config': expected a mapping");
+  if (node["deepspeed_config_file"]) {
+    // The ds_config.json says everything; accelerate reads nothing else from this block but
+    // its launcher settings.
+    const std::string path = scalar(node["deepspeed_config_file"], "deepspeed_config_file");
+    std::vector<ImportNote> notes;
+    for (const auto& line : deepspeed_overrides(path, world_size, &notes)) out.set_line(line);
+    out.add_notes(notes);
+    for (const auto& item : node) {
+      const std::string key = item.first.as<std::string>();
+      if (key != "deepspeed_config_file" && key != "zero3_init_flag" &&
+          key != "deepspeed_multinode_launcher" && key != "deepspeed_hostfile" &&
+          key != "deepspeed_exclusion_filter" && key != "deepspeed_inclusion_filter") {
+        bad_value("deepspeed_config." + key, scalar(item.second, key),
+                  "comes from deepspeed_config_file '" + path + "' when one is given");
+      }
+    }
+    return;
+  }
   out.set_string("parallel.strategy", "zero");
+  if (!node["zero_stage"]) {
+    out.set_int("parallel.zero.stage", 2);
+    out.decide("deepspeed_config.zero_stage", "absent: accelerate's default stage 2");
+  }
   for (const auto& item : node) {
     const std::string key = item.first.as<std::string>();
     const std::string name = "deepspeed_config." + key;
@@ -223,27 +257,80 @@ void import_deepspeed(const YAML::Node& node, Overrides& out) {
       out.set_int("train.grad_accum", integer(value, name));
     } else if (key == "gradient_clipping") {
       out.set_float("train.clip", std::stod(scalar(value, name)));
-    } else if (key == "zero3_init_flag" || key == "zero3_save_16bit_model") {
-      // Construction and saving details of DeepSpeed's own: nothing to set here.
+    } else if (key == "seq_parallel_communication_data_type" || key == "sequence_parallel_size") {
+      throw std::invalid_argument("accelerate config key '" + name +
+                                  "': DeepSpeed-Ulysses sequence parallelism is not available in "
+                                  "shardtrain (parallel.cp splits sequences with ring attention)");
+    } else if (key == "zero3_init_flag" || key == "zero3_save_16bit_model" ||
+               key == "deepspeed_multinode_launcher" || key == "deepspeed_hostfile" ||
+               key == "deepspeed_exclusion_filter" || key == "deepspeed_inclusion_filter") {
+      // Construction and saving details of DeepSpeed's own, and how its launcher reaches other
+      // nodes: nothing to set here.
     } else {
       unknown_key(name);
     }
   }
 }
 
-void import_mixed_precision(const std::string& value, bool fsdp, Overrides& out) {
+// accelerate's ND-parallel sizes (FSDP2): tensor and context parallelism inside, replicas of
+// the FSDP shards across (hybrid sharding); every size 1 otherwise.
+void import_parallelism(const YAML::Node& node, const std::string& type, int world_size,
+                        Overrides& out) {
+  if (!node.IsMap())
+    throw std::invalid_argument("accelerate config key 'parallelism_config': expected a mapping");
+  std::map<std::string, int64_t> size = {
+      {"dp_replicate", 1}, {"dp_shard", 0}, {"tp", 1}, {"cp", 1}};
+  for (const auto& item : node) {
+    const std::string key = item.first.as<std::string>();
+    const std::string name = "parallelism_config." + key;
+    const std::string prefix = "parallelism_config_";
+    const std::string axis = key.rfind(prefix, 0) == 0 && key.size() > prefix.size() + 5
+                                 ? key.substr(prefix.size(), key.size() - prefix.size() - 5)
+                                 : "";
+    if (!size.count(axis) || key.substr(key.size() - 5) != "_size") unknown_key(name);
+    size[axis] = integer(item.second, name);
+    if (size[axis] < 1) bad_value(name, scalar(item.second, name), "must be at least 1");
+  }
+  const int64_t inner = size["dp_replicate"] * size["tp"] * size["cp"];
+  if (size["dp_shard"] == 0) size["dp_shard"] = world_size / inner;
+  if (inner * size["dp_shard"] != world_size) {
+    throw std::invalid_argument(
+        "accelerate config: parallelism_config's sizes (dp_replicate " +
+        std::to_string(size["dp_replicate"]) + " x dp_shard " + std::to_string(size["dp_shard"]) +
+        " x tp " + std::to_string(size["tp"]) + " x cp " + std::to_string(size["cp"]) +
+        ") do not make the launch's " + std::to_string(world_size) + " rank(s)");
+  }
+  if (inner == 1) return;
+  if (type != "FSDP") {
+    throw std::invalid_argument("accelerate config: parallelism_config with distributed_type " +
+                                type + " is not supported (FSDP's is)");
+  }
+  if (size["tp"] > 1) out.set_int("parallel.tp", size["tp"]);
+  if (size["cp"] > 1) out.set_int("parallel.cp", size["cp"]);
+  if (size["dp_replicate"] > 1) {
+    out.set_string("parallel.fsdp.sharding", "hybrid_shard");
+    out.set_int("parallel.fsdp.replicate", size["dp_replicate"]);
+  }
+}
+
+// `bf16_weights`: FSDP, whose bf16 policy accelerate sets, and DeepSpeed at stage 1-3, whose
+// bf16 section accelerate writes from mixed_precision (the same as --deepspeed's bf16).
+void import_mixed_precision(const std::string& value, bool bf16_weights, Overrides& out) {
   if (value == "no") return;
-  if (value == "bf16" && !fsdp) {
-    out.set_string("precision.autocast", "bf16");  // DDP and DeepSpeed: autocast, fp32 weights
+  if (value == "bf16" && !bf16_weights) {
+    out.set_string("precision.autocast", "bf16");  // DDP: autocast over fp32 weights
   } else if (value == "bf16") {
-    // accelerate's FSDP policy for bf16 computes, reduces and keeps buffers in bf16, with fp32
-    // master weights in the optimizer.
+    // Computes, reduces and keeps buffers in bf16, with fp32 master weights in the optimizer.
     out.set_string("precision.param_dtype", "bf16");
     out.set_string("precision.reduce_dtype", "bf16");
     out.set_string("precision.buffer_dtype", "bf16");
   } else if (value == "fp16") {
     out.set_string("precision.autocast", "fp16");
     out.set_string("precision.loss_scale", "dynamic");
+  } else if (value == "fp8") {
+    bad_value("mixed_precision", value,
+              "fp8 training (Transformer Engine, MS-AMP, torchao) is not available in shardtrain: "
+              "use bf16");
   } else {
     bad_value("mixed_precision", value, "expected no, bf16 or fp16");
   }
@@ -272,18 +359,29 @@ std::vector<std::string> accelerate_overrides_from_yaml(const std::string& yaml_
     const std::string type = scalar(doc["distributed_type"], "distributed_type");
     if (type == "FSDP") {
       out.set_string("parallel.strategy", "fsdp");
-    } else if (type == "MULTI_GPU" || type == "MULTI_CPU") {
+    } else if (type == "MULTI_GPU" || type == "MULTI_CPU" || type == "MULTI_XPU" ||
+               type == "MULTI_NPU" || type == "MULTI_MLU" || type == "MULTI_MUSA") {
+      // Plain data parallelism on whichever devices: the same steps.
       out.set_string("parallel.strategy", "ddp");
+    } else if (type == "NO") {
+      // One process: accelerate runs the model as it is.
+      if (world_size != 1) {
+        bad_value(
+            "distributed_type", type,
+            "runs one process, and the launch has " + std::to_string(world_size) + " rank(s)");
+      }
+      out.set_string("parallel.strategy", "none");
     } else if (type != "DEEPSPEED") {
       bad_value("distributed_type", type,
-                "expected FSDP, DEEPSPEED, MULTI_GPU or MULTI_CPU (MEGATRON_LM's plugin is not "
-                "imported: set parallel.tp in the TOML for tensor parallelism)");
+                "expected FSDP, DEEPSPEED, MULTI_GPU, MULTI_CPU, MULTI_XPU or NO (MEGATRON_LM's "
+                "plugin is not imported: set parallel.tp in the TOML for tensor parallelism)");
     }
     if (type == "DEEPSPEED" && !doc["deepspeed_config"]) {
       throw std::invalid_argument(
           "accelerate config with distributed_type DEEPSPEED has no 'deepspeed_config' (or pass "
           "the ds_config.json itself with --deepspeed)");
     }
+    std::optional<YAML::Node> parallelism;
     for (const auto& item : doc) {
       const std::string key = item.first.as<std::string>();
       const YAML::Node& node = item.second;
@@ -292,24 +390,45 @@ std::vector<std::string> accelerate_overrides_from_yaml(const std::string& yaml_
       } else if (key == "fsdp_config" && type == "FSDP") {
         import_fsdp(node, out);
       } else if (key == "deepspeed_config" && type == "DEEPSPEED") {
-        import_deepspeed(node, out);
+        import_deepspeed(node, world_size, out);
+      } else if ((key == "fsdp_config" || key == "deepspeed_config" ||
+                  key == "megatron_lm_config") &&
+                 node.IsMap()) {
+        // accelerate reads only the section of its distributed_type; `accelerate config`
+        // writes empty ones for the others.
+        if (node.size() > 0)
+          out.decide(key, "ignored, as accelerate does: distributed_type is " + type);
+      } else if (key == "parallelism_config") {
+        parallelism = node;  // after fsdp_config, whose sharding it may make hybrid
       } else if (key == "mixed_precision") {
-        import_mixed_precision(scalar(node, key), type == "FSDP", out);
+        const bool stage0 = type == "DEEPSPEED" && doc["deepspeed_config"] &&
+                            doc["deepspeed_config"]["zero_stage"] &&
+                            scalar(doc["deepspeed_config"]["zero_stage"], "zero_stage") == "0";
+        import_mixed_precision(scalar(node, key),
+                               type == "FSDP" || (type == "DEEPSPEED" && !stage0), out);
       } else if (key == "num_processes") {
         const int64_t n = integer(node, key);
-        if (n != world_size) {
+        if (n != world_size && type != "NO") {  // NO runs one process whatever the count
           bad_value(key, scalar(node, key),
                     "the launch has " + std::to_string(world_size) + " rank(s) (WORLD_SIZE)");
         }
+      } else if (key == "dynamo_backend") {
+        if (scalar(node, key) != "NO" && scalar(node, key) != "no")
+          bad_value(key, scalar(node, key), "torch.compile backends are not supported (NO)");
       } else if (key == "dynamo_config") {
         const bool off = node.IsMap() && node["dynamo_backend"] &&
                          scalar(node["dynamo_backend"], "dynamo_config.dynamo_backend") == "NO";
         if (!off)
           bad_value(key, "...", "torch.compile backends are not supported (dynamo_backend: NO)");
+      } else if (key == "fp8_config") {
+        throw std::invalid_argument(
+            "accelerate config key 'fp8_config': fp8 training (Transformer Engine, MS-AMP, "
+            "torchao) is not available in shardtrain: use bf16");
       } else {
         unknown_key(key);
       }
     }
+    if (parallelism) import_parallelism(*parallelism, type, world_size, out);
     if (notes) *notes = out.notes();
     return out.list();
   } catch (const std::invalid_argument& e) {

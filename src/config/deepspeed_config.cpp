@@ -1,5 +1,7 @@
 // DeepSpeed's ds_config.json as TrainConfig overrides: batch sizes, precision, gradient clipping
 // and zero_optimization here; the optimizer and scheduler sections in deepspeed_optimizer.cpp.
+#include <functional>
+#include <map>
 #include <set>
 
 #include "config/deepspeed_json.h"
@@ -71,6 +73,9 @@ void import_bf16(const Json& section, bool data_parallel_only, Overrides& out) {
     } else if (key == "immediate_grad_update") {
       // Whether bf16 gradients are added into fp32 ones at once or at the step: the same sums.
       bool_or_auto(value, path);
+    } else if (key == "loss_scale" || key == "initial_scale_power" || key == "loss_scale_window" ||
+               key == "min_loss_scale" || key == "hysteresis" || key == "consecutive_hysteresis") {
+      // fp16's loss-scaling keys, copied into a bf16 section: DeepSpeed does not scale bf16.
     } else {
       detail::unknown_key(path);
     }
@@ -142,7 +147,7 @@ void import_fp16(const Json& section, Overrides& out) {
   out.append(scaling);
 }
 
-void import_offload(const Json& section, const std::string& name, Overrides& out,
+void import_offload(const Json& section, const std::string& name, int64_t stage, Overrides& out,
                     std::optional<bool>& pin, std::optional<std::string>& nvme_path) {
   const std::string prefix = "zero_optimization." + name + ".";
   detail::object_at(section, "zero_optimization." + name);
@@ -152,6 +157,12 @@ void import_offload(const Json& section, const std::string& name, Overrides& out
       const std::string device = detail::string_at(value, path);
       if (device != "none" && device != "cpu" && device != "nvme") {
         bad_value(path, value, "expected \"none\", \"cpu\" or \"nvme\"");
+      }
+      // DeepSpeed reads offload_param only at stage 3 and offload_optimizer from stage 1.
+      const int64_t needs = name == "offload_param" ? 3 : 1;
+      if (stage < needs && device != "none") {
+        out.decide(path, "ignored below stage " + std::to_string(needs) + ", as DeepSpeed does");
+        continue;
       }
       out.set_string("parallel.zero." + name, device);
     } else if (key == "pin_memory") {
@@ -187,6 +198,22 @@ void import_offload(const Json& section, const std::string& name, Overrides& out
   }
 }
 
+// DeepSpeed's AutoTP: Megatron-style tensor parallelism of the linear layers, which is
+// parallel.tp (the data-parallel ranks are then world / tp).
+void import_tensor_parallel(const Json& section, Overrides& out) {
+  detail::object_at(section, "tensor_parallel");
+  for (const auto& [key, value] : section.items()) {
+    const std::string path = "tensor_parallel." + key;
+    if (key == "autotp_size" || key == "tp_size") {
+      const auto size = int_or_auto(value, path);
+      if (size && *size < 1) bad_value(path, value, "must be at least 1");
+      out.set_int_or_keep(path, "parallel.tp", size);
+    } else {
+      detail::unknown_key(path);
+    }
+  }
+}
+
 void import_zero(const Json& section, int world_size, Overrides& out) {
   detail::object_at(section, "zero_optimization");
   std::optional<bool> pin;
@@ -207,8 +234,7 @@ void import_zero(const Json& section, int world_size, Overrides& out) {
   }
   // Keys mapped one to one; "auto" keeps shardtrain's default.
   static const std::map<std::string, std::string> bool_keys = {
-      {"overlap_comm", "parallel.zero.overlap_comm"},
-      {"contiguous_gradients", "parallel.zero.contiguous_gradients"}};
+      {"overlap_comm", "parallel.zero.overlap_comm"}};
   static const std::map<std::string, std::string> int_keys = {
       {"reduce_bucket_size", "parallel.zero.reduce_bucket_size"},
       {"allgather_bucket_size", "parallel.zero.allgather_bucket_size"},
@@ -218,12 +244,22 @@ void import_zero(const Json& section, int world_size, Overrides& out) {
   for (const auto& [key, value] : section.items()) {
     const std::string path = "zero_optimization." + key;
     if (key == "stage") continue;
+    if (key == "contiguous_gradients") {
+      // Whether gradients are copied into one buffer as they arrive: the same sums. shardtrain
+      // always reduces from one buffer per unit.
+      bool_or_auto(value, path);
+      continue;
+    }
+    if (key == "reduce_bucket_size" && int_or_auto(value, path) == std::optional<int64_t>(0)) {
+      out.set_int("parallel.zero.reduce_bucket_size", 1);  // each gradient reduced alone
+      continue;
+    }
     if (bool_keys.count(key)) {
       out.set_bool_or_keep(path, bool_keys.at(key), bool_or_auto(value, path));
     } else if (int_keys.count(key)) {
       out.set_int_or_keep(path, int_keys.at(key), int_or_auto(value, path));
     } else if (key == "offload_optimizer" || key == "offload_param") {
-      import_offload(value, key, out, pin, nvme_path);
+      import_offload(value, key, stage, out, pin, nvme_path);
     } else if (key == "reduce_scatter" || key == "allgather_partitions" ||
                key == "load_from_fp32_weights") {
       detail::require_value(value, path, true,
@@ -237,6 +273,15 @@ void import_zero(const Json& section, int world_size, Overrides& out) {
       bool_or_auto(value, path);
     } else if (key == "mics_shard_size") {
       continue;  // below, once the stage is known
+    } else if (key == "cpu_offload") {
+      // The older spelling of offload_optimizer.device = "cpu".
+      if (bool_or_auto(value, path).value_or(false) && stage >= 1) {
+        out.set_string("parallel.zero.offload_optimizer", "cpu");
+      }
+    } else if (key == "disable_allgather") {
+      // An older ZeRO-1 switch between all-gather and broadcast for the updated shards: the
+      // same parameters either way.
+      bool_or_auto(value, path);
     } else if (key == "stage3_max_reuse_distance" || key == "sub_group_size") {
       // Caching and step granularity hints: they change memory and speed, not results.
       int_or_auto(value, path);
@@ -267,6 +312,65 @@ void import_zero(const Json& section, int world_size, Overrides& out) {
   }
 }
 
+// Sections of DeepSpeed features shardtrain does not have, with what they are.
+const std::map<std::string, std::string>& unavailable_features() {
+  static const std::map<std::string, std::string> features = {
+      {"compression_training", "DeepSpeed's compression (quantization, pruning, layer reduction)"},
+      {"data_efficiency", "DeepSpeed's data-efficiency pipeline (curriculum, random-LTD)"},
+      {"curriculum_learning", "DeepSpeed's curriculum learning"},
+      {"autotuning", "DeepSpeed's autotuning"},
+      {"sparse_attention", "DeepSpeed's sparse attention"},
+      {"progressive_layer_drop", "progressive layer dropping"},
+      {"quantize_training", "quantization-aware training"},
+      {"eigenvalue", "DeepSpeed's eigenvalue computation (for quantization schedules)"},
+      {"seq_parallel_communication_data_type",
+       "DeepSpeed-Ulysses sequence parallelism (use "
+       "parallel.cp, ring attention)"},
+      {"pipeline", "DeepSpeed's pipeline engine settings (use parallel.pp)"},
+      {"flops_profiler", "DeepSpeed's FLOPs profiler (run.trace and the report measure steps)"},
+      {"elasticity", "DeepSpeed's elastic batch sizes"},
+  };
+  return features;
+}
+
+// Whether a feature's section does anything: its own "enabled" when it has one, else whether
+// any of its parts is enabled (compression_training lists parts, each with a switch); a section
+// without switches is on.
+bool switched_on(const Json& section) {
+  if (!section.is_object()) return true;
+  if (section.contains("enabled")) return section.at("enabled") != false;
+  bool any_switch = false;
+  std::function<bool(const Json&)> any_on = [&](const Json& node) {
+    if (!node.is_object()) return false;
+    for (const auto& [key, value] : node.items()) {
+      if (key == "enabled") {
+        any_switch = true;
+        if (value != false) return true;
+      } else if (any_on(value)) {
+        return true;
+      }
+    }
+    return false;
+  };
+  return any_on(section) || !any_switch;
+}
+
+// Keys that only say how DeepSpeed logs or where it runs: accepted with any value.
+bool logging_or_launch_key(const std::string& key) {
+  static const std::set<std::string> keys = {"tensorboard",
+                                             "wandb",
+                                             "csv_monitor",
+                                             "comet",
+                                             "monitor_config",
+                                             "comms_logger",
+                                             "comms_config",
+                                             "cuda_visible_devices",
+                                             "zero_force_ds_cpu_optimizer",
+                                             "memory_breakdown",
+                                             "dump_state"};
+  return keys.count(key) > 0 || (!key.empty() && key[0] == '_');  // "_comment" and the like
+}
+
 }  // namespace
 
 std::vector<std::string> deepspeed_overrides_from_json(const std::string& json_text,
@@ -282,7 +386,15 @@ std::vector<std::string> deepspeed_overrides_from_json(const std::string& json_t
   if (!ds.is_object()) throw std::invalid_argument(source + ": expected a JSON object");
   try {
     Overrides out;
-    import_batch(ds, world_size, out);
+    // train_batch_size counts data-parallel ranks: the world over AutoTP's tensor-parallel size.
+    int data_parallel = world_size;
+    if (ds.contains("tensor_parallel") && ds.at("tensor_parallel").is_object() &&
+        ds.at("tensor_parallel").contains("autotp_size") &&
+        ds.at("tensor_parallel").at("autotp_size").is_number_integer()) {
+      const int tp = ds.at("tensor_parallel").at("autotp_size").get<int>();
+      if (tp >= 1 && world_size % tp == 0) data_parallel = world_size / tp;
+    }
+    import_batch(ds, data_parallel, out);
     std::optional<double> optimizer_lr;
     for (const auto& [key, value] : ds.items()) {
       if (key == "train_batch_size" || key == "train_micro_batch_size_per_gpu" ||
@@ -309,9 +421,29 @@ std::vector<std::string> deepspeed_overrides_from_json(const std::string& json_t
         number_or_auto(value, key);  // a split of the same division, before and after the sum
       } else if (key == "optimizer") {
         optimizer_lr = detail::import_ds_optimizer(value, out);
+      } else if (key == "disable_allgather") {
+        bool_or_auto(value, key);  // an older ZeRO-1 switch: the same parameters either way
+      } else if (key == "activation_checkpointing") {
+        // Settings of DeepSpeed's checkpointing API, which a model calls itself; they change
+        // memory, not results. shardtrain's switch is train.activation_checkpointing.
+        detail::object_at(value, key);
+      } else if (key == "tensor_parallel") {
+        import_tensor_parallel(value, out);
+      } else if (logging_or_launch_key(key)) {
+        continue;
+      } else if (unavailable_features().count(key)) {
+        if (switched_on(value)) {
+          throw std::invalid_argument("ds_config key '" + key +
+                                      "': " + unavailable_features().at(key) +
+                                      " is not available in shardtrain");
+        }
       } else if (key != "scheduler") {
         detail::unknown_key(key);
       }
+    }
+    if (!ds.contains("zero_optimization")) {
+      out.set_string("parallel.strategy", "ddp");
+      out.decide("zero_optimization", "absent: stage 0, plain data parallelism (DeepSpeed's)");
     }
     if (ds.contains("scheduler")) {
       detail::import_ds_scheduler(ds.at("scheduler"), optimizer_lr, out);

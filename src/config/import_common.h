@@ -54,6 +54,11 @@ class Overrides {
   void set(const std::string& key, const std::string& toml_value) {
     list_.push_back(key + "=" + toml_value);
   }
+  // An override already written as "key=value" (another importer's).
+  void set_line(const std::string& line) { list_.push_back(line); }
+  void add_notes(const std::vector<ImportNote>& notes) {
+    notes_.insert(notes_.end(), notes.begin(), notes.end());
+  }
   void set_string(const std::string& key, const std::string& value) {
     set(key, toml_string(value));
   }

@@ -44,6 +44,7 @@ const std::map<std::string, Value>& readable_keys() {
        }},
       {"train.steps", [](const TrainConfig& c) { return text_of(c.train.steps); }},
       {"run.log_every", [](const TrainConfig& c) { return text_of(c.run.log_every); }},
+      {"parallel.tp", [](const TrainConfig& c) { return text_of(c.parallel.tp); }},
       {"precision.autocast", [](const TrainConfig& c) { return text_of(c.precision.autocast); }},
       {"precision.param_dtype",
        [](const TrainConfig& c) {

@@ -78,8 +78,8 @@ TEST(AccelerateConfigTest, UnknownKeysAreNamed) {
   auto e = error_of(std::string(kBase) + "fsdp_config:\n  fsdp_foo: 1\n");
   EXPECT_NE(e.find("'fsdp_config.fsdp_foo'"), std::string::npos) << e;
   EXPECT_NE(e.find("acc.yaml"), std::string::npos) << e;
-  e = error_of(std::string(kBase) + "megatron_lm_config: {}\n");
-  EXPECT_NE(e.find("'megatron_lm_config'"), std::string::npos) << e;
+  e = error_of(std::string(kBase) + "megatron_config: {}\n");
+  EXPECT_NE(e.find("'megatron_config'"), std::string::npos) << e;
 }
 
 TEST(AccelerateConfigTest, UnsupportedValuesNameKeyAndValue) {
@@ -99,8 +99,6 @@ TEST(AccelerateConfigTest, UnsupportedValuesNameKeyAndValue) {
   e = error_of(
       "distributed_type: DEEPSPEED\nnum_processes: 2\ndeepspeed_config:\n  zero_stage: 4\n");
   EXPECT_NE(e.find("'deepspeed_config.zero_stage' = '4'"), std::string::npos) << e;
-  e = error_of("distributed_type: MULTI_GPU\nnum_processes: 2\nfsdp_config:\n  fsdp_version: 1\n");
-  EXPECT_NE(e.find("'fsdp_config'"), std::string::npos) << e;
   e = error_of(std::string(kBase) + "mixed_precision: fp8\n");
   EXPECT_NE(e.find("'mixed_precision' = 'fp8'"), std::string::npos) << e;
 }
@@ -110,6 +108,98 @@ TEST(AccelerateConfigTest, NumProcessesMustMatchTheLaunchedWorld) {
   EXPECT_NE(e.find("'num_processes' = '8'"), std::string::npos) << e;
   EXPECT_NE(e.find("2 rank(s)"), std::string::npos) << e;
   EXPECT_EQ(error_of("distributed_type: FSDP\nnum_processes: 2\n", 2), "");
+}
+
+TEST(AccelerateConfigTest, Fsdp2FilesAndTheModelsOwnBlocks) {
+  // FSDP2's spelling: fsdp_version 2 and reshard_after_forward in place of the strategy; a
+  // transformer wrap without classes takes the model's own blocks, as accelerate does.
+  std::vector<ImportNote> notes;
+  const std::string fsdp2 = std::string(kBase) +
+                            "fsdp_config:\n  fsdp_version: 2\n"
+                            "  fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP\n";
+  auto got = accelerate_overrides_from_yaml(fsdp2 + "  fsdp_reshard_after_forward: false\n",
+                                            "acc.yaml", 2, &notes);
+  auto c = load_train_config(kConfigs + "zero_tiny.toml", got);
+  EXPECT_EQ(c.parallel.fsdp.sharding, ShardingStrategy::kShardGradOp);
+  EXPECT_EQ(c.parallel.fsdp.wrap, FsdpWrap::kBlock);
+  ASSERT_EQ(notes.size(), 1u);
+  EXPECT_EQ(notes[0].file_key, "fsdp_config.fsdp_transformer_layer_cls_to_wrap");
+  c = resolve(fsdp2 + "  fsdp_reshard_after_forward: true\n");
+  EXPECT_EQ(c.parallel.fsdp.sharding, ShardingStrategy::kFullShard);
+  c = resolve(fsdp2 + "  fsdp_reshard_after_forward: FULL_SHARD\n");
+  EXPECT_EQ(c.parallel.fsdp.sharding, ShardingStrategy::kFullShard);
+  // accelerate's ND sizes: tensor parallelism inside, replicas of the shards across.
+  c = resolve(
+      "distributed_type: FSDP\nnum_processes: 8\nfsdp_config:\n  fsdp_version: 2\n"
+      "parallelism_config:\n  parallelism_config_dp_replicate_size: 2\n"
+      "  parallelism_config_dp_shard_size: 2\n  parallelism_config_tp_size: 2\n"
+      "  parallelism_config_cp_size: 1\n",
+      8);
+  EXPECT_EQ(c.parallel.tp, 2);
+  EXPECT_EQ(c.parallel.fsdp.sharding, ShardingStrategy::kHybridShard);
+  EXPECT_EQ(c.parallel.fsdp.replicate, 2);
+  const auto e = error_of(fsdp2 + "parallelism_config:\n  parallelism_config_tp_size: 3\n", 2);
+  EXPECT_NE(e.find("do not make the launch's 2 rank(s)"), std::string::npos) << e;
+}
+
+TEST(AccelerateConfigTest, OneProcessAndOtherDevicesDataParallel) {
+  auto c = resolve("distributed_type: 'NO'\nnum_processes: 1\nmixed_precision: bf16\n", 1);
+  EXPECT_EQ(c.parallel.strategy, ParallelStrategy::kNone);
+  EXPECT_EQ(c.precision.autocast, "bf16");
+  EXPECT_NE(error_of("distributed_type: 'NO'\n", 2).find("runs one process"), std::string::npos);
+  // The empty sections `accelerate config` writes for the other types.
+  c = resolve(
+      "distributed_type: MULTI_XPU\nnum_processes: 2\nfsdp_config: {}\n"
+      "deepspeed_config: {}\nmegatron_lm_config: {}\n");
+  EXPECT_EQ(c.parallel.strategy, ParallelStrategy::kDdp);
+  // A section for another type is ignored, as accelerate ignores it, and said so.
+  std::vector<ImportNote> notes;
+  accelerate_overrides_from_yaml(
+      "distributed_type: MULTI_GPU\nnum_processes: 2\nfsdp_config:\n  fsdp_version: 1\n",
+      "acc.yaml", 2, &notes);
+  ASSERT_EQ(notes.size(), 1u);
+  EXPECT_EQ(notes[0].file_key, "fsdp_config");
+  const auto e = error_of(std::string(kBase) + "mixed_precision: fp8\n");
+  EXPECT_NE(e.find("not available in shardtrain"), std::string::npos) << e;
+}
+
+TEST(AccelerateConfigTest, DeepSpeedBlockMeansWhatTheDeepSpeedFileWould) {
+  // bf16 through accelerate's DeepSpeed block is DeepSpeed's bf16 (bf16 weights), as through
+  // --deepspeed; no zero_stage is accelerate's default 2.
+  std::vector<ImportNote> notes;
+  auto c = load_train_config(
+      kConfigs + "zero_tiny.toml",
+      accelerate_overrides_from_yaml("distributed_type: DEEPSPEED\nnum_processes: 2\n"
+                                     "mixed_precision: bf16\ndeepspeed_config:\n"
+                                     "  deepspeed_multinode_launcher: standard\n",
+                                     "acc.yaml", 2, &notes));
+  EXPECT_EQ(c.parallel.strategy, ParallelStrategy::kZero);
+  EXPECT_EQ(c.parallel.zero.stage, 2);
+  EXPECT_EQ(c.precision.param_dtype, "bf16");
+  EXPECT_EQ(c.precision.autocast, "none");
+  ASSERT_EQ(notes.size(), 1u);
+  EXPECT_EQ(notes[0].file_key, "deepspeed_config.zero_stage");
+  const auto via_ds = load_train_config(
+      kConfigs + "zero_tiny.toml",
+      deepspeed_overrides_from_json(R"({"bf16": {"enabled": true}, "zero_optimization":
+                                        {"stage": 2}})",
+                                    "ds.json", 2));
+  EXPECT_EQ(via_ds.precision.param_dtype, c.precision.param_dtype);
+  EXPECT_EQ(via_ds.precision.reduce_dtype, c.precision.reduce_dtype);
+  // A deepspeed_config_file is read by the DeepSpeed importer; other keys beside it are named.
+  c = resolve(
+      "distributed_type: DEEPSPEED\nnum_processes: 2\ndeepspeed_config:\n"
+      "  deepspeed_config_file: " +
+      kConfigs + "ds_zero2.json\n  zero3_init_flag: false\n");
+  EXPECT_EQ(c.parallel.zero.stage, 2);
+  EXPECT_EQ(c.train.micro_batch, 4);
+  const auto e = error_of(
+      "distributed_type: DEEPSPEED\nnum_processes: 2\ndeepspeed_config:\n"
+      "  deepspeed_config_file: " +
+      kConfigs + "ds_zero2.json\n  zero_stage: 3\n");
+  EXPECT_NE(e.find("'deepspeed_config.zero_stage' = '3': comes from deepspeed_config_file"),
+            std::string::npos)
+      << e;
 }
 
 }  // namespace

@@ -28,17 +28,26 @@ TrainConfig with_tiny(const std::vector<std::string>& overrides) {
   return load_train_config(kConfigs + "zero_tiny.toml", overrides);
 }
 
+// The file keys of the notes that record a default the importer chose (not the TOML's).
+std::vector<std::string> decided(const std::vector<ImportNote>& notes) {
+  std::vector<std::string> keys;
+  for (const auto& note : notes) {
+    if (!note.text.empty()) keys.push_back(note.file_key);
+  }
+  return sorted(keys);
+}
+
 TEST(DeepSpeedConfigTest, ZeroTwoExampleGivesItsOverrides) {
   // train_batch_size 16 = micro 4 x accumulation x 2 ranks: accumulation 2.
   const auto got = deepspeed_overrides(kConfigs + "ds_zero2.json", 2);
-  EXPECT_EQ(sorted(got),
-            sorted({"train.micro_batch=4", "train.grad_accum=2", "run.log_every=5",
-                    "train.schedule=\"linear\"", "train.warmup_type=\"linear\"", "train.min_lr=0.0",
-                    "parallel.strategy=\"zero\"", "parallel.zero.stage=2",
-                    "parallel.zero.offload_optimizer=\"none\"",
-                    "parallel.zero.allgather_bucket_size=200000000",
-                    "parallel.zero.overlap_comm=true", "parallel.zero.reduce_bucket_size=200000000",
-                    "parallel.zero.contiguous_gradients=true"}));
+  EXPECT_EQ(
+      sorted(got),
+      sorted({"train.micro_batch=4", "train.grad_accum=2", "run.log_every=5",
+              "train.schedule=\"linear\"", "train.warmup_type=\"linear\"", "train.min_lr=0.0",
+              "parallel.strategy=\"zero\"", "parallel.zero.stage=2",
+              "parallel.zero.offload_optimizer=\"none\"",
+              "parallel.zero.allgather_bucket_size=200000000", "parallel.zero.overlap_comm=true",
+              "parallel.zero.reduce_bucket_size=200000000"}));
   const TrainConfig config = with_tiny(got);
   EXPECT_EQ(config.parallel.strategy, ParallelStrategy::kZero);
   EXPECT_EQ(config.parallel.zero.stage, 2);
@@ -137,16 +146,20 @@ TEST(DeepSpeedConfigTest, UnsupportedValuesNameKeyAndValue) {
   EXPECT_NE(e.find("'scheduler.params.warmup_type' = \"cubic\""), std::string::npos) << e;
   e = error_of(R"({"bf16": {"enabled": true}, "fp16": {"enabled": true}})");
   EXPECT_NE(e.find("cannot both be true"), std::string::npos) << e;
-  // Relations between keys are checked once, by TrainConfig::validate.
+  // Values are checked once, by TrainConfig::validate.
   try {
-    with_tiny(deepspeed_overrides_from_json(
-        R"({"zero_optimization": {"stage": 2, "offload_param": {"device": "cpu"}}})", "ds.json",
-        1));
-    ADD_FAILURE() << "offload_param at stage 2 was accepted";
+    with_tiny(deepspeed_overrides_from_json(R"({"gradient_clipping": -1})", "ds.json", 1));
+    ADD_FAILURE() << "a negative gradient_clipping was accepted";
   } catch (const std::invalid_argument& err) {
-    EXPECT_NE(std::string(err.what()).find("parallel.zero.offload_param"), std::string::npos)
-        << err.what();
+    EXPECT_NE(std::string(err.what()).find("train.clip"), std::string::npos) << err.what();
   }
+  // DeepSpeed reads offload_param only at stage 3: below it, it is ignored and said so.
+  std::vector<ImportNote> notes;
+  const TrainConfig c = with_tiny(deepspeed_overrides_from_json(
+      R"({"zero_optimization": {"stage": 2, "offload_param": {"device": "cpu"}}})", "ds.json", 1,
+      &notes));
+  EXPECT_EQ(c.parallel.zero.offload_param, OffloadDevice::kNone);
+  EXPECT_EQ(decided(notes), std::vector<std::string>{"zero_optimization.offload_param.device"});
 }
 
 TEST(DeepSpeedConfigTest, StageZeroIsDdpAndFp16MapsLossScaling) {
@@ -188,15 +201,6 @@ TEST(DeepSpeedConfigTest, SchedulersMapOntoOurSchedules) {
   EXPECT_NE(e.find("'scheduler.params.warmup_max_lr' = 0.002"), std::string::npos) << e;
 }
 
-// The file keys of the notes that record a default the importer chose (not the TOML's).
-std::vector<std::string> decided(const std::vector<ImportNote>& notes) {
-  std::vector<std::string> keys;
-  for (const auto& note : notes) {
-    if (!note.text.empty()) keys.push_back(note.file_key);
-  }
-  return sorted(keys);
-}
-
 TEST(DeepSpeedConfigTest, Fp16TakesDeepSpeedsHysteresis) {
   auto c = with_tiny(deepspeed_overrides_from_json(
       R"({"fp16": {"enabled": true, "hysteresis": 4, "consecutive_hysteresis": true}})", "ds.json",
@@ -208,7 +212,7 @@ TEST(DeepSpeedConfigTest, Fp16TakesDeepSpeedsHysteresis) {
       deepspeed_overrides_from_json(R"({"fp16": {"enabled": true}})", "ds.json", 1, &notes));
   EXPECT_EQ(c.precision.hysteresis, 2);  // DeepSpeed's default, said in a note
   EXPECT_FALSE(c.precision.consecutive_hysteresis);
-  EXPECT_EQ(decided(notes), std::vector<std::string>{"fp16.hysteresis"});
+  EXPECT_EQ(decided(notes), sorted({"fp16.hysteresis", "zero_optimization"}));
   // Off, the TOML's single-overflow behaviour stays.
   c = with_tiny(deepspeed_overrides_from_json(R"({"fp16": {"enabled": false, "hysteresis": 2}})",
                                               "ds.json", 1));
@@ -227,7 +231,7 @@ TEST(DeepSpeedConfigTest, DeepSpeedsSchedulerDefaultsApply) {
   EXPECT_DOUBLE_EQ(c.train.lr, 1e-3);
   EXPECT_EQ(decided(notes),
             sorted({"scheduler.params.warmup_max_lr", "scheduler.params.warmup_num_steps",
-                    "scheduler.params.warmup_type"}));
+                    "scheduler.params.warmup_type", "zero_optimization"}));
   // An optimizer without a scheduler: its learning rate throughout, below the TOML's min_lr too.
   c = with_tiny(deepspeed_overrides_from_json(
       R"({"optimizer": {"type": "AdamW", "params": {"lr": 1e-5}}})", "ds.json", 1));
@@ -275,6 +279,36 @@ TEST(DeepSpeedConfigTest, EveryAutoIsToldWithTheValueItBecame) {
   // warmup_num_steps, total_num_steps, fp16, bf16, gradient_accumulation_steps (derived here, so
   // not "auto" any more) and gradient_clipping.
   EXPECT_EQ(lines.size(), 11u) << all;
+}
+
+TEST(DeepSpeedConfigTest, LoggingAndLauncherKeysPassAndMissingFeaturesAreNamed) {
+  const auto got = deepspeed_overrides_from_json(
+      R"({"_comment": "x", "tensorboard": {"enabled": true}, "cuda_visible_devices": 0,
+          "compression_training": {"weight_quantization": {"shared_parameters":
+                                                            {"enabled": false}}},
+          "zero_optimization": {"stage": 1, "cpu_offload": true, "disable_allgather": true},
+          "bf16": {"enabled": true, "loss_scale": 0, "hysteresis": 2}})",
+      "ds.json", 2);
+  // A compression section is refused only when it is on.
+  auto e = error_of(R"({"compression_training": {"enabled": true}})");
+  EXPECT_NE(e.find("'compression_training': DeepSpeed's compression"), std::string::npos) << e;
+  EXPECT_NE(e.find("is not available in shardtrain"), std::string::npos) << e;
+  e = error_of(R"({"autotuning": {"enabled": true}})");
+  EXPECT_NE(e.find("DeepSpeed's autotuning is not available"), std::string::npos) << e;
+  e = error_of(R"({"data_efficiency": {"enabled": false}})");
+  EXPECT_EQ(e, "");
+  const TrainConfig c = with_tiny(got);
+  EXPECT_EQ(c.parallel.zero.offload_optimizer, OffloadDevice::kCpu);  // the older spelling
+}
+
+TEST(DeepSpeedConfigTest, AutoTpIsTensorParallelismAndTheBatchCountsDataParallelRanks) {
+  // 4 ranks at autotp 2: two data-parallel ranks, so 16 = micro 4 x accumulation 2 x 2.
+  const TrainConfig c = with_tiny(deepspeed_overrides_from_json(
+      R"({"tensor_parallel": {"autotp_size": 2}, "train_batch_size": 16,
+          "train_micro_batch_size_per_gpu": 4})",
+      "ds.json", 4));
+  EXPECT_EQ(c.parallel.tp, 2);
+  EXPECT_EQ(c.train.grad_accum, 2);
 }
 
 }  // namespace

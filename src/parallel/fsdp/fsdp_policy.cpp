@@ -8,16 +8,21 @@
 namespace shardtrain {
 namespace {
 
-// Names the blocks answer to, as users of PyTorch and accelerate write them.
+// Names the blocks answer to, as users of PyTorch and accelerate write them (Hugging Face's
+// class names first); the C++ type's own name last. The Llama family's block serves the models
+// that share its layout, so it answers to their decoder layers' names too.
 std::vector<std::string> class_aliases(const torch::nn::Module& module) {
   const std::string name = module.name();
-  std::vector<std::string> aliases{name, "Block", "TransformerBlock"};
+  std::vector<std::string> aliases;
   if (name.find("Gpt2Block") != std::string::npos) {
     aliases.insert(aliases.end(), {"GPT2Block", "Gpt2Block"});
   }
   if (name.find("LlamaBlock") != std::string::npos) {
-    aliases.insert(aliases.end(), {"LlamaDecoderLayer", "LlamaBlock"});
+    aliases.insert(aliases.end(), {"LlamaDecoderLayer", "MistralDecoderLayer", "Qwen2DecoderLayer",
+                                   "Qwen3DecoderLayer", "MixtralDecoderLayer",
+                                   "Qwen3MoeDecoderLayer", "LlamaBlock"});
   }
+  aliases.insert(aliases.end(), {"Block", "TransformerBlock", name});
   return aliases;
 }
 
@@ -52,8 +57,10 @@ std::vector<std::vector<size_t>> plan_units(
         std::ostringstream msg;
         msg << "FSDP wrap policy: no module of the model has class";
         for (const auto& n : policy.class_names) msg << " '" << n << "'";
-        msg << "; its blocks are "
-            << (points.empty() ? std::string("none") : class_aliases(*points[0])[0]);
+        msg << "; its blocks answer to";
+        if (points.empty()) msg << " nothing (it has none)";
+        const auto names = points.empty() ? std::vector<std::string>{} : class_aliases(*points[0]);
+        for (size_t i = 0; i + 1 < names.size(); ++i) msg << (i ? ", '" : " '") << names[i] << "'";
         throw std::invalid_argument(msg.str());
       }
       break;
@@ -75,10 +82,10 @@ std::vector<std::vector<size_t>> plan_units(
         }
       }
       if (groups.empty()) {
-        throw std::invalid_argument(
-            "FSDP wrap policy: no group of blocks reaches min_params = " +
-            std::to_string(policy.min_params) + " (all blocks together have " +
-            std::to_string(count) + "); lower parallel.fsdp.min_params or wrap by block");
+        throw std::invalid_argument("FSDP wrap policy: no group of blocks reaches min_params = " +
+                                    std::to_string(policy.min_params) +
+                                    " (all blocks together have " + std::to_string(count) +
+                                    "); lower parallel.fsdp.min_params or wrap by block");
       }
       // Blocks left below the minimum join the last unit.
       groups.back().insert(groups.back().end(), current.begin(), current.end());

@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# The config corpus (tests/assets/configs: real DeepSpeed and accelerate files from public
+# repositories) trained for one step each on the tiny example TOML, as a user would run them:
+#   shardtrain launch --nproc N -- shardtrain train --config configs/zero_tiny.toml \
+#       --deepspeed FILE | --accelerate-config FILE --set train.steps=1
+# N is the world the file is written for: a DeepSpeed file's three batch sizes fix its data-
+# parallel ranks (times its AutoTP size), else 1; an accelerate file's num_processes (1 for
+# distributed_type NO). Each run has 120 s. Prints one line per file (outcome, then the first
+# line of shardtrain's error) and the counts. fp16 autocast needs a CUDA device: on a CPU machine
+# a file that asks for it is run again with precision.autocast = "bf16" and counted apart.
+# Usage: bash bench/configs.sh  (from the repository root, after a build)
+set -uo pipefail
+root="$(cd "$(dirname "$0")/.." && pwd)"
+bin="${SHARDTRAIN_BIN:-$root/build/shardtrain}"
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+world_of() {
+  python3 - "$1" <<'PY'
+import json, re, sys
+path = sys.argv[1]
+text = open(path).read()
+if path.endswith(".json"):
+    try:
+        ds = json.loads(text)
+    except ValueError:
+        print(1); sys.exit()
+    keys = ["train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps"]
+    tp = ds.get("tensor_parallel", {}).get("autotp_size", 1)
+    tp = tp if isinstance(tp, int) else 1
+    if all(isinstance(ds.get(k), (int, float)) for k in keys):
+        per_rank = ds[keys[1]] * ds[keys[2]]
+        print(int(ds[keys[0]] // per_rank) * tp if ds[keys[0]] % per_rank == 0 else 1)
+    else:
+        print(tp)
+else:
+    if re.search(r"^distributed_type:\s*['\"]?NO", text, re.M):
+        print(1); sys.exit()
+    m = re.search(r"^num_processes:\s*(\d+)", text, re.M)
+    print(m.group(1) if m else 1)
+PY
+}
+declare -A count
+for file in "$root"/tests/assets/configs/deepspeed/*.json "$root"/tests/assets/configs/accelerate/*.yaml; do
+  name="$(basename "$(dirname "$file")")/$(basename "$file")"
+  flag=--deepspeed
+  [[ "$file" == *.yaml ]] && flag=--accelerate-config
+  n="$(world_of "$file")"
+  out="$work/out.txt"
+  rm -rf "$work/run"
+  timeout 120 "$bin" launch --nproc "$n" -- "$bin" train --config "$root/configs/zero_tiny.toml" \
+    "$flag" "$file" --set train.steps=1 --set train.sample_tokens=0 --set run.threads=1 \
+    --set "run.dir=\"$work/run\"" >"$out" 2>&1
+  rc=$?
+  if [[ $rc -ne 0 ]] && grep -q 'needs a CUDA device' "$out"; then
+    # fp16 autocast needs CUDA: on a CPU machine the same file trains its step in bf16.
+    rm -rf "$work/run"
+    timeout 120 "$bin" launch --nproc "$n" -- "$bin" train --config "$root/configs/zero_tiny.toml" \
+      "$flag" "$file" --set train.steps=1 --set train.sample_tokens=0 --set run.threads=1 \
+      --set precision.autocast=bf16 --set "run.dir=\"$work/run\"" >"$out" 2>&1
+    rc=$?
+    [[ $rc -eq 0 ]] && rc=200
+  fi
+  if [[ $rc -eq 0 ]]; then
+    outcome="trained"
+  elif [[ $rc -eq 200 ]]; then
+    outcome="trained-fp16-as-bf16"
+  elif [[ $rc -eq 124 ]]; then
+    outcome="timeout"
+  else
+    outcome="refused"
+  fi
+  count[$outcome]=$((${count[$outcome]:-0} + 1))
+  reason="$(grep -m1 -E 'error|refus|not available|cannot' "$out" | sed -E 's#^.*/tests/assets/configs/##' | cut -c1-160)"
+  printf '%s\t%s\tranks %s\t%s\n' "$outcome" "$name" "$n" "$reason"
+done
+for k in trained trained-fp16-as-bf16 refused timeout; do printf '%s: %s\n' "$k" "${count[$k]:-0}"; done

@@ -1,0 +1,196 @@
+// Real DeepSpeed and accelerate files from public repositories (tests/assets/configs, sources in
+// SOURCES.md): each one is imported onto the tiny example TOML and either becomes a valid config
+// that runs what the file asks for (stage, precision, batch, schedule), or is refused for the
+// reason tests/assets/configs/refused.txt gives it, a reason docs/deepspeed.md lists.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "shardtrain/config.h"
+
+namespace shardtrain {
+namespace {
+
+namespace fs = std::filesystem;
+using Json = nlohmann::json;
+
+const fs::path kCorpus = fs::path(SHARDTRAIN_SOURCE_DIR) / "tests" / "assets" / "configs";
+const std::string kToml = std::string(SHARDTRAIN_SOURCE_DIR) + "/configs/zero_tiny.toml";
+
+// refused.txt: "FILE<TAB>words the refusal contains" per line; '#' starts a comment.
+std::map<std::string, std::string> expected_refusals() {
+  std::map<std::string, std::string> refused;
+  std::ifstream in(kCorpus / "refused.txt");
+  for (std::string line; std::getline(in, line);) {
+    if (line.empty() || line[0] == '#') continue;
+    const auto tab = line.find('\t');
+    if (tab == std::string::npos) {
+      ADD_FAILURE() << "refused.txt: no tab in '" << line << "'";
+      continue;
+    }
+    refused[line.substr(0, tab)] = line.substr(tab + 1);
+  }
+  return refused;
+}
+
+int64_t number(const Json& value) { return static_cast<int64_t>(value.get<double>()); }
+
+// The world a DeepSpeed file is written for: its three batch sizes fix the data-parallel ranks;
+// otherwise any, so one.
+int ds_world(const Json& ds) {
+  const char* keys[] = {"train_batch_size", "train_micro_batch_size_per_gpu",
+                        "gradient_accumulation_steps"};
+  for (const char* key : keys) {
+    if (!ds.contains(key) || !ds.at(key).is_number()) return 1;
+  }
+  const int64_t per_rank = number(ds.at(keys[1])) * number(ds.at(keys[2]));
+  const int64_t total = number(ds.at(keys[0]));
+  return per_rank > 0 && total % per_rank == 0 ? static_cast<int>(total / per_rank) : 1;
+}
+
+// What the file asks for that the config must say: stage, precision, batch and schedule.
+void expect_as_the_file_says(const Json& ds, const TrainConfig& c, int world,
+                             const std::string& name) {
+  SCOPED_TRACE(name);
+  const Json zero = ds.value("zero_optimization", Json::object());
+  const int64_t stage = zero.contains("stage") ? number(zero.at("stage")) : 0;
+  if (zero.contains("mics_shard_size") && number(zero.at("mics_shard_size")) > 0) {
+    EXPECT_EQ(c.parallel.strategy, ParallelStrategy::kFsdp);
+  } else if (stage == 0) {
+    EXPECT_EQ(c.parallel.strategy, ParallelStrategy::kDdp);
+  } else {
+    EXPECT_EQ(c.parallel.strategy, ParallelStrategy::kZero);
+    EXPECT_EQ(c.parallel.zero.stage, stage);
+  }
+  auto enabled = [&](const char* section) {
+    return ds.contains(section) && ds.at(section).is_object() &&
+           ds.at(section).value("enabled", Json(false)) == true;
+  };
+  if (enabled("fp16")) EXPECT_EQ(c.precision.autocast, "fp16");
+  if (enabled("bf16") || enabled("bfloat16")) {
+    EXPECT_TRUE(c.precision.param_dtype == "bf16" || c.precision.autocast == "bf16");
+  }
+  if (!enabled("fp16") && !enabled("bf16") && !enabled("bfloat16")) {
+    // Precision left to the TOML, which trains in fp32.
+    EXPECT_EQ(c.precision.autocast, "none");
+    EXPECT_EQ(c.precision.param_dtype, "fp32");
+  }
+  if (ds.contains("train_micro_batch_size_per_gpu") &&
+      ds.at("train_micro_batch_size_per_gpu").is_number()) {
+    EXPECT_EQ(c.train.micro_batch, number(ds.at("train_micro_batch_size_per_gpu")));
+  }
+  if (ds.contains("gradient_accumulation_steps") &&
+      ds.at("gradient_accumulation_steps").is_number()) {
+    EXPECT_EQ(c.train.grad_accum, number(ds.at("gradient_accumulation_steps")));
+  }
+  if (ds.contains("train_batch_size") && ds.at("train_batch_size").is_number()) {
+    const int64_t data_parallel = world / c.parallel.tp;
+    EXPECT_EQ(c.train.micro_batch * c.train.grad_accum * data_parallel,
+              number(ds.at("train_batch_size")));
+  }
+  if (ds.contains("scheduler")) {
+    const std::string type = ds.at("scheduler").value("type", "");
+    const std::map<std::string, std::string> kinds = {
+        {"WarmupLR", "constant"}, {"WarmupDecayLR", "linear"}, {"WarmupCosineLR", "cosine"}};
+    ASSERT_TRUE(kinds.count(type)) << type;
+    EXPECT_EQ(c.train.schedule, kinds.at(type));
+  } else if (ds.contains("optimizer")) {
+    EXPECT_EQ(c.train.schedule, "constant");
+    EXPECT_EQ(c.train.warmup, 0);
+  }
+  if (ds.contains("optimizer") && ds.at("optimizer").contains("params") &&
+      ds.at("optimizer").at("params").contains("lr") &&
+      ds.at("optimizer").at("params").at("lr").is_number() &&
+      !(ds.contains("scheduler") &&
+        !ds.at("scheduler").value("params", Json::object()).contains("warmup_max_lr") &&
+        ds.at("scheduler").value("type", "") != "WarmupCosineLR")) {
+    EXPECT_DOUBLE_EQ(c.train.lr, ds.at("optimizer").at("params").at("lr").get<double>());
+  }
+}
+
+struct Outcome {
+  bool accepted = false;
+  std::string message;
+};
+
+std::string read(const fs::path& path) {
+  std::ifstream in(path);
+  std::ostringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+TEST(ConfigCorpusTest, EveryFileRunsAsItSaysOrIsRefusedForItsListedReason) {
+  const auto refusals = expected_refusals();
+  std::map<std::string, Outcome> outcomes;
+  int ds_files = 0, yaml_files = 0;
+  for (const char* kind : {"deepspeed", "accelerate"}) {
+    for (const auto& entry : fs::directory_iterator(kCorpus / kind)) {
+      const fs::path path = entry.path();
+      const std::string name = std::string(kind) + "/" + path.filename().string();
+      Outcome outcome;
+      try {
+        if (std::string(kind) == "deepspeed") {
+          ++ds_files;
+          Json ds;
+          try {
+            ds = Json::parse(read(path));
+          } catch (const Json::exception&) {
+          }
+          const int world = ds.is_object() ? ds_world(ds) : 1;
+          const TrainConfig c = load_train_config(kToml, deepspeed_overrides(path.string(), world));
+          expect_as_the_file_says(ds, c, world, name);
+        } else {
+          ++yaml_files;
+          // The file's own process count is the launch's.
+          std::istringstream text(read(path));
+          int world = 1;
+          bool one_process = false;
+          for (std::string line; std::getline(text, line);) {
+            if (line.rfind("num_processes:", 0) == 0) world = std::stoi(line.substr(14));
+            // distributed_type NO runs one process, whatever num_processes says.
+            if (line.rfind("distributed_type:", 0) == 0 && line.find("NO") != std::string::npos) {
+              one_process = true;
+            }
+          }
+          if (one_process) world = 1;
+          load_train_config(kToml, accelerate_overrides(path.string(), world));
+        }
+        outcome.accepted = true;
+      } catch (const std::exception& e) {
+        outcome.message = e.what();
+      }
+      outcomes[name] = outcome;
+    }
+  }
+  int accepted = 0;
+  for (const auto& [name, outcome] : outcomes) {
+    const auto listed = refusals.find(name);
+    if (outcome.accepted) {
+      ++accepted;
+      EXPECT_EQ(listed, refusals.end()) << name << " is listed as refused but was accepted";
+    } else if (listed == refusals.end()) {
+      ADD_FAILURE() << name << " was refused: " << outcome.message;
+    } else {
+      EXPECT_NE(outcome.message.find(listed->second), std::string::npos)
+          << name << " was refused for another reason: " << outcome.message;
+      // Every refusal names the file it comes from.
+      EXPECT_NE(outcome.message.find(name.substr(name.find('/') + 1)), std::string::npos)
+          << outcome.message;
+    }
+  }
+  for (const auto& [name, why] : refusals) {
+    EXPECT_TRUE(outcomes.count(name)) << "refused.txt lists " << name << ", not in the corpus";
+  }
+  EXPECT_GE(ds_files, 60);
+  EXPECT_GE(yaml_files, 30);
+  std::cout << accepted << " of " << outcomes.size() << " files accepted (" << ds_files
+            << " DeepSpeed, " << yaml_files << " accelerate)\n";
+}
+
+}  // namespace
+}  // namespace shardtrain
