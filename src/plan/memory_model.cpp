@@ -84,12 +84,15 @@ PlanModel PlanModel::from_shapes(int64_t num_parameters, int64_t n_layers, int64
   m.block_parameters =
       d_model * (2 * d_model + 2 * kv) + (gated_mlp ? 3 : 2) * d_model * ffn_hidden + 2 * d_model;
   m.root_parameters = num_parameters - n_layers * m.block_parameters;
-  if (m.root_parameters < 0) {
+  // The blocks and the token embedding (tied or not, it is there once at least).
+  const int64_t embedding = vocab_size * d_model;
+  if (m.root_parameters < embedding) {
     throw std::invalid_argument("model shape: " + std::to_string(n_layers) + " layers of d_model " +
                                 std::to_string(d_model) + " and ffn " + std::to_string(ffn_hidden) +
-                                " already hold " + std::to_string(n_layers * m.block_parameters) +
-                                " parameters, more than the " + std::to_string(num_parameters) +
-                                " given");
+                                " hold " + std::to_string(n_layers * m.block_parameters) +
+                                " parameters and the embedding of " + std::to_string(vocab_size) +
+                                " tokens " + std::to_string(embedding) + ", more than the " +
+                                std::to_string(num_parameters) + " given");
   }
   m.largest_layer = std::max({vocab_size * d_model, ffn_hidden * d_model, d_model * d_model});
   m.active_block_parameters = m.block_parameters;
@@ -197,8 +200,8 @@ double block_activation_bytes(const PlanModel& model, int64_t seq_len, int64_t m
   // A mixture of experts keeps that for each expert a token passes, and the rows gathered for
   // the experts, their weighted outputs and the router's fp32 probabilities.
   const bool moe = model.experts_per_token > 0;
-  const double passes = moe ? static_cast<double>(model.experts_per_token + model.shared_experts)
-                            : 1.0;
+  const double passes =
+      moe ? static_cast<double>(model.experts_per_token + model.shared_experts) : 1.0;
   double split = 2 * sbh + 2 * s * b * kv + 2 * s * b * kv + 2 * sbh +
                  passes * (model.gated_mlp ? 8 : 4) * s * b * f;
   if (moe) {

@@ -108,7 +108,12 @@ std::string explain(const Plan& plan, double usable) {
       out += "; the smallest, " + smallest->label() + ", needs " +
              detail::gb(smallest->memory.total()) + " per device (" + smallest->note + ")";
     }
-    return out + ". More devices, activation checkpointing, or a shorter micro-batch would help.";
+    // Only what is not already on.
+    const auto& w = plan.workload;
+    std::string help = "More devices";
+    if (!w.checkpointing_) help += ", activation checkpointing";
+    if (w.micro_batch_ > 1) help += ", a smaller micro-batch";
+    return out + ". " + help + " would help.";
   }
   out = "Recommended: " + rec->label() + detail::format(": %.0f tokens/s", rec->tokens_per_s) +
         ", " + detail::gb(rec->memory.total()) + " of " + detail::gb(usable) +
@@ -134,6 +139,8 @@ std::string explain(const Plan& plan, double usable) {
   if (rec->strategy == PlanStrategy::kDdp) {
     out += " The replicated model states (" + detail::gb(ddp.memory.model_states()) +
            ") fit on every device, so sharding them would only add communication.";
+  } else if (!ddp.valid) {
+    out += " Not DDP: " + ddp.note + ".";
   } else if (!ddp.fits) {
     out += " Not DDP: every device would hold all parameters, gradients and optimizer states, " +
            detail::gb(ddp.memory.model_states()) + " of model states and " +

@@ -60,6 +60,28 @@ TEST(PlanDecision, Llama70bOnEightH100IsSharded) {
   EXPECT_NE(plan.explanation.find("Not DDP"), std::string::npos) << plan.explanation;
 }
 
+TEST(PlanDecision, AModelThatFitsNowhereIsAdvisedOnlyWhatIsOff) {
+  Plan plan = plan_for("llama3-405b", 1, 1, true);
+  ASSERT_EQ(plan.recommendation(), nullptr) << plan.explanation;
+  EXPECT_NE(plan.explanation.find("More devices would help"), std::string::npos)
+      << plan.explanation;
+  plan = plan_for("llama3-405b", 1, 1, false);
+  EXPECT_NE(plan.explanation.find("More devices, activation checkpointing would help"),
+            std::string::npos)
+      << plan.explanation;
+}
+
+TEST(PlanDecision, ParametersFewerThanTheEmbeddingAreRefused) {
+  try {
+    PlanModel::from_shapes(1000000, 2, 64, 4, 0, 0, 50257, false);
+    ADD_FAILURE() << "1M parameters with a 50257 x 64 embedding were accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("the embedding of 50257 tokens 3216448"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 TEST(PlanDecision, Llama70bOnTwoH100NeedsOffloadOrDoesNotFit) {
   const Plan plan = plan_for("llama3-70b", 2);
   for (const auto& c : plan.candidates) {
