@@ -1,3 +1,4 @@
+#include <cmath>
 #include <cstdlib>
 #include <iostream>
 
@@ -61,7 +62,7 @@ void add_launch_command(CLI::App& app, const std::vector<std::string>& command, 
                   "Seconds a rank's rendezvous or collective waits for the others before failing "
                   "(SHARDTRAIN_TIMEOUT for every rank; shardtrain train's run.timeout, default "
                   "1800), and a node's launcher for the other nodes' launchers")
-      ->check(CLI::PositiveNumber);
+      ->check(CLI::Range(0.001, 1e9));
   cmd->add_flag("--no-prefix", a->no_prefix, "Relay rank output without the '[rank N] ' prefix");
   cmd->add_option("--hostfile", a->hostfile,
                   "Start a launcher on every host of FILE (DeepSpeed's format: 'HOST slots=N' "
@@ -89,6 +90,9 @@ void add_launch_command(CLI::App& app, const std::vector<std::string>& command, 
     a->options.kill_timeout(
         std::chrono::milliseconds(static_cast<int64_t>(a->kill_seconds * 1000)));
     a->options.prefix_output(!a->no_prefix);
+    if (std::isnan(a->timeout)) {
+      throw std::invalid_argument("--timeout must be a number of seconds, got nan");
+    }
     if (a->timeout > 0) {
       setenv("SHARDTRAIN_TIMEOUT", std::to_string(a->timeout).c_str(), 1);
     } else if (const char* inherited = std::getenv("SHARDTRAIN_TIMEOUT")) {

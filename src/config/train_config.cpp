@@ -781,17 +781,17 @@ void TrainConfig::validate() const {
           "lora.rank must be positive (0 trains every parameter, no adapters), "
           "got " +
               std::to_string(lora.rank));
+  // Checked whether or not adapters are on, as every other key is.
+  require(std::isfinite(lora.alpha) && lora.alpha >= 0,
+          "lora.alpha must be a finite number >= 0, got " + std::to_string(lora.alpha));
+  require(lora.dropout >= 0 && lora.dropout < 1,
+          "lora.dropout must be in [0, 1), got " + std::to_string(lora.dropout));
+  require(lora.base_dtype == "fp32" || lora.base_dtype == "bf16" || lora.base_dtype == "nf4",
+          "lora.base_dtype must be \"fp32\", \"bf16\" or \"nf4\", got \"" + lora.base_dtype + "\"");
   if (lora.rank > 0) {
-    require(std::isfinite(lora.alpha) && lora.alpha >= 0,
-            "lora.alpha must be a finite number >= 0, got " + std::to_string(lora.alpha));
-    require(lora.dropout >= 0 && lora.dropout < 1,
-            "lora.dropout must be in [0, 1), got " + std::to_string(lora.dropout));
     require(!lora.target_modules.empty(),
             "lora.target_modules is empty: name the linear layers to adapt (e.g. [\"attn.q\", "
             "\"attn.v\"]) or \"all-linear\"");
-    require(
-        lora.base_dtype == "fp32" || lora.base_dtype == "bf16" || lora.base_dtype == "nf4",
-        "lora.base_dtype must be \"fp32\", \"bf16\" or \"nf4\", got \"" + lora.base_dtype + "\"");
     require(parallel.strategy != ParallelStrategy::kZero,
             "lora.rank > 0 with parallel.strategy = \"zero\": ZeRO keeps optimizer state for "
             "every parameter and cannot hold a frozen base; use parallel.strategy = \"fsdp\" "
@@ -805,7 +805,10 @@ void TrainConfig::validate() const {
   require(train.weight_decay >= 0 && train.eps > 0,
           "train.weight_decay must be >= 0 and train.eps positive");
   require(run.log_every >= 1, "run.log_every must be at least 1");
-  require(run.threads >= 0, "run.threads must be >= 0");
+  // More threads than any machine has cores is a typo, not a setting.
+  require(
+      run.threads >= 0 && run.threads <= 4096,
+      "run.threads must be between 0 (every core) and 4096, got " + std::to_string(run.threads));
   require(run.freed_memory == "auto" || run.freed_memory == "cache" ||
               run.freed_memory == "return" || run.freed_memory == "malloc",
           "run.freed_memory must be \"auto\", \"cache\", \"return\" or \"malloc\", got \"" +

@@ -239,6 +239,7 @@ TokenizedSamples tokenize_samples(const std::vector<std::string>& inputs, DataFo
 SampleStats prepare_sample_shard(const std::vector<std::string>& inputs, DataFormat format,
                                  const Tokenizer& tokenizer, const ChatTemplate* chat_template,
                                  const std::string& out_path) {
+  detail::check_output_is_not_input(inputs, out_path);
   const TokenizedSamples samples = tokenize_samples(inputs, format, tokenizer, chat_template);
   write_sample_shard(out_path, samples.tokens, samples.loss, samples.offsets,
                      tokenizer.vocab_size());

@@ -57,4 +57,8 @@ class MappedFile {
 // name order. Throws std::invalid_argument "<what> '<input>' does not exist".
 std::vector<std::string> files_of(const std::vector<std::string>& inputs, const std::string& what);
 
+// Refuses an output path that is one of the inputs (or inside an input folder, whose files are
+// read as the corpus), or a directory, before anything is read or written.
+void check_output_is_not_input(const std::vector<std::string>& inputs, const std::string& out_path);
+
 }  // namespace shardtrain::detail

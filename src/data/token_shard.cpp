@@ -81,8 +81,36 @@ std::vector<int32_t> tokenize_corpus(const std::vector<std::string>& inputs,
   return tokens;
 }
 
+namespace detail {
+
+void check_output_is_not_input(const std::vector<std::string>& inputs,
+                               const std::string& out_path) {
+  namespace fs = std::filesystem;
+  std::error_code error;
+  const fs::path out = fs::weakly_canonical(out_path, error);
+  if (error) return;  // the writer names what is wrong with the path
+  if (fs::is_directory(out)) {
+    throw std::invalid_argument("output '" + out_path + "' is a directory: give a file path");
+  }
+  for (const auto& input : inputs) {
+    const fs::path in = fs::weakly_canonical(input, error);
+    if (error) continue;
+    if (in == out) {
+      throw std::invalid_argument("output '" + out_path + "' is the input '" + input +
+                                  "': writing it would replace the text it is made from");
+    }
+    if (fs::is_directory(in) && out.parent_path() == in) {
+      throw std::invalid_argument("output '" + out_path + "' is inside the input folder '" + input +
+                                  "', whose files are read as the corpus");
+    }
+  }
+}
+
+}  // namespace detail
+
 int64_t prepare_token_shard(const std::vector<std::string>& inputs, const Tokenizer& tokenizer,
                             const std::string& out_path) {
+  detail::check_output_is_not_input(inputs, out_path);
   const std::vector<int32_t> tokens = tokenize_corpus(inputs, tokenizer);
   write_token_shard(out_path, tokens, tokenizer.vocab_size());
   return static_cast<int64_t>(tokens.size());

@@ -2,6 +2,7 @@
 // (another activation, a bias on the attention's output, RoPE scaling other than Llama 3.1's, a
 // sliding window Qwen switches on) is refused rather than ignored, so an imported configuration
 // never silently describes a different network.
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
@@ -175,6 +176,10 @@ ModelConfig read_llama(const JsonReader& in, const nlohmann::json& json, const s
 }  // namespace
 
 ModelConfig model_config_from_hf_json(const std::string& path) {
+  if (std::filesystem::is_directory(path)) {
+    throw std::invalid_argument("Hugging Face config " + path +
+                                " is a directory: give its config.json");
+  }
   std::ifstream file(path);
   if (!file) throw std::invalid_argument("Hugging Face config " + path + ": cannot open the file");
   nlohmann::json json;

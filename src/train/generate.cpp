@@ -95,6 +95,14 @@ std::string checkpoint_chat_template(const std::string& checkpoint_dir) {
 std::string generate_text(Transformer& model, const Tokenizer& tokenizer,
                           const ChatTemplate* chat_template, const std::string& prompt,
                           const SampleOptions& options) {
+  if (!(options.temperature_ > 0) || !std::isfinite(options.temperature_)) {
+    throw std::invalid_argument("sampling temperature must be a positive finite number, got " +
+                                std::to_string(options.temperature_));
+  }
+  if (options.tokens_ < 0) {
+    throw std::invalid_argument("the number of tokens to generate must be >= 0, got " +
+                                std::to_string(options.tokens_));
+  }
   torch::NoGradGuard no_grad;
   model->eval();
   const std::string text =

@@ -102,6 +102,30 @@ TEST_F(DataToolsTest, PrepareWritesASampleShardOfChatData) {
   EXPECT_FALSE(fs::exists(dir_ / "bad.samples"));
 }
 
+TEST_F(DataToolsTest, PrepareNeverWritesOverItsInput) {
+  const fs::path text = dir_ / "text.txt";
+  std::ofstream(text) << "hello world\n";
+  auto r = testing::run_command(cli() + " data prepare --corpus " + text.string() + " --out " +
+                                text.string() + " --tokenizer byte");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("is the input"), std::string::npos) << r.output;
+  std::ifstream in(text);
+  std::string line;
+  std::getline(in, line);
+  EXPECT_EQ(line, "hello world");  // still the text
+  // Nor into the folder it reads, nor onto a directory.
+  r = testing::run_command(cli() + " data prepare --corpus " + dir_.string() + " --out " +
+                           (dir_ / "corpus.tokens").string() + " --tokenizer byte");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("inside the input folder"), std::string::npos) << r.output;
+  fs::create_directories(dir_ / "out_dir");
+  r = testing::run_command(cli() + " data prepare --corpus " + text.string() + " --out " +
+                           (dir_ / "out_dir").string() + " --tokenizer byte");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("is a directory"), std::string::npos) << r.output;
+  EXPECT_FALSE(fs::exists(dir_ / "out_dir.tmp"));
+}
+
 // A chat run of a tiny Qwen3-family model with Qwen3's tokenizer: its checkpoint exports as a
 // Hugging Face folder with the tokenizer files beside it, and `generate` answers through the
 // chat template.
@@ -147,6 +171,15 @@ TEST_F(DataToolsTest, GenerateRebuildsALoraRunsModelOnItsBase) {
                                           " --prompt aaaa --tokens 8 --temperature 0.01");
   ASSERT_EQ(reply.exit_code, 0) << reply.output;
   EXPECT_EQ(reply.output.rfind("aaaa", 0), 0u) << reply.output;
+  for (const char* temperature : {"0", "-1", "nan"}) {
+    const auto cold =
+        testing::run_command(cli() + " generate " + (run / "checkpoints").string() +
+                             " --prompt aaaa --tokens 2 --temperature " + temperature);
+    EXPECT_EQ(cold.exit_code, 2) << cold.output;
+    EXPECT_NE(cold.output.find("sampling temperature must be a positive finite number"),
+              std::string::npos)
+        << cold.output;
+  }
   const auto bad = testing::run_command(cli() + " generate " + (dir_ / "none").string());
   EXPECT_EQ(bad.exit_code, 2) << bad.output;
   EXPECT_NE(bad.output.find((dir_ / "none").string()), std::string::npos) << bad.output;

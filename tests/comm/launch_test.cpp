@@ -86,6 +86,15 @@ TEST(LaunchTest, MultiNodeRanksAreOffsetByTheNodeRankAndShareOnePort) {
   EXPECT_EQ(count, 6u) << result.output;
 }
 
+TEST(LaunchTest, ATimeoutThatIsNotANumberOfSecondsIsRefused) {
+  for (const char* timeout : {"nan", "1e-9", "-5"}) {
+    const auto result = run_command(cli() + " launch --nproc 1 --timeout " + timeout + " -- env");
+    EXPECT_NE(result.exit_code, 0) << timeout << ": " << result.output;
+    EXPECT_NE(result.output.find("--timeout"), std::string::npos) << result.output;
+    EXPECT_EQ(result.output.find("SHARDTRAIN_TIMEOUT"), std::string::npos) << result.output;
+  }
+}
+
 TEST(LaunchTest, ANodeThatNeverJoinsIsNamed) {
   const auto start = std::chrono::steady_clock::now();
   const auto result =

@@ -85,6 +85,12 @@ TEST(ConfigTest, BadValuesAreNamed) {
                 .find("train.min_lr (0.0001) must be between 0 and train.lr (1e-05)"),
             std::string::npos);
   EXPECT_EQ(error_of("[train]\nlr = 1e-5\nmin_lr = 1e-4\nschedule = \"constant\"\n"), "");
+  // Out-of-range values are named even where they would not be used.
+  EXPECT_NE(error_of("[run]\nthreads = 100000\n").find("run.threads"), std::string::npos);
+  EXPECT_NE(error_of("[lora]\nalpha = nan\n").find("lora.alpha"), std::string::npos);
+  EXPECT_NE(error_of("[lora]\ndropout = 2.0\n").find("lora.dropout"), std::string::npos);
+  EXPECT_NE(error_of("[lora]\nbase_dtype = \"int8\"\n").find("lora.base_dtype"), std::string::npos);
+  EXPECT_NE(error_of("[model]\nhf_config = \"/tmp\"\n").find("is a directory"), std::string::npos);
   EXPECT_NE(error_of("[precision]\nloss_scale = \"big\"\n").find("precision.loss_scale"),
             std::string::npos);
   EXPECT_NE(error_of("[model]\npreset = \"gpt5\"\n").find("gpt5"), std::string::npos);
