@@ -44,14 +44,10 @@ void check_same_config(const TrainConfig& config, ProcessGroup& world) {
   settings["data"] = {{"corpus", config.data.corpus},
                       {"tokenizer", config.data.tokenizer},
                       {"eval_sequences", config.data.eval_sequences}};
-  settings["optimizer"] = {{"min_lr", config.train.min_lr},
-                           {"warmup", config.train.warmup},
-                           {"schedule", config.train.schedule},
-                           {"warmup_type", config.train.warmup_type},
-                           {"weight_decay", config.train.weight_decay},
+  // The schedule and clipping are in the manifest's train section already.
+  settings["optimizer"] = {{"weight_decay", config.train.weight_decay},
                            {"betas", {config.train.beta1, config.train.beta2}},
                            {"eps", config.train.eps},
-                           {"clip", config.train.clip},
                            {"seed", config.train.seed}};
   settings["run"] = {{"resume", config.run.resume},
                      {"checkpoint_every", config.train.checkpoint_every},
