@@ -7,6 +7,43 @@
 
 namespace shardtrain::cli {
 
+namespace {
+
+// "--nnodes N" or "MIN:MAX" (elastic) into `options`.
+void parse_nnodes(const std::string& text, LaunchOptions& options) {
+  const auto number = [&text](const std::string& part) {
+    size_t used = 0;
+    int value = 0;
+    try {
+      value = std::stoi(part, &used);
+    } catch (const std::exception&) {
+      used = std::string::npos;
+    }
+    if (used != part.size() || part.empty() || value < 1 || value > (1 << 20)) {
+      throw std::invalid_argument("--nnodes " + text +
+                                  ": expected a number of nodes N or MIN:MAX, each from 1 to " +
+                                  std::to_string(1 << 20));
+    }
+    return value;
+  };
+  const size_t colon = text.find(':');
+  if (colon == std::string::npos) {
+    options.nnodes(number(text));
+    return;
+  }
+  const int min = number(text.substr(0, colon));
+  const int max = number(text.substr(colon + 1));
+  if (min > max) {
+    throw std::invalid_argument("--nnodes " + text + ": MIN (" + std::to_string(min) +
+                                ") is above MAX (" + std::to_string(max) +
+                                "): MIN is the fewest nodes the job goes on with, MAX the most "
+                                "it runs on");
+  }
+  options.nnodes(max).min_nnodes(min);
+}
+
+}  // namespace
+
 void add_launch_command(CLI::App& app, const std::vector<std::string>& command, int& exit_code) {
   auto* cmd = app.add_subcommand(
       "launch",
@@ -18,6 +55,7 @@ void add_launch_command(CLI::App& app, const std::vector<std::string>& command, 
   struct LaunchArgs {
     LaunchOptions options;
     int nproc = 0;
+    std::string nnodes = "1";
     double kill_seconds = 10.0;
     double timeout = 0;
     bool no_prefix = false;
@@ -31,9 +69,10 @@ void add_launch_command(CLI::App& app, const std::vector<std::string>& command, 
                   "Ranks to start on this node (with --hostfile: on each host; default there: "
                   "its slots)")
       ->check(CLI::Range(1, 1 << 20));
-  cmd->add_option("--nnodes", options->nnodes_, "Number of nodes in the job")
-      ->capture_default_str()
-      ->check(CLI::Range(1, 1 << 20));
+  cmd->add_option("--nnodes", a->nnodes,
+                  "Number of nodes in the job, or MIN:MAX for an elastic job that goes on with "
+                  "as few as MIN nodes when nodes are lost (see --timeout)")
+      ->capture_default_str();
   cmd->add_option("--node-rank", options->node_rank_,
                   "Index of this node; its ranks are node_rank*nproc .. +nproc-1")
       ->capture_default_str()
@@ -61,7 +100,9 @@ void add_launch_command(CLI::App& app, const std::vector<std::string>& command, 
   cmd->add_option("--timeout", a->timeout,
                   "Seconds a rank's rendezvous or collective waits for the others before failing "
                   "(SHARDTRAIN_TIMEOUT for every rank; shardtrain train's run.timeout, default "
-                  "1800), and a node's launcher for the other nodes' launchers")
+                  "1800), and a node's launcher for the other nodes' launchers (with "
+                  "--nnodes MIN:MAX: for a lost node to come back before the job goes on "
+                  "without it)")
       ->check(CLI::Range(0.001, 1e9));
   cmd->add_flag("--no-prefix", a->no_prefix, "Relay rank output without the '[rank N] ' prefix");
   cmd->add_option("--hostfile", a->hostfile,
@@ -102,9 +143,10 @@ void add_launch_command(CLI::App& app, const std::vector<std::string>& command, 
       a->options.timeout(std::chrono::milliseconds(static_cast<int64_t>(a->timeout * 1000)));
     }
     a->options.nproc_ = a->nproc;
+    parse_nnodes(a->nnodes, a->options);
     LaunchResult result;
     if (!a->hostfile.empty()) {
-      if (a->options.nnodes_ != 1 || a->options.node_rank_ != 0) {
+      if (a->options.nnodes_ != 1 || a->options.min_nnodes_ != 0 || a->options.node_rank_ != 0) {
         throw std::invalid_argument(
             "--hostfile sets --nnodes and --node-rank itself (one node per host)");
       }

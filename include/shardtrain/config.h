@@ -52,6 +52,10 @@ struct TrainSection {
   int64_t steps = 100;
   int64_t micro_batch = 8;
   int64_t grad_accum = 1;
+  // Sequences per optimizer step over all data-parallel ranks (DeepSpeed's train_batch_size);
+  // 0: micro_batch x grad_accum x data-parallel ranks. When set, grad_accum follows from it at
+  // the run's world size, so a resume on fewer or more ranks keeps the global batch.
+  int64_t global_batch = 0;
   double lr = 1e-3;
   double min_lr = 1e-4;
   int64_t warmup = 10;
@@ -203,6 +207,10 @@ struct RunSection {
   // with what a rank may use here (memory cgroup limit, available host memory) and refuse a
   // run that cannot fit, naming a strategy that would.
   bool memory_check = true;
+  // Checkpoints written behind training: the step waits only while this rank's share is copied
+  // to host memory; a thread writes the files, a second save waits for the first, and the
+  // run's last checkpoint is waited for. Needs the training state in memory (not ZeRO's files).
+  bool checkpoint_async = false;
   // Each rank records a timeline of steps trace_first..trace_last (0: through the last step)
   // as Chrome trace events in RUN_DIR/trace/rank_N.json (docs/trace.md). The range is used and
   // checked only with trace = true.

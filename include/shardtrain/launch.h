@@ -16,6 +16,14 @@ struct LaunchOptions {
     nnodes_ = value;
     return *this;
   }
+  // Elastic: the job goes on with as few as `value` nodes (torchrun's --nnodes MIN:MAX, with
+  // nnodes the MAX). A node that does not come back for a restart within the timeout is left
+  // out while at least MIN remain; a launcher started again for it joins at the next restart.
+  // 0: nnodes (not elastic).
+  LaunchOptions& min_nnodes(int value) {
+    min_nnodes_ = value;
+    return *this;
+  }
   LaunchOptions& node_rank(int value) {
     node_rank_ = value;
     return *this;
@@ -70,6 +78,7 @@ struct LaunchOptions {
 
   int nproc_ = 1;
   int nnodes_ = 1;
+  int min_nnodes_ = 0;
   int node_rank_ = 0;
   std::string master_addr_ = "127.0.0.1";
   int master_port_ = 0;
@@ -100,7 +109,10 @@ struct LaunchResult {
 // master_addr:master_port: node 0 picks the port rank 0 hosts the ranks' store on (MASTER_PORT),
 // a failure on any node stops the ranks of every node, and a restart starts them on every node
 // together; a node that does not join, or come back for a restart, within `timeout` ends the job
-// with a message naming it.
+// with a message naming it (elastic, min_nnodes: the job goes on without it while at least
+// min_nnodes nodes remain, the ranks numbered over the nodes that take part, WORLD_SIZE their
+// ranks). Each launcher beats a heartbeat into node 0's store; a node whose heartbeat stops for
+// 5 s (the timeout, if shorter; at least 2 s) is reported as a failure of the attempt.
 // Blocking; throws std::invalid_argument for bad options and std::runtime_error when a rank
 // cannot be started at all.
 LaunchResult launch(const LaunchOptions& options, const std::vector<std::string>& command);

@@ -10,7 +10,9 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <future>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -103,6 +105,21 @@ std::string save_sharded_checkpoint(const std::string& root, const std::string& 
                                     const std::vector<FlatSlice>& slices, ProcessGroup* group,
                                     const ShardedSaveOptions& options = {});
 
+// save_sharded_checkpoint behind the caller: copies every slice's values (each fetched first
+// where options.fetch is set) into new host memory, pinned when they are on CUDA, starts the
+// save of the copies on a thread of its own and returns once the copies are made, so the caller
+// may change the originals at once. The future holds the checkpoint's directory, or the save's
+// error; its destructor waits for the save. `group` must be one no other thread uses until the
+// save is done (a ProcessGroup::new_group of the training group): collectives of one group are
+// matched across ranks by the order they are issued in. The host memory the copies take is the
+// rank's share of the checkpoint, freed when the save ends.
+std::future<std::string> save_sharded_checkpoint_async(const std::string& root,
+                                                       const std::string& name,
+                                                       const std::vector<TensorSpec>& tensors,
+                                                       const std::vector<FlatSlice>& slices,
+                                                       std::shared_ptr<ProcessGroup> group,
+                                                       ShardedSaveOptions options = {});
+
 // Reads a sharded checkpoint directory. The constructor validates index.json and the presence
 // and size of every file it lists; reads fetch only the byte ranges they need (pread) and check
 // the crc32 of every slice they touch. Errors about the checkpoint's contents are
@@ -186,10 +203,10 @@ std::vector<TensorSpec> read_safetensors_specs(const std::string& path);
 // shard_range(numel, world_size, r) of every tensor) in the new directory `out`, which must not
 // exist; it appears only when complete. Streams one slice at a time, so memory stays near the
 // largest slice. Rank r keeps the rank state of old rank r (ranks beyond the old world size have
-// none). Metadata is kept. `progress`, when given, is called before each slice with the bytes
-// written so far and in all; it may throw to stop the reshard (an interrupt). Whatever ends it
-// early, what it wrote is removed and the exception passes on. Throws std::invalid_argument for
-// a bad source or an existing `out`.
+// none). Metadata is kept. `progress`, when given, is called before each file and each slice with
+// the bytes written so far and in all; it may throw to stop the reshard (an interrupt). Whatever
+// ends it early, what it wrote is removed and the exception passes on. Throws std::invalid_argument
+// for a bad source or an existing `out`.
 using ReshardProgress = std::function<void(int64_t bytes_done, int64_t bytes_total)>;
 void reshard_checkpoint(const std::string& dir, const std::string& out, int world_size,
                         const ReshardProgress& progress = nullptr);

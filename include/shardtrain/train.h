@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cmath>
 #include <functional>
+#include <future>
 #include <memory>
 #include <optional>
 #include <string>
@@ -109,8 +110,16 @@ class Trainer {
   // reply is returned.
   std::string generate(const std::string& prompt, int64_t tokens);
   // Writes RUN_DIR/checkpoints/step_NNNNNN atomically as a sharded checkpoint
-  // (docs/checkpoints.md) and returns its directory. Collective: every rank calls it.
+  // (docs/checkpoints.md) and returns its directory. Collective: every rank calls it. With
+  // run.checkpoint_async it first waits for the save in flight, then returns once this rank's
+  // share is copied to host memory, while a thread writes it: the directory appears (and
+  // `latest` names it) when wait_for_checkpoint() returns, or a later save or the destructor
+  // waits.
   std::string save_checkpoint();
+  // Waits for the asynchronous save in flight, if any, and rethrows its error (the first rank's
+  // error on every rank). Collective when a save is in flight. Returns its directory, or ""
+  // when none was in flight.
+  std::string wait_for_checkpoint();
   // Restores a sharded checkpoint written at any world size. Collective. Throws
   // std::invalid_argument naming the file for a damaged checkpoint, or the first tensor whose
   // name, shape or dtype differs from the model's.
@@ -211,6 +220,10 @@ class Trainer {
   double last_finite_loss_ = NAN;
   int64_t last_good_step_ = 0;
   std::function<void(int64_t)> after_backward_;
+  // run.checkpoint_async: the group the writing thread's collectives run on (every rank, apart
+  // from the training's groups), and the save in flight.
+  std::shared_ptr<ProcessGroup> checkpoint_group_;
+  std::future<std::string> checkpoint_in_flight_;
   std::shared_ptr<detail::Telemetry> telemetry_;  // this rank's communication times and trace
   bool trace_unwritten_ = false;
   // For the ETA: when this process's first step began, and how many steps it has taken.

@@ -19,6 +19,9 @@ void write_resharded(const ShardedCheckpointReader& reader, const std::string& s
   }
   std::vector<nlohmann::json> files;
   for (int rank = 0; rank < world_size; ++rank) {
+    // Before each file too: past the last element, ranks hold no slice (a world larger than the
+    // tensors), and a stop must still be heard while their files are written.
+    if (progress) progress(done, total);
     std::vector<detail::SliceRef> refs;
     for (const auto& spec : reader.tensors()) {
       const ShardRange range = shard_range(spec.numel(), world_size, rank);

@@ -4,6 +4,7 @@
 
 #include <cstring>
 #include <filesystem>
+#include <future>
 #include <memory>
 #include <stdexcept>
 
@@ -113,6 +114,30 @@ std::string save_sharded_checkpoint(const std::string& root, const std::string& 
     }
     throw;
   }
+}
+
+std::future<std::string> save_sharded_checkpoint_async(const std::string& root,
+                                                       const std::string& name,
+                                                       const std::vector<TensorSpec>& tensors,
+                                                       const std::vector<FlatSlice>& slices,
+                                                       std::shared_ptr<ProcessGroup> group,
+                                                       ShardedSaveOptions options) {
+  // The copies, made here on the caller's thread: afterwards nothing of the caller's is read.
+  std::vector<FlatSlice> copies;
+  copies.reserve(slices.size());
+  for (size_t i = 0; i < slices.size(); ++i) {
+    const at::Tensor data = options.fetch_ ? options.fetch_(i) : slices[i].data;
+    at::Tensor copy =
+        at::empty({data.numel()},
+                  at::TensorOptions().dtype(data.scalar_type()).pinned_memory(data.is_cuda()));
+    copy.copy_(data.reshape({-1}));
+    copies.push_back({slices[i].name, slices[i].offset, std::move(copy)});
+  }
+  options.fetch_ = nullptr;
+  return std::async(std::launch::async, [root, name, tensors, copies = std::move(copies),
+                                         group = std::move(group), options = std::move(options)] {
+    return save_sharded_checkpoint(root, name, tensors, copies, group.get(), options);
+  });
 }
 
 namespace {

@@ -11,6 +11,7 @@
 #include <stdexcept>
 #include <thread>
 
+#include "comm/join.h"
 #include "comm/launch_children.h"
 #include "comm/node_agents.h"
 
@@ -29,15 +30,22 @@ int threads_per_rank(int nproc) {
   return std::max(1, available / nproc);
 }
 
-Child spawn_rank(const LaunchOptions& o, int local_rank, int port, int attempt,
-                 const std::vector<std::string>& command, int stdin_fd) {
-  const int rank = o.node_rank_ * o.nproc_ + local_rank;
+// Where this node's ranks sit in an attempt: its index among the nodes taking part, and their
+// number (elastic jobs renumber the nodes that remain).
+struct NodePlace {
+  int index = 0;
+  int nodes = 1;
+};
+
+Child spawn_rank(const LaunchOptions& o, const NodePlace& place, int local_rank, int port,
+                 int attempt, const std::vector<std::string>& command, int stdin_fd) {
+  const int rank = place.index * o.nproc_ + local_rank;
   std::map<std::string, std::string> env = {
       {"RANK", std::to_string(rank)},
-      {"WORLD_SIZE", std::to_string(o.nnodes_ * o.nproc_)},
+      {"WORLD_SIZE", std::to_string(place.nodes * o.nproc_)},
       {"LOCAL_RANK", std::to_string(local_rank)},
       {"LOCAL_WORLD_SIZE", std::to_string(o.nproc_)},
-      {"GROUP_RANK", std::to_string(o.node_rank_)},
+      {"GROUP_RANK", std::to_string(place.index)},
       {"MASTER_ADDR", o.master_addr_},
       {"MASTER_PORT", std::to_string(port)},
       // torchrun's names: a restarted trainer resumes from its latest checkpoint.
@@ -63,6 +71,12 @@ void validate(const LaunchOptions& o, const std::vector<std::string>& command) {
   if (command.empty()) throw std::invalid_argument("no program to launch (give it after --)");
   if (o.nproc_ < 1) throw std::invalid_argument("--nproc must be at least 1");
   if (o.nnodes_ < 1) throw std::invalid_argument("--nnodes must be at least 1");
+  if (o.min_nnodes_ != 0 && (o.min_nnodes_ < 1 || o.min_nnodes_ > o.nnodes_)) {
+    throw std::invalid_argument("--nnodes " + std::to_string(o.min_nnodes_) + ":" +
+                                std::to_string(o.nnodes_) +
+                                ": MIN must be between 1 and MAX (the fewest nodes the job "
+                                "goes on with, and the most it runs on)");
+  }
   if (o.node_rank_ < 0 || o.node_rank_ >= o.nnodes_) {
     throw std::invalid_argument("--node-rank " + std::to_string(o.node_rank_) +
                                 " is not below --nnodes " + std::to_string(o.nnodes_));
@@ -104,6 +118,13 @@ Attempt supervise(std::vector<Child>& children, const LaunchOptions& o, detail::
     if (agents && a.failed < 0 && !a.stopped && now >= next_check) {
       try {
         a.peer = agents->failure(attempt);
+        if (!a.peer) {
+          // Node 0: a node lost with its machine or network, before any collective times out.
+          if (auto lost = agents->lost_node()) {
+            agents->report_failure(attempt, *lost);
+            a.peer = agents->failure(attempt);
+          }
+        }
       } catch (const std::runtime_error& e) {
         a.peer = detail::NodeFailure{1, false, e.what()};  // node 0's launcher is gone
       }
@@ -133,8 +154,11 @@ Attempt supervise(std::vector<Child>& children, const LaunchOptions& o, detail::
 
 // What every node's launcher must run alike.
 std::string shared_settings(const LaunchOptions& o) {
-  return "--nproc " + std::to_string(o.nproc_) + " --nnodes " + std::to_string(o.nnodes_) +
-         " --max-restarts " + std::to_string(o.max_restarts_);
+  const std::string nodes = o.min_nnodes_ > 0 && o.min_nnodes_ < o.nnodes_
+                                ? std::to_string(o.min_nnodes_) + ":" + std::to_string(o.nnodes_)
+                                : std::to_string(o.nnodes_);
+  return "--nproc " + std::to_string(o.nproc_) + " --nnodes " + nodes + " --max-restarts " +
+         std::to_string(o.max_restarts_);
 }
 
 std::unique_ptr<detail::NodeAgents> join_nodes(const LaunchOptions& o, detail::StopRequests& stop) {
@@ -145,9 +169,9 @@ std::unique_ptr<detail::NodeAgents> join_nodes(const LaunchOptions& o, detail::S
     gethostname(host, sizeof(host) - 1);
     label = host;
   }
-  return std::make_unique<detail::NodeAgents>(o.master_addr_, o.master_port_, o.nnodes_,
-                                              o.node_rank_, label, shared_settings(o), o.timeout_,
-                                              [&stop] { return stop.requested(); });
+  return std::make_unique<detail::NodeAgents>(
+      o.master_addr_, o.master_port_, o.nnodes_, o.min_nnodes_ > 0 ? o.min_nnodes_ : o.nnodes_,
+      o.node_rank_, label, shared_settings(o), o.timeout_, [&stop] { return stop.requested(); });
 }
 
 }  // namespace
@@ -160,16 +184,26 @@ LaunchResult launch(const LaunchOptions& options, const std::vector<std::string>
   const int rank_stdin = options.stop_on_stdin_eof_ ? open("/dev/null", O_RDONLY | O_CLOEXEC) : -1;
 
   LaunchResult result;
-  int attempt = 0;
+  int attempt = agents ? agents->first_attempt() : 0;
+  if (attempt < 0) {
+    // Joined a running job, which ended before a restart took this node in.
+    agents->leave(0, true);
+    result.message = "the job ended before a restart took this node in";
+    if (rank_stdin >= 0) close(rank_stdin);
+    return result;
+  }
   try {
     for (;; ++attempt) {
       result = LaunchResult{0, -1, attempt, ""};
       const int port = agents                 ? agents->rank_port(attempt)
                        : options.master_port_ ? options.master_port_
                                               : detail::free_port(false);
+      const NodePlace place =
+          agents ? NodePlace{agents->index(), static_cast<int>(agents->members().size())}
+                 : NodePlace{0, 1};
       std::vector<Child> children;
       for (int local = 0; local < options.nproc_; ++local) {
-        children.push_back(spawn_rank(options, local, port, attempt, command, rank_stdin));
+        children.push_back(spawn_rank(options, place, local, port, attempt, command, rank_stdin));
       }
       Attempt a = supervise(children, options, agents.get(), attempt, stop);
       if (a.stopped) {
@@ -184,7 +218,7 @@ LaunchResult launch(const LaunchOptions& options, const std::vector<std::string>
       if (agents && (!first || first->restartable)) first = agents->failure(attempt);
       if (a.failed >= 0) {
         const Child& child = children[a.failed];
-        result.failed_rank = options.node_rank_ * options.nproc_ + a.failed;
+        result.failed_rank = place.index * options.nproc_ + a.failed;
         result.exit_code = detail::exit_code_of(child.status);
         result.message = node_rank_failure(child) + "; stopped the other ranks";
         if (!first) first = detail::NodeFailure{result.exit_code, result.exit_code != 2, ""};
@@ -205,9 +239,19 @@ LaunchResult launch(const LaunchOptions& options, const std::vector<std::string>
                 : "; not restarted: the launcher was asked to stop";
         break;
       }
-      if (agents) agents->wait_stopped(attempt);
-      detail::write_all(STDERR_FILENO, "shardtrain launch: " + result.message + "; restarting (" +
-                                           std::to_string(attempt + 1) + " of " +
+      std::string nodes;
+      if (agents) {
+        const std::vector<int> before = agents->members();
+        agents->wait_stopped(attempt);
+        if (agents->members() != before) {
+          const size_t n = agents->members().size();
+          nodes = " on " + std::to_string(n) + (n == 1 ? " node (" : " nodes (") +
+                  detail::join_ranks(agents->members()) + ") of --nnodes " +
+                  std::to_string(options.min_nnodes_) + ":" + std::to_string(options.nnodes_);
+        }
+      }
+      detail::write_all(STDERR_FILENO, "shardtrain launch: " + result.message + "; restarting" +
+                                           nodes + " (" + std::to_string(attempt + 1) + " of " +
                                            std::to_string(options.max_restarts_) + ")\n");
     }
   } catch (const std::runtime_error& e) {

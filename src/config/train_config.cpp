@@ -198,6 +198,7 @@ const std::map<std::string, Setter>& known_keys() {
                   {"train.steps", field(&TrainSection::steps)},
                   {"train.micro_batch", field(&TrainSection::micro_batch)},
                   {"train.grad_accum", field(&TrainSection::grad_accum)},
+                  {"train.global_batch", field(&TrainSection::global_batch)},
                   {"train.lr", field(&TrainSection::lr)},
                   {"train.min_lr", field(&TrainSection::min_lr)},
                   {"train.warmup", field(&TrainSection::warmup)},
@@ -321,6 +322,7 @@ const std::map<std::string, Setter>& known_keys() {
                   {"run.freed_memory", field(&RunSection::freed_memory)},
                   {"run.timeout", field(&RunSection::timeout)},
                   {"run.memory_check", field(&RunSection::memory_check)},
+                  {"run.checkpoint_async", field(&RunSection::checkpoint_async)},
                   {"run.trace", field(&RunSection::trace)},
                   {"run.trace_steps",
                    [](TrainConfig& c, const toml::node& n, const std::string& name) {
@@ -636,6 +638,8 @@ void TrainConfig::validate() const {
   require(train.steps >= 1, "train.steps must be at least 1");
   require(train.micro_batch >= 1, "train.micro_batch must be at least 1");
   require(train.grad_accum >= 1, "train.grad_accum must be at least 1");
+  require(train.global_batch >= 0,
+          "train.global_batch must be >= 0 (0: micro_batch x grad_accum x data-parallel ranks)");
   // NaN fails every comparison below and inf passes "positive": name non-finite values first.
   for (const auto& [key, value] : {std::pair<const char*, double>{"train.lr", train.lr},
                                    {"train.min_lr", train.min_lr},
@@ -747,6 +751,13 @@ void TrainConfig::validate() const {
            parallel.zero.offload_param != OffloadDevice::kNvme) ||
               !parallel.zero.nvme_path.empty(),
           "parallel.zero offload to nvme needs parallel.zero.nvme_path");
+  require(!run.checkpoint_async || parallel.strategy != ParallelStrategy::kZero ||
+              (parallel.zero.offload_optimizer != OffloadDevice::kNvme &&
+               parallel.zero.offload_param != OffloadDevice::kNvme),
+          "run.checkpoint_async = true with parallel.zero offload to nvme: an asynchronous save "
+          "copies the training state to host memory, which this run keeps in files to save "
+          "memory; set run.checkpoint_async = false (the save then reads the files as it "
+          "writes)");
   require(parallel.zero.contiguous_gradients,
           "parallel.zero.contiguous_gradients = false is not supported: gradients are always "
           "reduced from one contiguous buffer per unit");

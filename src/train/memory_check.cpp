@@ -128,26 +128,34 @@ void check_memory_fits(const TrainConfig& config, int world_size, const MemoryBu
   const double held = static_cast<double>(held_bytes);
   const double limit = static_cast<double>(budget.bytes);
   const MemoryBreakdown& m = estimate.run.memory;
-  const double needed = held + m.total();
+  // run.checkpoint_async copies this rank's share of each checkpoint (fp32 parameters and
+  // AdamW's two moments, split over the ranks) to host memory while it is written.
+  const double checkpoint_copy =
+      config.run.checkpoint_async
+          ? 12.0 * static_cast<double>(config.model.num_parameters()) / world_size
+          : 0.0;
+  const double needed = held + m.total() + checkpoint_copy;
   if (needed <= limit) return;
-  std::string message = "out of memory before the start: " + estimate.run.label() +
-                        " (parallel.strategy = \"" + to_string(config.parallel.strategy) +
-                        "\") on " + std::to_string(world_size) +
-                        (world_size == 1 ? " rank" : " ranks") + " needs about " + gb(needed) +
-                        " per rank (the planner's estimate: parameters " + gb(m.params) +
-                        ", gradients " + gb(m.grads) + ", optimizer state " + gb(m.optimizer) +
-                        ", activations " + gb(m.activations + m.temporary) + "; plus " + gb(held) +
-                        " the process holds already), but each rank here may use " + gb(limit) +
-                        " (" + budget.source + "). ";
+  std::string message =
+      "out of memory before the start: " + estimate.run.label() + " (parallel.strategy = \"" +
+      to_string(config.parallel.strategy) + "\") on " + std::to_string(world_size) +
+      (world_size == 1 ? " rank" : " ranks") + " needs about " + gb(needed) +
+      " per rank (the planner's estimate: parameters " + gb(m.params) + ", gradients " +
+      gb(m.grads) + ", optimizer state " + gb(m.optimizer) + ", activations " +
+      gb(m.activations + m.temporary) +
+      (checkpoint_copy > 0 ? ", the asynchronous checkpoint's copy " + gb(checkpoint_copy)
+                           : std::string()) +
+      "; plus " + gb(held) + " the process holds already), but each rank here may use " +
+      gb(limit) + " (" + budget.source + "). ";
   const Candidate* fits = nullptr;
   for (const auto& c : estimate.alternatives) {
-    if (held + c.memory.total() <= limit) {
+    if (held + c.memory.total() + checkpoint_copy <= limit) {
       fits = &c;
       break;
     }
   }
   if (fits) {
-    message += fits->label() + " fits (about " + gb(held + fits->memory.total()) +
+    message += fits->label() + " fits (about " + gb(held + fits->memory.total() + checkpoint_copy) +
                " per rank): set " + config_setting(*fits) + ". ";
   } else {
     message += "No data-parallel strategy fits on " + std::to_string(world_size) +

@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "shardtrain/hf_tokenizer.h"
+#include "shardtrain/sharded_checkpoint.h"
 
 namespace fs = std::filesystem;
 
@@ -189,6 +190,37 @@ TrainingData open_data(const TrainConfig& config) {
   const fs::path shard = shard_path(config);
   if (config.data.format == "text") return {std::make_shared<TokenShard>(shard.string()), nullptr};
   return {nullptr, std::make_shared<SampleShard>(shard.string())};
+}
+
+namespace {
+
+// A tokenizer's name without the folder it was read from: "tokenizer.json BPE (...) [digest]"
+// for Hugging Face files (the digest is of their contents), the name itself otherwise.
+std::string tokenizer_identity(const std::string& name) {
+  const size_t from = name.find(" from ");
+  const size_t digest = name.rfind(" [");
+  if (from == std::string::npos || digest == std::string::npos || digest < from) return name;
+  return name.substr(0, from) + name.substr(digest);
+}
+
+}  // namespace
+
+void check_resume_tokenizer(const std::string& checkpoint, const Tokenizer& tokenizer) {
+  const ShardedCheckpointReader reader(checkpoint);
+  nlohmann::json metadata;
+  try {
+    metadata = nlohmann::json::parse(reader.metadata());
+  } catch (const nlohmann::json::exception&) {
+    return;  // the load names what is wrong with it
+  }
+  const nlohmann::json training = metadata.value("training", nlohmann::json::object());
+  const std::string saved = training.is_object() ? training.value("tokenizer", "") : "";
+  if (saved.empty() || tokenizer_identity(saved) == tokenizer_identity(tokenizer.name())) return;
+  throw std::invalid_argument("run.resume: checkpoint '" + checkpoint + "' was trained with the " +
+                              saved + " tokenizer, and this run's data.tokenizer is the " +
+                              tokenizer.name() +
+                              " one: a resumed run keeps its tokenizer; set data.tokenizer "
+                              "back, or start a new run (another run.dir, or run.overwrite)");
 }
 
 std::unique_ptr<DataLoader> make_loader(const TrainConfig& config, const TrainingData& data,

@@ -62,6 +62,11 @@ TrainingData store_data(const TrainConfig& config, const TokenizedData& tokenize
                         int64_t vocab_size);
 TrainingData open_data(const TrainConfig& config);
 
+// A resume from `checkpoint` must use the tokenizer it was trained with (the one index.json's
+// metadata names; the same tokenizer.json files read from another folder are the same): throws
+// std::invalid_argument naming both otherwise. Checkpoints that name none pass.
+void check_resume_tokenizer(const std::string& checkpoint, const Tokenizer& tokenizer);
+
 // The loader over the data with the run's batch settings; padding is the end-of-text id.
 std::unique_ptr<DataLoader> make_loader(const TrainConfig& config, const TrainingData& data,
                                         int64_t pad_id, int dp_rank, int dp_size);

@@ -60,4 +60,32 @@ LoraOptions lora_options(const TrainConfig& config) {
       .target_modules(config.lora.target_modules);
 }
 
+void apply_global_batch(TrainConfig& config, int dp_size) {
+  TrainSection& train = config.train;
+  if (train.global_batch == 0) return;
+  const int64_t per_accumulation = train.micro_batch * dp_size;
+  const std::string ranks = std::to_string(dp_size) + " data-parallel rank" +
+                            (dp_size == 1 ? "" : "s") +
+                            " with train.micro_batch = " + std::to_string(train.micro_batch);
+  if (train.global_batch % per_accumulation != 0) {
+    const int64_t lower = train.global_batch / per_accumulation * per_accumulation;
+    throw std::invalid_argument(
+        "train.global_batch = " + std::to_string(train.global_batch) + " cannot be kept on " +
+        ranks + ": it must be a multiple of micro_batch x data-parallel ranks = " +
+        std::to_string(per_accumulation) +
+        " (the nearest: " + (lower > 0 ? std::to_string(lower) + " or " : std::string()) +
+        std::to_string(lower + per_accumulation) + "), or change train.micro_batch");
+  }
+  const int64_t accumulation = train.global_batch / per_accumulation;
+  if (train.grad_accum > 1 && train.grad_accum != accumulation) {
+    throw std::invalid_argument(
+        "train.grad_accum = " + std::to_string(train.grad_accum) +
+        " (or parallel.pp_microbatches) " + "disagrees with train.global_batch = " +
+        std::to_string(train.global_batch) + " on " + ranks + ", which needs " +
+        std::to_string(accumulation) + " micro-batches per step: set one of them");
+  }
+  train.grad_accum = accumulation;
+  if (config.parallel.pp_microbatches != 0) config.parallel.pp_microbatches = accumulation;
+}
+
 }  // namespace shardtrain::detail

@@ -30,6 +30,12 @@ bool apply_freed_memory(const TrainConfig& config);
 // Hands free heap pages back to the system (glibc's malloc_trim); a no-op elsewhere.
 void trim_heap();
 
+// train.global_batch at `dp_size` data-parallel ranks: sets train.grad_accum to
+// global_batch / (micro_batch x dp_size). Throws std::invalid_argument naming the numbers when
+// the global batch is not a multiple of micro_batch x dp_size, or when a train.grad_accum (or
+// parallel.pp_microbatches) above 1 was set to another value. Nothing without global_batch.
+void apply_global_batch(TrainConfig& config, int dp_size);
+
 // The [lora] section as add_lora's options.
 LoraOptions lora_options(const TrainConfig& config);
 

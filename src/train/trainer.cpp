@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <mutex>
+#include <numeric>
 #include <optional>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 
@@ -60,6 +61,15 @@ void Trainer::set_up_ranks() {
     world_ = init_process_group(c10::make_intrusive<c10d::HashStore>(), 0, 1);
   }
   if (world_) mesh_ = std::make_unique<DeviceMesh>(world_, shape);
+  // The micro-batches per step that keep train.global_batch on this world's data-parallel ranks.
+  detail::apply_global_batch(config_, dp_size());
+  if (config_.run.checkpoint_async && world_ && world_->size() > 1) {
+    // The writing thread's collectives on a group of their own, never interleaved with the
+    // training's on the same group.
+    std::vector<int> everyone(static_cast<size_t>(world_->size()));
+    std::iota(everyone.begin(), everyone.end(), 0);
+    checkpoint_group_ = world_->new_group(everyone);
+  }
   if (config_.precision.autocast == "fp16") {
     // LibTorch's CPU autocast has no fp16 kernels; fp16 needs the CUDA path.
     throw std::invalid_argument(
@@ -96,6 +106,9 @@ std::string Trainer::prepare_data() {
   data_ = std::make_unique<detail::TrainingData>(detail::open_prepared_data(config_));
   if (data_->defined()) check_vocabulary();
   const detail::RunStart start = detail::plan_run_start(config_, restart_count_ > 0);
+  // Before the corpus is tokenized again into the run directory: a resume with another
+  // tokenizer would rewrite the run's shard and then fail on the embedding's shape.
+  if (!start.checkpoint.empty()) detail::check_resume_tokenizer(start.checkpoint, *tokenizer_);
   // Rank 0 tokenizes before anything under run.dir changes: bad data stops every rank there.
   detail::TokenizedData tokenized;
   std::string bad_data;
@@ -219,6 +232,12 @@ void Trainer::barrier() const {
 }
 
 Trainer::~Trainer() {
+  try {
+    wait_for_checkpoint();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "shardtrain: rank %d: the asynchronous checkpoint save failed: %s\n",
+                 rank(), e.what());
+  }
   try {
     write_trace();
   } catch (const std::exception& e) {
@@ -452,9 +471,11 @@ void Trainer::fit() {
         "; resume from the latest checkpoint with a lower train.lr or a higher train.clip");
   }
   if (config_.train.final_checkpoint) {
-    const std::string dir = save_checkpoint();
+    std::string dir = save_checkpoint();
+    if (config_.run.checkpoint_async) dir = wait_for_checkpoint();
     if (talk) std::printf("checkpoint: %s\n", dir.c_str());
   }
+  wait_for_checkpoint();  // the last save is on disk before the run ends
   // Where every rank takes part in the forward passes, every rank generates.
   if ((talk || parallel_->forward_is_collective()) && config_.train.sample_tokens > 0) {
     const std::string sample = generate(config_.train.sample_prompt, config_.train.sample_tokens);

@@ -85,7 +85,9 @@ void check_model_tensors(const ShardedCheckpointReader& reader, const NamedTenso
 
 std::string Trainer::save_checkpoint() {
   detail::TelemetryScope telemetry(telemetry_);
-  detail::TraceSpan span("checkpoint save", "checkpoint");
+  const bool async = config_.run.checkpoint_async;
+  if (async) wait_for_checkpoint();  // one save at a time
+  detail::TraceSpan span(async ? "checkpoint copy" : "checkpoint save", "checkpoint");
   char name[32];
   std::snprintf(name, sizeof(name), "step_%06lld", static_cast<long long>(step_));
   CheckpointContents contents = parallel_->checkpoint_contents(*optimizer_);
@@ -138,11 +140,24 @@ std::string Trainer::save_checkpoint() {
   // committed, as a machine failing mid-save would.
   const char* kill_at = std::getenv("SHARDTRAIN_FAULT_KILL_BEFORE_COMMIT");
   if (kill_at && std::string(kill_at) == name) options.before_commit([] { std::raise(SIGKILL); });
-  const std::string dir =
-      save_sharded_checkpoint(config_.run.dir + "/checkpoints", name, contents.specs,
-                              contents.slices, world_.get(), options);
+  const std::string root = config_.run.dir + "/checkpoints";
+  if (!async) {
+    const std::string dir =
+        save_sharded_checkpoint(root, name, contents.specs, contents.slices, world_.get(), options);
+    parallel_->after_save();
+    return dir;
+  }
+  checkpoint_in_flight_ = save_sharded_checkpoint_async(root, name, contents.specs, contents.slices,
+                                                        checkpoint_group_, std::move(options));
   parallel_->after_save();
-  return dir;
+  return (fs::path(root) / name).string();
+}
+
+std::string Trainer::wait_for_checkpoint() {
+  if (!checkpoint_in_flight_.valid()) return "";
+  detail::TelemetryScope telemetry(telemetry_);
+  detail::TraceSpan span("checkpoint wait", "checkpoint");
+  return checkpoint_in_flight_.get();  // leaves the future empty, error or not
 }
 
 void Trainer::load_checkpoint(const std::string& dir) {

@@ -253,6 +253,20 @@ TEST_F(ShardedCheckpointTest, ReshardRewritesAnyRankCountWithTheSameTensors) {
                std::runtime_error);
   EXPECT_FALSE(fs::exists(dir_ / "five"));
   EXPECT_FALSE(fs::exists(dir_ / ".five.partial"));
+
+  // More ranks than elements: the last ranks' files hold no slice, and a stop asked for while
+  // they are written is heard too.
+  int calls = 0;
+  EXPECT_THROW(reshard_checkpoint(dir, (dir_ / "wide").string(), 100000,
+                                  [&](int64_t done, int64_t all) {
+                                    if (done == all && ++calls == 50) {
+                                      throw std::runtime_error("interrupted");
+                                    }
+                                  }),
+               std::runtime_error);
+  EXPECT_EQ(calls, 50);
+  EXPECT_FALSE(fs::exists(dir_ / "wide"));
+  EXPECT_FALSE(fs::exists(dir_ / ".wide.partial"));
 }
 
 TEST_F(ShardedCheckpointTest, CommandLineInspectsVerifiesAndReshards) {

@@ -53,13 +53,14 @@ TEST(LaunchTest, RanksShareTheCoresUnlessTheUserChoseThreads) {
 
 // The launchers of nodes 0..n-1 on this machine (as separate nodes would run them), all with
 // `flags`, node 0 in the foreground; the other nodes' output follows node 0's.
-CommandResult nodes(int count, const std::string& flags, const std::string& program) {
+CommandResult nodes(int count, const std::string& flags, const std::string& program,
+                    const std::string& nnodes = "") {
   const int port = testing::free_port();
   std::string script;
   for (int node = count - 1; node >= 0; --node) {
     const std::string launch =
-        cli() + " launch --nnodes " + std::to_string(count) + " --node-rank " +
-        std::to_string(node) + " --master-port " + std::to_string(port) +
+        cli() + " launch --nnodes " + (nnodes.empty() ? std::to_string(count) : nnodes) +
+        " --node-rank " + std::to_string(node) + " --master-port " + std::to_string(port) +
         (flags.find("--timeout") == std::string::npos ? " --timeout 60 " : " ") + flags +
         " -- sh -c '" + program + "'";
     script += node > 0 ? "(" + launch + " > node" + std::to_string(node) + ".log 2>&1) & "
@@ -159,6 +160,83 @@ TEST(LaunchTest, ANodeThatDoesNotComeBackForTheRestartIsNamed) {
             std::string::npos)
       << result.output;
   EXPECT_LT(seconds, 40) << result.output;
+}
+
+// --nnodes 1:2: node 1's launcher dies with its ranks and does not come back; after the timeout
+// node 0 goes on alone, its ranks numbered over the one node that remains.
+TEST(LaunchTest, AnElasticJobGoesOnWithoutANodeThatDoesNotComeBack) {
+  const std::string program =
+      "if [ $GROUP_RANK = 1 ] && [ $LOCAL_RANK = 0 ]; then "
+      "trap \"kill -9 $PPID; exit 0\" TERM; sleep 60 & wait; fi; "
+      "if [ $GROUP_RANK = 1 ] && [ $TORCHELASTIC_RESTART_COUNT = 0 ]; then sleep 1; exit 3; fi; "
+      "echo attempt=$TORCHELASTIC_RESTART_COUNT world=$WORLD_SIZE; "
+      "if [ $TORCHELASTIC_RESTART_COUNT = 0 ]; then sleep 60; fi";
+  const auto result =
+      nodes(2, "--nproc 2 --kill-timeout 5 --max-restarts 1 --timeout 4", program, "1:2");
+  EXPECT_EQ(result.exit_code, 0) << result.output;
+  EXPECT_NE(result.output.find("restarting on 1 node (0) of --nnodes 1:2 (1 of 1)"),
+            std::string::npos)
+      << result.output;
+  EXPECT_NE(result.output.find("[rank 0] attempt=1 world=2"), std::string::npos) << result.output;
+  EXPECT_NE(result.output.find("[rank 1] attempt=1 world=2"), std::string::npos) << result.output;
+
+  // Without MIN:MAX the same loss ends the job naming the node.
+  const auto rigid = nodes(2, "--nproc 2 --kill-timeout 5 --max-restarts 1 --timeout 4", program);
+  EXPECT_EQ(rigid.exit_code, 3) << rigid.output;
+  EXPECT_NE(rigid.output.find("node(s) 1 did not stop its ranks and come back"), std::string::npos)
+      << rigid.output;
+}
+
+// A node lost from an elastic job and started again waits, and the next restart takes it in.
+TEST(LaunchTest, ANodeOfAnElasticJobStartedAgainJoinsAtTheNextRestart) {
+  const std::string port = std::to_string(testing::free_port());
+  const auto dir = testing::fresh_test_dir("shardtrain_launch_rejoin");
+  // Attempt 0: node 1 fails and its launcher dies. Attempt 1 (node 0 alone): rank 0 fails once
+  // the returning node 1 waits ("go"). Attempt 2: both nodes.
+  const std::string program =
+      "if [ $TORCHELASTIC_RESTART_COUNT = 0 ] && [ $GROUP_RANK = 1 ]; then "
+      "if [ $LOCAL_RANK = 0 ]; then trap \"kill -9 $PPID; exit 0\" TERM; sleep 60 & wait; fi; "
+      "sleep 1; exit 3; fi; "
+      "if [ $TORCHELASTIC_RESTART_COUNT = 1 ] && [ $RANK = 0 ]; then "
+      "while [ ! -f go ]; do sleep 0.2; done; exit 5; fi; "
+      "echo attempt=$TORCHELASTIC_RESTART_COUNT world=$WORLD_SIZE; "
+      "if [ $TORCHELASTIC_RESTART_COUNT != 2 ]; then sleep 60; fi";
+  const auto launch = [&](int node) {
+    return cli() + " launch --nnodes 1:2 --node-rank " + std::to_string(node) + " --master-port " +
+           port + " --nproc 2 --kill-timeout 5 --max-restarts 2 --timeout 4 -- sh -c '" + program +
+           "'";
+  };
+  const auto wait_for = [](const std::string& file, const std::string& text) {
+    return "for i in $(seq 600); do grep -q '" + text + "' " + file +
+           " 2>/dev/null && break; sleep 0.1; done; ";
+  };
+  const auto result =
+      run_command("cd " + dir.string() + " && { (" + launch(1) + " > node1.log 2>&1) & (" +
+                  launch(0) + " > node0.log 2>&1; echo $? > node0.status) & " +
+                  wait_for("node0.log", "restarting on 1 node") + "(" + launch(1) +
+                  " > node1b.log 2>&1) & " + wait_for("node1b.log", "taken in at the job") +
+                  "touch go; wait; cat node0.log node1b.log; exit $(cat node0.status); }");
+  std::filesystem::remove_all(dir);
+  EXPECT_EQ(result.exit_code, 0) << result.output;
+  EXPECT_NE(result.output.find("restarting on 2 nodes (0,1) of --nnodes 1:2 (2 of 2)"),
+            std::string::npos)
+      << result.output;
+  for (int rank = 0; rank < 4; ++rank) {
+    const std::string line = "[rank " + std::to_string(rank) + "] attempt=2 world=4";
+    EXPECT_NE(result.output.find(line), std::string::npos) << line << "\n" << result.output;
+  }
+}
+
+TEST(LaunchTest, AnElasticRangeThatIsNoRangeIsRefused) {
+  for (const char* nnodes : {"3:2", "0:2", "a:2", "2:", "1:2:3"}) {
+    const auto result =
+        run_command(cli() + " launch --nproc 1 --nnodes " + nnodes + " --master-port 1 -- true");
+    EXPECT_EQ(result.exit_code, 2) << nnodes << ": " << result.output;
+    EXPECT_NE(result.output.find(std::string("--nnodes ") + nnodes), std::string::npos)
+        << result.output;
+  }
+  const auto above = run_command(cli() + " launch --nproc 1 --nnodes 3:2 -- true");
+  EXPECT_NE(above.output.find("MIN (3) is above MAX (2)"), std::string::npos) << above.output;
 }
 
 // Every node's launcher must run the same --nproc, --nnodes and --max-restarts, or nodes would

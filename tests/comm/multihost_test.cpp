@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <thread>
 
@@ -113,11 +114,13 @@ class TwoHostsTest : public ::testing::Test {
 
   // Starts host `host`'s launcher of a two-host job in the background; its output goes to
   // node<host>.log, its exit status and end time to node<host>.end.
-  void start_node(int host, const std::string& flags, const std::string& train_settings) const {
+  void start_node(int host, const std::string& flags, const std::string& train_settings,
+                  const std::string& nnodes = "2") const {
     const std::string name = (dir_ / ("node" + std::to_string(host))).string();
-    const std::string launch = testing::cli() + " launch --nproc 2 --nnodes 2 --node-rank " +
-                               std::to_string(host) + " --master-addr " + kAddress[0] +
-                               " --master-port 29500 " + flags + " -- " + train(train_settings);
+    const std::string launch = testing::cli() + " launch --nproc 2 --nnodes " + nnodes +
+                               " --node-rank " + std::to_string(host) + " --master-addr " +
+                               kAddress[0] + " --master-port 29500 " + flags + " -- " +
+                               train(train_settings);
     testing::run_command("(" + on(host, launch) + " > " + name +
                          ".log 2>&1; echo $? $(date +%s.%N) > " + name + ".end.tmp; mv " + name +
                          ".end.tmp " + name + ".end) > /dev/null 2>&1 &");
@@ -294,6 +297,61 @@ TEST_F(TwoHostsTest, AHostWhoseRanksAreKilledRestartsBothHostsFromTheLatestCheck
   const auto got = tensors_of(run / "checkpoints" / "step_000300");
   ASSERT_EQ(got.size(), want.size());
   for (const auto& [name, tensor] : want) EXPECT_TRUE(at::equal(got.at(name), tensor)) << name;
+}
+
+// rank 0's loss by step, from a metrics file.
+std::map<int, double> rank0_losses(const fs::path& metrics) {
+  std::map<int, double> out;
+  std::istringstream lines(read_file(metrics));
+  for (std::string line; std::getline(lines, line);) {
+    const auto j = nlohmann::json::parse(line);
+    if (j.at("rank") == 0) out[j.at("step").get<int>()] = j.at("loss").get<double>();
+  }
+  return out;
+}
+
+TEST_F(TwoHostsTest, AnElasticJobFinishesOnTheHostThatRemainsWithTheSameGlobalBatch) {
+  // 8 sequences per step: 4 ranks x micro-batch 2 on two hosts, 2 ranks x 2 x 2 on one.
+  const fs::path run = dir_ / "elastic";
+  const std::string settings =
+      "--set parallel.strategy=ddp --set train.micro_batch=2 --set train.global_batch=8 "
+      "--set train.steps=300 --set train.checkpoint_every=20 --set train.keep_checkpoints=100 "
+      "--set run.dir=";
+  const std::string flags = "--max-restarts 1 --kill-timeout 2 --timeout 10";
+  start_node(1, flags, settings + run.string(), "1:2");
+  start_node(0, flags, settings + run.string(), "1:2");
+  ASSERT_TRUE(wait_until(120, [&] { return fs::exists(run / "checkpoints" / "step_000020"); }));
+  // Host 1 is lost for good: its launcher and its ranks die at once.
+  testing::run_command("ip netns pids " + ns_[1] + " | xargs -r kill -9");
+  const Ended zero = wait_node(0);
+  const Ended one = wait_node(1);
+  const std::string output = "--- host 0:\n" + zero.output + "--- host 1:\n" + one.output;
+  ASSERT_EQ(zero.exit_code, 0) << output;
+  EXPECT_NE(one.exit_code, 0) << output;
+  EXPECT_NE(zero.output.find("restarting on 1 node (0) of --nnodes 1:2"), std::string::npos)
+      << output;
+  // The restart resumed the latest checkpoint on 2 ranks with 2 micro-batches per step.
+  const std::string resumed = "resumed from ";
+  const size_t at = zero.output.find(resumed);
+  ASSERT_NE(at, std::string::npos) << output;
+  const std::string checkpoint = zero.output.substr(
+      at + resumed.size(), zero.output.find(" at step", at) - at - resumed.size());
+  const int step = std::stoi(checkpoint.substr(checkpoint.rfind('_') + 1));
+  const auto manifest = nlohmann::json::parse(read_file(run / "run.json"));
+  EXPECT_EQ(manifest.at("world_size"), 2) << manifest.dump();
+  EXPECT_EQ(manifest.at("train").at("grad_accum"), 2) << manifest.dump();
+
+  // The same checkpoint resumed by a job of one host from the start: the same losses.
+  const fs::path again = dir_ / "again";
+  const auto reference = testing::run_command(
+      on(0, testing::cli() + " launch --nproc 2 -- " +
+                train(settings + again.string() + " --set run.resume=" + checkpoint)));
+  ASSERT_EQ(reference.exit_code, 0) << reference.output;
+  const auto want = rank0_losses(again / "metrics.jsonl");
+  const auto got = rank0_losses(run / "metrics.jsonl");
+  ASSERT_EQ(want.size(), static_cast<size_t>(300 - step)) << reference.output;
+  for (const auto& [s, loss] : want) EXPECT_EQ(got.at(s), loss) << "step " << s;
+  ASSERT_EQ(got.size(), 300u);
 }
 
 TEST_F(TwoHostsTest, ALinkTakenDownEndsBothHostsWithinTheTimeoutNamingTheOtherHost) {

@@ -96,6 +96,53 @@ TEST_F(CheckpointResumeTest, DdpCheckpointOfTwoRanksResumesOnOneTwoAndThree) {
   }
 }
 
+TEST_F(CheckpointResumeTest, AGlobalBatchIsKeptOnOtherWorldSizesByTheAccumulation) {
+  // 8 sequences per step: 2 ranks x micro-batch 2 x 2 accumulated; on 1 rank 4, on 4 ranks 1.
+  const std::vector<std::string> batch = {"train.micro_batch=2", "train.global_batch=8"};
+  const auto uninterrupted = run(2, config(2, "full", batch), 6);
+  std::string saved;
+  run(2, config(2, "half", batch), 3, [&](Trainer& t) {
+    EXPECT_EQ(t.config().train.grad_accum, 2);
+    const std::string dir = t.save_checkpoint();
+    if (t.rank() == 0) saved = dir;
+  });
+  for (int world : {1, 4}) {
+    SCOPED_TRACE("resumed on " + std::to_string(world) + " ranks");
+    TrainConfig resumed = config(world, "resume" + std::to_string(world), batch);
+    resumed.run.resume = saved;
+    const auto tail = run(world, resumed, 3, [&](Trainer& t) {
+      EXPECT_EQ(t.config().train.grad_accum, 8 / (2 * world));
+      EXPECT_EQ(t.data().global_batch_size(), 8);
+    });
+    ASSERT_EQ(tail.size(), 3u);
+    for (int i = 0; i < 3; ++i) {
+      EXPECT_NEAR(tail[i], uninterrupted[i + 3], 1e-5 * uninterrupted[i + 3]) << "step " << i + 4;
+    }
+  }
+
+  // A world on which the global batch cannot be kept, and an accumulation that disagrees.
+  auto refusal = [&](int world, std::vector<std::string> settings) {
+    try {
+      run(world, config(world, "refused", settings), 1);
+    } catch (const std::exception& e) {  // in-process ranks pass the first rank's error on
+      return std::string(e.what());
+    }
+    return std::string("(accepted)");
+  };
+  const std::string three = refusal(3, batch);
+  EXPECT_NE(three.find("train.global_batch = 8 cannot be kept on 3 data-parallel ranks"),
+            std::string::npos)
+      << three;
+  EXPECT_NE(three.find("multiple of micro_batch x data-parallel ranks = 6 (the nearest: 6 or 12)"),
+            std::string::npos)
+      << three;
+  const std::string accumulation =
+      refusal(1, {"train.micro_batch=2", "train.global_batch=8", "train.grad_accum=2"});
+  EXPECT_NE(accumulation.find("train.grad_accum = 2"), std::string::npos) << accumulation;
+  EXPECT_NE(accumulation.find("needs 4 micro-batches"), std::string::npos) << accumulation;
+  EXPECT_FALSE(fs::exists(dir_ / "refused"));
+}
+
 TEST_F(CheckpointResumeTest, ACheckpointOfAnotherModelIsRefusedNamingTheFirstTensor) {
   std::string saved;
   run(1, config(1, "a"), 1, [&](Trainer& t) { saved = t.save_checkpoint(); });
@@ -144,36 +191,43 @@ std::map<int, double> metric_losses(const fs::path& file) {
   return out;
 }
 
+// Synchronous and asynchronous saves (run.checkpoint_async, where the save of step 4 dies on its
+// writing thread while the training thread goes on with step 5).
 TEST_F(CheckpointResumeTest, AProcessKilledMidSaveLeavesThePreviousCheckpointLoadable) {
   const std::string config_file = (dir_ / "run.toml").string();
   std::ofstream(config_file) << "[model]\npreset = \"tiny\"\n[data]\ncorpus = \""
                              << (dir_ / "corpus.txt").string() << "\"\nseq_len = 32\n[train]\n"
-                             << "steps = 4\nmicro_batch = 2\ncheckpoint_every = 2\n"
+                             << "steps = 6\nmicro_batch = 2\ncheckpoint_every = 2\n"
                              << "sample_tokens = 0\n[run]\nthreads = 1\n";
   const std::string train = testing::cli() + " train --config " + config_file;
-  auto killed = testing::run_command("SHARDTRAIN_FAULT_KILL_BEFORE_COMMIT=step_000004 " + train +
-                                     " --set run.dir=" + (dir_ / "killed").string());
-  EXPECT_EQ(killed.exit_code, 128 + 9) << killed.output;
-  const fs::path root = dir_ / "killed" / "checkpoints";
-  // The killed save wrote its rank file into the staging directory, and nothing else.
-  EXPECT_TRUE(fs::exists(root / ".step_000004.partial" / "rank_00000.safetensors"));
-  EXPECT_FALSE(fs::exists(root / ".step_000004.partial" / "index.json"));
-  EXPECT_FALSE(fs::exists(root / "step_000004"));
-  EXPECT_EQ(resolve_checkpoint(root.string(), "latest"), (root / "step_000002").string());
-  ShardedCheckpointReader(resolve_checkpoint(root.string(), "latest")).verify();
-
-  auto resumed = testing::run_command(train + " --set run.dir=" + (dir_ / "killed").string() +
-                                      " --set run.resume=latest");
-  ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
-  EXPECT_NE(resumed.output.find("at step 2"), std::string::npos) << resumed.output;
-  EXPECT_TRUE(fs::exists(root / "step_000004" / "index.json"));
   auto clean = testing::run_command(train + " --set run.dir=" + (dir_ / "clean").string());
   ASSERT_EQ(clean.exit_code, 0) << clean.output;
-  const auto a = metric_losses(dir_ / "clean" / "metrics.jsonl");
-  const auto b = metric_losses(dir_ / "killed" / "metrics.jsonl");
-  ASSERT_EQ(a.size(), 4u);
-  ASSERT_EQ(b.size(), 4u);
-  for (const auto& [step, loss] : a) EXPECT_EQ(b.at(step), loss) << "step " << step;
+  const auto want = metric_losses(dir_ / "clean" / "metrics.jsonl");
+  ASSERT_EQ(want.size(), 6u);
+  for (const std::string async : {"false", "true"}) {
+    SCOPED_TRACE("run.checkpoint_async = " + async);
+    const fs::path run = dir_ / ("killed_" + async);
+    const std::string settings =
+        " --set run.dir=" + run.string() + " --set run.checkpoint_async=" + async;
+    auto killed =
+        testing::run_command("SHARDTRAIN_FAULT_KILL_BEFORE_COMMIT=step_000004 " + train + settings);
+    EXPECT_EQ(killed.exit_code, 128 + 9) << killed.output;
+    const fs::path root = run / "checkpoints";
+    // The killed save wrote its rank file into the staging directory, and nothing else.
+    EXPECT_TRUE(fs::exists(root / ".step_000004.partial" / "rank_00000.safetensors"));
+    EXPECT_FALSE(fs::exists(root / ".step_000004.partial" / "index.json"));
+    EXPECT_FALSE(fs::exists(root / "step_000004"));
+    EXPECT_EQ(resolve_checkpoint(root.string(), "latest"), (root / "step_000002").string());
+    ShardedCheckpointReader(resolve_checkpoint(root.string(), "latest")).verify();
+
+    auto resumed = testing::run_command(train + settings + " --set run.resume=latest");
+    ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+    EXPECT_NE(resumed.output.find("at step 2"), std::string::npos) << resumed.output;
+    // The run's last save is on disk when the command returns, asynchronous or not.
+    EXPECT_EQ(resolve_checkpoint(root.string(), "latest"), (root / "step_000006").string());
+    ShardedCheckpointReader(resolve_checkpoint(root.string(), "latest")).verify();
+    EXPECT_EQ(metric_losses(run / "metrics.jsonl"), want);
+  }
 }
 
 }  // namespace

@@ -136,6 +136,16 @@ TEST_F(RunDirTest, AStartUpThatFailsChangesNothingInTheRunDirectory) {
   refusal(
       config({"run.resume=\"latest\"", "model.init_from=\"" + (dir_ / "none").string() + "\""}));
   EXPECT_EQ(contents(run_ / "run.json"), manifest);
+
+  // A resume with another tokenizer is refused naming both, before the corpus is tokenized
+  // again into the run's token shard.
+  const std::string shard = contents(run_ / "corpus.tokens");
+  const std::string other = refusal(config({"run.resume=\"latest\"", "data.tokenizer=\"gpt2\""}));
+  EXPECT_NE(other.find("run.resume"), std::string::npos) << other;
+  EXPECT_NE(other.find("byte tokenizer"), std::string::npos) << other;
+  EXPECT_NE(other.find("gpt2"), std::string::npos) << other;
+  EXPECT_EQ(contents(run_ / "corpus.tokens"), shard);
+  EXPECT_EQ(contents(run_ / "run.json"), manifest);
 }
 
 TEST_F(RunDirTest, ResumeAutoStartsFreshThenContinuesWithoutRepeatingAStep) {
