@@ -31,15 +31,8 @@ void parse_nnodes(const std::string& text, LaunchOptions& options) {
     options.nnodes(number(text));
     return;
   }
-  const int min = number(text.substr(0, colon));
-  const int max = number(text.substr(colon + 1));
-  if (min > max) {
-    throw std::invalid_argument("--nnodes " + text + ": MIN (" + std::to_string(min) +
-                                ") is above MAX (" + std::to_string(max) +
-                                "): MIN is the fewest nodes the job goes on with, MAX the most "
-                                "it runs on");
-  }
-  options.nnodes(max).min_nnodes(min);
+  // launch() checks MIN against MAX, for callers of the library too.
+  options.nnodes(number(text.substr(colon + 1))).min_nnodes(number(text.substr(0, colon)));
 }
 
 }  // namespace

@@ -67,15 +67,23 @@ Child spawn_rank(const LaunchOptions& o, const NodePlace& place, int local_rank,
   return detail::spawn_child(command, detail::environment_with(env), name, tag, stdin_fd);
 }
 
+// --nnodes as given: "N", or "MIN:MAX" for an elastic job.
+std::string nnodes_text(const LaunchOptions& o) {
+  return o.min_nnodes_ != 0 && o.min_nnodes_ != o.nnodes_
+             ? std::to_string(o.min_nnodes_) + ":" + std::to_string(o.nnodes_)
+             : std::to_string(o.nnodes_);
+}
+
 void validate(const LaunchOptions& o, const std::vector<std::string>& command) {
   if (command.empty()) throw std::invalid_argument("no program to launch (give it after --)");
   if (o.nproc_ < 1) throw std::invalid_argument("--nproc must be at least 1");
   if (o.nnodes_ < 1) throw std::invalid_argument("--nnodes must be at least 1");
   if (o.min_nnodes_ != 0 && (o.min_nnodes_ < 1 || o.min_nnodes_ > o.nnodes_)) {
-    throw std::invalid_argument("--nnodes " + std::to_string(o.min_nnodes_) + ":" +
-                                std::to_string(o.nnodes_) +
-                                ": MIN must be between 1 and MAX (the fewest nodes the job "
-                                "goes on with, and the most it runs on)");
+    const std::string min = std::to_string(o.min_nnodes_), max = std::to_string(o.nnodes_);
+    throw std::invalid_argument(
+        "--nnodes " + nnodes_text(o) + ": MIN (" + min + ") is " +
+        (o.min_nnodes_ < 1 ? "below 1" : "above MAX (" + max + ")") +
+        ": MIN is the fewest nodes the job goes on with, MAX the most it runs on");
   }
   if (o.node_rank_ < 0 || o.node_rank_ >= o.nnodes_) {
     throw std::invalid_argument("--node-rank " + std::to_string(o.node_rank_) +
@@ -118,13 +126,6 @@ Attempt supervise(std::vector<Child>& children, const LaunchOptions& o, detail::
     if (agents && a.failed < 0 && !a.stopped && now >= next_check) {
       try {
         a.peer = agents->failure(attempt);
-        if (!a.peer) {
-          // Node 0: a node lost with its machine or network, before any collective times out.
-          if (auto lost = agents->lost_node()) {
-            agents->report_failure(attempt, *lost);
-            a.peer = agents->failure(attempt);
-          }
-        }
       } catch (const std::runtime_error& e) {
         a.peer = detail::NodeFailure{1, false, e.what()};  // node 0's launcher is gone
       }
@@ -154,11 +155,8 @@ Attempt supervise(std::vector<Child>& children, const LaunchOptions& o, detail::
 
 // What every node's launcher must run alike.
 std::string shared_settings(const LaunchOptions& o) {
-  const std::string nodes = o.min_nnodes_ > 0 && o.min_nnodes_ < o.nnodes_
-                                ? std::to_string(o.min_nnodes_) + ":" + std::to_string(o.nnodes_)
-                                : std::to_string(o.nnodes_);
-  return "--nproc " + std::to_string(o.nproc_) + " --nnodes " + nodes + " --max-restarts " +
-         std::to_string(o.max_restarts_);
+  return "--nproc " + std::to_string(o.nproc_) + " --nnodes " + nnodes_text(o) +
+         " --max-restarts " + std::to_string(o.max_restarts_);
 }
 
 std::unique_ptr<detail::NodeAgents> join_nodes(const LaunchOptions& o, detail::StopRequests& stop) {
@@ -186,8 +184,8 @@ LaunchResult launch(const LaunchOptions& options, const std::vector<std::string>
   LaunchResult result;
   int attempt = agents ? agents->first_attempt() : 0;
   if (attempt < 0) {
-    // Joined a running job, which ended before a restart took this node in.
-    agents->leave(0, true);
+    // Joined a running job, which ended before a restart took this node in (never node 0,
+    // which hosts the job: nothing to leave).
     result.message = "the job ended before a restart took this node in";
     if (rank_stdin >= 0) close(rank_stdin);
     return result;
@@ -246,8 +244,7 @@ LaunchResult launch(const LaunchOptions& options, const std::vector<std::string>
         if (agents->members() != before) {
           const size_t n = agents->members().size();
           nodes = " on " + std::to_string(n) + (n == 1 ? " node (" : " nodes (") +
-                  detail::join_ranks(agents->members()) + ") of --nnodes " +
-                  std::to_string(options.min_nnodes_) + ":" + std::to_string(options.nnodes_);
+                  detail::join_ranks(agents->members()) + ") of --nnodes " + nnodes_text(options);
         }
       }
       detail::write_all(STDERR_FILENO, "shardtrain launch: " + result.message + "; restarting" +

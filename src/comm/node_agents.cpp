@@ -312,6 +312,9 @@ void NodeAgents::report_failure(int attempt, NodeFailure failure) {
 }
 
 std::optional<NodeFailure> NodeAgents::failure(int attempt) {
+  // Node 0 reports a node whose heartbeat stopped as the attempt's failure (unless another was
+  // reported first), before any collective times out.
+  if (auto lost = lost_node()) report_failure(attempt, *lost);
   const std::string key = Impl::key(attempt, "failed");
   const auto record = store([&](c10d::Store& s) -> std::optional<std::string> {
     if (!s.check({key})) return std::nullopt;
@@ -331,10 +334,6 @@ std::optional<NodeFailure> NodeAgents::finish(int attempt) {
   store([&](c10d::Store& s) { s.add(Impl::key(attempt, "finished"), 1); });
   for (;;) {
     if (auto failed = failure(attempt)) return failed;
-    if (auto lost = lost_node()) {
-      report_failure(attempt, *lost);
-      return failure(attempt);
-    }
     if (store([&](c10d::Store& s) { return s.add(Impl::key(attempt, "finished"), 0); }) >=
         static_cast<int64_t>(members_.size())) {
       store([&](c10d::Store& s) {

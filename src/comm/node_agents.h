@@ -52,11 +52,10 @@ class NodeAgents {
   int rank_port(int attempt);
   // This node failed in `attempt`; the first report of an attempt is the one every node acts on.
   void report_failure(int attempt, NodeFailure failure);
-  // The first failure reported in `attempt`, if any (one round trip to node 0).
+  // The first failure reported in `attempt`, if any (one round trip to node 0). On node 0 a
+  // node of the attempt whose launcher's heartbeat stopped is reported first, as a failure
+  // naming it.
   std::optional<NodeFailure> failure(int attempt);
-  // Node 0: a node of the attempt whose launcher's heartbeat stopped (lost with its machine or
-  // its network), as a failure naming it; nullopt on the other nodes and while all beat.
-  std::optional<NodeFailure> lost_node();
   // This node's ranks all exited 0: waits until every node's did (nullopt) or one failed (that
   // failure). Ends with a failure of this node too when `stop` asks.
   std::optional<NodeFailure> finish(int attempt);
@@ -82,6 +81,9 @@ class NodeAgents {
   void publish_members(int attempt, const std::vector<int>& nodes);
   // A launcher that joined while the job ran: waits for a restart that takes it in.
   void wait_to_be_taken_in();
+  // Node 0: a node of the attempt whose launcher's heartbeat stopped (lost with its machine or
+  // its network), as a failure naming it; nullopt on the other nodes and while all beat.
+  std::optional<NodeFailure> lost_node();
   // Runs a store operation; a lost store becomes one line naming node 0's launcher.
   template <typename F>
   auto store(F&& operation);

@@ -499,6 +499,12 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
 
 namespace {
 
+// ZeRO offloads optimizer state or parameters to files (parallel.zero.* = "nvme").
+bool zero_offloads_to_files(const ZeroSection& zero) {
+  return zero.offload_optimizer == OffloadDevice::kNvme ||
+         zero.offload_param == OffloadDevice::kNvme;
+}
+
 // The pipeline's settings against each other and the model; the world size is checked with the
 // mesh (train_mesh_shape), the split and the schedule by check_parallel_settings.
 void validate_pipeline(const TrainConfig& c) {
@@ -601,8 +607,7 @@ void validate_expert_parallel(const TrainConfig& c) {
   require(c.lora.rank == 0,
           "lora.rank > 0 with parallel.ep > 1: this version does not split adapted experts "
           "across ranks; train LoRA on a mixture-of-experts model with parallel.ep = 1");
-  require(c.parallel.zero.offload_optimizer != OffloadDevice::kNvme &&
-              c.parallel.zero.offload_param != OffloadDevice::kNvme,
+  require(!zero_offloads_to_files(c.parallel.zero),
           "parallel.ep > 1 with ZeRO offload to nvme: this version keeps the experts' shards in "
           "memory; offload to \"cpu\" or use parallel.ep = 1");
 }
@@ -720,8 +725,7 @@ void TrainConfig::validate() const {
   require(!parallel.sequence_parallel || data.seq_len % parallel.tp == 0,
           "parallel.sequence_parallel: data.seq_len " + std::to_string(data.seq_len) +
               " is not divisible by parallel.tp=" + std::to_string(parallel.tp));
-  require(parallel.tp == 1 || (parallel.zero.offload_optimizer != OffloadDevice::kNvme &&
-                               parallel.zero.offload_param != OffloadDevice::kNvme),
+  require(parallel.tp == 1 || !zero_offloads_to_files(parallel.zero),
           "parallel.tp > 1 with ZeRO offload to nvme: state streamed from files is not split "
           "by tensor parallelism in this build; offload to \"cpu\" or use tp = 1");
   require(parallel.tp == 1 || model.dropout == 0.0,
@@ -747,13 +751,10 @@ void TrainConfig::validate() const {
   require(parallel.zero.offload_param == OffloadDevice::kNone || parallel.zero.stage == 3,
           "parallel.zero.offload_param needs parallel.zero.stage = 3 (stages 1 and 2 keep the "
           "parameters whole on every rank)");
-  require((parallel.zero.offload_optimizer != OffloadDevice::kNvme &&
-           parallel.zero.offload_param != OffloadDevice::kNvme) ||
-              !parallel.zero.nvme_path.empty(),
+  require(!zero_offloads_to_files(parallel.zero) || !parallel.zero.nvme_path.empty(),
           "parallel.zero offload to nvme needs parallel.zero.nvme_path");
   require(!run.checkpoint_async || parallel.strategy != ParallelStrategy::kZero ||
-              (parallel.zero.offload_optimizer != OffloadDevice::kNvme &&
-               parallel.zero.offload_param != OffloadDevice::kNvme),
+              !zero_offloads_to_files(parallel.zero),
           "run.checkpoint_async = true with parallel.zero offload to nvme: an asynchronous save "
           "copies the training state to host memory, which this run keeps in files to save "
           "memory; set run.checkpoint_async = false (the save then reads the files as it "
