@@ -211,18 +211,9 @@ void NodeAgents::publish_members(int attempt, const std::vector<int>& nodes) {
 }
 
 std::vector<int> NodeAgents::published_members(int attempt, std::chrono::milliseconds timeout) {
-  const std::string key = Impl::key(attempt, "members");
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
-  while (!store([&](c10d::Store& s) { return s.check({key}); })) {
-    if (stop_()) throw std::runtime_error("stopped while waiting for node 0's launcher");
-    if (std::chrono::steady_clock::now() > deadline) {
-      throw std::runtime_error("node 0's launcher did not say which nodes take part in attempt " +
-                               std::to_string(attempt) + " within " + format_seconds(timeout) +
-                               " s");
-    }
-    std::this_thread::sleep_for(kPoll);
-  }
-  return parse_nodes(store([&](c10d::Store& s) { return text(s.get(key)); }));
+  return parse_nodes(
+      node_zero_value(Impl::key(attempt, "members"),
+                      "say which nodes take part in attempt " + std::to_string(attempt), timeout));
 }
 
 void NodeAgents::wait_to_be_taken_in() {
@@ -288,17 +279,21 @@ int NodeAgents::rank_port(int attempt) {
     const std::string port = std::to_string(free_port(true));
     store([&](c10d::Store& s) { s.set(key, bytes(port)); });
   }
-  const auto deadline = std::chrono::steady_clock::now() + timeout_;
+  return std::stoi(node_zero_value(key, "start attempt " + std::to_string(attempt), timeout_));
+}
+
+std::string NodeAgents::node_zero_value(const std::string& key, const std::string& doing,
+                                        std::chrono::milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
   while (!store([&](c10d::Store& s) { return s.check({key}); })) {
     if (stop_()) throw std::runtime_error("stopped while waiting for node 0's launcher");
     if (std::chrono::steady_clock::now() > deadline) {
-      throw std::runtime_error("node 0's launcher did not start attempt " +
-                               std::to_string(attempt) + " within " + format_seconds(timeout_) +
-                               " s");
+      throw std::runtime_error("node 0's launcher did not " + doing + " within " +
+                               format_seconds(timeout) + " s");
     }
     std::this_thread::sleep_for(kPoll);
   }
-  return std::stoi(store([&](c10d::Store& s) { return text(s.get(key)); }));
+  return store([&](c10d::Store& s) { return text(s.get(key)); });
 }
 
 void NodeAgents::report_failure(int attempt, NodeFailure failure) {

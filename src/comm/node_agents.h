@@ -75,6 +75,10 @@ class NodeAgents {
   std::vector<int> wait_for_nodes(const std::vector<int>& nodes, const std::string& prefix,
                                   const std::string& doing, std::chrono::milliseconds timeout,
                                   bool allow_fewer = false);
+  // Waits up to `timeout` for node 0's launcher to set `key` and returns its value; throws
+  // "node 0's launcher did not <doing> within ..." past it.
+  std::string node_zero_value(const std::string& key, const std::string& doing,
+                              std::chrono::milliseconds timeout);
   // Waits for the members node 0 published for `attempt` and returns them.
   std::vector<int> published_members(int attempt, std::chrono::milliseconds timeout);
   // Node 0: publishes `nodes` as the members of `attempt`.
