@@ -3,6 +3,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <sstream>
 
 #include "commands.h"
 #include "shardtrain/plan.h"
@@ -28,6 +29,13 @@ struct PlanArgs {
 PlanModel plan_model(const PlanArgs& a) {
   if (!a.model.empty() && a.params > 0) {
     throw std::invalid_argument("give either --model or --params with layer shapes, not both");
+  }
+  // 0 is "not given"; anything else must be a count the shapes below can hold.
+  if (a.params != 0 && !(a.params >= 1 && a.params <= 1e15)) {
+    std::ostringstream got;
+    got << a.params;
+    throw std::invalid_argument("--params must be a parameter count between 1 and 1e15, got " +
+                                got.str());
   }
   if (a.params > 0) {
     if (a.layers <= 0 || a.d_model <= 0 || a.heads <= 0) {
@@ -201,7 +209,9 @@ void add_plan_command(CLI::App& app) {
   cmd->add_flag("--measure-host", a->measure_host,
                 "measure this host's GEMM rate and bandwidth (with --validate: estimate with "
                 "the figures measured now, one thread per rank)");
-  cmd->add_option("--threads", a->threads, "threads for --measure-host")->capture_default_str();
+  cmd->add_option("--threads", a->threads, "threads for --measure-host")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1024));
   cmd->add_flag("--list-gpus", a->list_gpus, "print the hardware table");
   cmd->callback([a] { run_plan(*a); });
 }

@@ -138,6 +138,11 @@ TokenShard::TokenShard(const std::string& path)
   if (header_.token_bytes != 2 && header_.token_bytes != 4) {
     fail("declares " + std::to_string(header_.token_bytes) + " bytes per token (expected 2 or 4)");
   }
+  // A count larger than the file cannot be right, and would overflow the size below.
+  if (header_.num_tokens > bytes) {
+    fail("is truncated: its header announces " + std::to_string(header_.num_tokens) +
+         " tokens but the file has " + std::to_string(bytes) + " bytes");
+  }
   const size_t expected = kTokenShardHeaderBytes + header_.num_tokens * header_.token_bytes;
   if (bytes != expected) {
     fail(std::string(bytes < expected ? "is truncated" : "has trailing bytes") + ": its header " +

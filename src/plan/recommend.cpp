@@ -1,5 +1,6 @@
 // The plan: every candidate evaluated, the fastest that fits recommended, and the reasons.
 #include <algorithm>
+#include <cmath>
 #include <stdexcept>
 
 #include "plan/text.h"
@@ -12,15 +13,32 @@ void check_inputs(const ClusterOptions& c, const WorkloadOptions& w) {
   auto require = [](bool ok, const std::string& what) {
     if (!ok) throw std::invalid_argument(what);
   };
-  require(c.gpus_per_node_ >= 1,
-          "devices per node must be >= 1, got " + std::to_string(c.gpus_per_node_));
-  require(c.nodes_ >= 1, "nodes must be >= 1, got " + std::to_string(c.nodes_));
+  // The bounds keep every product of sizes (devices, tokens per step) inside 64-bit integers,
+  // so no table shows a wrapped value.
+  require(c.gpus_per_node_ >= 1 && c.gpus_per_node_ <= 1024,
+          "devices per node must be between 1 and 1024, got " + std::to_string(c.gpus_per_node_));
+  require(c.nodes_ >= 1 && c.nodes_ <= 65536,
+          "nodes must be between 1 and 65536, got " + std::to_string(c.nodes_));
+  require(c.intra_.empty() || c.intra_ == "nvlink" || c.intra_ == "pcie3" || c.intra_ == "pcie4" ||
+              c.intra_ == "pcie5" || c.intra_ == "loopback",
+          "intra-node link '" + c.intra_ + "' is not one of nvlink, pcie3, pcie4, pcie5, loopback");
   require(c.inter_ == "ib" || c.inter_ == "ethernet",
           "inter-node link '" + c.inter_ + "' is not one of ib, ethernet");
-  require(w.seq_len_ >= 1, "seq_len must be >= 1, got " + std::to_string(w.seq_len_));
-  require(w.micro_batch_ >= 1, "micro_batch must be >= 1, got " + std::to_string(w.micro_batch_));
-  require(w.global_batch_ >= 0,
-          "global_batch must be >= 0, got " + std::to_string(w.global_batch_));
+  require(std::isfinite(c.inter_bw_) && c.inter_bw_ >= 0,
+          "inter-node bandwidth must be a positive number of bytes/s (0: the network's usual "
+          "one), got " +
+              std::to_string(c.inter_bw_));
+  require(std::isfinite(c.host_memory_) && c.host_memory_ >= 0,
+          "host memory must be a positive number of bytes (0: the device's reference server), "
+          "got " +
+              std::to_string(c.host_memory_));
+  require(w.seq_len_ >= 1 && w.seq_len_ <= (int64_t{1} << 30),
+          "seq_len must be between 1 and 2^30, got " + std::to_string(w.seq_len_));
+  require(w.micro_batch_ >= 1 && w.micro_batch_ <= (int64_t{1} << 20),
+          "micro_batch must be between 1 and 2^20, got " + std::to_string(w.micro_batch_));
+  require(w.global_batch_ >= 0 && w.global_batch_ <= (int64_t{1} << 30),
+          "global_batch must be between 0 (micro_batch x devices) and 2^30, got " +
+              std::to_string(w.global_batch_));
   require(w.safety_margin_ >= 0 && w.safety_margin_ < 1,
           "safety margin must be in [0, 1), got " + std::to_string(w.safety_margin_));
   require(w.lora_rank_ >= 0,

@@ -37,12 +37,25 @@ Trainer::Trainer(TrainConfig config, std::shared_ptr<ProcessGroup> world, int re
     : config_(std::move(config)), world_(std::move(world)), restart_count_(restart_count) {
   set_up_ranks();
   set_up_tokenizer();
-  const std::string resume_from = prepare_data();
-  build_model();
-  build_optimizer();
-  if (!resume_from.empty()) load_checkpoint(resume_from);
-  // Written last, so a run that fails to start leaves the previous run.json as it was.
-  if (rank() == 0) detail::write_run_manifest(config_, world_size(), resident_at_start_);
+  // A run directory this start-up creates goes again when the start-up fails (a model file or
+  // an offload path refused after the corpus was tokenized into it): a refused run leaves no
+  // half-made run behind for a later `resume = "auto"` to trip over.
+  std::error_code error;
+  const bool new_run_dir = rank() == 0 && !std::filesystem::exists(config_.run.dir, error);
+  try {
+    const std::string resume_from = prepare_data();
+    build_model();
+    build_optimizer();
+    if (!resume_from.empty()) load_checkpoint(resume_from);
+    // Written last, so a run that fails to start leaves the previous run.json as it was.
+    if (rank() == 0) detail::write_run_manifest(config_, world_size(), resident_at_start_);
+  } catch (...) {
+    if (new_run_dir) {
+      run_lock_.reset();
+      std::filesystem::remove_all(config_.run.dir, error);
+    }
+    throw;
+  }
 }
 
 void Trainer::set_up_ranks() {

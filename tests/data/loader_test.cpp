@@ -56,6 +56,22 @@ TEST_F(LoaderTest, TruncatedShardIsRefusedNamingTheFile) {
     EXPECT_NE(message.find("truncated"), std::string::npos) << message;
     EXPECT_NE(message.find("100 tokens"), std::string::npos) << message;
   }
+  // A corrupt count of 2^63 - 1 tokens is called truncated, not wrapped into "trailing bytes".
+  {
+    std::fstream file(path("t.tokens"), std::ios::in | std::ios::out | std::ios::binary);
+    file.seekp(16);
+    const uint64_t huge = (uint64_t{1} << 63) - 1;
+    file.write(reinterpret_cast<const char*>(&huge), sizeof(huge));
+  }
+  try {
+    TokenShard shard(path("t.tokens"));
+    FAIL() << "a shard announcing 2^63 - 1 tokens was accepted";
+  } catch (const std::invalid_argument& e) {
+    const std::string message = e.what();
+    EXPECT_NE(message.find("is truncated: its header announces 9223372036854775807 tokens"),
+              std::string::npos)
+        << message;
+  }
   std::ofstream(path("text.tokens")) << "this is text, not tokens";
   EXPECT_THROW(TokenShard(path("text.tokens")), std::invalid_argument);
   EXPECT_THROW(TokenShard(path("missing.tokens")), std::invalid_argument);

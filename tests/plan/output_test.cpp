@@ -175,6 +175,31 @@ TEST(PlanCli, PrintsWritesAndRejects) {
   std::filesystem::remove_all(dir);
 }
 
+// Sizes outside what the tables can hold, and links or amounts that mean nothing, are refused
+// naming the flag or the quantity, before anything is printed (no wrapped device counts).
+TEST(PlanCli, NumbersOutsideTheirRangeAreRefused) {
+  const std::string shapes = " --layers 32 --d-model 4096 --heads 32";
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"--params 1e30" + shapes,
+       "--params must be a parameter count between 1 and 1e15, got 1e+30"},
+      {"--params nan" + shapes, "--params must be"},
+      {"--params -7e9" + shapes, "--params must be"},
+      {"--model llama3-8b --gpus 100000000", "devices per node must be between 1 and 1024"},
+      {"--model llama3-8b --nodes 100000000", "nodes must be between 1 and 65536"},
+      {"--model tiny --intra ethernet", "intra-node link 'ethernet'"},
+      {"--model tiny --host-mem-gb -1", "host memory must be"},
+      {"--model tiny --nodes 2 --inter-gbps nan", "inter-node bandwidth must be"},
+      {"--model tiny --seq-len 9000000000000", "seq_len must be between"},
+      {"--measure-host --threads 100000", "--threads"},
+  };
+  for (const auto& [flags, message] : cases) {
+    const auto out = testing::run_command(testing::cli() + " plan " + flags);
+    EXPECT_EQ(out.exit_code, 2) << flags << "\n" << out.output;
+    EXPECT_TRUE(has(out.output, message)) << flags << "\n" << out.output;
+    EXPECT_FALSE(has(out.output, "Recommended:")) << flags << "\n" << out.output;
+  }
+}
+
 // What `plan --out` writes for each kind of recommendation is accepted by `train` as it is (with
 // a corpus given by --set): the TOML, the ds_config.json through --deepspeed and the accelerate
 // YAML through --accelerate-config.

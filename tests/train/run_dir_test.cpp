@@ -126,6 +126,15 @@ TEST_F(RunDirTest, AStartUpThatFailsChangesNothingInTheRunDirectory) {
   EXPECT_NE(missing.find("nope.txt"), std::string::npos) << missing;
   EXPECT_FALSE(fs::exists(run_));
 
+  // A fresh directory the start-up made is removed again when a later check refuses the run:
+  // here the model file, read after the corpus was tokenized into the directory.
+  const fs::path garbage = dir_ / "garbage.safetensors";
+  { std::ofstream(garbage) << "not a safetensors file at all, only text"; }
+  run_ = dir_ / "refused";
+  const std::string bad_model = refusal(config({"model.init_from=\"" + garbage.string() + "\""}));
+  EXPECT_NE(bad_model.find("garbage.safetensors"), std::string::npos) << bad_model;
+  EXPECT_FALSE(fs::exists(run_));
+
   // An existing run keeps its run.json and metrics when a later start fails.
   run_ = dir_ / "run";
   Trainer(config()).fit();
