@@ -41,8 +41,11 @@ int run(std::vector<std::string> args, std::ostream& out, std::ostream& err) {
   try {
     app.parse(args);
   } catch (const CLI::ParseError& e) {
-    // --help and --version exit 0; every usage error exits 2, as getopt tools do.
-    return app.exit(e, out, err) == 0 ? 0 : 2;
+    // --help and --version exit 0; every usage error exits 2, as getopt tools do, with one line
+    // as every other error has.
+    if (e.get_exit_code() == 0) return app.exit(e, out, err);
+    err << "shardtrain: error: " << e.what() << " (see --help)\n";
+    return 2;
   } catch (const std::filesystem::filesystem_error& e) {
     // A path the system refuses (too long, not a directory, no permission) is bad input too.
     err << "shardtrain: error: '" << e.path1().string() << "': " << e.code().message() << "\n";

@@ -219,7 +219,7 @@ void add_ckpt_command(CLI::App& app) {
       ->required();
   reshard_cmd->add_option("--world-size", reshard_args->world_size, "number of rank files to write")
       ->required()
-      ->check(CLI::PositiveNumber);
+      ->check(CLI::Range(1, 1 << 20));
   reshard_cmd->callback([a = reshard_args] {
     // A line at every tenth of the bytes, or every 10 s, so a long reshard is not silent.
     const StopOnSignal stop;

@@ -63,6 +63,16 @@ void add_generate_command(CLI::App& app) {
                                   "--tokenizer");
     }
     const std::unique_ptr<Tokenizer> tokenizer = tokenizer_named(tokenizer_name);
+    const int64_t vocab = model->config().vocab_size;
+    if (static_cast<int64_t>(tokenizer->vocab_size()) > vocab) {
+      // Its ids would fall outside the model's embedding.
+      const std::string recorded = checkpoint_tokenizer(dir);
+      throw std::invalid_argument(
+          "--tokenizer " + tokenizer_name + " has a vocabulary of " +
+          std::to_string(tokenizer->vocab_size()) + " tokens, more than the model of checkpoint '" +
+          dir + "' has (" + std::to_string(vocab) +
+          (recorded.empty() ? "" : "; it was trained with tokenizer '" + recorded + "'") + ")");
+    }
     std::unique_ptr<ChatTemplate> chat_template;
     const std::string template_path =
         a->chat_template.empty() ? checkpoint_chat_template(dir) : a->chat_template;

@@ -118,7 +118,7 @@ void add_report_command(CLI::App& app) {
   cmd->add_option("--out,-o", a->out, "the HTML file to write (default: RUN_DIR/report.html)");
   auto* peak = cmd->add_option("--peak-tflops", a->peak_tflops,
                                "peak TFLOP/s of one rank's device, for MFU");
-  peak->check(CLI::PositiveNumber);
+  peak->check(CLI::Range(1e-6, 1e9));
   auto* device = cmd->add_option(
       "--device", a->device,
       "the run's accelerator, for MFU from its datasheet peak in the run's dtype: h100, h200, "

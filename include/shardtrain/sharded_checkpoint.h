@@ -13,6 +13,7 @@
 #include <future>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -36,6 +37,37 @@ struct FlatSlice {
   std::string name;
   int64_t offset = 0;
   at::Tensor data;
+};
+
+// Host buffers that asynchronous saves copy a rank's slices into, kept from one save to the next
+// (ShardedSaveOptions::staging). Writing fresh memory faults its pages in, which for a large model
+// costs seconds of the step; with staging only a buffer's first use pays, and prepare() pays for
+// it ahead, on a thread of its own, while training goes on. prepare() and take() are called by
+// the thread that saves, keep() by any.
+class CheckpointStaging {
+ public:
+  CheckpointStaging() = default;
+  CheckpointStaging(const CheckpointStaging&) = delete;
+  CheckpointStaging& operator=(const CheckpointStaging&) = delete;
+  ~CheckpointStaging();  // waits for prepare()
+
+  // Allocates and touches one buffer per slice (its dtype and element count: the slices' data
+  // only describe them; pinned host memory for slices on CUDA) in the background.
+  void prepare(const std::vector<FlatSlice>& slices);
+  // A 1-D buffer for slice `index` with the dtype and element count of `data`: the kept one when
+  // it matches, else new memory. Waits for prepare().
+  at::Tensor take(size_t index, const at::Tensor& data);
+  // The copies of a finished save (slice i's in copies[i]), kept for the next one.
+  void keep(std::vector<FlatSlice> copies);
+  // Bytes of the buffers kept now.
+  int64_t bytes() const;
+
+ private:
+  void wait_for_prepare();
+
+  mutable std::mutex mutex_;
+  std::vector<at::Tensor> buffers_;
+  std::future<std::vector<at::Tensor>> preparing_;
 };
 
 struct ShardedSaveOptions {
@@ -83,6 +115,13 @@ struct ShardedSaveOptions {
     return *this;
   }
 
+  // save_sharded_checkpoint_async only: the host buffers the copies are made into, given back
+  // when the save ends (null: new memory for every save, freed when it ends).
+  ShardedSaveOptions& staging(std::shared_ptr<CheckpointStaging> value) {
+    staging_ = std::move(value);
+    return *this;
+  }
+
   std::string strategy_ = "none";
   int keep_ = 2;
   std::chrono::milliseconds write_timeout_{std::chrono::hours(2)};
@@ -90,6 +129,7 @@ struct ShardedSaveOptions {
   NamedTensors rank_state_;
   std::function<void()> before_commit_;
   std::function<at::Tensor(size_t)> fetch_;
+  std::shared_ptr<CheckpointStaging> staging_;
 };
 
 // Writes ROOT/NAME atomically (see CheckpointWriter) and returns its path. Collective over
@@ -112,7 +152,8 @@ std::string save_sharded_checkpoint(const std::string& root, const std::string& 
 // error; its destructor waits for the save. `group` must be one no other thread uses until the
 // save is done (a ProcessGroup::new_group of the training group): collectives of one group are
 // matched across ranks by the order they are issued in. The host memory the copies take is the
-// rank's share of the checkpoint, freed when the save ends.
+// rank's share of the checkpoint, freed when the save ends, or kept in options.staging for the
+// next save.
 std::future<std::string> save_sharded_checkpoint_async(const std::string& root,
                                                        const std::string& name,
                                                        const std::vector<TensorSpec>& tensors,

@@ -176,6 +176,9 @@ class Trainer {
   // SHARDTRAIN_KILL_AFTER_STEP / SHARDTRAIN_STOP_AFTER_STEP: the last rank kills or stops
   // itself after that step (first attempt only).
   void fail_if_injected() const;
+  // run.checkpoint_async: host buffers for this rank's share of a checkpoint, allocated and
+  // faulted in behind the steps before the first save (collective: every rank calls it).
+  void prepare_checkpoint_staging();
   // Throws when the token shard's vocabulary is larger than the model's.
   void check_vocabulary() const;
   // Rank 0: what the instruction samples made (masked tokens, rows, cut and dropped samples).
@@ -224,6 +227,7 @@ class Trainer {
   // from the training's groups), and the save in flight.
   std::shared_ptr<ProcessGroup> checkpoint_group_;
   std::future<std::string> checkpoint_in_flight_;
+  std::shared_ptr<CheckpointStaging> checkpoint_staging_;  // the copies' buffers, reused
   std::shared_ptr<detail::Telemetry> telemetry_;  // this rank's communication times and trace
   bool trace_unwritten_ = false;
   // For the ETA: when this process's first step began, and how many steps it has taken.

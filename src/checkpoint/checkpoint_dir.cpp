@@ -73,10 +73,16 @@ std::string resolve_checkpoint(const std::string& root, const std::string& which
   if (which == "latest") {
     std::ifstream in(fs::path(root) / "latest");
     std::string name;
-    if (!in || !(in >> name)) {
+    if (!in) {
       throw std::invalid_argument("run.resume = \"latest\" but '" + root +
                                   "/latest' does not exist (no checkpoint was saved; run.resume = "
                                   "\"auto\" starts a new run when there is none)");
+    }
+    if (!(in >> name)) {
+      throw std::invalid_argument("'" + root +
+                                  "/latest' is empty: it should name the checkpoint to resume "
+                                  "from (e.g. step_000100); write that name into it, or resume "
+                                  "from a checkpoint directory with run.resume = \"PATH\"");
     }
     dir = fs::path(root) / name;
   } else {

@@ -49,6 +49,7 @@ void detail::write_export(const std::string& out_dir, bool overwrite,
                                 "replace its " +
                                 weights_name + " and " + json_name + ")");
   }
+  const bool made_dir = !fs::exists(out_dir);
   fs::create_directories(out_dir);
   const fs::path weights_partial = fs::path(out_dir) / ("." + weights_name + ".partial");
   const fs::path json_partial = fs::path(out_dir) / ("." + json_name + ".partial");
@@ -78,6 +79,7 @@ void detail::write_export(const std::string& out_dir, bool overwrite,
     std::error_code ignored;  // a failed export leaves nothing behind
     fs::remove(weights_partial, ignored);
     fs::remove(json_partial, ignored);
+    if (made_dir) fs::remove(out_dir, ignored);  // only when empty
     throw;
   }
   fs::rename(weights_partial, fs::path(out_dir) / weights_name);

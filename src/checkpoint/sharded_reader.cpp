@@ -58,10 +58,9 @@ int64_t checked_range(const nlohmann::json& json, int64_t bytes, const std::stri
                       const ShardedCheckpointReader::FileInfo& file, const std::string& what,
                       std::vector<ByteRange>& ranges) {
   const auto range = detail::json_int64s(json, index_path + ": byte_range of the " + what);
-  if (range.size() != 2 || range[0] < 8 || range[1] - range[0] != bytes ||
-      range[1] > file.bytes) {
-    throw std::invalid_argument("checkpoint file '" + index_path + "' gives the " + what +
-                                " in '" + file.name + "' an invalid byte range (want " +
+  if (range.size() != 2 || range[0] < 8 || range[1] - range[0] != bytes || range[1] > file.bytes) {
+    throw std::invalid_argument("checkpoint file '" + index_path + "' gives the " + what + " in '" +
+                                file.name + "' an invalid byte range (want " +
                                 std::to_string(bytes) + " bytes inside the file's " +
                                 std::to_string(file.bytes) + ")");
   }
@@ -82,8 +81,11 @@ ShardedCheckpointReader::ShardedCheckpointReader(std::string dir) : dir_(std::mo
   const std::string index_path = (fs::path(dir_) / "index.json").string();
   std::ifstream in(index_path);
   if (!in) {
-    throw std::invalid_argument("checkpoint '" + dir_ +
-                                "' has no index.json (not a sharded checkpoint)");
+    std::error_code error;
+    throw std::invalid_argument("checkpoint '" + dir_ + "' " +
+                                (fs::exists(dir_, error) ? "has no index.json (not a sharded "
+                                                           "checkpoint)"
+                                                         : "does not exist"));
   }
   std::ostringstream text;
   text << in.rdbuf();
@@ -162,11 +164,11 @@ ShardedCheckpointReader::ShardedCheckpointReader(std::string dir) : dir_(std::mo
                     std::to_string(piece.offset) + ", +" + std::to_string(piece.numel) +
                     ") outside its " + std::to_string(spec.numel()) + " elements");
         }
-        const std::string what = "slice of '" + name + "' at element " +
-                                 std::to_string(piece.offset);
-        piece.begin = checked_range(s.at("byte_range"),
-                                    piece.numel * detail::dtype_bytes(spec.dtype), index_path,
-                                    info, what, ranges);
+        const std::string what =
+            "slice of '" + name + "' at element " + std::to_string(piece.offset);
+        piece.begin =
+            checked_range(s.at("byte_range"), piece.numel * detail::dtype_bytes(spec.dtype),
+                          index_path, info, what, ranges);
         pieces_[name].push_back(piece);
         ++info.slices;
       }
@@ -175,10 +177,10 @@ ShardedCheckpointReader::ShardedCheckpointReader(std::string dir) : dir_(std::mo
         entry.name = s.at("name").get<std::string>();
         entry.spec = spec_from_json(s);
         entry.crc32 = static_cast<uint32_t>(integer(s.at("crc32"), "crc32", 0, kMaxCrc));
-        entry.begin = checked_range(
-            s.at("byte_range"),
-            detail::checked_bytes(entry.spec.shape, entry.spec.dtype, entry.name), index_path,
-            info, "rank state '" + entry.name + "'", ranges);
+        entry.begin =
+            checked_range(s.at("byte_range"),
+                          detail::checked_bytes(entry.spec.shape, entry.spec.dtype, entry.name),
+                          index_path, info, "rank state '" + entry.name + "'", ranges);
         rank_states_[info.rank].push_back(entry);
       }
       std::sort(ranges.begin(), ranges.end());

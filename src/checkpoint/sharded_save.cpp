@@ -14,6 +14,12 @@
 namespace shardtrain {
 namespace {
 
+// New host memory for a copy of `data` (1-D, its dtype; pinned when `data` is on CUDA).
+at::Tensor staging_buffer(const at::Tensor& data) {
+  return at::empty({data.numel()},
+                   at::TensorOptions().dtype(data.scalar_type()).pinned_memory(data.is_cuda()));
+}
+
 // Every rank's `text`, in rank order, through an all-gather of padded bytes.
 std::vector<std::string> all_gather_text(ProcessGroup* group, const std::string& text) {
   if (!group || group->size() == 1) return {text};
@@ -127,17 +133,89 @@ std::future<std::string> save_sharded_checkpoint_async(const std::string& root,
   copies.reserve(slices.size());
   for (size_t i = 0; i < slices.size(); ++i) {
     const at::Tensor data = options.fetch_ ? options.fetch_(i) : slices[i].data;
-    at::Tensor copy =
-        at::empty({data.numel()},
-                  at::TensorOptions().dtype(data.scalar_type()).pinned_memory(data.is_cuda()));
+    at::Tensor copy = options.staging_ ? options.staging_->take(i, data) : staging_buffer(data);
     copy.copy_(data.reshape({-1}));
     copies.push_back({slices[i].name, slices[i].offset, std::move(copy)});
   }
   options.fetch_ = nullptr;
-  return std::async(std::launch::async, [root, name, tensors, copies = std::move(copies),
-                                         group = std::move(group), options = std::move(options)] {
-    return save_sharded_checkpoint(root, name, tensors, copies, group.get(), options);
+  return std::async(
+      std::launch::async, [root, name, tensors, copies = std::move(copies),
+                           group = std::move(group), options = std::move(options)]() mutable {
+        std::string dir;
+        try {
+          dir = save_sharded_checkpoint(root, name, tensors, copies, group.get(), options);
+        } catch (...) {
+          if (options.staging_) options.staging_->keep(std::move(copies));
+          throw;
+        }
+        if (options.staging_) options.staging_->keep(std::move(copies));
+        return dir;
+      });
+}
+
+CheckpointStaging::~CheckpointStaging() {
+  try {
+    wait_for_prepare();
+  } catch (const std::exception&) {
+    // Memory that could not be had ahead: a save allocates its own.
+  }
+}
+
+void CheckpointStaging::prepare(const std::vector<FlatSlice>& slices) {
+  wait_for_prepare();
+  std::vector<at::Tensor> like;
+  like.reserve(slices.size());
+  for (const auto& slice : slices) like.push_back(slice.data);
+  preparing_ = std::async(std::launch::async, [like = std::move(like)] {
+    std::vector<at::Tensor> buffers;
+    buffers.reserve(like.size());
+    for (const auto& data : like) {
+      at::Tensor buffer = staging_buffer(data);
+      // One write per page faults it in now rather than during a save's copy.
+      auto* bytes = static_cast<volatile char*>(buffer.data_ptr());
+      const int64_t size = buffer.numel() * static_cast<int64_t>(buffer.element_size());
+      for (int64_t at = 0; at < size; at += 4096) bytes[at] = 0;
+      buffers.push_back(std::move(buffer));
+    }
+    return buffers;
   });
+}
+
+void CheckpointStaging::wait_for_prepare() {
+  if (!preparing_.valid()) return;
+  std::vector<at::Tensor> prepared = preparing_.get();
+  std::lock_guard<std::mutex> lock(mutex_);
+  buffers_ = std::move(prepared);
+}
+
+at::Tensor CheckpointStaging::take(size_t index, const at::Tensor& data) {
+  wait_for_prepare();
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (index < buffers_.size()) {
+      at::Tensor kept = std::move(buffers_[index]);
+      if (kept.defined() && kept.scalar_type() == data.scalar_type() &&
+          kept.numel() == data.numel() && kept.is_pinned() == data.is_cuda()) {
+        return kept;
+      }
+    }
+  }
+  return staging_buffer(data);
+}
+
+void CheckpointStaging::keep(std::vector<FlatSlice> copies) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  buffers_.resize(copies.size());
+  for (size_t i = 0; i < copies.size(); ++i) buffers_[i] = std::move(copies[i].data);
+}
+
+int64_t CheckpointStaging::bytes() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  int64_t total = 0;
+  for (const auto& buffer : buffers_) {
+    if (buffer.defined()) total += buffer.numel() * static_cast<int64_t>(buffer.element_size());
+  }
+  return total;
 }
 
 namespace {

@@ -135,6 +135,7 @@ std::vector<std::string> exchange_hosts(const std::shared_ptr<gloo::Context>& co
 std::shared_ptr<gloo::transport::Device> make_gloo_device(const ProcessGroupOptions& options) {
   gloo::transport::tcp::attr attr;
   if (!options.interface_.empty()) {
+    detail::check_interface(options.interface_);
     attr.iface = options.interface_;
   } else {
     attr.hostname = options.hostname_.empty() ? "127.0.0.1" : options.hostname_;

@@ -1,4 +1,4 @@
-// Membership check done before any backend connects, so that a missing rank is named.
+// Checks done before any backend connects, so that a missing rank or interface is named.
 #pragma once
 
 #include <chrono>
@@ -13,6 +13,10 @@ namespace shardtrain::detail {
 // naming the global ranks that never joined.
 void wait_for_members(c10d::Store& store, const std::string& group, int rank,
                       const std::vector<int>& members, std::chrono::milliseconds timeout);
+
+// Throws std::invalid_argument naming `name` when this host has no network interface of that
+// name (--iface, GLOO_SOCKET_IFNAME); "" is "none chosen".
+void check_interface(const std::string& name);
 
 // "0,1,2" for {0,1,2}.
 std::string join_ranks(const std::vector<int>& ranks);

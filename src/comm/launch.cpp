@@ -97,6 +97,7 @@ void validate(const LaunchOptions& o, const std::vector<std::string>& command) {
                                 " is not a TCP port");
   }
   if (o.max_restarts_ < 0) throw std::invalid_argument("--max-restarts must be >= 0");
+  detail::check_interface(o.interface_);
 }
 
 // How an attempt ended on this node.

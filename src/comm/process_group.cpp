@@ -1,3 +1,5 @@
+#include <net/if.h>
+
 #include <sstream>
 #include <thread>
 
@@ -109,6 +111,13 @@ ProcessGroup::SubgroupPlan ProcessGroup::plan_subgroup(const std::vector<int>& r
 }
 
 namespace detail {
+
+void check_interface(const std::string& name) {
+  if (name.empty() || if_nametoindex(name.c_str()) != 0) return;
+  throw std::invalid_argument("network interface '" + name +
+                              "' (--iface, GLOO_SOCKET_IFNAME) does not exist on this host (`ip "
+                              "-brief link` lists those it has)");
+}
 
 std::string join_ranks(const std::vector<int>& ranks) {
   std::ostringstream out;

@@ -793,6 +793,12 @@ void TrainConfig::validate() const {
           "lora.rank must be positive (0 trains every parameter, no adapters), "
           "got " +
               std::to_string(lora.rank));
+  // Every adapted layer has d_model on one side: a rank above it adds parameters, not capacity.
+  require(lora.rank <= model.d_model,
+          "lora.rank " + std::to_string(lora.rank) + " is larger than model.d_model (" +
+              std::to_string(model.d_model) +
+              "), the smaller side of the layers it adapts: an update of that rank is already "
+              "full-rank");
   // Checked whether or not adapters are on, as every other key is.
   require(std::isfinite(lora.alpha) && lora.alpha >= 0,
           "lora.alpha must be a finite number >= 0, got " + std::to_string(lora.alpha));
@@ -814,9 +820,11 @@ void TrainConfig::validate() const {
           "train.loss_chunk_tokens must be >= 0 (0: chunks of about 32 MiB of logits), got " +
               std::to_string(train.loss_chunk_tokens));
   require(train.max_skipped >= 1, "train.max_skipped must be at least 1");
-  require(train.weight_decay >= 0 && train.eps > 0,
-          "train.weight_decay must be >= 0 and train.eps positive");
+  require(train.weight_decay >= 0,
+          "train.weight_decay must be >= 0, got " + toml_number(train.weight_decay));
+  require(train.eps > 0, "train.eps must be positive, got " + toml_number(train.eps));
   require(run.log_every >= 1, "run.log_every must be at least 1");
+  require(!run.dir.empty(), "run.dir must name a directory, got \"\"");
   // More threads than any machine has cores is a typo, not a setting.
   require(
       run.threads >= 0 && run.threads <= 4096,

@@ -1,3 +1,4 @@
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -71,12 +72,21 @@ std::vector<int32_t> tokenize_corpus(const std::vector<std::string>& inputs,
                                      const Tokenizer& tokenizer) {
   if (inputs.empty()) throw std::invalid_argument("no corpus given");
   std::vector<int32_t> tokens;
-  for (const auto& file : detail::files_of(inputs, "corpus")) {
+  const std::vector<std::string> files = detail::files_of(inputs, "corpus");
+  for (const auto& file : files) {
     if (std::filesystem::path(file).extension() == ".jsonl") {
       append_jsonl_documents(tokenizer, file, tokens);
     } else {
       append_document(tokenizer, read_text(file), tokens);
     }
+  }
+  const int32_t eos = tokenizer.eos_id();
+  if (std::all_of(tokens.begin(), tokens.end(), [eos](int32_t id) { return id == eos; })) {
+    // An empty folder, or files without text: nothing to train on, named as it was given.
+    std::string given;
+    for (const auto& input : inputs) given += (given.empty() ? "'" : ", '") + input + "'";
+    throw std::invalid_argument("corpus " + given + " holds no text (" +
+                                std::to_string(files.size()) + " file(s))");
   }
   return tokens;
 }

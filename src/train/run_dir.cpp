@@ -56,7 +56,10 @@ RunDirLock::RunDirLock(const std::string& dir) {
   fs::create_directories(dir);
   const std::string path = (fs::path(dir) / kLockName).string();
   fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-  if (fd_ < 0) throw std::runtime_error("cannot open '" + path + "': " + std::strerror(errno));
+  if (fd_ < 0) {
+    // A directory the system refuses (read-only, no permission) is bad input, as a path is.
+    throw std::invalid_argument("run.dir: cannot open '" + path + "': " + std::strerror(errno));
+  }
   const std::string holder = try_lock(fd_, path);
   if (!holder.empty()) {
     ::close(fd_);

@@ -83,6 +83,7 @@ void Trainer::set_up_ranks() {
     std::iota(everyone.begin(), everyone.end(), 0);
     checkpoint_group_ = world_->new_group(everyone);
   }
+  if (config_.run.checkpoint_async) checkpoint_staging_ = std::make_shared<CheckpointStaging>();
   if (config_.precision.autocast == "fp16") {
     // LibTorch's CPU autocast has no fp16 kernels; fp16 needs the CUDA path.
     throw std::invalid_argument(
@@ -452,6 +453,7 @@ void Trainer::fit() {
   if (talk) print_start();
   while (step_ < config_.train.steps) {
     const StepResult result = train_step();
+    if (steps_this_process_ == 1) prepare_checkpoint_staging();
     double eval_loss = NAN;
     if (config_.train.eval_every > 0 &&
         (step_ % config_.train.eval_every == 0 || step_ == config_.train.steps)) {

@@ -147,10 +147,21 @@ std::string Trainer::save_checkpoint() {
     parallel_->after_save();
     return dir;
   }
-  checkpoint_in_flight_ = save_sharded_checkpoint_async(root, name, contents.specs, contents.slices,
-                                                        checkpoint_group_, std::move(options));
+  checkpoint_in_flight_ =
+      save_sharded_checkpoint_async(root, name, contents.specs, contents.slices, checkpoint_group_,
+                                    std::move(options.staging(checkpoint_staging_)));
   parallel_->after_save();
   return (fs::path(root) / name).string();
+}
+
+void Trainer::prepare_checkpoint_staging() {
+  // After a step, when AdamW's state exists: the slices are those every save will copy.
+  const bool saves = config_.train.checkpoint_every > 0 || config_.train.final_checkpoint;
+  if (!checkpoint_staging_ || !saves) return;
+  detail::TelemetryScope telemetry(telemetry_);
+  CheckpointContents contents = parallel_->checkpoint_contents(*optimizer_);
+  checkpoint_staging_->prepare(contents.slices);
+  parallel_->after_save();
 }
 
 std::string Trainer::wait_for_checkpoint() {

@@ -79,13 +79,18 @@ TEST_F(ExportSafetyTest, AFailedExportOrReshardLeavesNoPartialFiles) {
   // Damage the data of the first slice: reading it fails its checksum halfway through the export.
   const auto index = nlohmann::json::parse(std::ifstream(fs::path(checkpoint_) / "index.json"));
   const auto& slice = index.at("files").at(0).at("slices").at(3);
-  const fs::path file = fs::path(checkpoint_) / index.at("files").at(0).at("name").get<std::string>();
+  const fs::path file =
+      fs::path(checkpoint_) / index.at("files").at(0).at("name").get<std::string>();
   {
     std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
     f.seekp(slice.at("byte_range").at(0).get<int64_t>());
     f.write("\x7f\x7f\x7f\x7f", 4);
   }
   const fs::path out = dir_ / "hf";
+  EXPECT_THROW(export_hf_checkpoint(checkpoint_, out.string()), std::invalid_argument);
+  EXPECT_FALSE(fs::exists(out));  // the directory the export made goes too
+  // Into a directory that was there (empty): it stays, empty.
+  fs::create_directories(out);
   EXPECT_THROW(export_hf_checkpoint(checkpoint_, out.string()), std::invalid_argument);
   EXPECT_TRUE(files_in(out).empty()) << files_in(out).front();
 

@@ -124,6 +124,18 @@ TEST_F(DataToolsTest, PrepareNeverWritesOverItsInput) {
   EXPECT_EQ(r.exit_code, 2) << r.output;
   EXPECT_NE(r.output.find("is a directory"), std::string::npos) << r.output;
   EXPECT_FALSE(fs::exists(dir_ / "out_dir.tmp"));
+  // A corpus with no text (an empty folder, an empty file) is refused, naming it; nothing is
+  // written.
+  fs::create_directories(dir_ / "empty_dir");
+  std::ofstream(dir_ / "empty.txt").close();
+  for (const fs::path& empty : {dir_ / "empty_dir", dir_ / "empty.txt"}) {
+    r = testing::run_command(cli() + " data prepare --corpus " + empty.string() + " --out " +
+                             (dir_ / "x.tokens").string() + " --tokenizer byte");
+    EXPECT_EQ(r.exit_code, 2) << r.output;
+    EXPECT_NE(r.output.find("corpus '" + empty.string() + "' holds no text"), std::string::npos)
+        << r.output;
+    EXPECT_FALSE(fs::exists(dir_ / "x.tokens"));
+  }
 }
 
 // A chat run of a tiny Qwen3-family model with Qwen3's tokenizer: its checkpoint exports as a
@@ -180,6 +192,15 @@ TEST_F(DataToolsTest, GenerateRebuildsALoraRunsModelOnItsBase) {
               std::string::npos)
         << cold.output;
   }
+  // A tokenizer whose ids the model has no embedding for is refused, naming both.
+  const auto other = testing::run_command(cli() + " generate " + (run / "checkpoints").string() +
+                                          " --prompt aaaa --tokens 2 --tokenizer gpt2");
+  EXPECT_EQ(other.exit_code, 2) << other.output;
+  EXPECT_NE(other.output.find("--tokenizer gpt2 has a vocabulary of 50257 tokens, more than the "
+                              "model of checkpoint"),
+            std::string::npos)
+      << other.output;
+  EXPECT_NE(other.output.find("trained with tokenizer 'byte'"), std::string::npos) << other.output;
   const auto bad = testing::run_command(cli() + " generate " + (dir_ / "none").string());
   EXPECT_EQ(bad.exit_code, 2) << bad.output;
   EXPECT_NE(bad.output.find((dir_ / "none").string()), std::string::npos) << bad.output;

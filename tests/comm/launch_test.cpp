@@ -6,6 +6,8 @@
 #include <cstdlib>
 #include <filesystem>
 
+#include "comm/gloo_group.h"
+#include "shardtrain/dist.h"
 #include "support.h"
 
 namespace shardtrain {
@@ -94,6 +96,20 @@ TEST(LaunchTest, ATimeoutThatIsNotANumberOfSecondsIsRefused) {
     EXPECT_NE(result.output.find("--timeout"), std::string::npos) << result.output;
     EXPECT_EQ(result.output.find("SHARDTRAIN_TIMEOUT"), std::string::npos) << result.output;
   }
+}
+
+// An interface this host does not have is named by the launcher, before any rank starts (and
+// by a rank given it through GLOO_SOCKET_IFNAME, before Gloo's own check fails).
+TEST(LaunchTest, AnInterfaceThisHostLacksIsNamed) {
+  const auto result = run_command(cli() + " launch --nproc 1 --iface nosuchif0 -- env");
+  EXPECT_EQ(result.exit_code, 2) << result.output;
+  EXPECT_NE(result.output.find("network interface 'nosuchif0'"), std::string::npos)
+      << result.output;
+  EXPECT_EQ(result.output.find("GLOO_SOCKET_IFNAME=nosuchif0"), std::string::npos)
+      << result.output;  // env never ran
+  EXPECT_THROW(detail::make_gloo_device(ProcessGroupOptions().interface("nosuchif0")),
+               std::invalid_argument);
+  EXPECT_NO_THROW(detail::make_gloo_device(ProcessGroupOptions().interface("lo")));
 }
 
 TEST(LaunchTest, ANodeThatNeverJoinsIsNamed) {

@@ -87,7 +87,15 @@ TEST(ConfigTest, BadValuesAreNamed) {
   EXPECT_EQ(error_of("[train]\nlr = 1e-5\nmin_lr = 1e-4\nschedule = \"constant\"\n"), "");
   // Out-of-range values are named even where they would not be used.
   EXPECT_NE(error_of("[run]\nthreads = 100000\n").find("run.threads"), std::string::npos);
+  EXPECT_NE(error_of("[train]\neps = 0\n").find("train.eps must be positive, got 0"),
+            std::string::npos);
+  EXPECT_EQ(error_of("[train]\neps = 0\n").find("weight_decay"), std::string::npos);
+  EXPECT_NE(error_of("[run]\ndir = \"\"\n").find("run.dir must name a directory"),
+            std::string::npos);
   EXPECT_NE(error_of("[lora]\nalpha = nan\n").find("lora.alpha"), std::string::npos);
+  EXPECT_NE(error_of("[model]\npreset = \"tiny\"\n[lora]\nrank = 100000\n")
+                .find("lora.rank 100000 is larger than model.d_model (64)"),
+            std::string::npos);
   EXPECT_NE(error_of("[lora]\ndropout = 2.0\n").find("lora.dropout"), std::string::npos);
   EXPECT_NE(error_of("[lora]\nbase_dtype = \"int8\"\n").find("lora.base_dtype"), std::string::npos);
   EXPECT_NE(error_of("[model]\nhf_config = \"/tmp\"\n").find("is a directory"), std::string::npos);

@@ -119,6 +119,49 @@ TEST_F(AsyncCheckpointTest, SavesWrittenBehindTrainingAreTheSynchronousSavesBitF
   }
 }
 
+// The host buffers the copies are made into: prepared ahead, used by a save, given back when it
+// ends and used again by the next (the same memory), and never shared between two checkpoints'
+// values.
+TEST_F(AsyncCheckpointTest, StagingBuffersAreKeptFromOneSaveToTheNext) {
+  const std::vector<TensorSpec> specs = {{"w", {4, 8}, at::kFloat}, {"b", {8}, at::kLong}};
+  at::Tensor w = at::arange(32, at::kFloat);
+  const at::Tensor b = at::arange(8, at::kLong);
+  const std::vector<FlatSlice> slices = {{"w", 0, w}, {"b", 0, b}};
+  const std::string root = (dir_ / "lib").string();
+  auto staging = std::make_shared<CheckpointStaging>();
+
+  staging->prepare(slices);
+  const at::Tensor prepared = staging->take(0, w);  // waits for the preparation
+  EXPECT_EQ(prepared.scalar_type(), at::kFloat);
+  EXPECT_EQ(prepared.numel(), 32);
+  EXPECT_EQ(staging->bytes(), 8 * 8);  // the other buffer, still kept
+  const void* memory = prepared.data_ptr();
+  staging->keep({{"w", 0, prepared}, {"b", 0, staging->take(1, b)}});
+  EXPECT_EQ(staging->bytes(), 32 * 4 + 8 * 8);
+
+  auto save = [&](const std::string& name) {
+    return save_sharded_checkpoint_async(root, name, specs, slices, nullptr,
+                                         ShardedSaveOptions().staging(staging))
+        .get();
+  };
+  const std::string first = save("one");
+  EXPECT_EQ(staging->bytes(), 32 * 4 + 8 * 8);  // given back
+  w.add_(100);                                  // the next save's values
+  const std::string second = save("two");
+  EXPECT_TRUE(at::equal(ShardedCheckpointReader(first).read("w").reshape({-1}),
+                        at::arange(32, at::kFloat)));
+  EXPECT_TRUE(at::equal(ShardedCheckpointReader(second).read("w").reshape({-1}), w));
+  EXPECT_TRUE(at::equal(ShardedCheckpointReader(second).read("b"), b));
+  // Both saves copied into the prepared memory.
+  const at::Tensor again = staging->take(0, w);
+  EXPECT_EQ(again.data_ptr(), memory);
+  EXPECT_TRUE(at::equal(again, w));
+  // A slice of another dtype or size gets memory of its own.
+  const at::Tensor other = staging->take(1, at::zeros({5}, at::kDouble));
+  EXPECT_EQ(other.scalar_type(), at::kDouble);
+  EXPECT_EQ(other.numel(), 5);
+}
+
 TEST_F(AsyncCheckpointTest, AFailedSaveBehindTrainingFailsTheRunOnEveryRank) {
   // `latest` cannot be replaced by a file: the commit on rank 0's writing thread fails.
   const TrainConfig cfg = config("failing", {"parallel.strategy=\"ddp\"", "train.micro_batch=2",

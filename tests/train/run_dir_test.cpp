@@ -155,6 +155,12 @@ TEST_F(RunDirTest, AStartUpThatFailsChangesNothingInTheRunDirectory) {
   EXPECT_NE(other.find("gpt2"), std::string::npos) << other;
   EXPECT_EQ(contents(run_ / "corpus.tokens"), shard);
   EXPECT_EQ(contents(run_ / "run.json"), manifest);
+
+  // An empty `latest` is called empty (not missing) under "auto" as under "latest".
+  std::ofstream(run_ / "checkpoints" / "latest").close();
+  const std::string empty = refusal(config({"run.resume=\"auto\""}));
+  EXPECT_NE(empty.find("latest' is empty"), std::string::npos) << empty;
+  EXPECT_EQ(contents(run_ / "run.json"), manifest);
 }
 
 TEST_F(RunDirTest, ResumeAutoStartsFreshThenContinuesWithoutRepeatingAStep) {
