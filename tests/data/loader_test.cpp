@@ -44,6 +44,23 @@ TEST_F(LoaderTest, ShardRoundTripsSixteenAndThirtyTwoBitTokens) {
   EXPECT_EQ(b.read(0, 3)[2].item<int64_t>(), 70000);
 }
 
+// A token id the header's vocabulary does not have is named with the file and its place.
+TEST_F(LoaderTest, AnIdOutsideTheShardsVocabularyIsNamedWithItsPlace) {
+  write_token_shard(path("bad.tokens"), {1, 2, 300, 4}, 257);
+  const TokenShard shard(path("bad.tokens"));
+  EXPECT_TRUE(at::equal(shard.read(0, 2), at::tensor({1, 2}, at::kLong)));
+  try {
+    shard.read(1, 3);
+    FAIL() << "token id 300 of a 257-token vocabulary was read";
+  } catch (const std::invalid_argument& e) {
+    const std::string message = e.what();
+    EXPECT_NE(message.find(path("bad.tokens")), std::string::npos) << message;
+    EXPECT_NE(message.find("holds token id 300 at token 2, outside the vocabulary of 257"),
+              std::string::npos)
+        << message;
+  }
+}
+
 TEST_F(LoaderTest, TruncatedShardIsRefusedNamingTheFile) {
   write_token_shard(path("t.tokens"), std::vector<int32_t>(100, 5), 257);
   fs::resize_file(path("t.tokens"), fs::file_size(path("t.tokens")) - 3);
