@@ -122,6 +122,10 @@ NodeAgents::NodeAgents(const std::string& master_addr, int master_port, int nnod
   }
   // How node 0 names this node when it is lost: its label and the address it reaches node 0 from.
   const std::string address = transport_address(master_addr, master_port).hostname;
+  // Whether the job already runs, asked before this node counts as started: once it does, node 0
+  // may publish the first attempt, which this node must not take for a running job.
+  const bool job_running =
+      node_rank != 0 && store([&](c10d::Store& s) { return s.check({Impl::key("attempt")}); });
   store([&](c10d::Store& s) {
     s.set(Impl::key("address/" + std::to_string(node_rank)), bytes(address));
     s.set(Impl::key("node/" + std::to_string(node_rank)), bytes(label_));
@@ -148,7 +152,7 @@ NodeAgents::NodeAgents(const std::string& master_addr, int master_port, int nnod
       });
 
   // A launcher started again while its job runs on without it (elastic) joins at a restart.
-  if (node_rank != 0 && store([&](c10d::Store& s) { return s.check({Impl::key("attempt")}); })) {
+  if (job_running) {
     wait_to_be_taken_in();
     return;
   }
