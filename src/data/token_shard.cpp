@@ -5,7 +5,6 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <stdexcept>
-#include <tuple>
 
 #include "data/shard_io.h"
 #include "shardtrain/data.h"
@@ -176,9 +175,9 @@ at::Tensor TokenShard::read(int64_t begin, int64_t count) const {
   // An id the header's vocabulary does not have is damage, named here with the file and the
   // place rather than later by the model's embedding.
   const auto vocab = static_cast<int64_t>(header_.vocab_size);
-  const auto bounds = count > 0 ? at::aminmax(ids) : std::tuple<at::Tensor, at::Tensor>();
-  if (count > 0 &&
-      (std::get<0>(bounds).item<int64_t>() < 0 || std::get<1>(bounds).item<int64_t>() >= vocab)) {
+  if (count == 0) return ids;
+  const auto [low, high] = at::aminmax(ids);
+  if (low.item<int64_t>() < 0 || high.item<int64_t>() >= vocab) {
     const int64_t at = ((ids < 0) | (ids >= vocab)).nonzero()[0][0].item<int64_t>();
     throw std::invalid_argument("token shard '" + path_ + "' holds token id " +
                                 std::to_string(ids[at].item<int64_t>()) + " at token " +
