@@ -86,6 +86,10 @@ void add_launch_command(CLI::App& app, const std::vector<std::string>& command, 
                   "Restart the ranks (of every node) up to R times after a failure")
       ->capture_default_str()
       ->check(CLI::Range(0, 1 << 20));
+  cmd->add_flag("--fault-tolerance", options->fault_tolerance_,
+                "One node: host the ranks' store here and restart a failed replica alone while "
+                "the others train on (each restart counts against --max-restarts); for ranks "
+                "that run run.fault_tolerance = \"replicas\"");
   cmd->add_option("--kill-timeout", a->kill_seconds,
                   "Seconds the other ranks get after SIGTERM before SIGKILL, once one failed")
       ->capture_default_str()

@@ -66,7 +66,8 @@ void add_train_command(CLI::App& app) {
     }
     // Under a launcher (torchrun, mpirun, srun, shardtrain launch) every rank joins the world.
     std::shared_ptr<ProcessGroup> world;
-    if (world_size > 1) {
+    // Under replica fault tolerance the trainer joins the launcher's store itself.
+    if (world_size > 1 && config.run.fault_tolerance != "replicas") {
       world = init_from_environment(ProcessGroupOptions().timeout(
           std::chrono::milliseconds(static_cast<int64_t>(config.run.timeout * 1000))));
     }

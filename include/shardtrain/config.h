@@ -211,6 +211,11 @@ struct RunSection {
   // to host memory; a thread writes the files, a second save waits for the first, and the
   // run's last checkpoint is waited for. Needs the training state in memory (not ZeRO's files).
   bool checkpoint_async = false;
+  // "replicas": the data-parallel replicas (each rank of parallel.strategy = "ddp") train on
+  // when one fails, and a replica restarted by `shardtrain launch --fault-tolerance` takes the
+  // training state from a healthy one at a step boundary (docs/training.md). "none": a failed
+  // rank stops the job (a launcher's --max-restarts restarts it from its latest checkpoint).
+  std::string fault_tolerance = "none";
   // Each rank records a timeline of steps trace_first..trace_last (0: through the last step)
   // as Chrome trace events in RUN_DIR/trace/rank_N.json (docs/trace.md). The range is used and
   // checked only with trace = true.

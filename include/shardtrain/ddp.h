@@ -101,6 +101,8 @@ class DistributedDataParallel {
   // for callers whose last backward does not reach every parameter (a pipeline stage's
   // micro-batches end at different times for its different layers). Collective.
   void all_reduce_gradients();
+  // Forgets a backward that failed part-way (a collective's error): the next one starts afresh.
+  void abandon_backward() { reset_for_next_backward(); }
 
   torch::nn::Module& module() { return *module_; }
   ProcessGroup& group() { return *group_; }

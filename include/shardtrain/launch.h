@@ -76,6 +76,15 @@ struct LaunchOptions {
     return *this;
   }
 
+  // Replica fault tolerance (one node): the launcher hosts the ranks' store, and when a rank
+  // fails only the ranks of its replica are stopped and started again (each time counting
+  // against max_restarts) while the other replicas train on; the ranks must run
+  // run.fault_tolerance = "replicas", which says how many ranks a replica has.
+  LaunchOptions& fault_tolerance(bool value) {
+    fault_tolerance_ = value;
+    return *this;
+  }
+
   int nproc_ = 1;
   int nnodes_ = 1;
   int min_nnodes_ = 0;
@@ -89,6 +98,7 @@ struct LaunchOptions {
   std::chrono::milliseconds timeout_{std::chrono::seconds(1800)};
   std::string label_;
   bool stop_on_stdin_eof_ = false;
+  bool fault_tolerance_ = false;
 };
 
 struct LaunchResult {
@@ -113,6 +123,9 @@ struct LaunchResult {
 // min_nnodes nodes remain, the ranks numbered over the nodes that take part, WORLD_SIZE their
 // ranks). Each launcher beats a heartbeat into node 0's store; a node whose heartbeat stops for
 // 5 s (the timeout, if shorter; at least 2 s) is reported as a failure of the attempt.
+// With fault_tolerance, see LaunchOptions::fault_tolerance: the job ends when the ranks of
+// every replica that trains exited 0, and fails when a replica failed more than max_restarts
+// times, when every replica failed at once, or when a rank exited with status 2.
 // Blocking; throws std::invalid_argument for bad options and std::runtime_error when a rank
 // cannot be started at all.
 LaunchResult launch(const LaunchOptions& options, const std::vector<std::string>& command);

@@ -28,6 +28,7 @@
 
 namespace shardtrain {
 class ParallelModel;
+class ReplicaWorld;
 namespace detail {
 class RunDirLock;
 struct SwapIoTotals;
@@ -176,6 +177,22 @@ class Trainer {
   // SHARDTRAIN_KILL_AFTER_STEP / SHARDTRAIN_STOP_AFTER_STEP: the last rank kills or stops
   // itself after that step (first attempt only).
   void fail_if_injected() const;
+  // run.fault_tolerance = "replicas": every member takes the training state (parameters,
+  // AdamW's state, buffers, step, data position, loss scale, random state) of rank `source`,
+  // over the members' group, when a membership took in a restarted replica. Collective.
+  void take_state_from(int source);
+  // AdamW's state (zeros, step 0) for every tensor that has none yet.
+  void make_adam_state();
+  // train_step()'s body, taken again under replica fault tolerance when a replica failed in it:
+  // forward and backward, the finite check and clipping. Returns whether the gradients are
+  // finite.
+  bool step_body(StepResult& result);
+  // step_body() under replica fault tolerance: taken again until every member finished it,
+  // after taking the state of a healthy replica when this step takes a restarted one in.
+  bool step_on_replicas(StepResult& result);
+  // Under replica fault tolerance, whether replicas are missing now (checkpoints then wait for
+  // them: they are skipped, with a line on stderr when `talk`).
+  bool replicas_missing(bool talk) const;
   // run.checkpoint_async: host buffers for this rank's share of a checkpoint, allocated and
   // faulted in behind the steps before the first save (collective: every rank calls it).
   void prepare_checkpoint_staging();
@@ -203,6 +220,8 @@ class Trainer {
   TrainConfig config_;
   std::shared_ptr<ProcessGroup> world_;
   int restart_count_ = 0;  // which restart of the job this is (the launcher's count)
+  // run.fault_tolerance = "replicas": the replicas training now, and world_ follows them.
+  std::shared_ptr<ReplicaWorld> replicas_;
   std::unique_ptr<DeviceMesh> mesh_;
   std::unique_ptr<Tokenizer> tokenizer_;
   std::unique_ptr<ChatTemplate> chat_template_;  // null unless data.* or the tokenizer has one

@@ -37,10 +37,17 @@ struct NodePlace {
   int nodes = 1;
 };
 
-Child spawn_rank(const LaunchOptions& o, const NodePlace& place, int local_rank, int port,
-                 int attempt, const std::vector<std::string>& command, int stdin_fd) {
+}  // namespace
+
+namespace detail {
+
+Child spawn_rank(const LaunchOptions& o, int node_index, int nodes, int local_rank, int port,
+                 int attempt, const std::vector<std::string>& command, int stdin_fd,
+                 const std::map<std::string, std::string>& extra) {
+  const NodePlace place{node_index, nodes};
   const int rank = place.index * o.nproc_ + local_rank;
-  std::map<std::string, std::string> env = {
+  std::map<std::string, std::string> env = extra;
+  env.insert({
       {"RANK", std::to_string(rank)},
       {"WORLD_SIZE", std::to_string(place.nodes * o.nproc_)},
       {"LOCAL_RANK", std::to_string(local_rank)},
@@ -51,7 +58,7 @@ Child spawn_rank(const LaunchOptions& o, const NodePlace& place, int local_rank,
       // torchrun's names: a restarted trainer resumes from its latest checkpoint.
       {"TORCHELASTIC_RESTART_COUNT", std::to_string(attempt)},
       {"TORCHELASTIC_MAX_RESTARTS", std::to_string(o.max_restarts_)},
-  };
+  });
   // Unless the user chose, the ranks share the cores instead of each taking all of them
   // (LibTorch's intra-op pool and OpenBLAS both read this).
   if (o.nproc_ > 1 && !std::getenv("OMP_NUM_THREADS")) {
@@ -65,6 +72,16 @@ Child spawn_rank(const LaunchOptions& o, const NodePlace& place, int local_rank,
   std::string tag;
   if (o.prefix_output_) tag = "[" + (o.label_.empty() ? "" : o.label_ + ":") + name + "] ";
   return detail::spawn_child(command, detail::environment_with(env), name, tag, stdin_fd);
+}
+
+}  // namespace detail
+
+namespace {
+
+Child spawn_rank(const LaunchOptions& o, const NodePlace& place, int local_rank, int port,
+                 int attempt, const std::vector<std::string>& command, int stdin_fd) {
+  return detail::spawn_rank(o, place.index, place.nodes, local_rank, port, attempt, command,
+                            stdin_fd, {});
 }
 
 // --nnodes as given: "N", or "MIN:MAX" for an elastic job.
@@ -97,6 +114,12 @@ void validate(const LaunchOptions& o, const std::vector<std::string>& command) {
                                 " is not a TCP port");
   }
   if (o.max_restarts_ < 0) throw std::invalid_argument("--max-restarts must be >= 0");
+  if (o.fault_tolerance_ && o.nnodes_ > 1) {
+    throw std::invalid_argument(
+        "--fault-tolerance runs the replicas of one node (its launcher hosts the job's store and "
+        "restarts a failed replica); across nodes use --max-restarts, which restarts the job "
+        "from its latest checkpoint");
+  }
   detail::check_interface(o.interface_);
 }
 
@@ -178,6 +201,7 @@ std::unique_ptr<detail::NodeAgents> join_nodes(const LaunchOptions& o, detail::S
 LaunchResult launch(const LaunchOptions& options, const std::vector<std::string>& command) {
   validate(options, command);
   detail::StopRequests stop(options.stop_on_stdin_eof_);
+  if (options.fault_tolerance_) return detail::launch_replicas(options, command, stop);
   const std::unique_ptr<detail::NodeAgents> agents = join_nodes(options, stop);
   // A launcher that stops when its input ends gives its ranks none.
   const int rank_stdin = options.stop_on_stdin_eof_ ? open("/dev/null", O_RDONLY | O_CLOEXEC) : -1;

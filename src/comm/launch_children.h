@@ -11,6 +11,8 @@
 #include <string>
 #include <vector>
 
+#include "shardtrain/launch.h"
+
 namespace shardtrain::detail {
 
 struct Stream {
@@ -81,5 +83,15 @@ bool any_running(const std::vector<Child>& children);
 void stop_all(std::vector<Child>& children, std::chrono::milliseconds grace);
 // Relays what is left in the pipes of children that ended.
 void drain(std::vector<Child>& children);
+
+// Starts local rank `local_rank` of node `node_index` of `nodes` (launch()'s environment, and
+// `extra` besides).
+Child spawn_rank(const LaunchOptions& o, int node_index, int nodes, int local_rank, int port,
+                 int attempt, const std::vector<std::string>& command, int stdin_fd,
+                 const std::map<std::string, std::string>& extra);
+
+// launch() with LaunchOptions::fault_tolerance (launch_replicas.cpp).
+LaunchResult launch_replicas(const LaunchOptions& options, const std::vector<std::string>& command,
+                             StopRequests& stop);
 
 }  // namespace shardtrain::detail

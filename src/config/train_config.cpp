@@ -323,6 +323,7 @@ const std::map<std::string, Setter>& known_keys() {
                   {"run.timeout", field(&RunSection::timeout)},
                   {"run.memory_check", field(&RunSection::memory_check)},
                   {"run.checkpoint_async", field(&RunSection::checkpoint_async)},
+                  {"run.fault_tolerance", field(&RunSection::fault_tolerance)},
                   {"run.trace", field(&RunSection::trace)},
                   {"run.trace_steps",
                    [](TrainConfig& c, const toml::node& n, const std::string& name) {
@@ -829,6 +830,25 @@ void TrainConfig::validate() const {
   require(
       run.threads >= 0 && run.threads <= 4096,
       "run.threads must be between 0 (every core) and 4096, got " + std::to_string(run.threads));
+  require(
+      run.fault_tolerance == "none" || run.fault_tolerance == "replicas",
+      "run.fault_tolerance must be \"none\" or \"replicas\", got \"" + run.fault_tolerance + "\"");
+  if (run.fault_tolerance == "replicas") {
+    // What replica groups need: replicas that each hold the whole training state.
+    require(parallel.strategy == ParallelStrategy::kDdp,
+            "run.fault_tolerance = \"replicas\" needs data-parallel replicas that each hold the "
+            "whole training state: parallel.strategy = \"ddp\", got \"" +
+                to_string(parallel.strategy) +
+                "\" (its ranks hold shards of one copy, so no rank can stand in for another)");
+    require(parallel.tp == 1 && parallel.pp == 1 && parallel.cp == 1 && !model.moe(),
+            "run.fault_tolerance = \"replicas\" with tensor, pipeline, context or expert "
+            "parallelism: a replica would then be several ranks holding parts of the model; "
+            "this version keeps replicas of one rank each (parallel.tp = pp = cp = 1, no experts)");
+    require(!run.checkpoint_async,
+            "run.fault_tolerance = \"replicas\" with run.checkpoint_async = true: the writing "
+            "thread's collectives would need a group of their own that follows the replicas; "
+            "set run.checkpoint_async = false");
+  }
   require(run.freed_memory == "auto" || run.freed_memory == "cache" ||
               run.freed_memory == "return" || run.freed_memory == "malloc",
           "run.freed_memory must be \"auto\", \"cache\", \"return\" or \"malloc\", got \"" +

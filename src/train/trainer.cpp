@@ -11,6 +11,7 @@
 #include <optional>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 
+#include "comm/replica_world.h"
 #include "model/autocast.h"
 #include "model/layers.h"
 #include "optim/swap_file.h"
@@ -21,6 +22,7 @@
 #include "shardtrain/hf.h"
 #include "shardtrain/lora.h"
 #include "shardtrain/memory.h"
+#include "shardtrain/rendezvous.h"
 #include "shardtrain/threads.h"
 #include "shardtrain/train.h"
 #include "trace/telemetry.h"
@@ -35,6 +37,19 @@ namespace shardtrain {
 
 Trainer::Trainer(TrainConfig config, std::shared_ptr<ProcessGroup> world, int restart_count)
     : config_(std::move(config)), world_(std::move(world)), restart_count_(restart_count) {
+  if (config_.run.fault_tolerance == "replicas") {
+    config_.validate();
+    if (world_) {
+      throw std::invalid_argument(
+          "run.fault_tolerance = \"replicas\": the trainer joins the replicas itself; pass no "
+          "world group");
+    }
+    // Each rank of a ddp run is a replica; the launcher hosts the store.
+    replicas_ = ReplicaWorld::connect(rendezvous_info(current_environment()), 1,
+                                      ProcessGroupOptions().timeout(std::chrono::milliseconds(
+                                          static_cast<int64_t>(config_.run.timeout * 1000))));
+    world_ = replicas_->world();
+  }
   set_up_ranks();
   set_up_tokenizer();
   // A run directory this start-up creates goes again when the start-up fails (a model file or
@@ -48,7 +63,9 @@ Trainer::Trainer(TrainConfig config, std::shared_ptr<ProcessGroup> world, int re
     build_optimizer();
     if (!resume_from.empty()) load_checkpoint(resume_from);
     // Written last, so a run that fails to start leaves the previous run.json as it was.
-    if (rank() == 0) detail::write_run_manifest(config_, world_size(), resident_at_start_);
+    if (rank() == 0 && !(replicas_ && replicas_->restarted())) {
+      detail::write_run_manifest(config_, world_size(), resident_at_start_);
+    }
   } catch (...) {
     if (new_run_dir) {
       run_lock_.reset();
@@ -119,14 +136,18 @@ std::string Trainer::prepare_data() {
   // Nothing yet when the corpus is to be tokenized.
   data_ = std::make_unique<detail::TrainingData>(detail::open_prepared_data(config_));
   if (data_->defined()) check_vocabulary();
-  const detail::RunStart start = detail::plan_run_start(config_, restart_count_ > 0);
+  // A restarted replica joins the run in place: rank 0 of the first start made the directory
+  // and the data, and the state comes from a healthy replica, not a checkpoint.
+  const bool joins = replicas_ && replicas_->restarted();
+  const detail::RunStart start =
+      joins ? detail::RunStart{} : detail::plan_run_start(config_, restart_count_ > 0);
   // Before the corpus is tokenized again into the run directory: a resume with another
   // tokenizer would rewrite the run's shard and then fail on the embedding's shape.
   if (!start.checkpoint.empty()) detail::check_resume_tokenizer(start.checkpoint, *tokenizer_);
   // Rank 0 tokenizes before anything under run.dir changes: bad data stops every rank there.
   detail::TokenizedData tokenized;
   std::string bad_data;
-  if (!data_->defined() && rank() == 0) {
+  if (!data_->defined() && rank() == 0 && !joins) {
     try {
       tokenized = detail::tokenize_data(config_, *tokenizer_, chat_template_.get(),
                                         start.move_aside.empty());
@@ -149,7 +170,7 @@ std::string Trainer::prepare_data() {
   // Rank 0 takes run.dir for this run, after checking that no live run holds it: a second run
   // (or run.overwrite) would otherwise move or mix a running job's files.
   std::string in_use;
-  if (rank() == 0) {
+  if (rank() == 0 && !joins) {
     try {
       detail::check_not_in_use(config_.run.dir);
       detail::prepare_run_dir(config_, start);
@@ -164,19 +185,19 @@ std::string Trainer::prepare_data() {
   }
   std::filesystem::create_directories(config_.run.dir);  // ranks on other hosts' file systems
   // Checkpoints are written by every rank into one directory: it must be the same storage.
-  if (world_) detail::check_shared_run_dir(config_, *world_);
+  if (world_ && !joins) detail::check_shared_run_dir(config_, *world_);
   if (!data_->defined()) {
     // Rank 0 writes the tokenized data into RUN_DIR once, before the others open the shard.
-    if (rank() == 0) {
+    if (rank() == 0 && !joins) {
       *data_ = detail::store_data(config_, tokenized, tokenizer_->vocab_size());
       tokenized = detail::TokenizedData();
     }
     barrier();
-    if (rank() != 0) *data_ = detail::open_data(config_);
+    if (rank() != 0 || joins) *data_ = detail::open_data(config_);
   }
   check_vocabulary();
   loader_ = detail::make_loader(config_, *data_, tokenizer_->eos_id(), dp_rank(), dp_size());
-  return start.checkpoint;
+  return joins ? std::string() : start.checkpoint;
 }
 
 void Trainer::build_model() {
@@ -271,24 +292,9 @@ StepResult Trainer::train_step() {
   telemetry_->name_thread("train");  // the row of whichever thread trains
   const detail::SwapIoTotals io_before = detail::swap_io_totals();
   model_->train();
-  parallel_->zero_grad(*optimizer_);
-  // Everything above the bytes held now (parameters, optimizer state) that forward and
-  // backward add at their peak: activations, gradients and temporaries.
-  const int64_t before = cpu_memory_stats().live_bytes;
-  reset_peak_cpu_memory();
-  const double loss_sum = forward_backward();
   StepResult result;
-  result.step = step_ + 1;
-  result.loss = loss_sum / static_cast<double>(config_.train.grad_accum);
-  if (config_.model.moe()) add_routing(result);
-  result.activations_peak = cpu_memory_stats().peak_bytes - before;
-  if (after_backward_) after_backward_(step_);
-
+  const bool finite = replicas_ ? step_on_replicas(result) : step_body(result);
   std::optional<detail::TraceSpan> update_span(std::in_place, "optimizer", "optimizer");
-  const bool finite = parallel_->gradients_finite(scaler_);
-  result.lr = schedule_.at(step_);
-  result.grad_norm = NAN;  // none when the gradients are not finite (null in metrics.jsonl)
-  if (finite) result.grad_norm = parallel_->clip_grad_norm(config_.train.clip);
   result.skipped = !scaler_.update(finite);
   if (!result.skipped) optimizer_step(result.lr);
   update_span.reset();
@@ -302,6 +308,61 @@ StepResult Trainer::train_step() {
       static_cast<double>(loader_->global_batch_size() * config_.data.seq_len) / result.step_time_s;
   peak_rss_ = std::max(peak_rss_, detail::peak_resident_bytes());
   return result;
+}
+
+bool Trainer::step_on_replicas(StepResult& result) {
+  // The body runs again, on the replicas that remain, when one failed in it; it stands only
+  // once every member finished it (comm/replica_world.h).
+  for (;;) {
+    bool finite = false;
+    std::exception_ptr failure;
+    std::string error;
+    try {
+      const int source = replicas_->begin_step(step_ + 1);
+      if (source >= 0) take_state_from(source);
+      finite = step_body(result);
+    } catch (const std::exception& e) {
+      failure = std::current_exception();
+      error = e.what();
+      replicas_->abandon();
+    }
+    bool stands = false;
+    try {
+      stands = replicas_->finish_step(step_ + 1, !failure, std::chrono::seconds(30));
+    } catch (const std::runtime_error&) {
+      if (failure) std::rethrow_exception(failure);  // not a lost replica: its own error
+      throw;
+    }
+    if (stands) return finite;
+    if (rank() == 0) {
+      std::fprintf(stderr,
+                   "shardtrain: step %lld is taken again without the replica that failed%s%s\n",
+                   static_cast<long long>(step_ + 1), error.empty() ? "" : ": ",
+                   error.substr(0, error.find('\n')).c_str());
+    }
+  }
+}
+
+bool Trainer::step_body(StepResult& result) {
+  parallel_->zero_grad(*optimizer_);
+  // Everything above the bytes held now (parameters, optimizer state) that forward and
+  // backward add at their peak: activations, gradients and temporaries.
+  const int64_t before = cpu_memory_stats().live_bytes;
+  reset_peak_cpu_memory();
+  const double loss_sum = forward_backward();
+  result = StepResult();
+  result.step = step_ + 1;
+  result.loss = loss_sum / static_cast<double>(config_.train.grad_accum);
+  if (config_.model.moe()) add_routing(result);
+  result.activations_peak = cpu_memory_stats().peak_bytes - before;
+  if (after_backward_) after_backward_(step_);
+
+  detail::TraceSpan update_span("optimizer", "optimizer");
+  const bool finite = parallel_->gradients_finite(scaler_);
+  result.lr = schedule_.at(step_);
+  result.grad_norm = NAN;  // none when the gradients are not finite (null in metrics.jsonl)
+  if (finite) result.grad_norm = parallel_->clip_grad_norm(config_.train.clip);
+  return finite;
 }
 
 double Trainer::forward_backward() {
@@ -436,6 +497,7 @@ void Trainer::fail_if_injected() const {
   // last rank dies (SIGKILL) or hangs (SIGSTOP) right after the given step, as a crashed,
   // preempted or wedged rank would.
   if (restart_count_ > 0 || rank() != world_size() - 1) return;
+  if (replicas_ && replicas_->restarted()) return;
   for (const auto& [variable, signal] :
        {std::pair<const char*, int>{"SHARDTRAIN_KILL_AFTER_STEP", SIGKILL},
         {"SHARDTRAIN_STOP_AFTER_STEP", SIGSTOP}}) {
@@ -447,9 +509,92 @@ void Trainer::fail_if_injected() const {
   }
 }
 
+bool Trainer::replicas_missing(bool talk) const {
+  if (!replicas_ || replicas_->replicas_now() == replicas_->replicas()) return false;
+  if (talk) {
+    std::fprintf(stderr,
+                 "shardtrain: no checkpoint at step %lld: %d of %d replicas train now (a "
+                 "checkpoint is written by every replica's ranks)\n",
+                 static_cast<long long>(step_), replicas_->replicas_now(), replicas_->replicas());
+  }
+  return true;
+}
+
+void Trainer::make_adam_state() {
+  auto& state = optimizer_->state();
+  for (const auto& t : parallel_->optimized()) {
+    const std::string key = detail::optimizer_state_key(t.tensor);
+    if (state.count(key)) continue;
+    auto fresh = std::make_unique<torch::optim::AdamWParamState>();
+    fresh->step(0);
+    fresh->exp_avg(at::zeros_like(t.tensor, at::MemoryFormat::Contiguous));
+    fresh->exp_avg_sq(at::zeros_like(t.tensor, at::MemoryFormat::Contiguous));
+    state[key] = std::move(fresh);
+  }
+}
+
+void Trainer::take_state_from(int source) {
+  detail::TraceSpan span("replica healing", "checkpoint");
+  at::NoGradGuard no_grad;
+  std::vector<at::Tensor> tensors;
+  std::vector<at::Tensor> adam_steps;
+  make_adam_state();  // what a replica that has not stepped lacks, overwritten below
+  auto& state = optimizer_->state();
+  for (const auto& t : parallel_->optimized()) {
+    auto& adam =
+        static_cast<torch::optim::AdamWParamState&>(*state[detail::optimizer_state_key(t.tensor)]);
+    tensors.insert(tensors.end(), {t.tensor, adam.exp_avg(), adam.exp_avg_sq()});
+    adam_steps.push_back(at::scalar_tensor(adam.step(), at::kLong));
+  }
+  for (const auto& buffer : model_->buffers()) tensors.push_back(buffer);
+  at::Tensor steps = at::stack(adam_steps);
+  at::Tensor training = at::tensor(
+      {static_cast<double>(step_), static_cast<double>(samples_), scaler_.scale(),
+       static_cast<double>(scaler_.good_steps()), static_cast<double>(scaler_.skipped_steps()),
+       static_cast<double>(scaler_.hysteresis_left())},
+      at::kDouble);
+  at::Generator generator = at::detail::getDefaultCPUGenerator();
+  at::Tensor rng = generator.get_state();
+  tensors.insert(tensors.end(), {steps, training, rng});
+  // Fault injection for tests: a restarted rank dies while it takes the state, once.
+  const bool dies = replicas_->restart() == 1 && rank() != source &&
+                    std::getenv("SHARDTRAIN_KILL_WHILE_JOINING") != nullptr;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    world_->broadcast(tensors[i], source)->wait();
+    if (dies && i == tensors.size() / 2) std::raise(SIGKILL);
+  }
+  int64_t k = 0;
+  for (const auto& t : parallel_->optimized()) {
+    auto& adam =
+        static_cast<torch::optim::AdamWParamState&>(*state[detail::optimizer_state_key(t.tensor)]);
+    adam.step(steps[k++].item<int64_t>());
+  }
+  const auto value = [&](int i) { return training[i].item<double>(); };
+  step_ = static_cast<int64_t>(value(0));
+  samples_ = static_cast<int64_t>(value(1));
+  scaler_.restore(value(2), static_cast<int64_t>(value(3)), static_cast<int64_t>(value(4)),
+                  static_cast<int64_t>(value(5)));
+  std::lock_guard<std::mutex> lock(generator.mutex());
+  generator.set_state(rng);
+}
+
 void Trainer::fit() {
   detail::TelemetryScope telemetry(telemetry_);
   const bool talk = rank() == 0;
+  if (replicas_ && replicas_->restarted()) {
+    // A restarted replica waits to be taken in at a step boundary; its first step takes the
+    // state of a healthy replica. The memory that state goes into is made (and its pages
+    // faulted in) before, while the others train on.
+    make_adam_state();
+    const int64_t first = replicas_->join();
+    if (first > config_.train.steps) {
+      std::printf("rank %d: the replicas finished training before this one was taken in\n", rank());
+      return;
+    }
+    std::printf("rank %d: taken in by the running replicas at step %lld\n", rank(),
+                static_cast<long long>(first));
+    std::fflush(stdout);
+  }
   if (talk) print_start();
   while (step_ < config_.train.steps) {
     const StepResult result = train_step();
@@ -465,7 +610,7 @@ void Trainer::fit() {
     print_progress(result, eval_loss);
     // A model whose last step was skipped may have diverged: it never replaces `latest`.
     if (config_.train.checkpoint_every > 0 && step_ % config_.train.checkpoint_every == 0 &&
-        step_ != config_.train.steps && skipped_in_a_row_ == 0) {
+        step_ != config_.train.steps && skipped_in_a_row_ == 0 && !replicas_missing(talk)) {
       save_checkpoint();
     }
     // Recorded until the next step is one not traced: this step's evaluation and checkpoint too.
@@ -485,7 +630,7 @@ void Trainer::fit() {
              : std::string()) +
         "; resume from the latest checkpoint with a lower train.lr or a higher train.clip");
   }
-  if (config_.train.final_checkpoint) {
+  if (config_.train.final_checkpoint && !replicas_missing(talk)) {
     std::string dir = save_checkpoint();
     if (config_.run.checkpoint_async) dir = wait_for_checkpoint();
     if (talk) std::printf("checkpoint: %s\n", dir.c_str());

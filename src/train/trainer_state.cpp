@@ -1,4 +1,6 @@
 // The trainer's checkpoints (model, optimizer, data position, RNG, loss scale) and metrics.
+#include <unistd.h>
+
 #include <chrono>
 #include <cmath>
 #include <csignal>
@@ -10,6 +12,8 @@
 #include <set>
 
 #include "checkpoint/model_description.h"
+#include "checkpoint/safetensors_detail.h"
+#include "comm/replica_world.h"
 #include "common/file_error.h"
 #include "parallel/parallel_model.h"
 #include "shardtrain/checkpoint.h"
@@ -255,6 +259,27 @@ void Trainer::write_metrics(const StepResult& result, double eval_loss) {
                            {"activations_peak", result.activations_peak},
                            {"peak_rss", peak_rss_}}}};
   parallel_->add_metrics(line);
+  if (replicas_) {
+    // Under replica fault tolerance: the replicas the step ran on; a degraded step ran on
+    // fewer than all, its loss and gradient the mean over theirs.
+    line["replicas"] = replicas_->replicas_now();
+    if (replicas_->replicas_now() < replicas_->replicas()) line["degraded"] = true;
+    // Which process took the step, and a digest of its trained state (parameters and AdamW's
+    // moments): the same on every replica after every step.
+    line["pid"] = static_cast<int64_t>(getpid());
+    uint32_t crc = 0;
+    for (const auto& t : parallel_->optimized()) {
+      const at::Tensor value = t.tensor.contiguous();
+      crc = detail::crc32_of(value.data_ptr(), static_cast<int64_t>(value.nbytes()), crc);
+      if (const auto* state = detail::adam_state(*optimizer_, t.tensor)) {
+        for (const at::Tensor& moment : {state->exp_avg(), state->exp_avg_sq()}) {
+          const at::Tensor m = moment.contiguous();
+          crc = detail::crc32_of(m.data_ptr(), static_cast<int64_t>(m.nbytes()), crc);
+        }
+      }
+    }
+    line["state_crc32"] = crc;
+  }
   if (!std::isnan(result.aux_loss)) line["aux_loss"] = result.aux_loss;
   if (!std::isnan(result.expert_tokens_mean)) {
     line["expert_tokens"] = {{"min", result.expert_tokens_min},

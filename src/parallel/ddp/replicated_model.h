@@ -29,7 +29,12 @@ class ReplicatedModel : public ParallelModel {
   ~ReplicatedModel() override;
 
   std::vector<OptimizedTensor> optimized() const override;
-  void zero_grad(torch::optim::Optimizer& optimizer) override { optimizer.zero_grad(); }
+  void zero_grad(torch::optim::Optimizer& optimizer) override {
+    // Before each step: nothing of a backward that failed part-way (a replica lost) remains.
+    if (ddp_) ddp_->abandon_backward();
+    if (expert_ddp_) expert_ddp_->abandon_backward();
+    optimizer.zero_grad();
+  }
   void optimizer_step(torch::optim::AdamW& optimizer, double /*lr*/) override { optimizer.step(); }
   CheckpointContents checkpoint_contents(const torch::optim::AdamW& optimizer) override;
   void restore(const ShardedCheckpointReader& reader, torch::optim::AdamW& optimizer) override;
