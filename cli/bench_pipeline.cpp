@@ -41,7 +41,8 @@ void add_bench_pipeline_command(CLI::App& bench) {
       throw std::invalid_argument(std::string("--schedule ") + e.what());
     }
     const PipelineSchedule schedule =
-        make_pipeline_schedule(kind, options->pp, options->virtual_stages, options->micro_batches);
+        make_pipeline_schedule(kind, options->pp, options->virtual_stages, options->micro_batches,
+                               {"--schedule", "--pp", "--virtual-stages", "--microbatches", " "});
     for (int r = 0; r < schedule.ranks; ++r) {
       std::cout << "rank " << r << ":";
       for (const auto& action : schedule.actions[static_cast<size_t>(r)]) {

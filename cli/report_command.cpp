@@ -90,6 +90,10 @@ ReportOptions measured_host_peak(const std::string& dtype) {
 void run_report(const ReportArgs& a) {
   // Bad input is reported before anything is measured.
   const RunInfo info = describe_run(a.run_dir);
+  // Damaged input the page works around is said here too, not only on the page.
+  for (const std::string& note : info.skipped) {
+    std::fprintf(stderr, "shardtrain report: warning: %s\n", note.c_str());
+  }
   ReportOptions options;
   if (a.peak_tflops > 0) {
     options.peak_flops_per_rank(a.peak_tflops * 1e12, "given with --peak-tflops, per rank");

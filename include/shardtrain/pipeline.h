@@ -47,8 +47,16 @@ struct PipelineSchedule {
 // forever. Throws std::invalid_argument naming the setting that does not fit: 1F1B and zero
 // bubble need micro_batches >= ranks, interleaving micro_batches a multiple of ranks, and only
 // interleaved_1f1b takes virtual_stages > 1.
+// How its errors name the settings: the trainer's config keys, or a command's flags.
+struct PipelineSettingNames {
+  std::string schedule = "parallel.pp_schedule";
+  std::string ranks = "parallel.pp";
+  std::string virtual_stages = "parallel.pp_virtual_stages";
+  std::string micro_batches = "train.grad_accum";
+  std::string assign = " = ";  // between a name and its value: " = " for keys, " " for flags
+};
 PipelineSchedule make_pipeline_schedule(PipelineScheduleKind kind, int ranks, int virtual_stages,
-                                        int micro_batches);
+                                        int micro_batches, const PipelineSettingNames& names = {});
 
 // The textbook bubble fraction: (P - 1) / (m + P - 1) for GPipe, 1F1B and zero bubble (whose
 // point is to do better), divided by V for interleaved 1F1B.

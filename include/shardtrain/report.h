@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace shardtrain {
 
@@ -49,6 +50,9 @@ struct RunInfo {
   // 4·N + 12·L·d·T for a LoRA run (docs/report.md).
   double flops_per_token = 0;
   bool needs_peak() const { return steps_recorded > 0 && flops_per_token > 0; }
+  // What of metrics.jsonl the report skips and why (lines that are not JSON, that lack a step
+  // and rank, an incomplete last line), as the page says it.
+  std::vector<std::string> skipped;
 };
 
 // Reads and checks `run_dir` (run.json, metrics.jsonl, scaling.json) without rendering. Throws

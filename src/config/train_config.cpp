@@ -491,6 +491,12 @@ TrainConfig parse_train_config(const std::string& toml_text, const std::string& 
 }
 
 TrainConfig load_train_config(const std::string& path, const std::vector<std::string>& overrides) {
+  // A FIFO or a device would be read until it ends, which may be never.
+  std::error_code error;
+  const auto status = std::filesystem::status(path, error);
+  if (std::filesystem::exists(status) && !std::filesystem::is_regular_file(status)) {
+    throw std::invalid_argument("config file '" + path + "' is not a regular file");
+  }
   std::ifstream in(path);
   if (!in) throw std::invalid_argument("config file '" + path + "' cannot be read");
   std::ostringstream text;

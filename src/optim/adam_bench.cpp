@@ -14,6 +14,7 @@
 
 #include "shardtrain/fused_adamw.h"
 #include "shardtrain/threads.h"
+#include "train/memory_check.h"
 
 namespace shardtrain {
 namespace {
@@ -51,6 +52,19 @@ std::vector<AdamBenchRow> bench_adam(const AdamBenchOptions& options) {
   if (options.threads_ < 0) {
     throw std::invalid_argument("bench adam: --threads must be >= 0, got " +
                                 std::to_string(options.threads_));
+  }
+  // Refused before anything is allocated: the parameters, their gradients, AdamW's two moments
+  // (fp32) and a bf16 copy, 18 bytes per element, and a temporary as large as one of them.
+  const double needed = 22.0 * static_cast<double>(options.params_);
+  const int64_t available = detail::host_available_bytes();
+  if (available >= 0 && needed > static_cast<double>(available)) {
+    char message[256];
+    std::snprintf(message, sizeof(message),
+                  "bench adam: --params %lld needs about %.2f GB (22 bytes per parameter), more "
+                  "than the %.2f GB this host has available",
+                  static_cast<long long>(options.params_), needed / 1e9,
+                  static_cast<double>(available) / 1e9);
+    throw std::invalid_argument(message);
   }
   if (options.threads_ > 0) set_num_threads(options.threads_);
   const int64_t n = options.params_;

@@ -293,6 +293,7 @@ RunInfo describe_run(const std::string& run_dir) {
   info.compute_dtype = data.compute_dtype;
   info.steps_recorded = data.metrics.distinct_steps();
   info.flops_per_token = data.flops_per_token;
+  info.skipped = data.metrics.notes;
   return info;
 }
 

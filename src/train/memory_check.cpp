@@ -66,14 +66,6 @@ Cgroup memory_cgroup() {
   return v1.limit >= 0 ? v1 : v2;
 }
 
-int64_t host_available_bytes() {
-  std::ifstream in("/proc/meminfo");
-  for (std::string line; std::getline(in, line);) {
-    if (line.rfind("MemAvailable:", 0) == 0) return std::stoll(line.substr(13)) * 1024;
-  }
-  return -1;
-}
-
 std::string host_name() {
   char name[256] = {};
   gethostname(name, sizeof(name) - 1);
@@ -81,6 +73,14 @@ std::string host_name() {
 }
 
 }  // namespace
+
+int64_t host_available_bytes() {
+  std::ifstream in("/proc/meminfo");
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("MemAvailable:", 0) == 0) return std::stoll(line.substr(13)) * 1024;
+  }
+  return -1;
+}
 
 MemoryBudget rank_memory_budget(ProcessGroup* world) {
   const Cgroup cgroup = memory_cgroup();
@@ -137,11 +137,13 @@ void check_memory_fits(const TrainConfig& config, int world_size, const MemoryBu
   const double needed = held + m.total() + checkpoint_copy;
   if (needed <= limit) return;
   std::string message =
-      "out of memory before the start: " + estimate.run.label() + " (parallel.strategy = \"" +
-      to_string(config.parallel.strategy) + "\") on " + std::to_string(world_size) +
-      (world_size == 1 ? " rank" : " ranks") + " needs about " + gb(needed) +
-      " per rank (the planner's estimate: parameters " + gb(m.params) + ", gradients " +
-      gb(m.grads) + ", optimizer state " + gb(m.optimizer) + ", activations " +
+      "out of memory before the start: " +
+      (config.parallel.strategy == ParallelStrategy::kNone ? std::string("training in one process")
+                                                           : estimate.run.label()) +
+      " (parallel.strategy = \"" + to_string(config.parallel.strategy) + "\") on " +
+      std::to_string(world_size) + (world_size == 1 ? " rank" : " ranks") + " needs about " +
+      gb(needed) + " per rank (the planner's estimate: parameters " + gb(m.params) +
+      ", gradients " + gb(m.grads) + ", optimizer state " + gb(m.optimizer) + ", activations " +
       gb(m.activations + m.temporary) +
       (checkpoint_copy > 0 ? ", the asynchronous checkpoint's copy " + gb(checkpoint_copy)
                            : std::string()) +
@@ -159,7 +161,7 @@ void check_memory_fits(const TrainConfig& config, int world_size, const MemoryBu
                " per rank): set " + config_setting(*fits) + ". ";
   } else {
     message += "No data-parallel strategy fits on " + std::to_string(world_size) +
-               " ranks: use more ranks or hosts. ";
+               (world_size == 1 ? " rank" : " ranks") + ": use more ranks or hosts. ";
   }
   throw std::invalid_argument(message + "run.memory_check = false starts anyway.");
 }

@@ -10,6 +10,9 @@
 
 namespace shardtrain::detail {
 
+// The host's available memory (MemAvailable of /proc/meminfo), bytes; -1 when unknown.
+int64_t host_available_bytes();
+
 // What one rank of this process's group may use, and what limits it ("the memory cgroup's limit
 // of 1.2 GB, shared by 2 ranks"). bytes < 0: nothing known limits it.
 struct MemoryBudget {

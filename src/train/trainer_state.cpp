@@ -99,6 +99,7 @@ std::string Trainer::save_checkpoint() {
       {"step", step_},
       {"samples", samples_},
       {"global_batch", loader_->global_batch_size()},
+      {"seq_len", config_.data.seq_len},
       {"loss_scale", scaler_.scale()},
       {"loss_scale_good_steps", scaler_.good_steps()},
       {"loss_scale_skipped", scaler_.skipped_steps()},
@@ -230,6 +231,17 @@ void Trainer::restore_training_state(const ShardedCheckpointReader& reader,
     std::printf("resumed from %s at step %lld (saved by %s on %d rank%s)\n", dir.c_str(),
                 static_cast<long long>(step_), reader.strategy().c_str(), reader.world_size(),
                 reader.world_size() == 1 ? "" : "s");
+    // A batch shape changed since the save is allowed (as in torchtitan and DeepSpeed), and said.
+    const int64_t batch = training.value("global_batch", loader_->global_batch_size());
+    const int64_t length = training.value("seq_len", config_.data.seq_len);
+    if (batch != loader_->global_batch_size() || length != config_.data.seq_len) {
+      std::printf(
+          "note: the checkpoint was trained on global batches of %lld sequences of %lld tokens; "
+          "this run takes %lld of %lld from here, the data going on from sequence %lld\n",
+          static_cast<long long>(batch), static_cast<long long>(length),
+          static_cast<long long>(loader_->global_batch_size()),
+          static_cast<long long>(config_.data.seq_len), static_cast<long long>(samples_));
+    }
   }
 }
 

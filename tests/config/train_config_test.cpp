@@ -1,4 +1,7 @@
 #include <gtest/gtest.h>
+#include <sys/stat.h>
+
+#include <cstdio>
 
 #include "shardtrain/config.h"
 
@@ -197,6 +200,36 @@ TEST(ConfigTest, ABareWordStartingWithADigitIsAString) {
   EXPECT_NE(error_of("", {"train.lr=1e-3x"}).find("expected a number, got a string"),
             std::string::npos)
       << error_of("", {"train.lr=1e-3x"});
+}
+
+TEST(ConfigTest, AConfigThatIsNoRegularFileIsRefusedBeforeItIsRead) {
+  // A FIFO nobody writes would block the read for ever.
+  const std::string fifo = ::testing::TempDir() + "config_fifo.toml";
+  std::remove(fifo.c_str());
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
+  try {
+    load_train_config(fifo);
+    ADD_FAILURE() << "a FIFO was read as a config";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("is not a regular file"), std::string::npos) << e.what();
+  }
+  std::remove(fifo.c_str());
+}
+
+TEST(ConfigTest, ReplicaFaultToleranceNeedsReplicasThatHoldTheWholeState) {
+  const std::string base = "[model]\npreset = \"tiny\"\n[run]\nfault_tolerance = \"replicas\"\n";
+  EXPECT_NE(error_of(base, {"parallel.strategy=\"fsdp\""}).find("needs data-parallel replicas"),
+            std::string::npos);
+  EXPECT_NE(error_of(base, {"parallel.strategy=\"ddp\"", "parallel.tp=2"})
+                .find("tensor, pipeline, context or expert parallelism"),
+            std::string::npos);
+  EXPECT_NE(error_of(base, {"parallel.strategy=\"ddp\"", "run.checkpoint_async=true"})
+                .find("run.checkpoint_async"),
+            std::string::npos);
+  EXPECT_NE(error_of(base, {"run.fault_tolerance=\"nodes\""})
+                .find("run.fault_tolerance must be \"none\" or \"replicas\""),
+            std::string::npos);
+  EXPECT_EQ(error_of(base, {"parallel.strategy=\"ddp\""}), "");
 }
 
 }  // namespace

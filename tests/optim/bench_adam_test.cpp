@@ -32,6 +32,11 @@ TEST(BenchAdamTest, BadOptionsExitTwoNamingThem) {
   EXPECT_EQ(result.exit_code, 2) << result.output;
   EXPECT_NE(result.output.find("'/nonexistent/nvme' does not exist"), std::string::npos)
       << result.output;
+  // More than any host here has: refused before anything is allocated.
+  result = run_command(cli() + " bench adam --params 1000G --nvme-dir ''");
+  EXPECT_EQ(result.exit_code, 2) << result.output;
+  EXPECT_NE(result.output.find("--params 1000000000000 needs about 22000.00 GB"), std::string::npos)
+      << result.output;
   result = run_command(cli() + " bench adam --help");
   for (const char* flag : {"--params", "--threads", "--repeats", "--nvme-dir", "--nvme-chunk"}) {
     EXPECT_NE(result.output.find(flag), std::string::npos) << flag << "\n" << result.output;

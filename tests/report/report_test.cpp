@@ -275,6 +275,15 @@ TEST_F(ReportTest, MalformedMiddleLineIsSkippedAndSaid) {
   EXPECT_NE(html.find("line 2 of metrics.jsonl is not valid JSON: skipped"), std::string::npos);
   EXPECT_NE(html.find("line 3 of metrics.jsonl has no integer step and rank"), std::string::npos);
   EXPECT_EQ(report_data(html)["metrics"]["rows"].size(), 4u);
+  // The command says it on stderr too, and still writes the page.
+  const auto command =
+      testing::run_command(testing::cli() + " report " + run.string() + " --peak-tflops 1");
+  EXPECT_EQ(command.exit_code, 0) << command.output;
+  EXPECT_NE(command.output.find(
+                "shardtrain report: warning: line 2 of metrics.jsonl is not valid JSON: skipped"),
+            std::string::npos)
+      << command.output;
+  EXPECT_TRUE(fs::exists(run / "report.html"));
 }
 
 TEST_F(ReportTest, EmptyMetricsRendersWithoutCharts) {

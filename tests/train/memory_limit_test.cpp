@@ -31,7 +31,8 @@ class MemoryLimitTest : public ::testing::Test {
     cgroups_ = "/sys/fs/cgroup/memory/shardtrain_test_" + std::to_string(getpid());
     std::error_code error;
     if (!fs::create_directory(cgroups_, error)) {
-      GTEST_SKIP() << "cannot create a memory cgroup under /sys/fs/cgroup/memory (" << error.message()
+      GTEST_SKIP() << "cannot create a memory cgroup under /sys/fs/cgroup/memory ("
+                   << error.message()
                    << "): this test needs cgroup v1's memory controller and permission to use it";
     }
     dir_ = testing::fresh_test_dir("shardtrain_memory_limit");
@@ -58,14 +59,16 @@ class MemoryLimitTest : public ::testing::Test {
       std::ofstream(group / "memory.limit_in_bytes") << kLimitMiB * 1024 * 1024;
       commands.push_back("RANK=" + std::to_string(r) + " LOCAL_RANK=" + std::to_string(r) +
                          " WORLD_SIZE=4 LOCAL_WORLD_SIZE=4 MASTER_ADDR=127.0.0.1 MASTER_PORT=" +
-                         std::to_string(port) + " sh -c 'echo $$ > " + (group / "cgroup.procs").string() +
-                         " && exec " + cli() + " train --config " + (dir_ / "config.toml").string() +
+                         std::to_string(port) + " sh -c 'echo $$ > " +
+                         (group / "cgroup.procs").string() + " && exec " + cli() +
+                         " train --config " + (dir_ / "config.toml").string() +
                          " --set run.dir=\\\"" + (dir_ / name).string() + "\\\" " + flags + "' > " +
                          (dir_ / (name + "." + std::to_string(r) + ".log")).string() + " 2>&1");
     }
     // All four at once, then each one's status.
     std::string script;
-    for (int r = 0; r < 4; ++r) script += "( " + commands[r] + " ) & p" + std::to_string(r) + "=$!; ";
+    for (int r = 0; r < 4; ++r)
+      script += "( " + commands[r] + " ) & p" + std::to_string(r) + "=$!; ";
     for (int r = 0; r < 4; ++r) script += "wait $p" + std::to_string(r) + "; echo \"status $?\"; ";
     const testing::CommandResult all = run_command("bash -c " + quote(script));
     std::vector<testing::CommandResult> ranks(4);
@@ -95,10 +98,12 @@ TEST_F(MemoryLimitTest, ShardedStrategiesTrainWhereDdpIsRefusedBeforeItAllocates
   for (int r = 0; r < 4; ++r) {
     SCOPED_TRACE("ddp rank " + std::to_string(r) + ": " + ddp[r].output);
     EXPECT_EQ(ddp[r].exit_code, 2);
-    EXPECT_NE(ddp[r].output.find("out of memory before the start: DDP (parallel.strategy = \"ddp\")"),
-              std::string::npos);
+    EXPECT_NE(
+        ddp[r].output.find("out of memory before the start: DDP (parallel.strategy = \"ddp\")"),
+        std::string::npos);
     EXPECT_NE(ddp[r].output.find("memory cgroup's limit"), std::string::npos);
-    EXPECT_NE(ddp[r].output.find("set parallel.strategy = \"fsdp\" (full_shard)"), std::string::npos);
+    EXPECT_NE(ddp[r].output.find("set parallel.strategy = \"fsdp\" (full_shard)"),
+              std::string::npos);
   }
   EXPECT_FALSE(fs::exists(dir_ / "ddp" / "metrics.jsonl"));
 
@@ -120,17 +125,19 @@ TEST_F(MemoryLimitTest, ShardedStrategiesTrainWhereDdpIsRefusedBeforeItAllocates
     std::ifstream metrics(dir_ / name / "metrics.jsonl");
     for (std::string line; std::getline(metrics, line);) {
       const auto mem = nlohmann::json::parse(line).at("mem");
-      const double state = mem["params"].get<double>() + mem["grads"].get<double>() +
-                           mem["optim"].get<double>();
+      const double state =
+          mem["params"].get<double>() + mem["grads"].get<double>() + mem["optim"].get<double>();
       EXPECT_LT(state, 0.26 * 1.14e9) << line;
     }
   }
 }
 
 TEST(MemoryCheck, ALimitTooSmallForAnyStrategyNamesTheBytesAndTheStrategy) {
-  const TrainConfig config = parse_train_config(
-      std::string(kModel) + "[data]\ncorpus = [\"x\"]\nseq_len = 16\n[train]\nmicro_batch = 1\n"
-      "[parallel]\nstrategy = \"zero\"\nzero.stage = 3\n", "t.toml", {});
+  const TrainConfig config =
+      parse_train_config(std::string(kModel) +
+                             "[data]\ncorpus = [\"x\"]\nseq_len = 16\n[train]\nmicro_batch = 1\n"
+                             "[parallel]\nstrategy = \"zero\"\nzero.stage = 3\n",
+                         "t.toml", {});
   const int64_t held = detail::resident_bytes();
   detail::MemoryBudget budget;
   budget.bytes = 100000000;
@@ -141,7 +148,9 @@ TEST(MemoryCheck, ALimitTooSmallForAnyStrategyNamesTheBytesAndTheStrategy) {
   } catch (const std::invalid_argument& e) {
     const std::string message = e.what();
     EXPECT_NE(message.find("ZeRO-3 / FSDP full_shard (parallel.strategy = \"zero\") on 4 ranks "
-                           "needs about"), std::string::npos) << message;
+                           "needs about"),
+              std::string::npos)
+        << message;
     EXPECT_NE(message.find("each rank here may use 0.10 GB (a test's budget)"), std::string::npos)
         << message;
     EXPECT_NE(message.find("No data-parallel strategy fits on 4 ranks"), std::string::npos)
@@ -151,6 +160,23 @@ TEST(MemoryCheck, ALimitTooSmallForAnyStrategyNamesTheBytesAndTheStrategy) {
   EXPECT_NO_THROW(detail::check_memory_fits(config, 4, budget, held));
   budget.bytes = -1;  // nothing known limits it
   EXPECT_NO_THROW(detail::check_memory_fits(config, 4, budget, held));
+  // One process without a strategy is named as what it is, on one rank.
+  const TrainConfig alone = parse_train_config(
+      std::string(kModel) + "[data]\ncorpus = [\"x\"]\nseq_len = 16\n[train]\nmicro_batch = 1\n",
+      "t.toml", {});
+  budget.bytes = 100000000;
+  try {
+    detail::check_memory_fits(alone, 1, budget, held);
+    FAIL() << "a 71M-parameter model fitted in 100 MB";
+  } catch (const std::invalid_argument& e) {
+    const std::string message = e.what();
+    EXPECT_NE(message.find("training in one process (parallel.strategy = \"none\") on 1 rank "
+                           "needs about"),
+              std::string::npos)
+        << message;
+    EXPECT_NE(message.find("No data-parallel strategy fits on 1 rank:"), std::string::npos)
+        << message;
+  }
 }
 
 }  // namespace

@@ -96,5 +96,18 @@ TEST_F(PipelineCliTest, ThePlannersPipelinedTomlRuns) {
   testing::expect_planned_toml_trains(dir_, toml, 8);
 }
 
+TEST(PipelineBenchCli, ASettingThatDoesNotFitIsNamedByItsFlag) {
+  const auto run = testing::run_command(testing::cli() +
+                                        " bench pipeline --pp 4 --schedule interleaved_1f1b "
+                                        "--virtual-stages 3 --microbatches 5");
+  EXPECT_EQ(run.exit_code, 2) << run.output;
+  EXPECT_NE(run.output.find("--schedule \"interleaved_1f1b\" sends micro-batches round"),
+            std::string::npos)
+      << run.output;
+  EXPECT_NE(run.output.find("make --microbatches a multiple of 4"), std::string::npos)
+      << run.output;
+  EXPECT_EQ(run.output.find("train.grad_accum"), std::string::npos) << run.output;
+}
+
 }  // namespace
 }  // namespace shardtrain

@@ -247,6 +247,22 @@ TEST_F(RunDirTest, ARunThatEndsOnSkippedStepsFails) {
   EXPECT_FALSE(fs::exists(run_ / "checkpoints" / "step_000005"));
 }
 
+TEST_F(RunDirTest, AResumeWithAnotherBatchShapeSaysSo) {
+  Trainer(config({"train.checkpoint_every=1"})).fit();
+  ::testing::internal::CaptureStdout();
+  { Trainer same(config({"train.steps=3", "run.resume=latest"})); }
+  const std::string unchanged = ::testing::internal::GetCapturedStdout();
+  EXPECT_NE(unchanged.find("resumed from"), std::string::npos) << unchanged;
+  EXPECT_EQ(unchanged.find("note: the checkpoint"), std::string::npos) << unchanged;
+  ::testing::internal::CaptureStdout();
+  { Trainer smaller(config({"train.steps=3", "run.resume=latest", "train.micro_batch=2"})); }
+  const std::string changed = ::testing::internal::GetCapturedStdout();
+  EXPECT_NE(changed.find("note: the checkpoint was trained on global batches of 4 sequences of"),
+            std::string::npos)
+      << changed;
+  EXPECT_NE(changed.find("this run takes 2 of"), std::string::npos) << changed;
+}
+
 // Reads every tensor of a checkpoint.
 std::map<std::string, at::Tensor> tensors_of(const fs::path& dir) {
   const ShardedCheckpointReader reader(dir.string());

@@ -138,29 +138,30 @@ std::string to_string(const PipelineAction& action) {
 }
 
 PipelineSchedule make_pipeline_schedule(PipelineScheduleKind kind, int ranks, int virtual_stages,
-                                        int micro_batches) {
-  const std::string name = "parallel.pp_schedule = \"" + to_string(kind) + "\"";
+                                        int micro_batches, const PipelineSettingNames& names) {
+  const std::string name = names.schedule + names.assign + "\"" + to_string(kind) + "\"";
   if (ranks < 1 || virtual_stages < 1 || micro_batches < 1) {
     throw std::invalid_argument(name +
                                 ": pipeline ranks, virtual stages and micro-batches must "
                                 "be positive");
   }
   if (virtual_stages > 1 && kind != PipelineScheduleKind::kInterleaved1F1B) {
-    throw std::invalid_argument("parallel.pp_virtual_stages = " + std::to_string(virtual_stages) +
-                                " needs parallel.pp_schedule = \"interleaved_1f1b\" (" + name +
+    throw std::invalid_argument(names.virtual_stages + names.assign +
+                                std::to_string(virtual_stages) + " needs " + names.schedule +
+                                names.assign + "\"interleaved_1f1b\" (" + name +
                                 " runs one stage per rank)");
   }
-  const std::string counts = std::to_string(micro_batches) + " micro-batch(es) per step " +
-                             "(train.grad_accum) for " + std::to_string(ranks) +
-                             " pipeline stages (parallel.pp)";
+  const std::string counts = std::to_string(micro_batches) + " micro-batch(es) per step (" +
+                             names.micro_batches + ") for " + std::to_string(ranks) +
+                             " pipeline stages (" + names.ranks + ")";
   if (kind != PipelineScheduleKind::kGpipe && micro_batches < ranks) {
     throw std::invalid_argument(name + " needs at least one micro-batch per stage: " + counts +
-                                "; raise train.grad_accum or use \"gpipe\"");
+                                "; raise " + names.micro_batches + " or use \"gpipe\"");
   }
   if (kind == PipelineScheduleKind::kInterleaved1F1B && micro_batches % ranks != 0) {
     throw std::invalid_argument(
         name + " sends micro-batches round in groups of one per stage: " + counts +
-        " do not divide; make train.grad_accum a multiple of " + std::to_string(ranks));
+        " do not divide; make " + names.micro_batches + " a multiple of " + std::to_string(ranks));
   }
   PipelineSchedule schedule;
   schedule.kind = kind;
