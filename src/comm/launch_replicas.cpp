@@ -121,13 +121,15 @@ LaunchResult launch_replicas(const LaunchOptions& o, const std::vector<std::stri
       ++result.restarts;
       std::vector<int> ranks;
       for (int r = replica * size; r < (replica + 1) * size; ++r) ranks.push_back(r);
-      stop_some(children, ranks, o.kill_timeout_);
+      // The others learn of it first, then the replica's other ranks are stopped (their grace
+      // is no wait of the replicas that train on).
       const size_t before = members.size();
       members.erase(std::remove_if(members.begin(), members.end(),
                                    [&](int r) { return r / size == replica; }),
                     members.end());
       if (members.empty()) return end_all(code, i, what + "; no replica is left training");
       if (members.size() != before) publish(*store, ++epoch, members);
+      stop_some(children, ranks, o.kill_timeout_);
       write_all(STDERR_FILENO,
                 "shardtrain launch: " + what + "; restarting replica " + std::to_string(replica) +
                     " (ranks " + join_ranks(ranks) + ") alone (" + std::to_string(restart) +

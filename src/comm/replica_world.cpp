@@ -330,6 +330,14 @@ int64_t ReplicaWorld::join() {
 }
 
 int ReplicaWorld::begin_step(int64_t /*step*/) {
+  if (holders_.empty() && heal_from_ < 0) {
+    // Taken in by a membership in which no rank holds the trained state (every replica that
+    // did failed meanwhile): there is nothing to heal from.
+    throw std::runtime_error(
+        "rank " + std::to_string(rank_) +
+        ": no replica holding the trained state is left to take it from; restart the job from "
+        "its latest checkpoint");
+  }
   if (next_epoch_ != epoch_) adopt(next_epoch_);
   const int source = heal_from_;
   heal_from_ = -1;
