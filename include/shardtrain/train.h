@@ -31,6 +31,7 @@ class ParallelModel;
 class ReplicaWorld;
 namespace detail {
 class RunDirLock;
+class TraceSpan;
 struct SwapIoTotals;
 class Telemetry;
 struct TrainingData;
@@ -186,10 +187,11 @@ class Trainer {
   // train_step()'s body, taken again under replica fault tolerance when a replica failed in it:
   // forward and backward, the finite check and clipping. Returns whether the gradients are
   // finite.
-  bool step_body(StepResult& result);
+  // `update_span` is opened at the finite check and left open for the optimizer's step.
+  bool step_body(StepResult& result, std::optional<detail::TraceSpan>& update_span);
   // step_body() under replica fault tolerance: taken again until every member finished it,
   // after taking the state of a healthy replica when this step takes a restarted one in.
-  bool step_on_replicas(StepResult& result);
+  bool step_on_replicas(StepResult& result, std::optional<detail::TraceSpan>& update_span);
   // Under replica fault tolerance, whether replicas are missing now (checkpoints then wait for
   // them: they are skipped, with a line on stderr when `talk`).
   bool replicas_missing(bool talk) const;

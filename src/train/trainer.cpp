@@ -293,8 +293,9 @@ StepResult Trainer::train_step() {
   const detail::SwapIoTotals io_before = detail::swap_io_totals();
   model_->train();
   StepResult result;
-  const bool finite = replicas_ ? step_on_replicas(result) : step_body(result);
-  std::optional<detail::TraceSpan> update_span(std::in_place, "optimizer", "optimizer");
+  std::optional<detail::TraceSpan> update_span;  // from the finite check to the optimizer's end
+  const bool finite =
+      replicas_ ? step_on_replicas(result, update_span) : step_body(result, update_span);
   result.skipped = !scaler_.update(finite);
   if (!result.skipped) optimizer_step(result.lr);
   update_span.reset();
@@ -310,7 +311,7 @@ StepResult Trainer::train_step() {
   return result;
 }
 
-bool Trainer::step_on_replicas(StepResult& result) {
+bool Trainer::step_on_replicas(StepResult& result, std::optional<detail::TraceSpan>& update_span) {
   // The body runs again, on the replicas that remain, when one failed in it; it stands only
   // once every member finished it (comm/replica_world.h).
   for (;;) {
@@ -320,7 +321,7 @@ bool Trainer::step_on_replicas(StepResult& result) {
     try {
       const int source = replicas_->begin_step(step_ + 1);
       if (source >= 0) take_state_from(source);
-      finite = step_body(result);
+      finite = step_body(result, update_span);
     } catch (const std::exception& e) {
       failure = std::current_exception();
       error = e.what();
@@ -343,7 +344,7 @@ bool Trainer::step_on_replicas(StepResult& result) {
   }
 }
 
-bool Trainer::step_body(StepResult& result) {
+bool Trainer::step_body(StepResult& result, std::optional<detail::TraceSpan>& update_span) {
   parallel_->zero_grad(*optimizer_);
   // Everything above the bytes held now (parameters, optimizer state) that forward and
   // backward add at their peak: activations, gradients and temporaries.
@@ -357,7 +358,7 @@ bool Trainer::step_body(StepResult& result) {
   result.activations_peak = cpu_memory_stats().peak_bytes - before;
   if (after_backward_) after_backward_(step_);
 
-  detail::TraceSpan update_span("optimizer", "optimizer");
+  update_span.emplace("optimizer", "optimizer");
   const bool finite = parallel_->gradients_finite(scaler_);
   result.lr = schedule_.at(step_);
   result.grad_norm = NAN;  // none when the gradients are not finite (null in metrics.jsonl)
