@@ -195,6 +195,9 @@ class Trainer {
   // Under replica fault tolerance, whether replicas are missing now (checkpoints then wait for
   // them: they are skipped, with a line on stderr when `talk`).
   bool replicas_missing(bool talk) const;
+  // This rank's replica was restarted and joins the replicas that train (its run directory,
+  // data and state are theirs).
+  bool joins_running_replicas() const;
   // run.checkpoint_async: host buffers for this rank's share of a checkpoint, allocated and
   // faulted in behind the steps before the first save (collective: every rank calls it).
   void prepare_checkpoint_staging();

@@ -215,7 +215,6 @@ std::shared_ptr<ReplicaWorld> ReplicaWorld::connect(const RendezvousInfo& info, 
   store->set(replica_keys::replica_size(), bytes(std::to_string(replica_size)));
   std::shared_ptr<ReplicaWorld> world(new ReplicaWorld(std::move(store), info.rank, info.world_size,
                                                        replica_size, std::atoi(restart), options));
-  world->world_ = std::make_shared<ElasticGroup>(world, info.rank, info.world_size);
   if (!world->restarted()) {
     world->holders_ = parse_ranks(text(world->store_->get(replica_keys::members(0))), "ranks");
     world->adopt(0);
@@ -223,7 +222,10 @@ std::shared_ptr<ReplicaWorld> ReplicaWorld::connect(const RendezvousInfo& info, 
   return world;
 }
 
-std::shared_ptr<ProcessGroup> ReplicaWorld::world() { return world_; }
+std::shared_ptr<ProcessGroup> ReplicaWorld::world() {
+  // Made on request and not kept: it keeps this object alive, not the other way round.
+  return std::make_shared<ElasticGroup>(shared_from_this(), rank_, world_size_);
+}
 
 int ReplicaWorld::replicas_now() const {
   std::lock_guard<std::mutex> lock(mutex_);

@@ -119,7 +119,6 @@ class ReplicaWorld : public std::enable_shared_from_this<ReplicaWorld> {
   std::vector<int> holders_;
   int64_t next_epoch_ = 0;  // the membership the next step runs on
   int heal_from_ = -1;      // for the next adoption: the rank holding the state
-  std::shared_ptr<ProcessGroup> world_;
   std::map<int64_t, std::vector<int>> memberships_;  // read from the store
 };
 

@@ -63,7 +63,7 @@ Trainer::Trainer(TrainConfig config, std::shared_ptr<ProcessGroup> world, int re
     build_optimizer();
     if (!resume_from.empty()) load_checkpoint(resume_from);
     // Written last, so a run that fails to start leaves the previous run.json as it was.
-    if (rank() == 0 && !(replicas_ && replicas_->restarted())) {
+    if (rank() == 0 && !joins_running_replicas()) {
       detail::write_run_manifest(config_, world_size(), resident_at_start_);
     }
   } catch (...) {
@@ -138,7 +138,7 @@ std::string Trainer::prepare_data() {
   if (data_->defined()) check_vocabulary();
   // A restarted replica joins the run in place: rank 0 of the first start made the directory
   // and the data, and the state comes from a healthy replica, not a checkpoint.
-  const bool joins = replicas_ && replicas_->restarted();
+  const bool joins = joins_running_replicas();
   const detail::RunStart start =
       joins ? detail::RunStart{} : detail::plan_run_start(config_, restart_count_ > 0);
   // Before the corpus is tokenized again into the run directory: a resume with another
@@ -498,7 +498,7 @@ void Trainer::fail_if_injected() const {
   // last rank dies (SIGKILL) or hangs (SIGSTOP) right after the given step, as a crashed,
   // preempted or wedged rank would.
   if (restart_count_ > 0 || rank() != world_size() - 1) return;
-  if (replicas_ && replicas_->restarted()) return;
+  if (joins_running_replicas()) return;
   for (const auto& [variable, signal] :
        {std::pair<const char*, int>{"SHARDTRAIN_KILL_AFTER_STEP", SIGKILL},
         {"SHARDTRAIN_STOP_AFTER_STEP", SIGSTOP}}) {
@@ -509,6 +509,8 @@ void Trainer::fail_if_injected() const {
     }
   }
 }
+
+bool Trainer::joins_running_replicas() const { return replicas_ && replicas_->restarted(); }
 
 bool Trainer::replicas_missing(bool talk) const {
   if (!replicas_ || replicas_->replicas_now() == replicas_->replicas()) return false;
@@ -582,7 +584,7 @@ void Trainer::take_state_from(int source) {
 void Trainer::fit() {
   detail::TelemetryScope telemetry(telemetry_);
   const bool talk = rank() == 0;
-  if (replicas_ && replicas_->restarted()) {
+  if (joins_running_replicas()) {
     // A restarted replica waits to be taken in at a step boundary; its first step takes the
     // state of a healthy replica. The memory that state goes into is made (and its pages
     // faulted in) before, while the others train on.
