@@ -23,6 +23,8 @@ struct PlanArgs {
   double inter_gbps = 0, host_mem_gb = 0, efficiency = 0, margin = 0.1;
   int64_t seq_len = 2048, micro_batch = 1, global_batch = 0;
   bool checkpointing = false, unfused_attention = false, json = false, measure_host = false;
+  bool fp32_grads = false, selective = false, tp_overlap = false;
+  int virtual_stages = 1;
   bool list_gpus = false;
 };
 
@@ -127,7 +129,11 @@ void run_plan(const PlanArgs& a) {
       .global_batch(a.global_batch)
       .precision(a.precision)
       .optimizer(a.optimizer)
+      .fp32_grads(a.fp32_grads)
       .activation_checkpointing(a.checkpointing)
+      .selective_checkpointing(a.selective)
+      .virtual_stages(a.virtual_stages)
+      .tp_overlap(a.tp_overlap)
       .fused_attention(!a.unfused_attention)
       .efficiency(a.efficiency)
       .safety_margin(a.margin)
@@ -186,18 +192,31 @@ void add_plan_command(CLI::App& app) {
   cmd->add_option("--precision", a->precision, "bf16 (mixed, fp32 master), fp32, bf16-autocast")
       ->capture_default_str();
   cmd->add_option("--optimizer", a->optimizer, "adamw or sgd")->capture_default_str();
+  cmd->add_flag("--fp32-grads", a->fp32_grads,
+                "with bf16: gradients accumulated and reduced in fp32 (Megatron's main_grad; "
+                "with ZeRO-1 its distributed optimizer)");
   cmd->add_flag("--checkpointing", a->checkpointing, "full activation checkpointing per block");
+  cmd->add_flag("--selective-checkpointing", a->selective,
+                "selective activation checkpointing (torchtitan's per-operator policy: every "
+                "other matmul's output and the attention's kept, the rest recomputed)");
   cmd->add_option("--lora", a->lora,
                   "LoRA fine-tuning with adapters of this rank on every linear layer (the base "
                   "frozen): estimates and recommends DDP, FSDP shard_grad_op or full_shard");
   cmd->add_option("--lora-base", a->lora_base,
                   "the frozen base's dtype with --lora: bf16, fp32 or nf4 (QLoRA)")
       ->capture_default_str();
+  cmd->add_option("--virtual-stages", a->virtual_stages,
+                  "interleaved pipeline schedule: stages per device (Megatron's virtual pipeline "
+                  "size)")
+      ->capture_default_str();
+  cmd->add_flag("--tp-overlap", a->tp_overlap,
+                "tensor-parallel collectives overlapped with the matmuls (Megatron's "
+                "--tp-comm-overlap, torchtitan's async TP)");
   cmd->add_flag("--unfused-attention", a->unfused_attention,
                 "attention keeps its [seq x seq] scores (no FlashAttention-style kernel)");
   cmd->add_option("--efficiency", a->efficiency,
-                  "achieved fraction of peak FLOP/s (default: "
-                  "0.4 on GPUs)");
+                  "achieved fraction of peak FLOP/s (default: fitted to published runs per "
+                  "device kind and model width, see docs/planner.md)");
   cmd->add_option("--margin", a->margin, "device memory kept free")->capture_default_str();
   cmd->add_flag("--json", a->json, "print everything as JSON");
   cmd->add_option("--chart", a->chart, "write an SVG chart of memory per device by candidate");

@@ -17,18 +17,24 @@ namespace shardtrain {
 // One accelerator kind (or one CPU core for the "cpu" entry). Figures are vendors' published
 // dense (no sparsity) peaks, or, for "cpu", what bench/results/planner.md measured.
 struct HardwareSpec {
-  std::string name;                 // "h100-80gb", ...
-  double memory_bytes = 0;          // device memory (GB as vendors state it, 1e9 bytes)
-  double peak_bf16_flops = 0;       // per second
-  double peak_fp32_flops = 0;       // per second
-  double memory_bw = 0;             // device memory bandwidth, bytes/s
-  double host_memory_bytes = 0;     // CPU memory per node assumed when the user gives none
-  std::string default_intra;        // the intra-node link such machines usually have
-  double default_efficiency = 0.4;  // achieved fraction of peak FLOP/s on transformer steps
-  std::string source;               // where the figures come from
+  std::string name;              // "h100-80gb", ...
+  double memory_bytes = 0;       // device memory (GB as vendors state it, 1e9 bytes)
+  double peak_bf16_flops = 0;    // per second
+  double peak_fp32_flops = 0;    // per second
+  double memory_bw = 0;          // device memory bandwidth, bytes/s
+  double host_memory_bytes = 0;  // CPU memory per node assumed when the user gives none
+  std::string default_intra;     // the intra-node link such machines usually have
+  // Achieved fraction of peak FLOP/s on a transformer step's matmuls, fitted to published runs
+  // (docs/planner.md, "Published runs"): at d_model 4096, and its change per doubling of
+  // d_model (larger matmuls run closer to peak). modelled_efficiency() applies it.
+  double default_efficiency = 0.4;
+  double efficiency_per_doubling = 0;
+  std::string source;  // where the figures come from
 };
 // Throws std::invalid_argument listing the known kinds.
 const HardwareSpec& hardware_spec(const std::string& kind);
+// The fitted efficiency for a model of this width, kept within [0.2, 0.8] (1 for measured hosts).
+double modelled_efficiency(const HardwareSpec& hw, int64_t d_model);
 const std::vector<HardwareSpec>& hardware_table();
 
 // A link: bandwidth per direction available to one device (intra-node) or one node
@@ -164,8 +170,22 @@ struct WorkloadOptions {
     optimizer_ = std::move(v);
     return *this;
   }
+  // Gradients accumulated and reduced in fp32 beside bf16 weights (Megatron-LM's main_grad, its
+  // default with bf16): 18 bytes per parameter replicated, 6 + 12/d with ZeRO-1 (Megatron's
+  // distributed optimizer). Only with precision "bf16".
+  WorkloadOptions& fp32_grads(bool v) {
+    fp32_grads_ = v;
+    return *this;
+  }
   WorkloadOptions& activation_checkpointing(bool v) {
     checkpointing_ = v;
+    return *this;
+  }
+  // Selective activation checkpointing, torchtitan's per-operator policy: a block keeps its input,
+  // the output of every other matmul and the attention's output, and recomputes the rest (the
+  // other matmuls, norms, activation functions) in backward. Not with activation_checkpointing.
+  WorkloadOptions& selective_checkpointing(bool v) {
+    selective_ = v;
     return *this;
   }
   // Attention through a fused kernel that keeps no [seq x seq] score matrix (FlashAttention).
@@ -178,6 +198,19 @@ struct WorkloadOptions {
   // and the Python stacks hold the whole logits.
   WorkloadOptions& chunked_loss(bool v) {
     chunked_loss_ = v;
+    return *this;
+  }
+  // Interleaved pipeline schedules: each device holds this many stages of layers/(pp x v)
+  // blocks; the bubble shrinks by v and activations cross v times as many stage boundaries
+  // (shardtrain's parallel.pp_virtual_stages, Megatron's virtual pipeline size).
+  WorkloadOptions& virtual_stages(int v) {
+    virtual_stages_ = v;
+    return *this;
+  }
+  // Tensor-parallel collectives overlapped with the matmuls around them (Megatron-LM's
+  // --tp-comm-overlap, torchtitan's async TP); otherwise they are on the critical path.
+  WorkloadOptions& tp_overlap(bool v) {
+    tp_overlap_ = v;
     return *this;
   }
   // Achieved fraction of peak FLOP/s; 0: the hardware entry's default.
@@ -202,9 +235,13 @@ struct WorkloadOptions {
   int64_t seq_len_ = 2048, micro_batch_ = 1, global_batch_ = 0;
   std::string precision_ = "bf16";
   std::string optimizer_ = "adamw";
+  bool fp32_grads_ = false;
   bool checkpointing_ = false;
+  bool selective_ = false;
   bool fused_attention_ = true;
   bool chunked_loss_ = false;
+  int virtual_stages_ = 1;
+  bool tp_overlap_ = false;
   double efficiency_ = 0;
   double safety_margin_ = 0.1;  // of device memory, for the CUDA context, fragmentation, ...
   int64_t lora_rank_ = 0;
@@ -219,8 +256,11 @@ struct PrecisionBytes {
   double master = 4;           // fp32 copy of the weights kept by the optimizer (0: none)
   double optimizer_state = 8;  // Adam's two moments in fp32
   double optimizer_total() const { return master + optimizer_state; }  // the ZeRO paper's K
-  // From a precision and optimizer name; throws std::invalid_argument for unknown ones.
-  static PrecisionBytes of(const std::string& precision, const std::string& optimizer);
+  // From a precision and optimizer name; throws std::invalid_argument for unknown ones. With
+  // `fp32_grads`, gradients are accumulated and reduced in fp32 beside bf16 weights (Megatron's
+  // main_grad): g = 4, and the optimizer reads them without an fp32 copy.
+  static PrecisionBytes of(const std::string& precision, const std::string& optimizer,
+                           bool fp32_grads = false);
 };
 
 struct MemoryBreakdown {
@@ -257,6 +297,18 @@ MemoryBreakdown zero_model_states(const ZeroMemoryInputs& in, const PrecisionByt
 double block_activation_bytes(const PlanModel& model, int64_t seq_len, int64_t micro_batch,
                               bool recompute, bool fused_attention, int tp = 1,
                               bool sequence_parallel = false);
+
+// Under selective checkpointing (WorkloadOptions::selective_checkpointing), with a fused
+// attention kernel: the block's input, the outputs of every other matmul in the order a block
+// runs them (Llama: q, v, gate, down of q k v o gate up down; GPT-2: qkv and fc of qkv o fc proj),
+// the attention's output and its fp32 log-sum-exp, all 2-byte and split by tp with sequence
+// parallelism.
+double selective_block_activation_bytes(const PlanModel& model, int64_t seq_len,
+                                        int64_t micro_batch, int tp = 1,
+                                        bool sequence_parallel = false);
+// The matmul parameters of one block whose forward selective checkpointing runs again in
+// backward (Llama: k, o, up; GPT-2: o, proj), for the FLOPs of the recomputation.
+double selective_recomputed_parameters(const PlanModel& model);
 
 // ---- Candidates and the plan ----------------------------------------------------------------
 

@@ -93,6 +93,24 @@ void import_bf16(const Json& section, bool data_parallel_only, Overrides& out) {
   }
 }
 
+// data_types.grad_accum_dtype: the dtype gradients are accumulated and reduced in. True for
+// "fp32" (shardtrain's precision.reduce_dtype = "fp32"); the parameters' dtype otherwise.
+bool import_data_types(const Json& section) {
+  detail::object_at(section, "data_types");
+  bool fp32 = false;
+  for (const auto& [key, value] : section.items()) {
+    const std::string path = "data_types." + key;
+    if (key != "grad_accum_dtype") detail::unknown_key(path);
+    if (!value.is_string() ||
+        (value != "fp32" && value != "bf16" && value != "fp16" && value != "auto")) {
+      throw std::invalid_argument("ds_config key '" + path +
+                                  "' must be \"fp32\", \"bf16\" or \"fp16\", got " + value.dump());
+    }
+    fp32 = value == "fp32";
+  }
+  return fp32;
+}
+
 void import_fp16(const Json& section, Overrides& out) {
   detail::object_at(section, "fp16");
   const auto enabled_or_auto = section.contains("enabled")
@@ -396,6 +414,7 @@ std::vector<std::string> deepspeed_overrides_from_json(const std::string& json_t
     }
     import_batch(ds, data_parallel, out);
     std::optional<double> optimizer_lr;
+    bool fp32_grad_accum = false;
     for (const auto& [key, value] : ds.items()) {
       if (key == "train_batch_size" || key == "train_micro_batch_size_per_gpu" ||
           key == "gradient_accumulation_steps") {
@@ -408,6 +427,8 @@ std::vector<std::string> deepspeed_overrides_from_json(const std::string& json_t
         import_bf16(value, stage0, out);
       } else if (key == "fp16") {
         import_fp16(value, out);
+      } else if (key == "data_types") {
+        fp32_grad_accum = import_data_types(value);
       } else if (key == "gradient_clipping") {
         out.set_float_or_keep(key, "train.clip", number_or_auto(value, key));
       } else if (key == "steps_per_print") {
@@ -455,6 +476,8 @@ std::vector<std::string> deepspeed_overrides_from_json(const std::string& json_t
     } else {
       out.keep("scheduler", "train.schedule");
     }
+    // Set after the bf16 section, whose reduction dtype it replaces.
+    if (fp32_grad_accum) out.set_string("precision.reduce_dtype", "fp32");
     auto enabled = [&](const char* key) {
       return ds.contains(key) && ds.at(key).contains("enabled") && ds.at(key).at("enabled") == true;
     };

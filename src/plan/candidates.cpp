@@ -36,6 +36,14 @@ int zero_stage(PlanStrategy s) {
 
 double ceil_div(double a, double b) { return std::ceil(a / b); }
 
+// Bytes per logit at the loss's peak. bf16 (the Python stacks: bf16 logits, cross-entropy on an
+// fp32 copy): the bf16 logits, the fp32 log-softmax output it saves and that output's gradient,
+// alive together in backward. bf16-autocast (shardtrain's loss): the bf16 logits and the fp32
+// copy the loss reads. fp32: the logits.
+double logit_bytes(const std::string& precision) {
+  return precision == "bf16" ? 10.0 : precision == "fp32" ? 4.0 : 6.0;
+}
+
 Candidate invalid(Candidate c, std::string why) {
   c.valid = false;
   c.fits = false;
@@ -77,6 +85,7 @@ std::string Candidate::label() const {
       break;
     case PlanStrategy::kFullShard:
       s = lora ? "FSDP full_shard" : "ZeRO-3 / FSDP full_shard";
+      if (tp > 1) s = "FSDP full_shard x TP" + std::to_string(tp);
       break;
     case PlanStrategy::kHybridShard:
       s = "FSDP hybrid_shard " + std::to_string(shard) + "x" +
@@ -96,7 +105,7 @@ Candidate evaluate_candidate(Candidate c, const PlanModel& model, const Hardware
                              const ClusterOptions& cluster, const WorkloadOptions& w) {
   const int world = cluster.world_size();
   const int k = cluster.gpus_per_node_;
-  const PrecisionBytes b = PrecisionBytes::of(w.precision_, w.optimizer_);
+  const PrecisionBytes b = PrecisionBytes::of(w.precision_, w.optimizer_, w.fp32_grads_);
   if (world % (c.tp * c.pp * c.cp) != 0) {
     return invalid(c,
                    "world size " + std::to_string(world) +
@@ -123,9 +132,17 @@ Candidate evaluate_candidate(Candidate c, const PlanModel& model, const Hardware
                           std::to_string(model.ffn_hidden) + ") and, for sequence parallelism, " +
                           "the sequence length (" + std::to_string(w.seq_len_) + ")");
   }
-  if (model.n_layers % c.pp != 0) {
-    return invalid(c, "pp=" + std::to_string(c.pp) + " does not divide " +
+  if (c.pp > 1 && w.virtual_stages_ > 1 && model.n_layers % (c.pp * w.virtual_stages_) != 0) {
+    return invalid(c, "pp=" + std::to_string(c.pp) + " x " + std::to_string(w.virtual_stages_) +
+                          " virtual stages does not divide " + std::to_string(model.n_layers) +
+                          " layers");
+  }
+  if (c.pp > model.n_layers) {
+    return invalid(c, "pp=" + std::to_string(c.pp) + " is more stages than the " +
                           std::to_string(model.n_layers) + " layers");
+  }
+  if (c.tp > 1 && c.strategy != PlanStrategy::kTpPp && c.strategy != PlanStrategy::kFullShard) {
+    return invalid(c, "tensor parallelism is estimated with ZeRO-1 or FSDP full_shard");
   }
   c.dp = world / (c.tp * c.pp * c.cp);
   const int dp_cp = c.dp * c.cp;  // the ranks whose gradients are summed
@@ -145,7 +162,8 @@ Candidate evaluate_candidate(Candidate c, const PlanModel& model, const Hardware
   const int stage = zero_stage(c.strategy);
   const bool sp = c.tp > 1;  // tensor parallel runs with sequence parallelism
   const double d = static_cast<double>(model.d_model);
-  const double blocks = static_cast<double>(model.n_layers / c.pp);
+  // A split that is not even: the largest stage, which the others wait for.
+  const double blocks = static_cast<double>((model.n_layers + c.pp - 1) / c.pp);
   // Under expert parallelism a device holds ep-th of the experts of each of its blocks.
   const double experts = static_cast<double>(model.expert_block_parameters());
   const double block =
@@ -217,14 +235,17 @@ Candidate evaluate_candidate(Candidate c, const PlanModel& model, const Hardware
   const int64_t seq_local = w.seq_len_ / c.cp;
   const bool fused_attention = w.fused_attention_ || c.cp > 1;
   const int in_flight = c.pp > 1 ? static_cast<int>(std::min<int64_t>(c.pp, c.grad_accum)) : 1;
-  const double per_block = block_activation_bytes(model, seq_local, w.micro_batch_,
-                                                  w.checkpointing_, fused_attention, c.tp, sp);
+  const double whole_block =
+      block_activation_bytes(model, seq_local, w.micro_batch_, false, fused_attention, c.tp, sp);
+  const double per_block =
+      w.selective_ ? selective_block_activation_bytes(model, seq_local, w.micro_batch_, c.tp, sp)
+                   : block_activation_bytes(model, seq_local, w.micro_batch_, w.checkpointing_,
+                                            fused_attention, c.tp, sp);
   const double sb = static_cast<double>(seq_local * w.micro_batch_);
   double act = blocks * per_block * in_flight;
-  if (w.checkpointing_) {  // one block's activations rebuilt at a time during backward
-    act +=
-        block_activation_bytes(model, seq_local, w.micro_batch_, false, fused_attention, c.tp, sp);
-  }
+  // One block's activations rebuilt at a time during backward: all of them, or what selective
+  // checkpointing did not keep.
+  if (w.checkpointing_ || w.selective_) act += whole_block - (w.selective_ ? per_block : 0.0);
   // Final norm input, and the logits with the fp32 copy the loss reads: of every token, or of
   // one chunk of about 32 MiB of fp32 logits (the chunked loss, which also accumulates the
   // hidden states' gradient, 4 bytes a value).
@@ -235,7 +256,7 @@ Candidate evaluate_candidate(Candidate c, const PlanModel& model, const Hardware
         std::min(sb, static_cast<double>(detail::loss_chunk_tokens(model.vocab_size / c.tp)));
     act += 2 * sb * d;
   }
-  act += 4 * sb * d + (w.precision_ == "fp32" ? 4.0 : 6.0) * logit_rows * vocab_local;
+  act += 4 * sb * d + logit_bytes(w.precision_) * logit_rows * vocab_local;
   c.memory.activations = act * act_scale;
   c.host_bytes_per_node = c.memory.host * k;
   const double usable = hw.memory_bytes * (1.0 - w.safety_margin_);
@@ -255,15 +276,24 @@ Candidate evaluate_candidate(Candidate c, const PlanModel& model, const Hardware
   const LinkSpec intra =
       link_spec(cluster.intra_.empty() ? hw.default_intra : cluster.intra_, hw.name);
   const LinkSpec inter = link_spec(cluster.inter_);
-  const double eff = w.efficiency_ > 0 ? w.efficiency_ : hw.default_efficiency;
+  const double eff = w.efficiency_ > 0 ? w.efficiency_ : modelled_efficiency(hw, model.d_model);
   const double peak = (w.precision_ == "fp32" ? hw.peak_fp32_flops : hw.peak_bf16_flops) * eff;
   double flops_token = detail::training_flops_per_token(model, w.seq_len_, w.checkpointing_);
-  // LoRA computes no weight gradients of the base: backward is the input gradients alone, about
-  // half of it (adapters' own FLOPs are rank / d of that and left out).
-  if (c.lora) flops_token *= w.checkpointing_ ? 3.0 / 4.0 : 2.0 / 3.0;
-  const double t_mb = sb * flops_token / (c.tp * c.pp) / peak;
-  const double t_bwd = t_mb * (w.checkpointing_ ? 0.75 : 2.0 / 3.0);
-  const double t_fwd = t_mb - t_bwd;
+  const double forward_flops = detail::training_flops_per_token(model, w.seq_len_, false) / 3.0;
+  // Selective checkpointing runs the forward of the matmuls it did not keep again.
+  if (w.selective_) {
+    flops_token +=
+        2.0 * static_cast<double>(model.n_layers) * selective_recomputed_parameters(model);
+  }
+  // LoRA computes no weight gradients of the base: of backward's two forwards' worth, the input
+  // gradients alone (adapters' own FLOPs are rank / d of that and left out).
+  if (c.lora) flops_token -= forward_flops;
+  // The largest pipeline stage sets the pace.
+  const double stage_share =
+      blocks * static_cast<double>(c.pp) / static_cast<double>(model.n_layers);
+  const double t_mb = sb * flops_token * stage_share / (c.tp * c.pp) / peak;
+  const double t_fwd = t_mb * forward_flops / flops_token;
+  const double t_bwd = t_mb - t_fwd;
   const double ga = static_cast<double>(c.grad_accum);
   const double shard_params = c.lora ? (stage == 0 ? adapters : adapters / c.shard)
                                      : (stage == 0 ? replica : zi.sharded_parameters);
@@ -278,7 +308,8 @@ Candidate evaluate_candidate(Candidate c, const PlanModel& model, const Hardware
                                        c.tp, sp) +
        4 * sb * d + (w.precision_ == "fp32" ? 4.0 : 6.0) * sb * model.vocab_size / c.tp) *
       act_scale;
-  const double t_elementwise = full_act * (w.checkpointing_ ? 4.0 : 3.0) / hw.memory_bw;
+  const double t_elementwise =
+      full_act * (w.checkpointing_ || w.selective_ ? 4.0 : 3.0) / hw.memory_bw;
   c.time.compute =
       ga * (t_mb + t_elementwise) + (c.offload ? 0.0 : shard_params * opt_bytes / hw.memory_bw);
 
@@ -303,7 +334,10 @@ Candidate evaluate_candidate(Candidate c, const PlanModel& model, const Hardware
       const double rs = detail::all_gather_time(G, dp_cp, dp_link);
       const double ag = detail::all_gather_time(P, dp_cp, dp_link);
       comm = rs + ag;
-      exposed = std::max(0.0, rs - t_bwd) + ag;
+      // Megatron's distributed optimizer gathers the updated parameters bucket by bucket while
+      // the next step's first forward runs (--overlap-param-gather); DeepSpeed's ZeRO-1 waits.
+      exposed = std::max(0.0, rs - t_bwd) +
+                (c.strategy == PlanStrategy::kTpPp ? std::max(0.0, ag - t_fwd) : ag);
       break;
     }
     case PlanStrategy::kZero2: {
@@ -336,12 +370,21 @@ Candidate evaluate_candidate(Candidate c, const PlanModel& model, const Hardware
       break;
     }
   }
-  double tp_pp_mb = 0;  // per micro-batch, on the critical path
+  double tp_pp_mb = 0;   // per micro-batch, on the critical path
+  double tp_hidden = 0;  // of that, what overlaps with the matmuls (--tp-overlap)
   if (c.tp > 1) {
     const auto tp_link = detail::group_link(c.tp, c.tp, cluster, intra, inter);
-    const double per_layer =
-        (w.checkpointing_ ? 6 : 4) * detail::all_reduce_time(2 * sb * d, c.tp, tp_link);
+    // Two all-gathers and two reduce-scatters per block forward and backward, under sequence
+    // parallelism as much as two all-reduces each way; a recomputed forward gathers again (once
+    // of the two under selective checkpointing, which keeps the attention's output).
+    const double per_layer = (w.checkpointing_ ? 6
+                              : w.selective_   ? 5
+                                               : 4) *
+                             detail::all_reduce_time(2 * sb * d, c.tp, tp_link);
     tp_pp_mb += blocks * per_layer;
+    // Overlapped with the matmuls that consume and produce the gathered activations (Megatron's
+    // --tp-comm-overlap, torchtitan's async TP): what the micro-batch's compute covers.
+    if (w.tp_overlap_) tp_hidden = std::min(blocks * per_layer, t_mb);
   }
   if (c.cp > 1) {
     // The ring: per layer, cp - 1 hops of this device's keys and values forward (again when
@@ -369,15 +412,19 @@ Candidate evaluate_candidate(Candidate c, const PlanModel& model, const Hardware
                         (w.precision_ == "fp32" ? 4.0 : 2.0);
     tp_pp_mb += blocks * (w.checkpointing_ ? 6 : 4) * detail::all_to_all_time(rows, c.ep, ep_link);
   }
+  // Interleaved: v chunks per device, each micro-batch crossing v times as many boundaries.
+  // The schedule needs a multiple of pp micro-batches (otherwise 1F1B runs, as emitted).
+  const double v =
+      c.pp > 1 && c.grad_accum % c.pp == 0 ? static_cast<double>(w.virtual_stages_) : 1.0;
   if (c.pp > 1) {
     const bool across_nodes = c.tp * c.dp >= k && cluster.nodes_ > 1;
     const auto pp_link = across_nodes ? detail::group_link(2, 1, cluster, intra, inter)
                                       : detail::group_link(2, 2, cluster, intra, inter);
-    tp_pp_mb += 2 * detail::p2p_time(2 * sb * d, pp_link);
+    tp_pp_mb += 2 * v * detail::p2p_time(2 * sb * d, pp_link);
   }
   comm += ga * tp_pp_mb;
-  exposed += ga * tp_pp_mb;
-  c.time.bubble = (c.pp - 1) * (t_mb + tp_pp_mb);
+  exposed += ga * (tp_pp_mb - tp_hidden);
+  c.time.bubble = (c.pp - 1) * (t_mb + tp_pp_mb) / v;
   c.time.communication = comm;
   c.time.exposed_comm = exposed;
 

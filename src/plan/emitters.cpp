@@ -56,7 +56,9 @@ std::string shardtrain_toml(const Plan& plan, const Candidate& c) {
   out << "\n[data]\nseq_len = " << w.seq_len_ << "\n";
   const bool pipelined = c.strategy == PlanStrategy::kTpPp && c.pp > 1;
   out << "\n[train]\nmicro_batch = " << w.micro_batch_ << "\ngrad_accum = " << c.grad_accum
-      << "\nactivation_checkpointing = " << (w.checkpointing_ ? "true" : "false") << "\n";
+      << "\nactivation_checkpointing = " << (w.checkpointing_ || w.selective_ ? "true" : "false")
+      << (w.selective_ ? "  # full: shardtrain has no per-operator selective checkpointing" : "")
+      << "\n";
   out << "\n[parallel]\n";
   switch (c.strategy) {
     case PlanStrategy::kDdp:
@@ -78,13 +80,19 @@ std::string shardtrain_toml(const Plan& plan, const Candidate& c) {
   }
   if (c.cp > 1) out << "cp = " << c.cp << "\n";
   if (c.ep > 1) out << "ep = " << c.ep << "\n";
-  if (c.strategy == PlanStrategy::kTpPp) {
+  if (c.strategy == PlanStrategy::kTpPp || c.tp > 1) {
     // The planner's tensor-parallel layouts run with sequence parallelism (its memory model
-    // assumes it). 1F1B needs a micro-batch per stage; with fewer, GPipe runs.
+    // assumes it). 1F1B needs a micro-batch per stage; with fewer, GPipe runs. A split that is
+    // not even puts the larger stages first, as the estimate counts the largest.
     out << "tp = " << c.tp << "\nsequence_parallel = " << (c.tp > 1 ? "true" : "false") << "\n";
     if (pipelined) {
-      out << "pp = " << c.pp << "\npp_schedule = \"" << (c.grad_accum >= c.pp ? "1f1b" : "gpipe")
+      const bool interleaved = w.virtual_stages_ > 1 && c.grad_accum % c.pp == 0;
+      out << "pp = " << c.pp << "\npp_schedule = \""
+          << (interleaved            ? "interleaved_1f1b"
+              : c.grad_accum >= c.pp ? "1f1b"
+                                     : "gpipe")
           << "\"\n";
+      if (interleaved) out << "pp_virtual_stages = " << w.virtual_stages_ << "\n";
     }
   }
   if (c.strategy == PlanStrategy::kFullShard || c.strategy == PlanStrategy::kHybridShard) {
@@ -103,8 +111,9 @@ std::string shardtrain_toml(const Plan& plan, const Candidate& c) {
   // does a pipeline, whose stages accumulate gradients over the micro-batches in the compute
   // dtype before reducing them.
   const bool mixed = w.precision_ == "bf16" && c.strategy != PlanStrategy::kDdp && !pipelined;
+  const bool bf16_grads = mixed && !w.fp32_grads_;
   out << "\n[precision]\nparam_dtype = \"" << (mixed ? "bf16" : "fp32") << "\"\nreduce_dtype = \""
-      << (mixed ? "bf16" : "fp32") << "\"\nautocast = \"" << (bf16(plan) ? "bf16" : "none")
+      << (bf16_grads ? "bf16" : "fp32") << "\"\nautocast = \"" << (bf16(plan) ? "bf16" : "none")
       << "\"\n";
   if (c.lora) {
     out << "\n[lora]\nrank = " << w.lora_rank_ << "\nalpha = " << 2 * w.lora_rank_
@@ -151,6 +160,7 @@ std::string deepspeed_json(const Plan& plan, const Candidate& c) {
   ds["gradient_accumulation_steps"] = c.grad_accum;
   ds["gradient_clipping"] = 1.0;
   ds["bf16"] = {{"enabled", bf16(plan)}};
+  if (plan.workload.fp32_grads_) ds["data_types"] = {{"grad_accum_dtype", "fp32"}};
   ds["zero_optimization"] = zero;
   return ds.dump(2) + "\n";
 }
@@ -168,7 +178,7 @@ std::string accelerate_yaml(const Plan& plan, const Candidate& c) {
     out << "# expert parallel " << c.ep
         << " has no key in this file: give --set parallel.ep=" << c.ep << " with it\n";
   }
-  const char* ckpt = w.checkpointing_ ? "true" : "false";
+  const char* ckpt = w.checkpointing_ || w.selective_ ? "true" : "false";
   switch (c.strategy) {
     case PlanStrategy::kDdp:
       out << "distributed_type: MULTI_GPU\n";

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <stdexcept>
 #include <thread>
 
@@ -16,6 +17,10 @@ namespace {
 
 constexpr double kGB = 1e9;
 constexpr double kTera = 1e12;
+
+// The efficiency fits (see hardware_table()): at d_model 4096, and per doubling of d_model.
+constexpr double kA100Efficiency = 0.525, kA100EfficiencyPerDoubling = 0.04;
+constexpr double kH100Efficiency = 0.45, kH100EfficiencyPerDoubling = 0.065;
 
 HardwareSpec gpu(std::string name, double memory_gb, double bf16_tflops, double fp32_tflops,
                  double bandwidth_gbs, double host_gb, std::string intra, std::string source) {
@@ -51,20 +56,40 @@ HardwareSpec cpu_core() {
 
 }  // namespace
 
+double modelled_efficiency(const HardwareSpec& hw, int64_t d_model) {
+  if (hw.efficiency_per_doubling == 0 || d_model <= 0) return hw.default_efficiency;
+  const double e = hw.default_efficiency +
+                   hw.efficiency_per_doubling * std::log2(static_cast<double>(d_model) / 4096.0);
+  return std::clamp(e, 0.2, 0.8);
+}
+
 const std::vector<HardwareSpec>& hardware_table() {
   // Dense tensor-core bf16 (no sparsity), plain fp32 (not TF32), HBM/GDDR bandwidth and memory
   // from the vendors' datasheets; host memory is that of the vendor's reference server.
+  // Efficiency: the least-squares fit of the published runs of docs/planner.md ("Published
+  // runs", PublishedRuns.TheEfficiencyIsTheFitOfThePublishedRuns): A100 to Narayanan et al.
+  // 2021's table and torchtitan's A100 rows, H100 (and H200, the same chip) to Megatron-LM's
+  // H100 table and torchtitan's H100 rows. The RTX 4090 has no published runs: 0.4.
+  auto fitted = [](HardwareSpec s, double at_4096, double per_doubling) {
+    s.default_efficiency = at_4096;
+    s.efficiency_per_doubling = per_doubling;
+    return s;
+  };
   static const std::vector<HardwareSpec> table = {
-      gpu("a100-40gb", 40, 312, 19.5, 1555, 1000, "nvlink",
-          "NVIDIA A100 Tensor Core GPU datasheet (SXM4 40GB); host: DGX A100 (1 TB)"),
-      gpu("a100-80gb", 80, 312, 19.5, 2039, 2000, "nvlink",
-          "NVIDIA A100 Tensor Core GPU datasheet (SXM4 80GB); host: DGX A100 640GB (2 TB)"),
-      gpu("h100-80gb", 80, 989, 67, 3350, 2000, "nvlink",
-          "NVIDIA H100 Tensor Core GPU datasheet (SXM5; 1979 TFLOPS bf16 with sparsity); "
-          "host: DGX H100 (2 TB)"),
-      gpu("h200-141gb", 141, 989, 67, 4800, 2000, "nvlink",
-          "NVIDIA H200 Tensor Core GPU datasheet (SXM; 1979 TFLOPS bf16 with sparsity); "
-          "host: DGX H200 (2 TB)"),
+      fitted(gpu("a100-40gb", 40, 312, 19.5, 1555, 1000, "nvlink",
+                 "NVIDIA A100 Tensor Core GPU datasheet (SXM4 40GB); host: DGX A100 (1 TB)"),
+             kA100Efficiency, kA100EfficiencyPerDoubling),
+      fitted(gpu("a100-80gb", 80, 312, 19.5, 2039, 2000, "nvlink",
+                 "NVIDIA A100 Tensor Core GPU datasheet (SXM4 80GB); host: DGX A100 640GB (2 TB)"),
+             kA100Efficiency, kA100EfficiencyPerDoubling),
+      fitted(gpu("h100-80gb", 80, 989, 67, 3350, 2000, "nvlink",
+                 "NVIDIA H100 Tensor Core GPU datasheet (SXM5; 1979 TFLOPS bf16 with sparsity); "
+                 "host: DGX H100 (2 TB)"),
+             kH100Efficiency, kH100EfficiencyPerDoubling),
+      fitted(gpu("h200-141gb", 141, 989, 67, 4800, 2000, "nvlink",
+                 "NVIDIA H200 Tensor Core GPU datasheet (SXM; 1979 TFLOPS bf16 with sparsity); "
+                 "host: DGX H200 (2 TB)"),
+             kH100Efficiency, kH100EfficiencyPerDoubling),
       gpu("rtx-4090", 24, 165.2, 82.6, 1008, 128, "pcie4",
           "NVIDIA Ada Lovelace architecture whitepaper (GeForce RTX 4090: bf16 with fp32 "
           "accumulate, dense); host: a 128 GB workstation"),

@@ -100,15 +100,20 @@ PlanModel PlanModel::from_shapes(int64_t num_parameters, int64_t n_layers, int64
   return m;
 }
 
-PrecisionBytes PrecisionBytes::of(const std::string& precision, const std::string& optimizer) {
+PrecisionBytes PrecisionBytes::of(const std::string& precision, const std::string& optimizer,
+                                  bool fp32_grads) {
   PrecisionBytes b;
   if (precision == "bf16") {
-    b.param = 2, b.grad = 2, b.master = 4;
+    b.param = 2, b.grad = fp32_grads ? 4 : 2, b.master = 4;
   } else if (precision == "fp32" || precision == "bf16-autocast") {
     b.param = 4, b.grad = 4, b.master = 0;  // the fp32 parameters are the master weights
   } else {
     throw std::invalid_argument("precision '" + precision +
                                 "' is not one of bf16, fp32, bf16-autocast");
+  }
+  if (fp32_grads && precision != "bf16") {
+    throw std::invalid_argument("fp32 gradients are an option of precision bf16; with '" +
+                                precision + "' the gradients already are fp32");
   }
   if (optimizer == "adamw" || optimizer == "adam") {
     b.optimizer_state = 8;  // exp_avg and exp_avg_sq in fp32
@@ -142,7 +147,8 @@ MemoryBreakdown zero_model_states(const ZeroMemoryInputs& in, const PrecisionByt
   // The engine: with master weights the optimizer steps on an fp32 copy of its gradient
   // partition; without them the low-precision gradient is that partition.
   const double g_opt = b.master > 0 ? 4.0 : b.grad;
-  const double extra_fp32 = b.master > 0 ? 4.0 : 0.0;
+  // ... made from the low-precision gradient, unless that is fp32 already (Megatron's main_grad).
+  const double extra_fp32 = b.master > 0 && b.grad < 4.0 ? 4.0 : 0.0;
   switch (in.stage) {
     case 0:  // DDP: fp32 gradient accumulation beside the reduced low-precision gradient
       m.params = b.param * full;
@@ -215,6 +221,27 @@ double block_activation_bytes(const PlanModel& model, int64_t seq_len, int64_t m
     split += (dropout ? 5.0 : 2.0) * a * s * s * b;
   }
   return (sequence_parallel ? replicated / t : replicated) + split / t;
+}
+
+double selective_block_activation_bytes(const PlanModel& model, int64_t seq_len,
+                                        int64_t micro_batch, int tp, bool sequence_parallel) {
+  const double s = static_cast<double>(seq_len), b = static_cast<double>(micro_batch);
+  const double h = static_cast<double>(model.d_model), f = static_cast<double>(model.ffn_hidden);
+  const double a = static_cast<double>(model.n_heads);
+  const double kv = static_cast<double>(model.n_kv_heads) * h / a;
+  const double t = tp;
+  const double input = 2 * s * b * h / (sequence_parallel ? t : 1.0);
+  const double attention = 2 * s * b * h / t + 4 * a * s * b / t;  // output and log-sum-exp
+  // Llama: q (h), v (kv), gate (f), down (h); GPT-2: qkv (h + 2 kv), fc (f).
+  const double matmuls =
+      model.gated_mlp ? 2 * s * b * (h + kv + f + h) / t : 2 * s * b * (h + 2 * kv + f) / t;
+  return input + attention + matmuls;
+}
+
+double selective_recomputed_parameters(const PlanModel& model) {
+  const double h = static_cast<double>(model.d_model), f = static_cast<double>(model.ffn_hidden);
+  const double kv = static_cast<double>(model.n_kv_heads) * h / static_cast<double>(model.n_heads);
+  return model.gated_mlp ? h * kv + h * h + h * f : h * h + f * h;
 }
 
 }  // namespace shardtrain

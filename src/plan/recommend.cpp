@@ -48,7 +48,15 @@ void check_inputs(const ClusterOptions& c, const WorkloadOptions& w) {
   require(w.efficiency_ >= 0 && w.efficiency_ <= 1,
           "efficiency must be in (0, 1] (0: the hardware's default), got " +
               std::to_string(w.efficiency_));
-  PrecisionBytes::of(w.precision_, w.optimizer_);  // throws for unknown names
+  PrecisionBytes::of(w.precision_, w.optimizer_, w.fp32_grads_);  // throws for unknown names
+  require(
+      w.virtual_stages_ >= 1 && w.virtual_stages_ <= 64,
+      "virtual pipeline stages must be between 1 and 64, got " + std::to_string(w.virtual_stages_));
+  require(!(w.checkpointing_ && w.selective_),
+          "activation checkpointing is full or selective, not both");
+  require(!w.selective_ || w.fused_attention_,
+          "selective checkpointing keeps the output of a fused attention kernel: it is "
+          "estimated without --unfused-attention");
 }
 
 std::vector<Candidate> shapes(const PlanModel& model, const ClusterOptions& cluster,
@@ -101,8 +109,15 @@ std::vector<Candidate> shapes(const PlanModel& model, const ClusterOptions& clus
     }
   }
   for (int tp = 1; tp <= std::min(8, cluster.gpus_per_node_); tp *= 2) {
-    for (int pp = 1; tp * pp <= world && pp <= 64; pp *= 2) {
+    for (int pp = 1; tp * pp <= world && pp <= std::min<int64_t>(64, model.n_layers); pp *= 2) {
       if (tp * pp > 1) add(PlanStrategy::kTpPp, false, tp, pp);
+    }
+  }
+  // 2D: FSDP across nodes, tensor parallelism inside one (torchtitan's FSDP x TP); not for a
+  // mixture of experts, which the trainer does not split by tp.
+  if (model.n_experts == 0) {
+    for (int tp = 2; tp <= std::min(8, cluster.gpus_per_node_) && tp < world; tp *= 2) {
+      add(PlanStrategy::kFullShard, false, tp);
     }
   }
   return out;
@@ -129,7 +144,8 @@ std::string explain(const Plan& plan, double usable) {
     // Only what is not already on.
     const auto& w = plan.workload;
     std::string help = "More devices";
-    if (!w.checkpointing_) help += ", activation checkpointing";
+    if (!w.checkpointing_)
+      help += w.selective_ ? ", full activation checkpointing" : ", activation checkpointing";
     if (w.micro_batch_ > 1) help += ", a smaller micro-batch";
     return out + ". " + help + " would help.";
   }

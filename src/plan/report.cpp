@@ -46,11 +46,14 @@ std::string format_plan(const Plan& plan) {
                         static_cast<long long>(plan.model.d_model));
   out << detail::format(
       "cluster: %d node(s) x %d %s (%s per device), seq %lld, micro-batch %lld, "
-      "%s, %s%s\n",
+      "%s%s, %s%s\n",
       plan.cluster.nodes_, plan.cluster.gpus_per_node_, hw.name.c_str(),
       detail::gb(hw.memory_bytes).c_str(), static_cast<long long>(w.seq_len_),
-      static_cast<long long>(w.micro_batch_), w.precision_.c_str(), w.optimizer_.c_str(),
-      w.checkpointing_ ? ", activation checkpointing" : "");
+      static_cast<long long>(w.micro_batch_), w.precision_.c_str(),
+      w.fp32_grads_ ? " with fp32 gradients" : "", w.optimizer_.c_str(),
+      w.checkpointing_ ? ", activation checkpointing"
+      : w.selective_   ? ", selective activation checkpointing"
+                       : "");
   const Unit unit = table_unit(plan);
   auto num = [&](double bytes) { return detail::format("%.1f", bytes / unit.bytes); };
   out << "\nper device, " << unit.name << ":\n";
@@ -97,7 +100,9 @@ std::string plan_to_json(const Plan& plan) {
                    {"micro_batch", w.micro_batch_},
                    {"precision", w.precision_},
                    {"optimizer", w.optimizer_},
+                   {"fp32_grads", w.fp32_grads_},
                    {"activation_checkpointing", w.checkpointing_},
+                   {"selective_checkpointing", w.selective_},
                    {"safety_margin", w.safety_margin_}};
   nlohmann::ordered_json list = nlohmann::ordered_json::array();
   for (const auto& c : plan.candidates) {

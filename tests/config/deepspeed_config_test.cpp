@@ -115,6 +115,26 @@ TEST(DeepSpeedConfigTest, InconsistentBatchSizesNameAllThree) {
   EXPECT_NE(d.find("not divisible"), std::string::npos) << d;
 }
 
+TEST(DeepSpeedConfigTest, Fp32GradientAccumulationReducesInFp32) {
+  // data_types.grad_accum_dtype = "fp32" beside bf16 weights: gradients kept and reduced in fp32.
+  const auto json = R"({"train_micro_batch_size_per_gpu": 1, "bf16": {"enabled": true},
+                        "zero_optimization": {"stage": 2},
+                        "data_types": {"grad_accum_dtype": "fp32"}})";
+  const TrainConfig fp32 = with_tiny(deepspeed_overrides_from_json(json, "ds.json", 1));
+  EXPECT_EQ(fp32.precision.param_dtype, "bf16");
+  EXPECT_EQ(fp32.precision.reduce_dtype, "fp32");
+  const TrainConfig bf16 = with_tiny(deepspeed_overrides_from_json(
+      R"({"train_micro_batch_size_per_gpu": 1, "bf16": {"enabled": true},
+          "zero_optimization": {"stage": 2}, "data_types": {"grad_accum_dtype": "bf16"}})",
+      "ds.json", 1));
+  EXPECT_EQ(bf16.precision.reduce_dtype, "bf16");
+  auto e = error_of(R"({"data_types": {"grad_accum_dtype": "int8"}})");
+  EXPECT_NE(e.find("'data_types.grad_accum_dtype'"), std::string::npos) << e;
+  EXPECT_NE(e.find("int8"), std::string::npos) << e;
+  e = error_of(R"({"data_types": {"params_dtype": "fp32"}})");
+  EXPECT_NE(e.find("'data_types.params_dtype'"), std::string::npos) << e;
+}
+
 TEST(DeepSpeedConfigTest, UnknownKeysAreNamedWithTheirPath) {
   auto e = error_of(R"({"zero_optimization": {"stage": 3, "stage3_foo": 1}})");
   EXPECT_NE(e.find("'zero_optimization.stage3_foo'"), std::string::npos) << e;

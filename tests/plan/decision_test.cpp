@@ -44,8 +44,66 @@ TEST(PlanDecision, TheChunkedLossCountsOneChunkOfTheLogits) {
       find(make_plan(model, cluster, workload().chunked_loss(true)), PlanStrategy::kDdp, false);
   const double tokens = 2 * 2048, vocab = 50257, chunk = std::floor((32 << 20) / (4 * vocab));
   EXPECT_NEAR(whole.memory.activations - chunked.memory.activations,
-              6 * (tokens - chunk) * vocab - 2 * tokens * 768, 1.0);
+              10 * (tokens - chunk) * vocab - 2 * tokens * 768, 1.0);     // 10 bytes in bf16
   EXPECT_GT(whole.memory.activations - chunked.memory.activations, 1e9);  // the logits' share
+}
+
+// 126 layers divide by no power of two above 2: the pipeline candidates split them unevenly and
+// count the largest stage; FSDP x TP is a candidate whose TOML sets tp.
+TEST(PlanDecision, UnevenPipelineSplitsAndFsdpTimesTpAreCandidates) {
+  const PlanModel model = PlanModel::from_config(model_preset("llama3-405b"));
+  const ClusterOptions cluster = ClusterOptions().gpu("h100-80gb").gpus_per_node(8).nodes(64);
+  const Plan plan =
+      make_plan(model, cluster, WorkloadOptions().seq_len(8192).global_batch(512).fp32_grads(true));
+  const Candidate* pp16 = nullptr;
+  const Candidate* fsdp_tp = nullptr;
+  for (const auto& c : plan.candidates) {
+    if (c.strategy == PlanStrategy::kTpPp && c.tp == 8 && c.pp == 16) pp16 = &c;
+    if (c.strategy == PlanStrategy::kFullShard && c.tp == 8) fsdp_tp = &c;
+  }
+  ASSERT_NE(pp16, nullptr);
+  ASSERT_TRUE(pp16->valid) << pp16->note;
+  // Stages of 8 and 7 blocks: the same parameters per device as 128 layers in 16 even stages.
+  PlanModel even = model;
+  even.n_layers = 128;
+  Candidate shape;
+  shape.strategy = PlanStrategy::kTpPp, shape.tp = 8, shape.pp = 16;
+  const Candidate as_128 = evaluate_candidate(shape, even, plan.hardware, cluster, plan.workload);
+  EXPECT_DOUBLE_EQ(pp16->memory.params, as_128.memory.params);
+  ASSERT_NE(fsdp_tp, nullptr);
+  ASSERT_TRUE(fsdp_tp->valid) << fsdp_tp->note;
+  EXPECT_EQ(fsdp_tp->label(), "FSDP full_shard x TP8");
+  const std::string toml = shardtrain_toml(plan, *fsdp_tp);
+  EXPECT_NE(toml.find("tp = 8"), std::string::npos) << toml;
+  EXPECT_NE(toml.find("sharding = \"full_shard\""), std::string::npos) << toml;
+  EXPECT_NE(toml.find("reduce_dtype = \"fp32\""), std::string::npos) << toml;  // fp32 gradients
+  // A stage per layer at most.
+  shape.pp = 256;
+  EXPECT_FALSE(evaluate_candidate(shape, model, plan.hardware, cluster, plan.workload).valid);
+}
+
+TEST(PlanDecision, SelectiveCheckpointingSitsBetweenNoneAndFull) {
+  const PlanModel model = PlanModel::from_config(model_preset("llama3.1-8b"));
+  const ClusterOptions cluster = ClusterOptions().gpu("h100-80gb").gpus_per_node(8);
+  auto plan = [&](bool full, bool selective) {
+    return find(make_plan(model, cluster,
+                          WorkloadOptions()
+                              .seq_len(8192)
+                              .micro_batch(2)
+                              .activation_checkpointing(full)
+                              .selective_checkpointing(selective)),
+                PlanStrategy::kFullShard, false);
+  };
+  const Candidate none = plan(false, false), selective = plan(false, true),
+                  full = plan(true, false);
+  EXPECT_LT(full.memory.activations, selective.memory.activations);
+  EXPECT_LT(selective.memory.activations, none.memory.activations);
+  EXPECT_LT(none.time.compute, selective.time.compute);
+  EXPECT_LT(selective.time.compute, full.time.compute);
+  EXPECT_THROW(
+      make_plan(model, cluster,
+                WorkloadOptions().activation_checkpointing(true).selective_checkpointing(true)),
+      std::invalid_argument);
 }
 
 TEST(PlanDecision, Llama70bOnEightH100IsSharded) {

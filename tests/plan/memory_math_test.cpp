@@ -74,6 +74,29 @@ TEST(PlanMemoryMath, DeepSpeedEstimatorPublishedOutputs) {
               0.005);
 }
 
+TEST(PlanMemoryMath, MegatronDistributedOptimizerTable) {
+  // Megatron-LM's distributed optimizer guide, bytes per parameter on d data-parallel ranks:
+  // fp16 weights and gradients 20 and 4 + 16/d; bf16 weights with fp32 gradients (main_grad)
+  // 18 and 6 + 12/d; fp32 weights and gradients 16 and 8 + 8/d. Not distributed is stage 0,
+  // distributed is stage 1 (the fp32 state of a rank's partition).
+  const double P = 1e9;
+  const PrecisionBytes half = PrecisionBytes::of("bf16", "adamw");
+  const PrecisionBytes main_grad = PrecisionBytes::of("bf16", "adamw", /*fp32_grads=*/true);
+  const PrecisionBytes full = PrecisionBytes::of("fp32", "adamw");
+  EXPECT_DOUBLE_EQ(main_grad.grad, 4.0);
+  for (int d : {1, 8, 64}) {
+    SCOPED_TRACE("d = " + std::to_string(d));
+    EXPECT_DOUBLE_EQ(states(0, P, d, ZeroAccounting::kEngine, half).total(), 20 * P);
+    EXPECT_DOUBLE_EQ(states(1, P, d, ZeroAccounting::kEngine, half).total(), 4 * P + 16 * P / d);
+    EXPECT_DOUBLE_EQ(states(0, P, d, ZeroAccounting::kEngine, main_grad).total(), 18 * P);
+    EXPECT_DOUBLE_EQ(states(1, P, d, ZeroAccounting::kEngine, main_grad).total(),
+                     6 * P + 12 * P / d);
+    EXPECT_DOUBLE_EQ(states(0, P, d, ZeroAccounting::kEngine, full).total(), 16 * P);
+    EXPECT_DOUBLE_EQ(states(1, P, d, ZeroAccounting::kEngine, full).total(), 8 * P + 8 * P / d);
+  }
+  EXPECT_THROW(PrecisionBytes::of("fp32", "adamw", true), std::invalid_argument);
+}
+
 TEST(PlanMemoryMath, OffloadMovesStatesToTheHost) {
   const PrecisionBytes b = PrecisionBytes::of("bf16", "adamw");
   // Stage 3, both offloaded: per device the host holds fp16 params 2, fp32 grads 4, K = 12.
