@@ -8,7 +8,8 @@
 # distributed_type NO). Each run has 120 s. Prints one line per file (outcome, then the first
 # line of shardtrain's error) and the counts. fp16 autocast needs a CUDA device: on a CPU machine
 # a file that asks for it is run again with precision.autocast = "bf16" and counted apart.
-# Usage: bash bench/configs.sh  (from the repository root, after a build)
+# Usage: bash bench/configs.sh [FILE...]  (from the repository root, after a build; the files
+# given, or the whole corpus)
 set -uo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 bin="${SHARDTRAIN_BIN:-$root/build/shardtrain}"
@@ -40,7 +41,11 @@ else:
 PY
 }
 declare -A count
-for file in "$root"/tests/assets/configs/deepspeed/*.json "$root"/tests/assets/configs/accelerate/*.yaml; do
+files=("$@")
+if [[ ${#files[@]} -eq 0 ]]; then
+  files=("$root"/tests/assets/configs/deepspeed/*.json "$root"/tests/assets/configs/accelerate/*.yaml)
+fi
+for file in "${files[@]}"; do
   name="$(basename "$(dirname "$file")")/$(basename "$file")"
   flag=--deepspeed
   [[ "$file" == *.yaml ]] && flag=--accelerate-config

@@ -1,5 +1,6 @@
 #include <filesystem>
 #include <iostream>
+#include <limits>
 
 #include "commands.h"
 #include "shardtrain/checkpoint.h"
@@ -40,7 +41,9 @@ void add_generate_command(CLI::App& app) {
                   "A checkpoint directory, or a checkpoints root (its latest)")
       ->required();
   cmd->add_option("--prompt,-p", a->prompt, "Text to continue (a user message under chat)");
-  cmd->add_option("--tokens,-n", a->tokens, "Tokens to generate at most")->capture_default_str();
+  cmd->add_option("--tokens,-n", a->tokens, "Tokens to generate at most (1 or more)")
+      ->check(CLI::Range(int64_t{1}, std::numeric_limits<int64_t>::max()))
+      ->capture_default_str();
   cmd->add_option("--tokenizer", a->tokenizer,
                   "gpt2, byte, or a tokenizer.json / model folder (default: the run's)");
   cmd->add_option("--chat-template", a->chat_template,
@@ -48,7 +51,9 @@ void add_generate_command(CLI::App& app) {
                   "when it trained on chat data)");
   cmd->add_flag("--no-chat", a->no_chat, "Continue the prompt as plain text, with no template");
   cmd->add_option("--temperature", a->temperature)->capture_default_str();
-  cmd->add_option("--top-k", a->top_k, "0: every id")->capture_default_str();
+  cmd->add_option("--top-k", a->top_k, "0: every id; more than the vocabulary: every id")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
   cmd->add_option("--seed", a->seed)->capture_default_str();
   cmd->callback([a] {
     std::string dir = a->checkpoint;
@@ -79,13 +84,15 @@ void add_generate_command(CLI::App& app) {
     if (!a->no_chat && !template_path.empty()) {
       chat_template = std::make_unique<ChatTemplate>(ChatTemplate::from_model_files(template_path));
     }
-    const std::string text = generate_text(model, *tokenizer, chat_template.get(), a->prompt,
-                                           SampleOptions()
-                                               .tokens(a->tokens)
-                                               .temperature(a->temperature)
-                                               .top_k(a->top_k)
-                                               .seed(a->seed));
-    std::cout << text << "\n";
+    // The prompt (as rendered) at once, then the continuation as it is generated.
+    generate_text(model, *tokenizer, chat_template.get(), a->prompt,
+                  SampleOptions()
+                      .tokens(a->tokens)
+                      .temperature(a->temperature)
+                      .top_k(a->top_k)
+                      .seed(a->seed)
+                      .on_text([](const std::string& piece) { std::cout << piece << std::flush; }));
+    std::cout << "\n";
   });
 }
 

@@ -65,6 +65,9 @@ struct TrainSection {
   double beta1 = 0.9;
   double beta2 = 0.95;
   double eps = 1e-8;
+  // Adam's bias corrections of the moments (DeepSpeed's bias_correction; off: the step is lr x m /
+  // (sqrt(v) + eps) from the first step on, as BERT's original optimizer).
+  bool bias_correction = true;
   double clip = 1.0;  // global gradient norm; 0 disables
   // Consecutive steps with non-finite gradients (skipped) after which the run stops.
   int64_t max_skipped = 5;

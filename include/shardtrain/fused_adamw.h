@@ -37,6 +37,11 @@ struct AdamWStep {
     step_ = value;
     return *this;
   }
+  // false: no bias corrections (1 - beta^t taken as 1), DeepSpeed's bias_correction = false.
+  AdamWStep& bias_correction(bool value) {
+    bias_correction_ = value;
+    return *this;
+  }
   // lr, betas, eps and weight decay of `options` (amsgrad is rejected: not supported).
   static AdamWStep from(const torch::optim::AdamWOptions& options, int64_t step);
 
@@ -46,6 +51,7 @@ struct AdamWStep {
   double eps_ = 1e-8;
   double weight_decay_ = 1e-2;
   int64_t step_ = 1;
+  bool bias_correction_ = true;
 };
 
 // One AdamW update of `param` in place, with LibTorch 1.13's torch::optim::AdamW rule and
@@ -84,6 +90,13 @@ class FusedAdamW : public torch::optim::AdamW {
 
   // Same contract as torch::optim::AdamW::step: parameters without a gradient are skipped.
   at::Tensor step(LossClosure closure = nullptr) override;
+
+  // Adam's bias corrections (on by default, as LibTorch's AdamW); off for every parameter group.
+  void set_bias_correction(bool value) { bias_correction_ = value; }
+  bool bias_correction() const { return bias_correction_; }
+
+ private:
+  bool bias_correction_ = true;
 };
 
 struct NvmeAdamWOptions {

@@ -6,6 +6,7 @@
 #include <ATen/ATen.h>
 
 #include <cstdint>
+#include <functional>
 #include <string>
 
 #include "shardtrain/chat_template.h"
@@ -31,10 +32,19 @@ struct SampleOptions {
     seed_ = v;
     return *this;
   }
+  // Called with the prompt as rendered once the options are checked, then with each piece of
+  // generated text as soon as it decodes to whole characters (a token that ends inside a
+  // multi-byte character waits for the next), so that a long generation shows as it goes. The
+  // pieces concatenate to what generate_text returns.
+  SampleOptions& on_text(std::function<void(const std::string&)> v) {
+    on_text_ = std::move(v);
+    return *this;
+  }
   int64_t tokens_ = 64;
   double temperature_ = 0.8;
   int64_t top_k_ = 40;
   uint64_t seed_ = 1234;
+  std::function<void(const std::string&)> on_text_;
 };
 
 // One id drawn from `logits` [V] (any floating dtype): the first `vocab` ids only (a model's

@@ -1,9 +1,11 @@
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <sstream>
 #include <stdexcept>
 
 #include "shardtrain/bench.h"
+#include "train/memory_check.h"
 
 namespace shardtrain {
 namespace {
@@ -18,8 +20,8 @@ at::Tensor pattern(int64_t numel, int rank, at::ScalarType dtype) {
 }
 
 // all_to_all sends `full` in equal parts, one to each rank, and receives into `received`.
-WorkHandle run_once(ProcessGroup& group, const std::string& op, at::Tensor& full,
-                    at::Tensor& shard, at::Tensor& received) {
+WorkHandle run_once(ProcessGroup& group, const std::string& op, at::Tensor& full, at::Tensor& shard,
+                    at::Tensor& received) {
   if (op == "all_to_all") return group.all_to_all(full, received, {}, {});
   if (op == "all_reduce") return group.all_reduce(full);
   if (op == "all_gather") return group.all_gather(shard, full);
@@ -37,7 +39,8 @@ bool values_ok(const std::string& op, const at::Tensor& full, const at::Tensor& 
     const int64_t part = count / n;
     auto expected = at::empty({count}, at::kLong);
     for (int r = 0; r < n; ++r) {
-      expected.narrow(0, r * part, part).copy_(pattern(count, r, at::kLong).narrow(0, rank * part, part));
+      expected.narrow(0, r * part, part)
+          .copy_(pattern(count, r, at::kLong).narrow(0, rank * part, part));
     }
     return at::equal(received.to(at::kLong), expected);
   }
@@ -91,6 +94,24 @@ std::vector<CollectiveBenchRow> bench_collectives(ProcessGroup& group,
   const int n = group.size();
   const int rank = group.rank();
   const int64_t element = at::elementSize(o.dtype_);
+  // Refused before anything is allocated: a rank holds the array, the pattern it is made from
+  // and, for all_to_all, what it receives, three times the largest size, and so does every rank
+  // on this host.
+  int64_t largest = o.min_bytes_;
+  while (largest <= o.max_bytes_ / o.step_factor_) largest *= o.step_factor_;
+  const char* local = std::getenv("LOCAL_WORLD_SIZE");
+  const int64_t here = local != nullptr && std::atoi(local) > 0 ? std::atoi(local) : n;
+  const double needed = 3.0 * static_cast<double>(largest) * static_cast<double>(here);
+  const int64_t available = detail::host_available_bytes();
+  if (available >= 0 && needed > static_cast<double>(available)) {
+    char message[256];
+    std::snprintf(message, sizeof(message),
+                  "bench collectives: arrays of up to %lld bytes need about %.2f GB on this host "
+                  "(3 times the size on each of its %lld ranks), more than the %.2f GB available",
+                  static_cast<long long>(largest), needed / 1e9, static_cast<long long>(here),
+                  static_cast<double>(available) / 1e9);
+    throw std::invalid_argument(message);
+  }
   std::vector<CollectiveBenchRow> rows;
   for (const auto& op : o.ops_) {
     for (int64_t bytes = o.min_bytes_; bytes <= o.max_bytes_; bytes *= o.step_factor_) {
@@ -122,8 +143,8 @@ std::vector<CollectiveBenchRow> bench_collectives(ProcessGroup& group,
         full = pattern(count, rank, o.dtype_);
         shard = pattern(count, rank, o.dtype_).narrow(0, mine.offset, mine.numel).clone();
         run_once(group, op, full, shard, received)->wait();
-        auto ok = at::full(
-            {1}, values_ok(op, full, shard, received, n, rank, o.dtype_) ? 0 : 1, at::kInt);
+        auto ok = at::full({1}, values_ok(op, full, shard, received, n, rank, o.dtype_) ? 0 : 1,
+                           at::kInt);
         group.all_reduce(ok, ReduceOp::kMax)->wait();
         row.values_ok = ok.item<int>() == 0;
       }

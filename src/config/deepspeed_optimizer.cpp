@@ -46,7 +46,14 @@ void import_adam_params(const Json& params, const std::string& type, std::option
                     "decay); " +
                         type + " with L2 regularisation is not available");
     } else if (key == "bias_correction") {
-      require_value(value, path, true, "only true is supported (AdamW with bias correction)");
+      if (is_auto(value)) {
+        out.keep(path, "train.bias_correction");
+      } else if (!value.is_boolean()) {
+        throw std::invalid_argument("ds_config key '" + path + "' must be true or false, got " +
+                                    value.dump());
+      } else {
+        out.set("train.bias_correction", value.get<bool>() ? "true" : "false");
+      }
     } else if (key == "amsgrad") {
       require_value(value, path, false, "AMSGrad is not supported");
     } else if (key == "torch_adam" || key == "fused") {

@@ -208,6 +208,7 @@ const std::map<std::string, Setter>& known_keys() {
                   {"train.beta1", field(&TrainSection::beta1)},
                   {"train.beta2", field(&TrainSection::beta2)},
                   {"train.eps", field(&TrainSection::eps)},
+                  {"train.bias_correction", field(&TrainSection::bias_correction)},
                   {"train.clip", field(&TrainSection::clip)},
                   {"train.max_skipped", field(&TrainSection::max_skipped)},
                   {"train.seed", field(&TrainSection::seed)},

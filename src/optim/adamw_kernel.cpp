@@ -285,8 +285,8 @@ AdamWScalars AdamWScalars::from(const AdamWStep& hyper) {
   s.beta2 = static_cast<float>(hyper.beta2_);
   s.one_minus_beta2 = static_cast<float>(1 - hyper.beta2_);
   const double step = static_cast<double>(hyper.step_);
-  const double bias_correction1 = 1 - std::pow(hyper.beta1_, step);
-  const double bias_correction2 = 1 - std::pow(hyper.beta2_, step);
+  const double bias_correction1 = hyper.bias_correction_ ? 1 - std::pow(hyper.beta1_, step) : 1.0;
+  const double bias_correction2 = hyper.bias_correction_ ? 1 - std::pow(hyper.beta2_, step) : 1.0;
   s.sqrt_bias_correction2 = static_cast<float>(std::sqrt(bias_correction2));
   s.eps = static_cast<float>(hyper.eps_);
   s.neg_step_size = static_cast<float>(-(hyper.lr_ / bias_correction1));

@@ -66,8 +66,10 @@ bool fusable(const at::Tensor& p, const at::Tensor& grad) {
 void unfused_update(at::Tensor& p, const at::Tensor& grad, at::Tensor& exp_avg,
                     at::Tensor& exp_avg_sq, const AdamWStep& h) {
   if (h.weight_decay_ != 0) p.mul_(1 - h.lr_ * h.weight_decay_);
-  const double bias_correction1 = 1 - std::pow(h.beta1_, static_cast<double>(h.step_));
-  const double bias_correction2 = 1 - std::pow(h.beta2_, static_cast<double>(h.step_));
+  const double bias_correction1 =
+      h.bias_correction_ ? 1 - std::pow(h.beta1_, static_cast<double>(h.step_)) : 1.0;
+  const double bias_correction2 =
+      h.bias_correction_ ? 1 - std::pow(h.beta2_, static_cast<double>(h.step_)) : 1.0;
   exp_avg.mul_(h.beta1_).add_(grad, 1 - h.beta1_);
   exp_avg_sq.mul_(h.beta2_).addcmul_(grad, grad, 1 - h.beta2_);
   const auto denom = (exp_avg_sq.sqrt() / std::sqrt(bias_correction2)).add_(h.eps_);
@@ -168,7 +170,8 @@ at::Tensor FusedAdamW::step(LossClosure closure) {
       }
       auto& state = static_cast<torch::optim::AdamWParamState&>(*it->second);
       state.step(state.step() + 1);
-      const AdamWStep hyper = AdamWStep::from(options, state.step());
+      const AdamWStep hyper =
+          AdamWStep::from(options, state.step()).bias_correction(bias_correction_);
       at::Tensor param = p;
       if (fusable(p, grad) && state.exp_avg().is_contiguous() &&
           state.exp_avg_sq().is_contiguous()) {

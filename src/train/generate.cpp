@@ -39,6 +39,9 @@ std::string training_string(const std::string& checkpoint_dir, const char* key) 
 
 int64_t sample_token(at::Tensor logits, int64_t vocab, double temperature, int64_t top_k,
                      at::Generator& generator) {
+  if (top_k < 0) {
+    throw std::invalid_argument("top-k must be >= 0 (0: every id), got " + std::to_string(top_k));
+  }
   logits = logits.to(at::kFloat);
   logits = logits.narrow(0, 0, std::min<int64_t>(logits.size(0), vocab)) / temperature;
   if (top_k > 0 && top_k < logits.size(0)) {
@@ -107,11 +110,29 @@ std::string generate_text(Transformer& model, const Tokenizer& tokenizer,
   model->eval();
   const std::string text =
       chat_template ? chat_template->render({ChatMessage{"user", prompt}}, true) : prompt;
+  if (options.on_text_) options.on_text_(text);
   std::vector<int32_t> ids = tokenizer.encode(text, /*add_special=*/chat_template == nullptr);
   if (ids.empty()) ids.push_back(tokenizer.eos_id());
   const size_t prompt_length = ids.size();
   auto generator = at::make_generator<at::CPUGeneratorImpl>(options.seed_);
   const int64_t context = model->config().context_length;
+  // What on_text has been given: the decoded continuation up to its last whole character.
+  std::string shown;
+  auto show = [&](bool last) {
+    if (!options.on_text_) return;
+    const std::vector<int32_t> generated(ids.begin() + static_cast<int64_t>(prompt_length),
+                                         ids.end());
+    const std::string decoded = tokenizer.decode(generated);
+    // A token that ends inside a character decodes to U+FFFD until the rest arrives.
+    const bool partial =
+        decoded.size() >= 3 && decoded.compare(decoded.size() - 3, 3, "\xEF\xBF\xBD") == 0;
+    if ((partial && !last) || decoded.size() <= shown.size() ||
+        decoded.compare(0, shown.size(), shown) != 0) {
+      return;
+    }
+    options.on_text_(decoded.substr(shown.size()));
+    shown = decoded;
+  };
   for (int64_t i = 0; i < options.tokens_; ++i) {
     const int64_t start = std::max<int64_t>(0, static_cast<int64_t>(ids.size()) - context);
     const at::Tensor window =
@@ -121,7 +142,9 @@ std::string generate_text(Transformer& model, const Tokenizer& tokenizer,
         logits, tokenizer.vocab_size(), options.temperature_, options.top_k_, generator));
     if (chat_template ? tokenizer.is_special(next) : next == tokenizer.eos_id()) break;
     ids.push_back(next);
+    show(false);
   }
+  show(true);
   const std::vector<int32_t> generated(ids.begin() + static_cast<int64_t>(prompt_length),
                                        ids.end());
   return text + tokenizer.decode(generated);

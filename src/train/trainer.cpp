@@ -244,7 +244,9 @@ void Trainer::build_optimizer() {
   groups.emplace_back(no_decay, std::make_unique<torch::optim::AdamWOptions>(
                                     torch::optim::AdamWOptions(options).weight_decay(0.0)));
   // The fused kernel gives LibTorch's AdamW results bit for bit, in one pass over memory.
-  optimizer_ = std::make_unique<FusedAdamW>(std::move(groups), options);
+  auto fused = std::make_unique<FusedAdamW>(std::move(groups), options);
+  fused->set_bias_correction(config_.train.bias_correction);
+  optimizer_ = std::move(fused);
   schedule_ = LrSchedule{config_.train.lr,    config_.train.min_lr,   config_.train.warmup,
                          config_.train.steps, config_.train.schedule, config_.train.warmup_type};
   scaler_ = LossScaler::from_config(config_.precision.loss_scale, config_.precision.initial_scale,

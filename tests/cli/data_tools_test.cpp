@@ -192,6 +192,20 @@ TEST_F(DataToolsTest, GenerateRebuildsALoraRunsModelOnItsBase) {
               std::string::npos)
         << cold.output;
   }
+  // Nothing to generate, or a negative top-k: refused before anything is printed.
+  for (const char* bad : {"--tokens 0", "--tokens -5", "--top-k -1"}) {
+    const auto refused = testing::run_command(
+        cli() + " generate " + (run / "checkpoints").string() + " --prompt aaaa " + bad);
+    EXPECT_EQ(refused.exit_code, 2) << bad << "\n" << refused.output;
+    EXPECT_EQ(refused.output.find("aaaa"), std::string::npos) << bad << "\n" << refused.output;
+  }
+  // A top-k beyond the vocabulary keeps every id, as 0 does.
+  const auto wide = testing::run_command(cli() + " generate " + (run / "checkpoints").string() +
+                                         " --prompt aaaa --tokens 3 --top-k 100000 --seed 7");
+  const auto every = testing::run_command(cli() + " generate " + (run / "checkpoints").string() +
+                                          " --prompt aaaa --tokens 3 --top-k 0 --seed 7");
+  ASSERT_EQ(wide.exit_code, 0) << wide.output;
+  EXPECT_EQ(wide.output, every.output);
   // A tokenizer whose ids the model has no embedding for is refused, naming both.
   const auto other = testing::run_command(cli() + " generate " + (run / "checkpoints").string() +
                                           " --prompt aaaa --tokens 2 --tokenizer gpt2");

@@ -380,6 +380,36 @@ TEST(CliTest, HelpDescribesEveryFlag) {
   }
 }
 
+TEST(CliTest, CollectivesLargerThanTheHostAreRefusedBeforeAllocating) {
+  const auto result = run_command(cli() + " bench collectives --min-bytes 64G --max-bytes 64G");
+  EXPECT_EQ(result.exit_code, 2) << result.output;
+  EXPECT_NE(result.output.find("more than the"), std::string::npos) << result.output;
+  EXPECT_EQ(result.output.find("can't allocate"), std::string::npos) << result.output;
+}
+
+// A rank whose rank 0 never comes gives shardtrain's one message, not LibTorch's log lines
+// (c10d's connection retries, glog's warning about logging before it is set up), unless
+// TORCH_CPP_LOG_LEVEL asks for them.
+TEST(CliTest, ARankAloneSaysSoWithoutLibTorchsLogLines) {
+  const auto dir = testing::fresh_test_dir("shardtrain_alone");
+  const std::string env =
+      "RANK=1 WORLD_SIZE=2 LOCAL_RANK=0 LOCAL_WORLD_SIZE=1 "
+      "MASTER_ADDR=127.0.0.1 MASTER_PORT=" +
+      std::to_string(testing::free_port()) + " ";
+  const std::string train =
+      cli() + " train --config " + std::string(SHARDTRAIN_SOURCE_DIR) +
+      "/configs/zero_tiny.toml --set run.timeout=3 --set run.dir=" + (dir / "run").string();
+  const auto alone = run_command(env + train);
+  EXPECT_NE(alone.exit_code, 0) << alone.output;
+  EXPECT_NE(alone.output.find("timed out"), std::string::npos) << alone.output;
+  EXPECT_EQ(alone.output.find("InitGoogleLogging"), std::string::npos) << alone.output;
+  EXPECT_EQ(alone.output.find("socket.cpp"), std::string::npos) << alone.output;
+  const auto verbose = run_command("TORCH_CPP_LOG_LEVEL=INFO " + env + train);
+  EXPECT_NE(verbose.exit_code, 0) << verbose.output;
+  EXPECT_NE(verbose.output.find("c10d"), std::string::npos) << verbose.output;
+  std::filesystem::remove_all(dir);
+}
+
 TEST(CliTest, UnknownOptionIsAnError) {
   const auto result = run_command(cli() + " bench collectives --op gather_scatter");
   EXPECT_NE(result.exit_code, 0);

@@ -110,6 +110,11 @@ void expect_as_the_file_says(const Json& ds, const TrainConfig& c, int world,
         ds.at("scheduler").value("type", "") != "WarmupCosineLR")) {
     EXPECT_DOUBLE_EQ(c.train.lr, ds.at("optimizer").at("params").at("lr").get<double>());
   }
+  if (ds.contains("optimizer") && ds.at("optimizer").contains("params") &&
+      ds.at("optimizer").at("params").contains("bias_correction")) {
+    EXPECT_EQ(c.train.bias_correction,
+              ds.at("optimizer").at("params").at("bias_correction").get<bool>());
+  }
 }
 
 struct Outcome {

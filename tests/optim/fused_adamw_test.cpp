@@ -104,6 +104,46 @@ TEST(FusedAdamWTest, MatchesLibTorchAdamWOverAHundredSteps) {
   }
 }
 
+// Without bias correction (DeepSpeed's bias_correction = false) the update is
+// p -= lr * m / (sqrt(v) + eps) from the first step: checked against that formula in double, for
+// a parameter the kernel takes and one it does not (non-contiguous).
+TEST(FusedAdamWTest, WithoutBiasCorrectionTheStepIsLrTimesMOverSqrtV) {
+  torch::manual_seed(5);
+  const auto init = torch::randn({64, 3});
+  auto flat = init.clone().requires_grad_(true);
+  auto strided = init.t().contiguous().t().requires_grad_(true);  // not contiguous
+  ASSERT_FALSE(strided.is_contiguous());
+  const double lr = 1e-2, b1 = 0.9, b2 = 0.99, eps = 1e-8, wd = 0.01;
+  FusedAdamW opt({flat, strided},
+                 torch::optim::AdamWOptions(lr).betas({b1, b2}).eps(eps).weight_decay(wd));
+  opt.set_bias_correction(false);
+  auto p = init.to(at::kDouble), m = torch::zeros_like(p), v = torch::zeros_like(p);
+  for (int step = 0; step < 5; ++step) {
+    const auto g = torch::randn({64, 3});
+    flat.mutable_grad() = g.clone();
+    strided.mutable_grad() = g.clone();
+    opt.step();
+    const auto gd = g.to(at::kDouble);
+    p = p * (1 - lr * wd);
+    m = b1 * m + (1 - b1) * gd;
+    v = b2 * v + (1 - b2) * gd * gd;
+    p = p - lr * m / (v.sqrt() + eps);
+  }
+  EXPECT_LT(max_relative(flat.detach(), p.to(at::kFloat)), 1e-5);
+  EXPECT_LT(max_relative(strided.detach(), p.to(at::kFloat)), 1e-5);
+  // The first step of a unit gradient with beta2 = 0.999: lr with the corrections, lr x 0.1 /
+  // sqrt(0.001) (3.16 lr) without.
+  for (bool correct : {true, false}) {
+    auto q = init.clone().requires_grad_(true);
+    FusedAdamW one({q}, torch::optim::AdamWOptions(lr).betas({0.9, 0.999}).eps(0).weight_decay(0));
+    one.set_bias_correction(correct);
+    q.mutable_grad() = torch::ones({64, 3});
+    one.step();
+    EXPECT_NEAR((init - q.detach()).abs().max().item<double>(),
+                correct ? lr : lr * 0.1 / std::sqrt(0.001), 1e-6);
+  }
+}
+
 TEST(FusedAdamWTest, EveryInstructionSetMatchesLibTorchOnOddSizes) {
   torch::manual_seed(5);
   const auto hyper = AdamWStep().lr(1e-2).weight_decay(0.05).step(3);

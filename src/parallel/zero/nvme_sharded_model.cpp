@@ -21,12 +21,14 @@ void NvmeShardedModel::optimizer_step(torch::optim::AdamW& optimizer, double lr)
   ++steps_;
   const auto& options = static_cast<const torch::optim::AdamWOptions&>(optimizer.defaults());
   const double weight_decay = options.weight_decay();
+  const auto* fused = dynamic_cast<const FusedAdamW*>(&optimizer);
   const AdamWStep hyper = AdamWStep()
                               .lr(lr)
                               .betas(std::get<0>(options.betas()), std::get<1>(options.betas()))
                               .eps(options.eps())
                               .weight_decay(0.0)
-                              .step(steps_);
+                              .step(steps_)
+                              .bias_correction(!fused || fused->bias_correction());
   const auto shards = fsdp_->flat_shards();
   for (size_t u = 0; u < shards.size(); ++u) {
     const int unit = static_cast<int>(u);
