@@ -141,9 +141,6 @@ Candidate evaluate_candidate(Candidate c, const PlanModel& model, const Hardware
     return invalid(c, "pp=" + std::to_string(c.pp) + " is more stages than the " +
                           std::to_string(model.n_layers) + " layers");
   }
-  if (c.tp > 1 && c.strategy != PlanStrategy::kTpPp && c.strategy != PlanStrategy::kFullShard) {
-    return invalid(c, "tensor parallelism is estimated with ZeRO-1 or FSDP full_shard");
-  }
   c.dp = world / (c.tp * c.pp * c.cp);
   const int dp_cp = c.dp * c.cp;  // the ranks whose gradients are summed
   const int64_t global = w.global_batch_ > 0 ? w.global_batch_ : w.micro_batch_ * world;
