@@ -101,17 +101,10 @@ std::vector<CollectiveBenchRow> bench_collectives(ProcessGroup& group,
   while (largest <= o.max_bytes_ / o.step_factor_) largest *= o.step_factor_;
   const char* local = std::getenv("LOCAL_WORLD_SIZE");
   const int64_t here = local != nullptr && std::atoi(local) > 0 ? std::atoi(local) : n;
-  const double needed = 3.0 * static_cast<double>(largest) * static_cast<double>(here);
-  const int64_t available = detail::host_available_bytes();
-  if (available >= 0 && needed > static_cast<double>(available)) {
-    char message[256];
-    std::snprintf(message, sizeof(message),
-                  "bench collectives: arrays of up to %lld bytes need about %.2f GB on this host "
-                  "(3 times the size on each of its %lld ranks), more than the %.2f GB available",
-                  static_cast<long long>(largest), needed / 1e9, static_cast<long long>(here),
-                  static_cast<double>(available) / 1e9);
-    throw std::invalid_argument(message);
-  }
+  detail::require_host_memory(
+      3.0 * static_cast<double>(largest) * static_cast<double>(here),
+      "bench collectives: the largest array, " + std::to_string(largest) + " bytes,",
+      "3 times the size on each of this host's " + std::to_string(here) + " ranks");
   std::vector<CollectiveBenchRow> rows;
   for (const auto& op : o.ops_) {
     for (int64_t bytes = o.min_bytes_; bytes <= o.max_bytes_; bytes *= o.step_factor_) {

@@ -55,17 +55,9 @@ std::vector<AdamBenchRow> bench_adam(const AdamBenchOptions& options) {
   }
   // Refused before anything is allocated: the parameters, their gradients, AdamW's two moments
   // (fp32) and a bf16 copy, 18 bytes per element, and a temporary as large as one of them.
-  const double needed = 22.0 * static_cast<double>(options.params_);
-  const int64_t available = detail::host_available_bytes();
-  if (available >= 0 && needed > static_cast<double>(available)) {
-    char message[256];
-    std::snprintf(message, sizeof(message),
-                  "bench adam: --params %lld needs about %.2f GB (22 bytes per parameter), more "
-                  "than the %.2f GB this host has available",
-                  static_cast<long long>(options.params_), needed / 1e9,
-                  static_cast<double>(available) / 1e9);
-    throw std::invalid_argument(message);
-  }
+  detail::require_host_memory(22.0 * static_cast<double>(options.params_),
+                              "bench adam: --params " + std::to_string(options.params_),
+                              "22 bytes per parameter");
   if (options.threads_ > 0) set_num_threads(options.threads_);
   const int64_t n = options.params_;
   std::vector<AdamBenchRow> rows;

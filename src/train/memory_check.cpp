@@ -82,6 +82,15 @@ int64_t host_available_bytes() {
   return -1;
 }
 
+void require_host_memory(double needed_bytes, const std::string& subject, const std::string& why) {
+  const int64_t available = host_available_bytes();
+  if (available < 0 || needed_bytes <= static_cast<double>(available)) return;
+  char sizes[128];
+  std::snprintf(sizes, sizeof(sizes), " needs about %.2f GB (%s), more than the %.2f GB",
+                needed_bytes / 1e9, why.c_str(), static_cast<double>(available) / 1e9);
+  throw std::invalid_argument(subject + sizes + " this host has available");
+}
+
 MemoryBudget rank_memory_budget(ProcessGroup* world) {
   const Cgroup cgroup = memory_cgroup();
   const std::string host = host_name();

@@ -13,6 +13,11 @@ namespace shardtrain::detail {
 // The host's available memory (MemAvailable of /proc/meminfo), bytes; -1 when unknown.
 int64_t host_available_bytes();
 
+// Refuses, before anything is allocated, what needs more than the host's available memory:
+// throws std::invalid_argument "SUBJECT needs about X GB (WHY), more than the Y GB this host has
+// available". Nothing happens when the available memory is unknown.
+void require_host_memory(double needed_bytes, const std::string& subject, const std::string& why);
+
 // What one rank of this process's group may use, and what limits it ("the memory cgroup's limit
 // of 1.2 GB, shared by 2 ranks"). bytes < 0: nothing known limits it.
 struct MemoryBudget {
