@@ -17,9 +17,13 @@ and the wall clock of the progress lines:
   time lost     failed step + undone work + healing. Nothing else stops: the replicas that
                 remain never restart or read a checkpoint.
 
-Usage: python3 bench/replica_cost.py [NPROC] [KILL] [AFTER]   (from the repository root, after a
-build; AFTER: steps after the kill, enough for the restarted replica to rejoin). Prints one
-Markdown table row.
+With REPLICATE the job is FSDP hybrid_shard instead: REPLICATE replicas of NPROC / REPLICATE
+ranks each (parallel.fsdp.replicate), the killed rank's whole replica restarted and healed shard
+by shard; the undone work is then each degraded step's time x the missing replicas' share.
+
+Usage: python3 bench/replica_cost.py [NPROC] [KILL] [AFTER] [REPLICATE]   (from the repository
+root, after a build; AFTER: steps after the kill, enough for the restarted replica to rejoin).
+Prints one Markdown table row.
 """
 import json
 import os
@@ -34,11 +38,16 @@ nproc = int(sys.argv[1]) if len(sys.argv) > 1 else 2
 kill = int(sys.argv[2]) if len(sys.argv) > 2 else 7
 after = int(sys.argv[3]) if len(sys.argv) > 3 else 12
 steps = kill + after
+replicate = int(sys.argv[4]) if len(sys.argv) > 4 else 0
+replicas = replicate or nproc
 
 work = tempfile.mkdtemp()
 settings = {"train.steps": steps, "train.final_checkpoint": "false",
             "train.checkpoint_every": 0, "parallel.strategy": "ddp", "run.log_every": 1,
             "run.fault_tolerance": '"replicas"', "run.dir": f'"{work}/run"'}
+if replicate:
+    settings.update({"parallel.strategy": "fsdp", "parallel.fsdp.sharding": "hybrid_shard",
+                     "parallel.fsdp.replicate": replicate})
 env = dict(os.environ, SHARDTRAIN_KILL_AFTER_STEP=str(kill))
 command = [binary, "launch", "--fault-tolerance", "--nproc", str(nproc), "--max-restarts", "1",
            "--kill-timeout", "2", "--", binary, "train", "--config",
@@ -57,13 +66,15 @@ with open(os.path.join(work, "run", "metrics.jsonl")) as metrics:
         if line["rank"] == 0:
             lines[line["step"]] = line
 step_time = statistics.median(lines[s]["step_time_s"] for s in range(2, kill + 1))
-degraded = [s for s in range(1, steps + 1) if lines[s]["replicas"] < nproc]
+degraded = [s for s in range(1, steps + 1) if lines[s]["replicas"] < replicas]
 if not degraded or degraded[-1] == steps:
     sys.exit(f"the replica did not rejoin within {after} steps: raise AFTER")
 failed = lines[kill + 1]["step_time_s"] - step_time
-undone = sum(lines[s]["step_time_s"] * (nproc - lines[s]["replicas"]) / nproc for s in degraded)
+undone = sum(lines[s]["step_time_s"] * (replicas - lines[s]["replicas"]) / replicas
+             for s in degraded)
 healed = degraded[-1] + 1
 healing = lines[healed]["step_time_s"] - step_time
 lost = failed + undone + healing
-print(f"| {nproc} | {kill} | {step_time:.2f} | {failed:.2f} | {len(degraded)} | {undone:.1f} "
+layout = f"{nproc} (hybrid_shard {replicate} x {nproc // replicate})" if replicate else f"{nproc}"
+print(f"| {layout} | {kill} | {step_time:.2f} | {failed:.2f} | {len(degraded)} | {undone:.1f} "
       f"| {healing:.2f} | {lost:.1f} |")

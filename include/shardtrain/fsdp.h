@@ -248,6 +248,10 @@ class FullyShardedDataParallel {
   // collective too.
   void begin_pipeline();
   void end_pipeline(bool gradients = true);
+  // After a forward or backward that failed part-way (a collective's error): drops the
+  // gathers and reductions in flight and the gathered copies, so that the next forward starts
+  // as after zero_grad(). Not collective; outside a pipeline.
+  void abandon_pass();
   // True when every rank's gradient shard is finite. Collective.
   bool grads_finite();
   // Divides the gradient shards by `scale` (loss scaling).

@@ -31,14 +31,21 @@ std::string step_key(int64_t step, int64_t epoch, const char* what) {
 std::string start_key(int64_t epoch) { return kPrefix + "start/" + std::to_string(epoch); }
 
 // The job's ranks, numbered as launched, whose collectives run over the members of the current
-// membership (ReplicaWorld::world()). With every rank a member it is the members' group itself;
+// membership (ReplicaWorld::world()), or a subgroup of them (ReplicaWorld::add_subgroup) over
+// those of its ranks that are members. With all of its ranks members it is their group itself;
 // with replicas missing, averages and maxima are over the members, a sum is the members' scaled
-// to every rank (their mean times the world size), and a broadcast comes from a member; the
+// to every rank (their mean times the group's size), and a broadcast comes from a member; the
 // operations that need every rank's slice (gathers, scatters, point-to-point) are refused.
 class ElasticGroup : public ProcessGroup {
  public:
-  ElasticGroup(std::shared_ptr<ReplicaWorld> replicas, int rank, int world_size)
-      : ProcessGroup("replicas", rank, all_ranks(world_size)), replicas_(std::move(replicas)) {}
+  // `subgroup`: -1 for every rank of the job, else ReplicaWorld::add_subgroup's number.
+  ElasticGroup(std::shared_ptr<ReplicaWorld> replicas, int subgroup, int rank,
+               std::vector<int> global_ranks)
+      : ProcessGroup(
+            subgroup < 0 ? "replicas" : "replicas/[" + detail::join_ranks(global_ranks) + "]", rank,
+            std::move(global_ranks)),
+        replicas_(std::move(replicas)),
+        subgroup_(subgroup) {}
 
   Backend backend() const override { return Backend::kGloo; }
 
@@ -74,9 +81,10 @@ class ElasticGroup : public ProcessGroup {
   WorkHandle broadcast(at::Tensor tensor, int root) override {
     const ReplicaWorld::Current now = current();
     if (now.alone) return done();
-    const auto at = std::find(now.members.begin(), now.members.end(), root);
+    const int global = global_ranks()[static_cast<size_t>(root)];
+    const auto at = std::find(now.members.begin(), now.members.end(), global);
     if (at == now.members.end()) {
-      throw std::runtime_error("broadcast from rank " + std::to_string(root) +
+      throw std::runtime_error("broadcast from rank " + std::to_string(global) +
                                ", whose replica is not training now");
     }
     return now.group->broadcast(tensor, static_cast<int>(at - now.members.begin()));
@@ -96,46 +104,66 @@ class ElasticGroup : public ProcessGroup {
     return now.alone ? done() : now.group->barrier_within(timeout);
   }
   std::shared_ptr<ProcessGroup> new_group(const std::vector<int>& ranks) override {
-    const SubgroupPlan plan = plan_subgroup(ranks);
+    SubgroupPlan plan = plan_subgroup(ranks);
     if (ranks.size() == 1) {
       // A rank on its own needs nobody: a group of one over a store of its own.
       return init_process_group(c10::make_intrusive<c10d::HashStore>(), 0, 1);
     }
-    if (static_cast<int>(ranks.size()) == size()) {
-      return std::make_shared<ElasticGroup>(replicas_, rank(), size());
+    if (static_cast<int>(plan.global_ranks.size()) == replicas_->world_size()) {
+      return std::make_shared<ElasticGroup>(replicas_, -1, plan.global_ranks[plan.rank],
+                                            all_ranks(replicas_->world_size()));
     }
-    throw std::invalid_argument(
-        "run.fault_tolerance = \"replicas\": a group of some of the replicas (global ranks " +
-        detail::join_ranks(plan.global_ranks) +
-        ") cannot follow the replicas that train; this version keeps replicas of one rank");
+    const int subgroup = replicas_->add_subgroup(plan.global_ranks);
+    return std::make_shared<ElasticGroup>(replicas_, subgroup, plan.rank,
+                                          std::move(plan.global_ranks));
   }
 
- private:
   static std::vector<int> all_ranks(int world_size) {
     std::vector<int> ranks(static_cast<size_t>(world_size));
     for (int r = 0; r < world_size; ++r) ranks[static_cast<size_t>(r)] = r;
     return ranks;
   }
+
+ private:
   static WorkHandle done() { return std::make_shared<detail::CompletedWork>(); }
   ReplicaWorld::Current current() const {
-    ReplicaWorld::Current now = replicas_->current();
+    ReplicaWorld::Current now = replicas_->current(subgroup_);
     if (!now.alone && !now.group) {
       throw std::runtime_error(
           "the replicas' group was given up after a failure; the next step connects a new one");
     }
     return now;
   }
-  // The members' group when every rank is a member; the operation is refused otherwise.
+  // The members' group when every rank of this group is a member; refused otherwise.
   std::shared_ptr<ProcessGroup> whole(const ReplicaWorld::Current& now, const char* op) const {
     if (!now.alone && static_cast<int>(now.members.size()) == size()) return now.group;
     throw std::runtime_error(std::string(op) + " over the replicas while " +
                              (now.alone ? std::string("this rank has not joined them yet")
                                         : "only ranks " + detail::join_ranks(now.members) + " of " +
-                                              std::to_string(size()) + " train"));
+                                              detail::join_ranks(global_ranks()) + " train"));
   }
 
   std::shared_ptr<ReplicaWorld> replicas_;
+  int subgroup_ = -1;
 };
+
+// The group of `ranks`' members among `members` (the ranks of `group`, a membership's), made
+// from `group` on each of them; and those ranks.
+std::pair<std::shared_ptr<ProcessGroup>, std::vector<int>> connect_subgroup(
+    ProcessGroup& group, const std::vector<int>& members, const std::vector<int>& ranks) {
+  std::vector<int> present;
+  std::vector<int> indices;
+  for (int r : ranks) {
+    const auto at = std::find(members.begin(), members.end(), r);
+    if (at == members.end()) continue;
+    present.push_back(r);
+    indices.push_back(static_cast<int>(at - members.begin()));
+  }
+  if (present.size() == 1) {
+    return {init_process_group(c10::make_intrusive<c10d::HashStore>(), 0, 1), present};
+  }
+  return {group.new_group(indices), present};
+}
 
 }  // namespace
 
@@ -180,11 +208,51 @@ ReplicaWorld::~ReplicaWorld() {
 
 void ReplicaWorld::abandon() {
   std::lock_guard<std::mutex> lock(mutex_);
-  if (!group_) return;
-  // Closed on a thread of its own: its worker may still wait in a collective that fails only
+  std::vector<std::shared_ptr<ProcessGroup>> groups;
+  if (group_) groups.push_back(std::move(group_));
+  for (auto& subgroup : subgroups_) {
+    if (subgroup.group) groups.push_back(std::move(subgroup.group));
+    subgroup.group = nullptr;
+  }
+  group_ = nullptr;
+  if (groups.empty()) return;
+  // Closed on a thread of their own: a worker may still wait in a collective that fails only
   // once a peer closes its side, as this closing does for the peers waiting on this rank.
   closing_.push_back(
-      std::async(std::launch::async, [group = std::move(group_)]() mutable { group.reset(); }));
+      std::async(std::launch::async, [groups = std::move(groups)]() mutable { groups.clear(); }));
+}
+
+int ReplicaWorld::add_subgroup(const std::vector<int>& ranks) {
+  const auto replica = [this](int r) { return r / replica_size_; };
+  const auto position = [this](int r) { return r % replica_size_; };
+  bool one_replica = true, one_position = true;
+  std::vector<int> replicas_seen;
+  for (int r : ranks) {
+    one_replica = one_replica && replica(r) == replica(ranks.front());
+    one_position = one_position && position(r) == position(ranks.front()) &&
+                   !contains(replicas_seen, replica(r));
+    replicas_seen.push_back(replica(r));
+  }
+  if (!one_replica && !one_position) {
+    throw std::invalid_argument(
+        "run.fault_tolerance = \"replicas\": a group of ranks " + detail::join_ranks(ranks) +
+        " is neither one replica's ranks nor one rank of each of several replicas (replicas of " +
+        std::to_string(replica_size_) + " rank(s)), so it cannot follow the replicas that train");
+  }
+  std::unique_lock<std::mutex> lock(mutex_);
+  subgroups_.push_back(Subgroup{ranks, nullptr, {}});
+  const size_t index = subgroups_.size() - 1;
+  if (epoch_ >= 0 && group_) {
+    // Training already: its ranks connect it now, as they would any new group.
+    const std::shared_ptr<ProcessGroup> group = group_;
+    const std::vector<int> members = members_;
+    lock.unlock();
+    auto connected = connect_subgroup(*group, members, ranks);
+    lock.lock();
+    subgroups_[index].group = std::move(connected.first);
+    subgroups_[index].members = std::move(connected.second);
+  }
+  return static_cast<int>(index);
 }
 
 std::shared_ptr<ReplicaWorld> ReplicaWorld::connect(const RendezvousInfo& info, int replica_size,
@@ -224,7 +292,8 @@ std::shared_ptr<ReplicaWorld> ReplicaWorld::connect(const RendezvousInfo& info, 
 
 std::shared_ptr<ProcessGroup> ReplicaWorld::world() {
   // Made on request and not kept: it keeps this object alive, not the other way round.
-  return std::make_shared<ElasticGroup>(shared_from_this(), rank_, world_size_);
+  return std::make_shared<ElasticGroup>(shared_from_this(), -1, rank_,
+                                        ElasticGroup::all_ranks(world_size_));
 }
 
 int ReplicaWorld::replicas_now() const {
@@ -232,9 +301,11 @@ int ReplicaWorld::replicas_now() const {
   return static_cast<int>(members_.size()) / replica_size_;
 }
 
-ReplicaWorld::Current ReplicaWorld::current() const {
+ReplicaWorld::Current ReplicaWorld::current(int subgroup) const {
   std::lock_guard<std::mutex> lock(mutex_);
-  return Current{group_, members_, epoch_ < 0};
+  if (subgroup < 0) return Current{group_, members_, epoch_ < 0};
+  const Subgroup& s = subgroups_.at(static_cast<size_t>(subgroup));
+  return Current{s.group, s.members, epoch_ < 0};
 }
 
 int64_t ReplicaWorld::latest_epoch() {
@@ -297,9 +368,23 @@ void ReplicaWorld::adopt(int64_t epoch) {
   }
   auto group = init_process_group(c10::make_intrusive<c10d::PrefixStore>(prefix, store_), index,
                                   static_cast<int>(members.size()), options_);
+  // The subgroups over this membership, in the order they were registered (the same on every
+  // rank: each connects with its own ranks only).
+  std::vector<std::vector<int>> registered;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (const auto& subgroup : subgroups_) registered.push_back(subgroup.ranks);
+  }
+  std::vector<std::pair<std::shared_ptr<ProcessGroup>, std::vector<int>>> connected;
+  for (const auto& ranks : registered)
+    connected.push_back(connect_subgroup(*group, members, ranks));
   abandon();
   std::lock_guard<std::mutex> lock(mutex_);
   group_ = std::move(group);
+  for (size_t i = 0; i < connected.size(); ++i) {
+    subgroups_[i].group = std::move(connected[i].first);
+    subgroups_[i].members = std::move(connected[i].second);
+  }
   members_ = members;
   epoch_ = epoch;
   next_epoch_ = epoch;
@@ -341,7 +426,9 @@ int ReplicaWorld::begin_step(int64_t /*step*/) {
         "its latest checkpoint");
   }
   if (next_epoch_ != epoch_) adopt(next_epoch_);
-  const int source = heal_from_;
+  // The rank at this rank's position in the replica that holds the state.
+  const int source =
+      heal_from_ < 0 ? -1 : heal_from_ / replica_size_ * replica_size_ + rank_ % replica_size_;
   heal_from_ = -1;
   return source;
 }

@@ -70,25 +70,37 @@ class ReplicaWorld : public std::enable_shared_from_this<ReplicaWorld> {
   // train.steps when they have finished). Blocks (up to the timeout).
   int64_t join();
   // Before a step's body, on every member: adopts the membership decided for this step.
-  // Returns the rank the members copy the training state from when it took in replicas that
-  // were not in the previous one, else -1. Throws std::runtime_error when a member is lost
-  // while the membership's group connects (the step then fails as any other).
+  // Returns the rank this rank copies the training state from (the one at its position in a
+  // replica holding it) when it took in replicas that were not in the previous one, else -1. Throws
+  // std::runtime_error when a member is lost while the membership's group connects (the step then
+  // fails as any other).
   int begin_step(int64_t step);
   // After the body (`finished`: it ran without a communication error): whether the step stands.
   // When it does not, the body runs again on the next membership. A rank whose body failed and
   // that sees no new membership within `limit` gets std::runtime_error.
   bool finish_step(int64_t step, bool finished, std::chrono::milliseconds limit);
 
-  // The current members' group, how many ranks it has, and whether this rank is alone (not
-  // joined yet). For ElasticGroup.
+  // Ranks per replica: 1 under ddp, a shard group's under fsdp hybrid_shard (rank r is in
+  // replica r / replica_size()).
+  int replica_size() const { return replica_size_; }
+
+  // A group of some of the ranks that follows the replicas: one replica's ranks (hybrid_shard's
+  // shard group) or ranks of several replicas at the same position in each (its replicate
+  // group). Every rank of it registers it, in the same order as the others; it is connected
+  // now when this rank trains, and again over the members of each membership adopted after.
+  // Returns its number for current(). Throws std::invalid_argument for ranks that are neither.
+  int add_subgroup(const std::vector<int>& ranks);
+
+  // The group of the current members (`subgroup` -1) or of a registered subgroup's ranks among
+  // them, those ranks, and whether this rank is alone (not joined yet). For ElasticGroup.
   struct Current {
     std::shared_ptr<ProcessGroup> group;
     std::vector<int> members;
     bool alone = true;
   };
-  Current current() const;
-  // Gives up the current members' group after a collective in it failed: it is closed, which
-  // makes the peers still waiting in it fail too, instead of at their timeout.
+  Current current(int subgroup = -1) const;
+  // Gives up the current members' group and its subgroups after a collective failed: they are
+  // closed, which makes the peers still waiting in them fail too, instead of at their timeout.
   void abandon();
 
  private:
@@ -98,7 +110,8 @@ class ReplicaWorld : public std::enable_shared_from_this<ReplicaWorld> {
   std::vector<int> members_of(int64_t epoch);
   // Whether a membership after `epoch`, up to `latest`, left out one of its ranks.
   bool lost_since(int64_t epoch, int64_t latest);
-  // Connects the group of `epoch`'s members; throws when a newer one appears first.
+  // Connects the group of `epoch`'s members, then the subgroups; throws when a newer one
+  // appears first.
   void adopt(int64_t epoch);
 
   c10::intrusive_ptr<c10d::Store> store_;
@@ -112,6 +125,12 @@ class ReplicaWorld : public std::enable_shared_from_this<ReplicaWorld> {
   int64_t epoch_ = -1;  // adopted; -1: none yet
   std::vector<int> members_;
   std::shared_ptr<ProcessGroup> group_;
+  struct Subgroup {
+    std::vector<int> ranks;               // as registered
+    std::shared_ptr<ProcessGroup> group;  // over those of them that are members now
+    std::vector<int> members;
+  };
+  std::vector<Subgroup> subgroups_;
   // Groups given up, being closed.
   std::vector<std::future<void>> closing_;
   // The ranks holding the trained state: the members of the membership whose step last stood

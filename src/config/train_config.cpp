@@ -841,16 +841,23 @@ void TrainConfig::validate() const {
       run.fault_tolerance == "none" || run.fault_tolerance == "replicas",
       "run.fault_tolerance must be \"none\" or \"replicas\", got \"" + run.fault_tolerance + "\"");
   if (run.fault_tolerance == "replicas") {
-    // What replica groups need: replicas that each hold the whole training state.
-    require(parallel.strategy == ParallelStrategy::kDdp,
+    // What replica groups need: replicas that each hold the whole training state, one rank
+    // each (ddp) or one shard group each (hybrid_shard).
+    const bool hybrid = parallel.strategy == ParallelStrategy::kFsdp &&
+                        parallel.fsdp.sharding == ShardingStrategy::kHybridShard;
+    require(parallel.strategy == ParallelStrategy::kDdp || hybrid,
             "run.fault_tolerance = \"replicas\" needs data-parallel replicas that each hold the "
-            "whole training state: parallel.strategy = \"ddp\", got \"" +
-                to_string(parallel.strategy) +
-                "\" (its ranks hold shards of one copy, so no rank can stand in for another)");
+            "whole training state: parallel.strategy = \"ddp\", or \"fsdp\" with "
+            "parallel.fsdp.sharding = \"hybrid_shard\"; got \"" +
+                to_string(parallel.strategy) + "\"" +
+                (parallel.strategy == ParallelStrategy::kFsdp
+                     ? " with sharding \"" + to_string(parallel.fsdp.sharding) + "\""
+                     : std::string()) +
+                " (its ranks hold shards of one copy, so no rank can stand in for another)");
     require(parallel.tp == 1 && parallel.pp == 1 && parallel.cp == 1 && !model.moe(),
             "run.fault_tolerance = \"replicas\" with tensor, pipeline, context or expert "
-            "parallelism: a replica would then be several ranks holding parts of the model; "
-            "this version keeps replicas of one rank each (parallel.tp = pp = cp = 1, no experts)");
+            "parallelism: this version keeps replicas of one rank (ddp) or of one shard group "
+            "(hybrid_shard), without those (parallel.tp = pp = cp = 1, no experts)");
     require(!run.checkpoint_async,
             "run.fault_tolerance = \"replicas\" with run.checkpoint_async = true: the writing "
             "thread's collectives would need a group of their own that follows the replicas; "

@@ -78,6 +78,10 @@ class ParallelModel {
   virtual std::vector<OptimizedTensor> optimized() const = 0;
   std::vector<at::Tensor> parameters() const;
   virtual void zero_grad(torch::optim::Optimizer& optimizer) = 0;
+  // After a forward or backward that failed (a collective's error under replica fault
+  // tolerance), before the step is taken again: forgets what the pass left in flight, so that
+  // the next one starts as a first would. Not collective.
+  virtual void abandon_pass() {}
   // Unscales the gradients by the scaler's factor and whether they are finite on every rank
   // that holds a piece of them (all ranks then skip a step together or not at all). Collective.
   bool gradients_finite(const LossScaler& scaler);

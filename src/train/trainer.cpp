@@ -44,8 +44,15 @@ Trainer::Trainer(TrainConfig config, std::shared_ptr<ProcessGroup> world, int re
           "run.fault_tolerance = \"replicas\": the trainer joins the replicas itself; pass no "
           "world group");
     }
-    // Each rank of a ddp run is a replica; the launcher hosts the store.
-    replicas_ = ReplicaWorld::connect(rendezvous_info(current_environment()), 1,
+    // Each rank of a ddp run is a replica, each shard group of a hybrid_shard run; the
+    // launcher hosts the store.
+    const RendezvousInfo info = rendezvous_info(current_environment());
+    int replica_size = 1;
+    if (config_.parallel.strategy != ParallelStrategy::kDdp) {
+      const MeshShape shape = train_mesh_shape(config_, info.world_size, info.local_world_size);
+      replica_size = info.world_size / shape.degree(MeshAxis::kDpReplicate);
+    }
+    replicas_ = ReplicaWorld::connect(info, replica_size,
                                       ProcessGroupOptions().timeout(std::chrono::milliseconds(
                                           static_cast<int64_t>(config_.run.timeout * 1000))));
     world_ = replicas_->world();
@@ -328,6 +335,7 @@ bool Trainer::step_on_replicas(StepResult& result, std::optional<detail::TraceSp
       failure = std::current_exception();
       error = e.what();
       replicas_->abandon();
+      parallel_->abandon_pass();
     }
     bool stands = false;
     try {
@@ -564,8 +572,17 @@ void Trainer::take_state_from(int source) {
   // Fault injection for tests: a restarted rank dies while it takes the state, once.
   const bool dies = replicas_->restart() == 1 && rank() != source &&
                     std::getenv("SHARDTRAIN_KILL_WHILE_JOINING") != nullptr;
+  // Each rank takes its own part from the rank at its position in the source replica: over the
+  // world under ddp (a replica is one rank), else over the replicate group, whose ranks are one
+  // per replica in replica order.
+  ProcessGroup* peers = world_.get();
+  int root = source;
+  if (replicas_->replica_size() > 1) {
+    peers = &mesh_->group(MeshAxis::kDpReplicate);
+    root = source / replicas_->replica_size();
+  }
   for (size_t i = 0; i < tensors.size(); ++i) {
-    world_->broadcast(tensors[i], source)->wait();
+    peers->broadcast(tensors[i], root)->wait();
     if (dies && i == tensors.size() / 2) std::raise(SIGKILL);
   }
   int64_t k = 0;

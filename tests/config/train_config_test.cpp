@@ -229,7 +229,15 @@ TEST(ConfigTest, ReplicaFaultToleranceNeedsReplicasThatHoldTheWholeState) {
   EXPECT_NE(error_of(base, {"run.fault_tolerance=\"nodes\""})
                 .find("run.fault_tolerance must be \"none\" or \"replicas\""),
             std::string::npos);
+  EXPECT_NE(
+      error_of(base, {"parallel.strategy=\"fsdp\"", "parallel.fsdp.sharding=\"shard_grad_op\""})
+          .find("with sharding \"shard_grad_op\""),
+      std::string::npos);
   EXPECT_EQ(error_of(base, {"parallel.strategy=\"ddp\""}), "");
+  // hybrid_shard's shard groups are replicas.
+  EXPECT_EQ(
+      error_of(base, {"parallel.strategy=\"fsdp\"", "parallel.fsdp.sharding=\"hybrid_shard\""}),
+      "");
 }
 
 }  // namespace

@@ -46,11 +46,12 @@ class ReplicaTest : public ::testing::Test {
     return path;
   }
 
-  testing::CommandResult launch(const std::string& env, int ranks, int restarts) const {
+  testing::CommandResult launch(const std::string& env, int ranks, int restarts,
+                                const std::string& settings = "") const {
     return testing::run_command(
         env + " " + testing::cli() + " launch --fault-tolerance --nproc " + std::to_string(ranks) +
         " --max-restarts " + std::to_string(restarts) + " --kill-timeout 2 -- " + testing::cli() +
-        " train --config " + config() + " --set run.dir=" + (dir_ / "run").string());
+        " train --config " + config() + " --set run.dir=" + (dir_ / "run").string() + settings);
   }
 
   // metrics.jsonl by (step, rank); fails the test on a (step, rank) written twice.
@@ -73,18 +74,20 @@ class ReplicaTest : public ::testing::Test {
 
 // What every fault-injected run must show: the healthy replicas' processes took every step,
 // the restarted one's lines come from new processes, steps after the failure ran degraded
-// until it rejoined, and from the last step's state on every replica is the same.
+// until it rejoined, and from the last step's state on every replica is the same (each rank's
+// as its peer's at the same position in replica 0: replicas of `replica_size` ranks).
 void expect_healed(const std::map<std::pair<int64_t, int>, Line>& lines, int ranks, int steps,
-                   int failed_rank) {
+                   int failed_rank, int replica_size = 1) {
+  const int replicas = ranks / replica_size;
   std::map<int, std::set<int64_t>> pids;
   int degraded = 0;
   for (const auto& [key, line] : lines) {
     pids[key.second].insert(line.pid);
     if (key.second == 0) degraded += line.degraded ? 1 : 0;
-    EXPECT_EQ(line.degraded, line.replicas < ranks) << "step " << key.first;
+    EXPECT_EQ(line.degraded, line.replicas < replicas) << "step " << key.first;
   }
   for (int r = 0; r < ranks; ++r) {
-    if (r == failed_rank) {
+    if (r / replica_size == failed_rank / replica_size) {
       EXPECT_GE(pids[r].size(), 2u) << "rank " << r << " was not restarted";
     } else {
       EXPECT_EQ(pids[r].size(), 1u) << "rank " << r << " was restarted";
@@ -97,10 +100,17 @@ void expect_healed(const std::map<std::pair<int64_t, int>, Line>& lines, int ran
   // The last step ran on every replica, each with the same state.
   for (int r = 0; r < ranks; ++r) {
     ASSERT_EQ(lines.count({steps, r}), 1u) << "rank " << r << " did not take the last step";
-    EXPECT_EQ(lines.at({steps, r}).replicas, ranks);
-    EXPECT_EQ(lines.at({steps, r}).crc, lines.at({steps, 0}).crc) << "rank " << r;
+    EXPECT_EQ(lines.at({steps, r}).replicas, replicas);
+    EXPECT_EQ(lines.at({steps, r}).crc, lines.at({steps, r % replica_size}).crc) << "rank " << r;
   }
 }
+
+// hybrid_shard: 2 replicas of a 2-rank shard group. A replica's ranks hold different shards, so
+// the replicas heal shard by shard and the shard groups are connected again with each
+// membership.
+const char* const kHybrid =
+    " --set parallel.strategy=fsdp --set parallel.fsdp.sharding=hybrid_shard"
+    " --set parallel.fsdp.replicate=2";
 
 TEST_F(ReplicaTest, AKilledReplicaIsRestartedAloneAndHealsFromAHealthyOne) {
   // Rank 2 (a replica of its own) dies by SIGKILL after step 3; ranks 0 and 1 train on.
@@ -118,6 +128,25 @@ TEST_F(ReplicaTest, AReplicaThatDiesAgainWhileItJoinsIsRestartedOnceMore) {
   EXPECT_NE(run.output.find("restarting replica 2 (ranks 2) alone (2 of 3)"), std::string::npos)
       << run.output;
   expect_healed(metrics(), 3, 400, 2);
+}
+
+TEST_F(ReplicaTest, AHybridShardReplicaLosingOneRankIsRestartedWholeAndHealsShardByShard) {
+  // Rank 3, the last of replica 1, dies after step 3: its replica's rank 2 is stopped and both
+  // start again, while replica 0 (ranks 0 and 1) trains on in its first processes.
+  const auto run = launch("SHARDTRAIN_KILL_AFTER_STEP=3", 4, 2, kHybrid);
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  EXPECT_NE(run.output.find("restarting replica 1 (ranks 2,3) alone (1 of 2)"), std::string::npos)
+      << run.output;
+  expect_healed(metrics(), 4, 400, 3, 2);
+}
+
+TEST_F(ReplicaTest, AHybridShardReplicaThatDiesAgainWhileItJoinsIsRestartedOnceMore) {
+  const auto run =
+      launch("SHARDTRAIN_KILL_AFTER_STEP=2 SHARDTRAIN_KILL_WHILE_JOINING=1", 4, 3, kHybrid);
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  EXPECT_NE(run.output.find("restarting replica 1 (ranks 2,3) alone (2 of 3)"), std::string::npos)
+      << run.output;
+  expect_healed(metrics(), 4, 400, 3, 2);
 }
 
 TEST_F(ReplicaTest, ReplicasNeedALauncherThatRestartsThemAndAStrategyThatHasThem) {

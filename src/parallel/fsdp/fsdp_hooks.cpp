@@ -273,4 +273,32 @@ void FullyShardedDataParallel::finish_backward() {
   phase_ = Phase::kIdle;
 }
 
+void FullyShardedDataParallel::abandon_pass() {
+  // The failed group's operations are not waited for: their results are not used, and the
+  // memory they wrote into is dropped with them.
+  reductions_in_flight_.clear();
+  for (Unit* unit : every_unit_) {
+    unit->pending.clear();
+    unit->in_backward = false;
+    unit->reduced = false;
+    unit->ready = 0;
+    unit->ready_flags.assign(unit->params.size(), false);
+    unit->gather_work.reset();
+    unit->gather_input = at::Tensor();
+    if (!unit->grads_in_full) {
+      for (auto& param : unit->params) param.mutable_grad() = at::Tensor();
+    }
+    // A copy kept gathered may be part-written too: the next gather makes it again.
+    if (!unit->aliased && unit->gathered) {
+      detail::release_storage(unit->full);
+      unit->gathered = false;
+      gathered_bytes_ -= unit->full_bytes();
+      gathered_elements_ -= unit->padded;
+    }
+    drop_master(*unit);
+  }
+  ran_.clear();
+  phase_ = Phase::kIdle;
+}
+
 }  // namespace shardtrain

@@ -21,6 +21,7 @@ class ShardedModel : public ParallelModel {
 
   std::vector<OptimizedTensor> optimized() const override;
   void zero_grad(torch::optim::Optimizer& optimizer) override;
+  void abandon_pass() override { fsdp_->abandon_pass(); }
   void optimizer_step(torch::optim::AdamW& optimizer, double lr) override;
   CheckpointContents checkpoint_contents(const torch::optim::AdamW& optimizer) override;
   void after_save() override { fsdp_->store_shards(); }
