@@ -210,11 +210,10 @@ void ReplicaWorld::abandon() {
   std::lock_guard<std::mutex> lock(mutex_);
   std::vector<std::shared_ptr<ProcessGroup>> groups;
   if (group_) groups.push_back(std::move(group_));
+  // Moved from, each pointer is left null.
   for (auto& subgroup : subgroups_) {
     if (subgroup.group) groups.push_back(std::move(subgroup.group));
-    subgroup.group = nullptr;
   }
-  group_ = nullptr;
   if (groups.empty()) return;
   // Closed on a thread of their own: a worker may still wait in a collective that fails only
   // once a peer closes its side, as this closing does for the peers waiting on this rank.

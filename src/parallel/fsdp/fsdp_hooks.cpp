@@ -263,10 +263,7 @@ void FullyShardedDataParallel::finish_backward() {
     }
     if (!unit->pending.empty()) drop_grad(*unit, /*write=*/true);
     unit->pending.clear();
-    unit->in_backward = false;
-    unit->reduced = false;
-    unit->ready = 0;
-    unit->ready_flags.assign(unit->params.size(), false);
+    unit->end_backward();
     release(*unit);
   }
   reductions_in_flight_.clear();
@@ -279,10 +276,7 @@ void FullyShardedDataParallel::abandon_pass() {
   reductions_in_flight_.clear();
   for (Unit* unit : every_unit_) {
     unit->pending.clear();
-    unit->in_backward = false;
-    unit->reduced = false;
-    unit->ready = 0;
-    unit->ready_flags.assign(unit->params.size(), false);
+    unit->end_backward();
     unit->gather_work.reset();
     unit->gather_input = at::Tensor();
     if (!unit->grads_in_full) {

@@ -84,6 +84,14 @@ struct FullyShardedDataParallel::Unit {
     WorkHandle replicate;
   };
   std::vector<PendingReduce> pending;
+  // The per-backward flags back to their state before a backward (at its end, or after one
+  // that failed).
+  void end_backward() {
+    in_backward = false;
+    reduced = false;
+    ready = 0;
+    ready_flags.assign(params.size(), false);
+  }
 
   int64_t full_bytes() const {
     return aliased ? 0 : padded * static_cast<int64_t>(full.element_size());
