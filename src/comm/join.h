@@ -2,6 +2,7 @@
 #pragma once
 
 #include <chrono>
+#include <cstdint>
 #include <string>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 #include <vector>
@@ -20,5 +21,13 @@ void check_interface(const std::string& name);
 
 // "0,1,2" for {0,1,2}.
 std::string join_ranks(const std::vector<int>& ranks);
+
+// The value a store holds for `text`, and the text of a value read from a store.
+inline std::vector<uint8_t> store_value(const std::string& text) {
+  return {text.begin(), text.end()};
+}
+inline std::string store_text(const std::vector<uint8_t>& value) {
+  return {value.begin(), value.end()};
+}
 
 }  // namespace shardtrain::detail

@@ -14,11 +14,9 @@
 namespace shardtrain::detail {
 namespace {
 
-std::vector<uint8_t> bytes(const std::string& text) { return {text.begin(), text.end()}; }
-
 void publish(c10d::Store& store, int64_t epoch, const std::vector<int>& members) {
-  store.set(replica_keys::members(epoch), bytes(join_ranks(members)));
-  store.set(replica_keys::epoch(), bytes(std::to_string(epoch)));  // after its members
+  store.set(replica_keys::members(epoch), store_value(join_ranks(members)));
+  store.set(replica_keys::epoch(), store_value(std::to_string(epoch)));  // after its members
 }
 
 // Ranks per replica as the ranks declared them; 0 before any did.

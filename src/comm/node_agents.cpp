@@ -15,8 +15,6 @@
 namespace shardtrain::detail {
 namespace {
 
-std::string text(const std::vector<uint8_t>& bytes) { return {bytes.begin(), bytes.end()}; }
-std::vector<uint8_t> bytes(const std::string& value) { return {value.begin(), value.end()}; }
 // c10's errors carry a backtrace after their first line.
 std::string first_line(const std::string& what) { return what.substr(0, what.find('\n')); }
 
@@ -109,14 +107,15 @@ NodeAgents::NodeAgents(const std::string& master_addr, int master_port, int nnod
   }
   const std::string settings_key = Impl::key("settings");
   if (node_rank == 0) {
-    store([&](c10d::Store& s) { s.set(settings_key, bytes(settings)); });
+    store([&](c10d::Store& s) { s.set(settings_key, store_value(settings)); });
   } else {
-    const std::string theirs = store([&](c10d::Store& s) { return text(s.get(settings_key)); });
+    const std::string theirs =
+        store([&](c10d::Store& s) { return store_text(s.get(settings_key)); });
     if (theirs != settings) {
       const std::string refusal = "node " + std::to_string(node_rank) + "'s launcher runs " +
                                   settings + " but node 0's runs " + theirs +
                                   ": start every node's launcher with the same options";
-      store([&](c10d::Store& s) { s.set(Impl::key("refused"), bytes(refusal)); });
+      store([&](c10d::Store& s) { s.set(Impl::key("refused"), store_value(refusal)); });
       throw std::invalid_argument(refusal);
     }
   }
@@ -127,8 +126,8 @@ NodeAgents::NodeAgents(const std::string& master_addr, int master_port, int nnod
   const bool job_running =
       node_rank != 0 && store([&](c10d::Store& s) { return s.check({Impl::key("attempt")}); });
   store([&](c10d::Store& s) {
-    s.set(Impl::key("address/" + std::to_string(node_rank)), bytes(address));
-    s.set(Impl::key("node/" + std::to_string(node_rank)), bytes(label_));
+    s.set(Impl::key("address/" + std::to_string(node_rank)), store_value(address));
+    s.set(Impl::key("node/" + std::to_string(node_rank)), store_value(label_));
   });
   impl_->heartbeat_limit =
       std::max(std::chrono::milliseconds(2000), std::min(kHeartbeatLimit, timeout_));
@@ -185,7 +184,7 @@ std::vector<int> NodeAgents::wait_for_nodes(const std::vector<int>& nodes,
   while (!store([&](c10d::Store& s) { return s.check(keys); })) {
     if (store([&](c10d::Store& s) { return s.check({Impl::key("refused")}); })) {
       throw std::invalid_argument(
-          store([&](c10d::Store& s) { return text(s.get(Impl::key("refused"))); }));
+          store([&](c10d::Store& s) { return store_text(s.get(Impl::key("refused"))); }));
     }
     if (stop_()) throw std::runtime_error("stopped while waiting for the other nodes to " + doing);
     if (std::chrono::steady_clock::now() > deadline) {
@@ -209,8 +208,8 @@ std::vector<int> NodeAgents::wait_for_nodes(const std::vector<int>& nodes,
 
 void NodeAgents::publish_members(int attempt, const std::vector<int>& nodes) {
   store([&](c10d::Store& s) {
-    s.set(Impl::key(attempt, "members"), bytes(join_ranks(nodes)));
-    s.set(Impl::key("attempt"), bytes(std::to_string(attempt)));
+    s.set(Impl::key(attempt, "members"), store_value(join_ranks(nodes)));
+    s.set(Impl::key("attempt"), store_value(std::to_string(attempt)));
   });
 }
 
@@ -223,11 +222,12 @@ std::vector<int> NodeAgents::published_members(int attempt, std::chrono::millise
 void NodeAgents::wait_to_be_taken_in() {
   first_attempt_ = -1;
   const auto current = [&] {
-    return std::stoi(store([&](c10d::Store& s) { return text(s.get(Impl::key("attempt"))); }));
+    return std::stoi(
+        store([&](c10d::Store& s) { return store_text(s.get(Impl::key("attempt"))); }));
   };
   int seen = current();
   store([&](c10d::Store& s) {
-    s.set(Impl::key("waiting/" + std::to_string(node_rank_)), bytes(label_));
+    s.set(Impl::key("waiting/" + std::to_string(node_rank_)), store_value(label_));
   });
   std::fprintf(stderr,
                "shardtrain launch: node %d joins a job that is running on other nodes; it is "
@@ -263,10 +263,12 @@ std::optional<NodeFailure> NodeAgents::lost_node() {
       continue;
     }
     if (now - found->second.second < impl_->heartbeat_limit) continue;
-    const std::string label = store(
-        [&](c10d::Store& s) { return text(s.get(Impl::key("node/" + std::to_string(node)))); });
-    const std::string address = store(
-        [&](c10d::Store& s) { return text(s.get(Impl::key("address/" + std::to_string(node)))); });
+    const std::string label = store([&](c10d::Store& s) {
+      return store_text(s.get(Impl::key("node/" + std::to_string(node))));
+    });
+    const std::string address = store([&](c10d::Store& s) {
+      return store_text(s.get(Impl::key("address/" + std::to_string(node))));
+    });
     impl_->beats.erase(node);  // a node taken in again later starts afresh
     return NodeFailure{1, true,
                        "node " + std::to_string(node) + " (" + label + " at " + address +
@@ -281,7 +283,7 @@ int NodeAgents::rank_port(int attempt) {
   const std::string key = Impl::key(attempt, "port");
   if (node_rank_ == 0) {
     const std::string port = std::to_string(free_port(true));
-    store([&](c10d::Store& s) { s.set(key, bytes(port)); });
+    store([&](c10d::Store& s) { s.set(key, store_value(port)); });
   }
   return std::stoi(node_zero_value(key, "start attempt " + std::to_string(attempt), timeout_));
 }
@@ -297,16 +299,17 @@ std::string NodeAgents::node_zero_value(const std::string& key, const std::strin
     }
     std::this_thread::sleep_for(kPoll);
   }
-  return store([&](c10d::Store& s) { return text(s.get(key)); });
+  return store([&](c10d::Store& s) { return store_text(s.get(key)); });
 }
 
 void NodeAgents::report_failure(int attempt, NodeFailure failure) {
   store([&](c10d::Store& s) {
     s.set(Impl::key(attempt, "seen/" + std::to_string(node_rank_)), {});
     if (s.add(Impl::key(attempt, "failures"), 1) != 1) return;  // another node was first
-    s.set(Impl::key(attempt, "failed"),
-          bytes(std::to_string(failure.exit_code) + " " + (failure.restartable ? "1" : "0") +
-                " node " + std::to_string(node_rank_) + " (" + label_ + "): " + failure.what));
+    s.set(
+        Impl::key(attempt, "failed"),
+        store_value(std::to_string(failure.exit_code) + " " + (failure.restartable ? "1" : "0") +
+                    " node " + std::to_string(node_rank_) + " (" + label_ + "): " + failure.what));
   });
 }
 
@@ -318,7 +321,7 @@ std::optional<NodeFailure> NodeAgents::failure(int attempt) {
   const auto record = store([&](c10d::Store& s) -> std::optional<std::string> {
     if (!s.check({key})) return std::nullopt;
     s.set(Impl::key(attempt, "seen/" + std::to_string(node_rank_)), {});
-    return text(s.get(key));
+    return store_text(s.get(key));
   });
   if (!record) return std::nullopt;
   // "<exit code> <restartable> <what>"

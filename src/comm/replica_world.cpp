@@ -18,9 +18,6 @@ namespace {
 
 const std::string kPrefix = "shardtrain/ft/";
 
-std::vector<uint8_t> bytes(const std::string& text) { return {text.begin(), text.end()}; }
-std::string text(const std::vector<uint8_t>& value) { return {value.begin(), value.end()}; }
-
 bool contains(const std::vector<int>& ranks, int rank) {
   return std::find(ranks.begin(), ranks.end(), rank) != ranks.end();
 }
@@ -279,11 +276,12 @@ std::shared_ptr<ReplicaWorld> ReplicaWorld::connect(const RendezvousInfo& info, 
   store_options.waitWorkers = false;
   store_options.timeout = options.timeout_;
   auto store = c10::make_intrusive<c10d::TCPStore>(info.master_addr, store_options);
-  store->set(replica_keys::replica_size(), bytes(std::to_string(replica_size)));
+  store->set(replica_keys::replica_size(), detail::store_value(std::to_string(replica_size)));
   std::shared_ptr<ReplicaWorld> world(new ReplicaWorld(std::move(store), info.rank, info.world_size,
                                                        replica_size, std::atoi(restart), options));
   if (!world->restarted()) {
-    world->holders_ = parse_ranks(text(world->store_->get(replica_keys::members(0))), "ranks");
+    world->holders_ =
+        parse_ranks(detail::store_text(world->store_->get(replica_keys::members(0))), "ranks");
     world->adopt(0);
   }
   return world;
@@ -308,7 +306,7 @@ ReplicaWorld::Current ReplicaWorld::current(int subgroup) const {
 }
 
 int64_t ReplicaWorld::latest_epoch() {
-  return std::stoll(text(store_->get(replica_keys::epoch())));
+  return std::stoll(detail::store_text(store_->get(replica_keys::epoch())));
 }
 
 std::vector<int> ReplicaWorld::members_of(int64_t epoch) {
@@ -316,8 +314,9 @@ std::vector<int> ReplicaWorld::members_of(int64_t epoch) {
   auto known = memberships_.find(epoch);
   if (known == memberships_.end()) {
     known = memberships_
-                .emplace(epoch, parse_ranks(text(store_->get(replica_keys::members(epoch))),
-                                            "membership " + std::to_string(epoch)))
+                .emplace(epoch,
+                         parse_ranks(detail::store_text(store_->get(replica_keys::members(epoch))),
+                                     "membership " + std::to_string(epoch)))
                 .first;
   }
   return known->second;
@@ -347,7 +346,7 @@ void ReplicaWorld::adopt(int64_t epoch) {
   const std::string prefix = kPrefix + "group/" + std::to_string(epoch) + "/";
   // Every member says it is here before any connects: a member lost meanwhile shows as a newer
   // membership, which ends the wait instead of the group's timeout.
-  store_->set(prefix + "here/" + std::to_string(index), bytes("1"));
+  store_->set(prefix + "here/" + std::to_string(index), detail::store_value("1"));
   std::vector<std::string> here;
   for (size_t i = 0; i < members.size(); ++i) here.push_back(prefix + "here/" + std::to_string(i));
   const auto deadline = std::chrono::steady_clock::now() + options_.timeout_;
@@ -401,7 +400,7 @@ int64_t ReplicaWorld::join() {
     for (int64_t e = from; e <= latest; ++e) {
       if (!store_->check({start_key(e)}) || !contains(members_of(e), rank_)) continue;
       next_epoch_ = e;
-      std::istringstream start(text(store_->get(start_key(e))));
+      std::istringstream start(detail::store_text(store_->get(start_key(e))));
       int64_t step = 0;
       start >> heal_from_ >> step;
       return step;
@@ -455,13 +454,13 @@ bool ReplicaWorld::finish_step(int64_t step, bool finished, std::chrono::millise
                                std::to_string(limit.count() / 1000) + " s");
     }
     if (!proposal.empty()) {
-      store_->compareSet(decision, {}, bytes(proposal));  // the first proposal stands
+      store_->compareSet(decision, {}, detail::store_value(proposal));  // the first proposal stands
       break;
     }
     std::this_thread::sleep_for(pause);
     pause = std::min(pause * 2, std::chrono::microseconds(20000));
   }
-  std::istringstream read(text(store_->get(decision)));
+  std::istringstream read(detail::store_text(store_->get(decision)));
   std::string kind;
   int64_t next = epoch;
   read >> kind >> next;
@@ -483,10 +482,11 @@ bool ReplicaWorld::finish_step(int64_t step, bool finished, std::chrono::millise
         }
       }
       const int64_t first_step = stands ? step + 1 : step;
-      store_->compareSet(start_key(next), {},
-                         bytes(std::to_string(source) + " " + std::to_string(first_step)));
+      store_->compareSet(
+          start_key(next), {},
+          detail::store_value(std::to_string(source) + " " + std::to_string(first_step)));
     }
-    std::istringstream start(text(store_->get(start_key(next))));
+    std::istringstream start(detail::store_text(store_->get(start_key(next))));
     start >> heal_from_;
   }
   next_epoch_ = next;

@@ -31,27 +31,6 @@ std::string utf8(uint32_t cp) {
   return s;
 }
 
-// Maps a token as spelled in encoder.json back to the bytes it stands for. Returns false if it
-// holds a character outside GPT-2's 256-character byte alphabet.
-bool alphabet_to_bytes(const std::string& spelled, const std::array<int16_t, 324>& cp_to_byte,
-                       std::string& bytes) {
-  bytes.clear();
-  for (size_t i = 0; i < spelled.size();) {
-    const auto c = static_cast<unsigned char>(spelled[i]);
-    uint32_t cp;
-    if (c < 0x80) {
-      cp = c, i += 1;
-    } else if ((c & 0xE0) == 0xC0 && i + 1 < spelled.size()) {
-      cp = ((c & 0x1Fu) << 6) | (static_cast<unsigned char>(spelled[i + 1]) & 0x3Fu), i += 2;
-    } else {
-      return false;  // three- and four-byte characters are all outside the alphabet
-    }
-    if (cp >= cp_to_byte.size() || cp_to_byte[cp] < 0) return false;
-    bytes += static_cast<char>(cp_to_byte[cp]);
-  }
-  return true;
-}
-
 size_t line_of_byte(const std::string& text, size_t byte) {
   const size_t end = std::min(byte, text.size());
   return 1 + static_cast<size_t>(std::count(text.begin(), text.begin() + end, '\n'));
@@ -110,6 +89,36 @@ std::array<uint32_t, 256> gpt2_byte_to_code_point() {
   return table;
 }
 
+const std::array<int16_t, 324>& gpt2_code_point_to_byte() {
+  static const std::array<int16_t, 324> table = [] {
+    std::array<int16_t, 324> t;
+    t.fill(-1);
+    const auto byte_to_cp = gpt2_byte_to_code_point();
+    for (int b = 0; b < 256; ++b) t[byte_to_cp[b]] = static_cast<int16_t>(b);
+    return t;
+  }();
+  return table;
+}
+
+bool gpt2_alphabet_to_bytes(const std::string& spelled, std::string& bytes) {
+  const auto& cp_to_byte = gpt2_code_point_to_byte();
+  bytes.clear();
+  for (size_t i = 0; i < spelled.size();) {
+    const auto c = static_cast<unsigned char>(spelled[i]);
+    uint32_t cp;
+    if (c < 0x80) {
+      cp = c, i += 1;
+    } else if ((c & 0xE0) == 0xC0 && i + 1 < spelled.size()) {
+      cp = ((c & 0x1Fu) << 6) | (static_cast<unsigned char>(spelled[i + 1]) & 0x3Fu), i += 2;
+    } else {
+      return false;  // three- and four-byte characters are all outside the alphabet
+    }
+    if (cp >= cp_to_byte.size() || cp_to_byte[cp] < 0) return false;
+    bytes += static_cast<char>(cp_to_byte[cp]);
+  }
+  return true;
+}
+
 std::string read_whole_file(const std::string& path, const std::string& what) {
   std::FILE* f = std::fopen(path.c_str(), "rb");
   if (!f) {
@@ -159,11 +168,6 @@ BpeVocab load_gpt2_vocab(const std::string& encoder_json, const std::string& voc
                                 std::string(json.type_name()));
   }
 
-  const auto byte_to_cp = gpt2_byte_to_code_point();
-  std::array<int16_t, 324> cp_to_byte;
-  cp_to_byte.fill(-1);
-  for (int b = 0; b < 256; ++b) cp_to_byte[byte_to_cp[b]] = static_cast<int16_t>(b);
-
   BpeVocab vocab;
   // Merges name tokens by their spelling in the files, so keep spelling -> id while loading.
   std::unordered_map<std::string, int32_t> spelled_to_id;
@@ -176,7 +180,7 @@ BpeVocab load_gpt2_vocab(const std::string& encoder_json, const std::string& voc
                                   ", expected an integer in 0.." + std::to_string(kMaxTokenId));
     }
     const auto id = static_cast<int32_t>(value.get<int64_t>());
-    if (!alphabet_to_bytes(spelled, cp_to_byte, bytes)) {
+    if (!gpt2_alphabet_to_bytes(spelled, bytes)) {
       throw std::invalid_argument(enc_name + ": token '" + spelled +
                                   "' has a character outside GPT-2's byte alphabet");
     }
@@ -192,6 +196,7 @@ BpeVocab load_gpt2_vocab(const std::string& encoder_json, const std::string& voc
     vocab.id_present[id] = true;
     spelled_to_id.emplace(spelled, id);
   }
+  const auto byte_to_cp = gpt2_byte_to_code_point();
   for (int b = 0; b < 256; ++b) {
     const auto it = spelled_to_id.find(utf8(byte_to_cp[b]));
     if (it == spelled_to_id.end()) {

@@ -84,6 +84,13 @@ void bpe_encode_piece(const BpeVocab& vocab, std::string_view piece, std::vector
 // code points 256..323, so every byte has a visible, non-space character in the vocabulary files.
 std::array<uint32_t, 256> gpt2_byte_to_code_point();
 
+// That mapping read back: the byte a code point below 324 stands for, -1 outside the alphabet.
+const std::array<int16_t, 324>& gpt2_code_point_to_byte();
+
+// The bytes a token spelled in GPT-2's byte alphabet stands for, into `bytes`. Returns false if
+// it holds a character outside the alphabet.
+bool gpt2_alphabet_to_bytes(const std::string& spelled, std::string& bytes);
+
 // GPT-2's pre-tokenizer pattern, verbatim from openai/gpt-2 encoder.py (also the one of
 // tokenizer.json's ByteLevel pre-tokenizer with use_regex).
 extern const char* const kGpt2SplitPattern;

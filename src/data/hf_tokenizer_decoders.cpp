@@ -5,22 +5,10 @@
 namespace shardtrain::detail {
 namespace {
 
-// GPT-2's alphabet character -> byte, for code points below 324 (-1: not in the alphabet).
-const std::array<int16_t, 324>& alphabet_to_byte() {
-  static const std::array<int16_t, 324> table = [] {
-    std::array<int16_t, 324> t;
-    t.fill(-1);
-    const auto byte_to_cp = gpt2_byte_to_code_point();
-    for (int b = 0; b < 256; ++b) t[byte_to_cp[b]] = static_cast<int16_t>(b);
-    return t;
-  }();
-  return table;
-}
-
 // A token of the byte-level alphabet as the bytes it stands for; a token with any other character
 // (an added token such as "<｜end▁of▁sentence｜>") as it is, as `tokenizers` decodes it.
 void append_byte_level(const std::string& token, std::string& out) {
-  const auto& table = alphabet_to_byte();
+  const auto& table = gpt2_code_point_to_byte();
   const size_t mark = out.size();
   for (size_t i = 0; i < token.size();) {
     const size_t length = utf8_length(token, i);

@@ -17,22 +17,6 @@ constexpr int64_t kMaxTokenId = (int64_t{1} << 24) - 1;
 // piece, which rarely repeat, and the cache would only churn.
 constexpr size_t kMaxCachedPiece = 128;
 
-// The bytes a byte-level token stands for, or false if it has a character outside GPT-2's
-// 256-character alphabet (then no byte sequence produces it).
-bool alphabet_to_bytes(const std::string& spelled, const std::array<int16_t, 324>& cp_to_byte,
-                       std::string& bytes) {
-  bytes.clear();
-  for (size_t i = 0; i < spelled.size();) {
-    const size_t length = utf8_length(spelled, i);
-    if (length == 0 || length > 2) return false;  // the alphabet ends at U+0143
-    const uint32_t cp = utf8_decode(spelled, i, length);
-    if (cp >= cp_to_byte.size() || cp_to_byte[cp] < 0) return false;
-    bytes += static_cast<char>(cp_to_byte[cp]);
-    i += length;
-  }
-  return true;
-}
-
 std::string byte_token(int byte) {
   static const char* const kHex = "0123456789ABCDEF";
   return std::string("<0x") + kHex[byte >> 4] + kHex[byte & 15] + ">";
@@ -116,9 +100,6 @@ HfBpeModel::HfBpeModel(HfJsonFile& json, bool byte_level, const std::string& fil
   byte_to_id_.fill(-1);
   if (byte_level_) {
     const auto byte_to_cp = gpt2_byte_to_code_point();
-    std::array<int16_t, 324> cp_to_byte;
-    cp_to_byte.fill(-1);
-    for (int b = 0; b < 256; ++b) cp_to_byte[byte_to_cp[b]] = static_cast<int16_t>(b);
     for (int b = 0; b < 256; ++b) {
       std::string spelled;
       utf8_append(byte_to_cp[b], spelled);
@@ -132,7 +113,7 @@ HfBpeModel::HfBpeModel(HfJsonFile& json, bool byte_level, const std::string& fil
       std::vector<std::pair<std::string, int32_t>> tokens;
       std::string bytes;
       for (size_t id = 0; id < id_to_spelled_.size(); ++id) {
-        if (used[id] && alphabet_to_bytes(id_to_spelled_[id], cp_to_byte, bytes)) {
+        if (used[id] && gpt2_alphabet_to_bytes(id_to_spelled_[id], bytes)) {
           tokens.emplace_back(bytes, static_cast<int32_t>(id));
         }
       }

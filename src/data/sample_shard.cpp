@@ -11,7 +11,7 @@
 namespace shardtrain {
 namespace {
 
-constexpr char kMagic[8] = {'S', 'T', 'S', 'A', 'M', 'P', 'L', 'E'};
+constexpr char kSampleMagic[8] = {'S', 'T', 'S', 'A', 'M', 'P', 'L', 'E'};
 constexpr size_t kHeaderBytes = 40;
 
 }  // namespace
@@ -25,7 +25,7 @@ void write_sample_shard(const std::string& path, const std::vector<int32_t>& tok
                                 "': tokens, loss flags and offsets do not agree");
   }
   uint32_t token_bytes = 0;
-  std::string header = detail::shard_header(kMagic, tokens.size(), vocab_size, token_bytes);
+  std::string header = detail::shard_header(kSampleMagic, tokens.size(), vocab_size, token_bytes);
   detail::put<uint64_t>(header, offsets.size() - 1);
   detail::write_atomically(path, "sample shard", [&](std::ofstream& out) {
     out.write(header.data(), static_cast<std::streamsize>(header.size()));
@@ -49,7 +49,8 @@ SampleShard::SampleShard(const std::string& path)
   if (bytes < kHeaderBytes) {
     fail("is truncated: " + std::to_string(bytes) + " bytes, shorter than its header");
   }
-  if (std::memcmp(data, kMagic, sizeof(kMagic)) != 0) fail("is not a sample shard (bad magic)");
+  if (std::memcmp(data, kSampleMagic, sizeof(kSampleMagic)) != 0)
+    fail("is not a sample shard (bad magic)");
   const auto version = detail::get<uint32_t>(data + 8);
   token_bytes_ = detail::get<uint32_t>(data + 12);
   const auto tokens = detail::get<uint64_t>(data + 16);

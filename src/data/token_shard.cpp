@@ -12,7 +12,7 @@
 namespace shardtrain {
 namespace {
 
-constexpr char kMagic[8] = {'S', 'T', 'T', 'O', 'K', 'E', 'N', 'S'};
+constexpr char kTokenMagic[8] = {'S', 'T', 'T', 'O', 'K', 'E', 'N', 'S'};
 
 std::string read_text(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -61,7 +61,8 @@ void write_token_shard(const std::string& path, const std::vector<int32_t>& toke
                        int64_t vocab_size) {
   TORCH_CHECK(vocab_size > 0, "token shard: vocabulary size must be positive");
   uint32_t token_bytes = 0;
-  const std::string header = detail::shard_header(kMagic, tokens.size(), vocab_size, token_bytes);
+  const std::string header =
+      detail::shard_header(kTokenMagic, tokens.size(), vocab_size, token_bytes);
   detail::write_atomically(path, "token shard", [&](std::ofstream& out) {
     out.write(header.data(), static_cast<std::streamsize>(header.size()));
     detail::write_ids(out, tokens, token_bytes);
@@ -136,7 +137,7 @@ TokenShard::TokenShard(const std::string& path)
   if (bytes < kTokenShardHeaderBytes) {
     fail("is truncated: " + std::to_string(bytes) + " bytes, shorter than its header");
   }
-  if (std::memcmp(data_, kMagic, sizeof(kMagic)) != 0) {
+  if (std::memcmp(data_, kTokenMagic, sizeof(kTokenMagic)) != 0) {
     fail("is not a token shard (bad magic; write one with `shardtrain data prepare`)");
   }
   header_.version = detail::get<uint32_t>(data_ + 8);

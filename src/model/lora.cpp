@@ -28,7 +28,7 @@ struct AdapterTable {
       entries;
 };
 
-AdapterTable& table() {
+AdapterTable& adapter_table() {
   static AdapterTable* instance = new AdapterTable;  // never destroyed: used at exit
   return *instance;
 }
@@ -162,7 +162,7 @@ std::vector<std::string> add_lora(torch::nn::Module& model, const LoraOptions& o
       adapter->b = b->weight;
       adapter->scale = options.scale();
       adapter->dropout = options.dropout_;
-      AdapterTable& t = table();
+      AdapterTable& t = adapter_table();
       std::lock_guard<std::mutex> lock(t.mutex);
       t.entries[layer.get()] = {layer, std::move(adapter)};
     }
@@ -192,7 +192,7 @@ at::Tensor merge_lora_weight(const at::Tensor& weight, const at::Tensor& a, cons
 namespace detail {
 
 std::shared_ptr<const LoraAdapter> lora_adapter(const torch::nn::Module& module) {
-  AdapterTable& t = table();
+  AdapterTable& t = adapter_table();
   std::lock_guard<std::mutex> lock(t.mutex);
   const auto it = t.entries.find(&module);
   if (it == t.entries.end()) return nullptr;

@@ -1,8 +1,8 @@
 // Forward hooks attached to modules of any kind, for shardtrain::call.
+#include "model/module_hooks.h"
+
 #include <mutex>
 #include <unordered_map>
-
-#include "model/module_hooks.h"
 
 namespace shardtrain {
 namespace {
@@ -13,7 +13,7 @@ struct HookTable {
 };
 
 // Never destroyed, so that owners destroyed at exit can still detach their hooks.
-HookTable& table() {
+HookTable& hook_table() {
   static HookTable* instance = new HookTable;
   return *instance;
 }
@@ -21,7 +21,7 @@ HookTable& table() {
 }  // namespace
 
 void set_module_hooks(const torch::nn::Module& module, std::shared_ptr<ForwardHooks> hooks) {
-  HookTable& t = table();
+  HookTable& t = hook_table();
   std::lock_guard<std::mutex> lock(t.mutex);
   if (hooks) {
     t.hooks[&module] = std::move(hooks);
@@ -31,7 +31,7 @@ void set_module_hooks(const torch::nn::Module& module, std::shared_ptr<ForwardHo
 }
 
 std::shared_ptr<ForwardHooks> module_hooks(const torch::nn::Module& module) {
-  HookTable& t = table();
+  HookTable& t = hook_table();
   std::lock_guard<std::mutex> lock(t.mutex);
   const auto it = t.hooks.find(&module);
   return it == t.hooks.end() ? nullptr : it->second;
@@ -40,7 +40,7 @@ std::shared_ptr<ForwardHooks> module_hooks(const torch::nn::Module& module) {
 namespace detail {
 
 void clear_module_hooks(const torch::nn::Module* module, const ForwardHooks* hooks) {
-  HookTable& t = table();
+  HookTable& t = hook_table();
   std::lock_guard<std::mutex> lock(t.mutex);
   const auto it = t.hooks.find(module);
   if (it != t.hooks.end() && it->second.get() == hooks) t.hooks.erase(it);

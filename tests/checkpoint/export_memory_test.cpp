@@ -16,7 +16,7 @@
 #include "support.h"
 
 namespace shardtrain {
-namespace {
+namespace export_memory_test {
 
 namespace fs = std::filesystem;
 
@@ -126,5 +126,5 @@ TEST(ExportMemoryTest, PeakMemoryStaysNearTheLargestTensor) {
   fs::remove_all(dir);
 }
 
-}  // namespace
+}  // namespace export_memory_test
 }  // namespace shardtrain

@@ -12,7 +12,7 @@
 #include "train/run_config.h"
 
 namespace shardtrain {
-namespace {
+namespace export_safety_test {
 
 namespace fs = std::filesystem;
 
@@ -99,5 +99,5 @@ TEST_F(ExportSafetyTest, AFailedExportOrReshardLeavesNoPartialFiles) {
   EXPECT_EQ(files_in(dir_), (std::vector<std::string>{"corpus.txt", "hf", "run"}));
 }
 
-}  // namespace
+}  // namespace export_safety_test
 }  // namespace shardtrain

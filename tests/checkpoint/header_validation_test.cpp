@@ -12,7 +12,7 @@
 #include "support.h"
 
 namespace shardtrain {
-namespace {
+namespace header_validation_test {
 
 namespace fs = std::filesystem;
 
@@ -196,5 +196,5 @@ TEST_F(IndexValidationTest, OverlappingOrOutOfRangeSlicesAreRefused) {
   ShardedCheckpointReader(dir).verify();
 }
 
-}  // namespace
+}  // namespace header_validation_test
 }  // namespace shardtrain

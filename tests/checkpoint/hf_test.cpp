@@ -17,7 +17,7 @@
 #include "support.h"
 
 namespace shardtrain {
-namespace {
+namespace hf_test {
 
 namespace fs = std::filesystem;
 
@@ -220,5 +220,5 @@ TEST(HfImportTest, MissingAndMisshapenTensorsAreNamed) {
   fs::remove_all(dir);
 }
 
-}  // namespace
+}  // namespace hf_test
 }  // namespace shardtrain

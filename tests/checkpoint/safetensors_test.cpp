@@ -7,7 +7,7 @@
 #include "shardtrain/checkpoint.h"
 
 namespace shardtrain {
-namespace {
+namespace safetensors_test {
 
 namespace fs = std::filesystem;
 
@@ -70,5 +70,5 @@ TEST(SafetensorsTest, CheckpointDirectoriesAppearWhenCompleteAndOldOnesAreRemove
   fs::remove_all(root);
 }
 
-}  // namespace
+}  // namespace safetensors_test
 }  // namespace shardtrain

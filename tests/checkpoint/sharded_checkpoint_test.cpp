@@ -10,7 +10,7 @@
 #include "support.h"
 
 namespace shardtrain {
-namespace {
+namespace sharded_checkpoint_test {
 
 namespace fs = std::filesystem;
 
@@ -296,5 +296,5 @@ TEST_F(ShardedCheckpointTest, CommandLineInspectsVerifiesAndReshards) {
   EXPECT_NE(bad.output.find("rank_00000.safetensors"), std::string::npos) << bad.output;
 }
 
-}  // namespace
+}  // namespace sharded_checkpoint_test
 }  // namespace shardtrain

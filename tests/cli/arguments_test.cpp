@@ -47,7 +47,7 @@ void operator delete(void* p) noexcept { std::free(p); }
 #endif
 
 namespace shardtrain {
-namespace {
+namespace arguments_test {
 
 namespace fs = std::filesystem;
 
@@ -177,5 +177,5 @@ TEST_F(CliArgumentsTest, ExportWritesToOutputFoldersOfAnyLength) {
   }
 }
 
-}  // namespace
+}  // namespace arguments_test
 }  // namespace shardtrain

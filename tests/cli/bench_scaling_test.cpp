@@ -9,7 +9,7 @@
 #include "support.h"
 
 namespace shardtrain {
-namespace {
+namespace bench_scaling_test {
 
 namespace fs = std::filesystem;
 using nlohmann::json;
@@ -66,5 +66,5 @@ TEST(BenchScalingTest, RunsEachRankCountAndSplitsTheStep) {
   fs::remove_all(dir);
 }
 
-}  // namespace
+}  // namespace bench_scaling_test
 }  // namespace shardtrain

@@ -14,7 +14,7 @@
 #include "support.h"
 
 namespace shardtrain {
-namespace {
+namespace data_tools_test {
 
 namespace fs = std::filesystem;
 
@@ -220,5 +220,5 @@ TEST_F(DataToolsTest, GenerateRebuildsALoraRunsModelOnItsBase) {
   EXPECT_NE(bad.output.find((dir_ / "none").string()), std::string::npos) << bad.output;
 }
 
-}  // namespace
+}  // namespace data_tools_test
 }  // namespace shardtrain

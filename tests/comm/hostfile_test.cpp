@@ -13,7 +13,7 @@
 #include "support.h"
 
 namespace shardtrain {
-namespace {
+namespace hostfile_test {
 
 namespace fs = std::filesystem;
 
@@ -169,5 +169,5 @@ TEST_F(HostfileTest, SigintStopsTheRanksOfEveryHost) {
       << output;
 }
 
-}  // namespace
+}  // namespace hostfile_test
 }  // namespace shardtrain

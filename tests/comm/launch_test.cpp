@@ -11,7 +11,7 @@
 #include "support.h"
 
 namespace shardtrain {
-namespace {
+namespace launch_test {
 
 using testing::cli;
 using testing::CommandResult;
@@ -416,5 +416,5 @@ TEST(CliTest, UnknownOptionIsAnError) {
   EXPECT_NE(result.output.find("gather_scatter"), std::string::npos) << result.output;
 }
 
-}  // namespace
+}  // namespace launch_test
 }  // namespace shardtrain

@@ -5,7 +5,7 @@
 #include "shardtrain/rendezvous.h"
 
 namespace shardtrain {
-namespace {
+namespace mesh_test {
 
 std::string mesh_error(MeshShape shape, int world) {
   try {
@@ -90,5 +90,5 @@ TEST(MeshTest, PipelineByTensorParallelLayout) {
       ProcessGroupOptions().timeout(std::chrono::seconds(60)));
 }
 
-}  // namespace
+}  // namespace mesh_test
 }  // namespace shardtrain

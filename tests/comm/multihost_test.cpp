@@ -21,7 +21,7 @@
 #include "support.h"
 
 namespace shardtrain {
-namespace {
+namespace multihost_test {
 
 namespace fs = std::filesystem;
 using Clock = std::chrono::system_clock;
@@ -377,5 +377,5 @@ TEST_F(TwoHostsTest, ALinkTakenDownEndsBothHostsWithinTheTimeoutNamingTheOtherHo
   EXPECT_NE(one.output.find("at 10.99.0.1"), std::string::npos) << output;
 }
 
-}  // namespace
+}  // namespace multihost_test
 }  // namespace shardtrain

@@ -7,7 +7,7 @@
 #include "shardtrain/rendezvous.h"
 
 namespace shardtrain {
-namespace {
+namespace process_group_test {
 
 ProcessGroupOptions test_options() {
   return ProcessGroupOptions().timeout(std::chrono::seconds(60));
@@ -366,5 +366,5 @@ TEST(ProcessGroupErrorsTest, BadArgumentsAreNamed) {
       test_options());
 }
 
-}  // namespace
+}  // namespace process_group_test
 }  // namespace shardtrain

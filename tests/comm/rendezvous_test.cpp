@@ -15,7 +15,7 @@
 #include "support.h"
 
 namespace shardtrain {
-namespace {
+namespace rendezvous_test {
 
 std::string error_of(const Environment& env) {
   try {
@@ -249,5 +249,5 @@ TEST(RendezvousTest, TransportAddressFollowsTheRouteWhenTheHostnameIsLoopback) {
   }
 }
 
-}  // namespace
+}  // namespace rendezvous_test
 }  // namespace shardtrain

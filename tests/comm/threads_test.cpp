@@ -8,7 +8,7 @@
 #include <string>
 
 namespace shardtrain {
-namespace {
+namespace threads_test {
 
 bool openblas_loaded() {
   std::ifstream maps("/proc/self/maps");
@@ -43,5 +43,5 @@ TEST(ThreadsTest, FewerThanOneThreadIsAnError) {
   EXPECT_EQ(at::get_num_threads(), saved);
 }
 
-}  // namespace
+}  // namespace threads_test
 }  // namespace shardtrain

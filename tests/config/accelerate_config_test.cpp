@@ -4,7 +4,7 @@
 #include "shardtrain/config.h"
 
 namespace shardtrain {
-namespace {
+namespace accelerate_config_test {
 
 const std::string kConfigs = std::string(SHARDTRAIN_SOURCE_DIR) + "/configs/";
 
@@ -202,5 +202,5 @@ TEST(AccelerateConfigTest, DeepSpeedBlockMeansWhatTheDeepSpeedFileWould) {
       << e;
 }
 
-}  // namespace
+}  // namespace accelerate_config_test
 }  // namespace shardtrain

@@ -13,7 +13,7 @@
 #include "shardtrain/config.h"
 
 namespace shardtrain {
-namespace {
+namespace config_corpus_test {
 
 namespace fs = std::filesystem;
 using Json = nlohmann::json;
@@ -197,5 +197,5 @@ TEST(ConfigCorpusTest, EveryFileRunsAsItSaysOrIsRefusedForItsListedReason) {
             << " DeepSpeed, " << yaml_files << " accelerate)\n";
 }
 
-}  // namespace
+}  // namespace config_corpus_test
 }  // namespace shardtrain

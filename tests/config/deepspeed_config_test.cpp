@@ -6,7 +6,7 @@
 #include "shardtrain/config.h"
 
 namespace shardtrain {
-namespace {
+namespace deepspeed_config_test {
 
 const std::string kConfigs = std::string(SHARDTRAIN_SOURCE_DIR) + "/configs/";
 
@@ -331,5 +331,5 @@ TEST(DeepSpeedConfigTest, AutoTpIsTensorParallelismAndTheBatchCountsDataParallel
   EXPECT_EQ(c.train.grad_accum, 2);
 }
 
-}  // namespace
+}  // namespace deepspeed_config_test
 }  // namespace shardtrain

@@ -11,7 +11,7 @@
 #include "support.h"
 
 namespace shardtrain {
-namespace {
+namespace import_cli_test {
 
 namespace fs = std::filesystem;
 
@@ -135,5 +135,5 @@ TEST_F(ImportCliTest, BadImportedFilesExitWithOneClearMessage) {
   EXPECT_NE(r.output.find("1 rank(s)"), std::string::npos) << r.output;
 }
 
-}  // namespace
+}  // namespace import_cli_test
 }  // namespace shardtrain

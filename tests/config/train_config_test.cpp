@@ -6,7 +6,7 @@
 #include "shardtrain/config.h"
 
 namespace shardtrain {
-namespace {
+namespace train_config_test {
 
 std::string error_of(const std::string& text, const std::vector<std::string>& overrides = {}) {
   try {
@@ -124,11 +124,11 @@ TEST(ConfigTest, BadValuesAreNamed) {
             std::string::npos);
 }
 
-}  // namespace
+}  // namespace train_config_test
 }  // namespace shardtrain
 
 namespace shardtrain {
-namespace {
+namespace train_config_test {
 
 TEST(ConfigTest, AMisspelledKeyGetsTheNearestOne) {
   EXPECT_NE(error_of("[train]\nlearning_rat = 1\n").find("unknown config key"), std::string::npos);
@@ -240,5 +240,5 @@ TEST(ConfigTest, ReplicaFaultToleranceNeedsReplicasThatHoldTheWholeState) {
       "");
 }
 
-}  // namespace
+}  // namespace train_config_test
 }  // namespace shardtrain

@@ -15,7 +15,7 @@
 #include "support.h"
 
 namespace shardtrain {
-namespace {
+namespace chat_samples_test {
 
 namespace fs = std::filesystem;
 
@@ -156,5 +156,5 @@ TEST(ChatSamples, AConversationWithoutRepliesHasNothingToLearn) {
   fs::remove_all(dir);
 }
 
-}  // namespace
+}  // namespace chat_samples_test
 }  // namespace shardtrain

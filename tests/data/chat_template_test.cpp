@@ -19,7 +19,7 @@
 
 #include "support.h"
 
-namespace {
+namespace chat_template_test {
 
 using json = nlohmann::ordered_json;
 using shardtrain::ChatTemplate;
@@ -496,4 +496,4 @@ TEST(ChatTemplate, RendersMessagesAndVariables) {
   EXPECT_EQ(path.render_json(R"j([{"role": "user", "content": ["a", "b"]}])j", false), "1|b");
 }
 
-}  // namespace
+}  // namespace chat_template_test

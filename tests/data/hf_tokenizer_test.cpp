@@ -29,7 +29,7 @@
 
 #include "data/hf_tokenizer.h"
 
-namespace {
+namespace hf_tokenizer_test {
 
 namespace fs = std::filesystem;
 using nlohmann::json;
@@ -744,4 +744,4 @@ TEST_F(HfTokenizerErrors, NameTheFileAndTheProblem) {
   }
 }
 
-}  // namespace
+}  // namespace hf_tokenizer_test

@@ -9,7 +9,7 @@
 #include "support.h"
 
 namespace shardtrain {
-namespace {
+namespace loader_test {
 
 namespace fs = std::filesystem;
 
@@ -171,5 +171,5 @@ TEST_F(LoaderTest, EvaluationSequencesAreHeldOut) {
                std::invalid_argument);
 }
 
-}  // namespace
+}  // namespace loader_test
 }  // namespace shardtrain

@@ -12,7 +12,7 @@
 #include "support.h"
 
 namespace shardtrain {
-namespace {
+namespace samples_test {
 
 namespace fs = std::filesystem;
 
@@ -221,5 +221,5 @@ TEST_F(SamplesTest, OneSamplePerRowIsPaddedWithoutALayout) {
   }
 }
 
-}  // namespace
+}  // namespace samples_test
 }  // namespace shardtrain

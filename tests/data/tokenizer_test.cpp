@@ -13,7 +13,7 @@
 #include <thread>
 #include <vector>
 
-namespace {
+namespace tokenizer_test {
 
 using shardtrain::Tokenizer;
 
@@ -247,10 +247,10 @@ TEST(TokenizerGpt2Files, DefaultDirHonoursEnvironment) {
   }
 }
 
-}  // namespace
+}  // namespace tokenizer_test
 
 namespace shardtrain {
-namespace {
+namespace tokenizer_test {
 
 TEST(TokenizerFiles, AMissingGpt2FileSaysHowToGetIt) {
   try {
@@ -262,5 +262,5 @@ TEST(TokenizerFiles, AMissingGpt2FileSaysHowToGetIt) {
   }
 }
 
-}  // namespace
+}  // namespace tokenizer_test
 }  // namespace shardtrain

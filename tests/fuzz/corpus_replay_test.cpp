@@ -12,7 +12,7 @@
 #include "fuzz_target.h"
 
 namespace shardtrain {
-namespace {
+namespace corpus_replay_test {
 
 namespace fs = std::filesystem;
 
@@ -46,5 +46,5 @@ TEST(FuzzCorpusReplay, EveryCorpusInputIsHandled) {
   fs::remove_all(fuzz::scratch_dir());
 }
 
-}  // namespace
+}  // namespace corpus_replay_test
 }  // namespace shardtrain

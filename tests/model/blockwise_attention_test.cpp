@@ -17,7 +17,7 @@
 #include <vector>
 
 namespace shardtrain::detail {
-namespace {
+namespace blockwise_attention_test {
 
 struct Inputs {
   at::Tensor q, k, v, dout;
@@ -173,5 +173,5 @@ TEST(BlockwiseAttention, AQueryThatReadsNothingGetsZeroAndMinusInfinity) {
   EXPECT_TRUE(part.lse.narrow(2, 2, 2).isfinite().all().item<bool>());
 }
 
-}  // namespace
+}  // namespace blockwise_attention_test
 }  // namespace shardtrain::detail

@@ -14,7 +14,7 @@
 #include "shardtrain/model.h"
 
 namespace shardtrain {
-namespace {
+namespace checkpoint_test {
 
 struct Step {
   at::Tensor loss;
@@ -145,5 +145,5 @@ INSTANTIATE_TEST_SUITE_P(ModelFamilies, ModelCheckpointing, ::testing::Values("t
                            return name;
                          });
 
-}  // namespace
+}  // namespace checkpoint_test
 }  // namespace shardtrain

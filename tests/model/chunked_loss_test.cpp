@@ -14,7 +14,7 @@
 #include "shardtrain/tensor_parallel.h"
 
 namespace shardtrain::testing {
-namespace {
+namespace chunked_loss_test {
 
 // max |got - want| / max |want|: relative to the tensor's scale, so that elements near zero do
 // not make rounding look like error.
@@ -186,5 +186,5 @@ TEST(ChunkedHeadLoss, NeverHoldsTheWholeLogits) {
   EXPECT_GT(peak, (n * d + vocab * d) * 4);  // the counters saw the gradients at all
 }
 
-}  // namespace
+}  // namespace chunked_loss_test
 }  // namespace shardtrain::testing

@@ -7,7 +7,7 @@
 #include "shardtrain/model.h"
 
 namespace shardtrain {
-namespace {
+namespace config_test {
 
 std::string validate_error(const ModelConfig& config) {
   try {
@@ -171,5 +171,5 @@ TEST(ModelConfig, ValidateNamesTheInconsistentField) {
   EXPECT_THROW(Transformer{c}, std::invalid_argument);
 }
 
-}  // namespace
+}  // namespace config_test
 }  // namespace shardtrain

@@ -13,7 +13,7 @@
 #include "shardtrain/model.h"
 
 namespace shardtrain {
-namespace {
+namespace forward_test {
 
 constexpr AttentionKernel kAttentionKernels[] = {
     AttentionKernel::kBlockwise, AttentionKernel::kFused, AttentionKernel::kReference};
@@ -385,5 +385,5 @@ TEST(ModelForward, InitializationIsDeterministicAndScaled) {
   EXPECT_NEAR(pa["blocks.1.mlp.proj.weight"].std().item<double>(), 0.02 / std::sqrt(4.0), 0.001);
 }
 
-}  // namespace
+}  // namespace forward_test
 }  // namespace shardtrain

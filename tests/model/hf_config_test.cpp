@@ -10,7 +10,7 @@
 #include "shardtrain/model.h"
 
 namespace shardtrain {
-namespace {
+namespace hf_config_test {
 
 class ModelHfConfig : public ::testing::Test {
  protected:
@@ -268,5 +268,5 @@ TEST_F(ModelHfConfig, RefusesWhatTheFamiliesCannotReproduce) {
   EXPECT_EQ(windowed.head_size(), 16);
 }
 
-}  // namespace
+}  // namespace hf_config_test
 }  // namespace shardtrain

@@ -8,7 +8,7 @@
 #include "shardtrain/model.h"
 
 namespace shardtrain {
-namespace {
+namespace lora_test {
 
 constexpr uint64_t kSeed = 11;
 
@@ -173,5 +173,5 @@ TEST(Lora, BadOptionsAreNamed) {
             std::string::npos);
 }
 
-}  // namespace
+}  // namespace lora_test
 }  // namespace shardtrain

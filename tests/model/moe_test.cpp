@@ -18,7 +18,7 @@
 #include "shardtrain/train.h"
 
 namespace shardtrain::detail {
-namespace {
+namespace moe_test {
 
 ModelConfig moe_config(int64_t shared, double capacity = 0.0, bool normalize = true) {
   ModelConfig c = model_preset("tiny-moe");
@@ -263,5 +263,5 @@ TEST(MoeConfig, TotalAndActiveParameters) {
   EXPECT_EQ(dense.active_parameters(), dense.num_parameters());
 }
 
-}  // namespace
+}  // namespace moe_test
 }  // namespace shardtrain::detail

@@ -6,7 +6,7 @@
 #include <stdexcept>
 
 namespace shardtrain::detail {
-namespace {
+namespace nf4_test {
 
 TEST(Nf4Test, CodebookIsQLoRAsNormalFloat) {
   const at::Tensor codebook = nf4_codebook();
@@ -104,5 +104,5 @@ TEST(Nf4Test, PackedBytesHoldTheQuantizedTensorAtAnyOffset) {
   EXPECT_LE(static_cast<double>(packed.numel()) / static_cast<double>(w.numel()), 0.6);
 }
 
-}  // namespace
+}  // namespace nf4_test
 }  // namespace shardtrain::detail

@@ -10,7 +10,7 @@
 #include "shardtrain/model.h"
 
 namespace shardtrain {
-namespace {
+namespace packing_test {
 
 constexpr AttentionKernel kAttentionKernels[] = {
     AttentionKernel::kBlockwise, AttentionKernel::kFused, AttentionKernel::kReference};
@@ -71,5 +71,5 @@ TEST(Packing, ALayoutOfAnotherShapeIsRefused) {
   EXPECT_THROW(model->forward(tokens, wrong), std::invalid_argument);
 }
 
-}  // namespace
+}  // namespace packing_test
 }  // namespace shardtrain

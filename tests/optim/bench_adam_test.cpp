@@ -5,7 +5,7 @@
 #include "support.h"
 
 namespace shardtrain {
-namespace {
+namespace bench_adam_test {
 
 using testing::cli;
 using testing::run_command;
@@ -43,5 +43,5 @@ TEST(BenchAdamTest, BadOptionsExitTwoNamingThem) {
   }
 }
 
-}  // namespace
+}  // namespace bench_adam_test
 }  // namespace shardtrain

@@ -9,7 +9,7 @@
 #include "optim/adamw_kernel.h"
 
 namespace shardtrain {
-namespace {
+namespace fused_adamw_test {
 
 // Largest |a - b| / max(|b|, tiny) over the elements.
 double max_relative(const at::Tensor& a, const at::Tensor& b) {
@@ -249,5 +249,5 @@ TEST(FusedAdamWTest, BadInputNamesTheTensorAndTheMismatch) {
                "amsgrad is not supported");
 }
 
-}  // namespace
+}  // namespace fused_adamw_test
 }  // namespace shardtrain

@@ -9,7 +9,7 @@
 #include "support.h"
 
 namespace shardtrain {
-namespace {
+namespace nvme_adamw_test {
 
 namespace fs = std::filesystem;
 
@@ -145,5 +145,5 @@ TEST(NvmeAdamWTest, TruncatedStateFileFailsTheStepNamingIt) {
   fs::remove_all(dir);
 }
 
-}  // namespace
+}  // namespace nvme_adamw_test
 }  // namespace shardtrain

@@ -5,7 +5,7 @@
 #include <cmath>
 
 namespace shardtrain {
-namespace {
+namespace optim_test {
 
 TEST(OptimTest, WarmupThenCosineToTheFloor) {
   const LrSchedule s{1.0, 0.1, 10, 110, "cosine"};
@@ -103,5 +103,5 @@ TEST(OptimTest, DynamicLossScaleBacksOffOnOverflowAndGrowsAfterAWindow) {
   EXPECT_DOUBLE_EQ(LossScaler::from_config("128", 5, 1, 1).scale(), 128.0);
 }
 
-}  // namespace
+}  // namespace optim_test
 }  // namespace shardtrain

@@ -11,7 +11,7 @@
 #include "shardtrain/rendezvous.h"
 
 namespace shardtrain {
-namespace {
+namespace ddp_test {
 
 constexpr int64_t kGlobalBatch = 16;
 
@@ -223,5 +223,5 @@ TEST(DdpTest, CompressionHooksStayCloseToFullPrecision) {
                     2e-3);
 }
 
-}  // namespace
+}  // namespace ddp_test
 }  // namespace shardtrain

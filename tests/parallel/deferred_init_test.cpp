@@ -10,7 +10,7 @@
 #include "support.h"
 
 namespace shardtrain {
-namespace {
+namespace deferred_init_test {
 
 using namespace testing;
 
@@ -189,5 +189,5 @@ TEST(DeferredInit, DataParallelReplicasEqualTheWholeModel) {
   EXPECT_TRUE(wrong.empty()) << wrong.front();
 }
 
-}  // namespace
+}  // namespace deferred_init_test
 }  // namespace shardtrain

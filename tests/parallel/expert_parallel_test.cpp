@@ -17,7 +17,7 @@
 #include "shardtrain/rendezvous.h"
 
 namespace shardtrain {
-namespace {
+namespace expert_parallel_test {
 
 std::shared_ptr<ProcessGroup> borrowed(ProcessGroup& group) {
   return std::shared_ptr<ProcessGroup>(&group, [](ProcessGroup*) {});
@@ -224,5 +224,5 @@ TEST(ExpertParallel, TheMeshCarvesEpOutOfDpShard) {
   });
 }
 
-}  // namespace
+}  // namespace expert_parallel_test
 }  // namespace shardtrain

@@ -8,7 +8,7 @@
 #include "shardtrain/rendezvous.h"
 
 namespace shardtrain {
-namespace {
+namespace fsdp_test {
 
 using namespace testing;
 
@@ -166,5 +166,5 @@ TEST(FSDP, WrapPoliciesGroupBlocksIntoUnits) {
   });
 }
 
-}  // namespace
+}  // namespace fsdp_test
 }  // namespace shardtrain

@@ -15,7 +15,7 @@
 #include "support.h"
 
 namespace shardtrain {
-namespace {
+namespace fully_shard_test {
 
 constexpr int64_t kGlobalBatch = 12;  // divisible by 1, 2, 3 and 4 ranks
 
@@ -379,5 +379,5 @@ TEST(FullyShardTest, ParameterSharedInsideOneShardedModuleIsShardedOnce) {
   });
 }
 
-}  // namespace
+}  // namespace fully_shard_test
 }  // namespace shardtrain

@@ -10,7 +10,7 @@
 #include "shardtrain/rendezvous.h"
 
 namespace shardtrain {
-namespace {
+namespace lora_modules_test {
 
 constexpr int64_t kBatch = 8;
 
@@ -140,5 +140,5 @@ TEST(LoraModules, TheFrozenWeightsNeverChange) {
                          make_net()->named_parameters()["l1.fc.lora_B.weight"]));
 }
 
-}  // namespace
+}  // namespace lora_modules_test
 }  // namespace shardtrain

@@ -11,7 +11,7 @@
 #include "shardtrain/pipeline.h"
 
 namespace shardtrain {
-namespace {
+namespace pipeline_schedule_test {
 
 using Kind = PipelineAction::Kind;
 
@@ -184,5 +184,5 @@ TEST(PipelineScheduleTest, RefusesWhatCannotBeScheduled) {
                  "parallel.pp_split = [4] has 1 entries; the pipeline has 2 stages");
 }
 
-}  // namespace
+}  // namespace pipeline_schedule_test
 }  // namespace shardtrain

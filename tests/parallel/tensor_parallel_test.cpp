@@ -11,7 +11,7 @@
 #include "shardtrain/memory.h"
 
 namespace shardtrain::testing {
-namespace {
+namespace tensor_parallel_test {
 
 std::shared_ptr<ProcessGroup> borrowed(ProcessGroup& group) {
   return std::shared_ptr<ProcessGroup>(&group, [](ProcessGroup*) {});
@@ -276,5 +276,5 @@ TEST(TensorParallel, RefusesWhatDoesNotDivide) {
   });
 }
 
-}  // namespace
+}  // namespace tensor_parallel_test
 }  // namespace shardtrain::testing

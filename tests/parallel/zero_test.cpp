@@ -8,7 +8,7 @@
 #include "support.h"
 
 namespace shardtrain {
-namespace {
+namespace zero_test {
 
 using namespace testing;
 
@@ -232,5 +232,5 @@ TEST(Zero, UnsupportedSettingsAreClearErrors) {
   });
 }
 
-}  // namespace
+}  // namespace zero_test
 }  // namespace shardtrain

@@ -8,7 +8,7 @@
 #include "shardtrain/plan.h"
 
 namespace shardtrain {
-namespace {
+namespace decision_test {
 
 Plan plan_for(const std::string& preset, int gpus, int nodes = 1, bool checkpointing = true) {
   return make_plan(
@@ -321,5 +321,5 @@ TEST(PlanTimeModel, MoreDevicesMoreTokensForTheSameBatch) {
   EXPECT_LE(eight.scaling_efficiency, 1.0);
 }
 
-}  // namespace
+}  // namespace decision_test
 }  // namespace shardtrain

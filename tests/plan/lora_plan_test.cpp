@@ -7,7 +7,7 @@
 #include "shardtrain/plan.h"
 
 namespace shardtrain {
-namespace {
+namespace lora_plan_test {
 
 Plan lora_plan(const std::string& preset, int64_t rank, const std::string& base = "bf16") {
   return make_plan(
@@ -77,5 +77,5 @@ TEST(PlanLora, TheEmittedConfigTrainsWithAdapters) {
   EXPECT_THROW(lora_plan("gpt2-124m", 8, "nf8"), std::invalid_argument);
 }
 
-}  // namespace
+}  // namespace lora_plan_test
 }  // namespace shardtrain

@@ -6,7 +6,7 @@
 #include "shardtrain/plan.h"
 
 namespace shardtrain {
-namespace {
+namespace memory_math_test {
 
 constexpr double kGB = 1e9;
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
@@ -163,5 +163,5 @@ TEST(PlanMemoryMath, BareShapesAreCheckedAgainstTheCount) {
   }
 }
 
-}  // namespace
+}  // namespace memory_math_test
 }  // namespace shardtrain

@@ -12,7 +12,7 @@
 #include "support.h"
 
 namespace shardtrain {
-namespace {
+namespace output_test {
 
 Candidate pick(const Plan& plan, PlanStrategy s, bool offload, int tp = 1, int pp = 1) {
   for (const auto& c : plan.candidates) {
@@ -231,5 +231,5 @@ TEST_F(PlanOutput, EveryEmittedConfigIsAcceptedByTheTrainer) {
   EXPECT_EQ(kinds.size(), 6u);
 }
 
-}  // namespace
+}  // namespace output_test
 }  // namespace shardtrain

@@ -13,7 +13,7 @@
 #include "shardtrain/plan.h"
 
 namespace shardtrain {
-namespace {
+namespace published_runs_test {
 
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 
@@ -232,5 +232,5 @@ TEST(PublishedRuns, EachRowIsWithinTheBoundsOrSaysWhyNot) {
   }
 }
 
-}  // namespace
+}  // namespace published_runs_test
 }  // namespace shardtrain

@@ -11,7 +11,7 @@
 #include "support.h"
 
 namespace shardtrain {
-namespace {
+namespace validate_test {
 
 namespace fs = std::filesystem;
 using nlohmann::json;
@@ -197,5 +197,5 @@ TEST(PlanValidate, TrainerRunIsWithinTenPercent) {
   fs::remove_all(dir);
 }
 
-}  // namespace
+}  // namespace validate_test
 }  // namespace shardtrain

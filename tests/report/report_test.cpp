@@ -21,7 +21,7 @@
 #include "train/run_config.h"
 
 namespace shardtrain {
-namespace {
+namespace report_test {
 
 namespace fs = std::filesystem;
 using nlohmann::json;
@@ -562,5 +562,5 @@ TEST_F(ReportTest, ReportOfATrainedRunHoldsItsMetricsAndTraces) {
   EXPECT_NE(html.find("data-chart=\"comm\""), std::string::npos);
 }
 
-}  // namespace
+}  // namespace report_test
 }  // namespace shardtrain

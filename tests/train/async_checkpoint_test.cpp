@@ -16,7 +16,7 @@
 #include "train/run_config.h"
 
 namespace shardtrain {
-namespace {
+namespace async_checkpoint_test {
 
 namespace fs = std::filesystem;
 
@@ -201,5 +201,5 @@ TEST_F(AsyncCheckpointTest, StateKeptInFilesIsRefusedNamingBothKeys) {
   }
 }
 
-}  // namespace
+}  // namespace async_checkpoint_test
 }  // namespace shardtrain

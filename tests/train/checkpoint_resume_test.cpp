@@ -13,7 +13,7 @@
 #include "train/run_config.h"
 
 namespace shardtrain {
-namespace {
+namespace checkpoint_resume_test {
 
 namespace fs = std::filesystem;
 
@@ -230,5 +230,5 @@ TEST_F(CheckpointResumeTest, AProcessKilledMidSaveLeavesThePreviousCheckpointLoa
   }
 }
 
-}  // namespace
+}  // namespace checkpoint_resume_test
 }  // namespace shardtrain

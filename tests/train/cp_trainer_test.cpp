@@ -18,7 +18,7 @@
 #include "train/run_manifest.h"
 
 namespace shardtrain {
-namespace {
+namespace cp_trainer_test {
 
 namespace fs = std::filesystem;
 
@@ -190,5 +190,5 @@ TEST_F(ContextParallelTrainerTest, TheMemoryCheckNamesContextParallelismForALong
   EXPECT_NO_THROW(detail::check_memory_fits(with_cp(4), 4, budget, 0));
 }
 
-}  // namespace
+}  // namespace cp_trainer_test
 }  // namespace shardtrain

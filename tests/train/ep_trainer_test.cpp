@@ -16,7 +16,7 @@
 #include "train/moe_training.h"
 
 namespace shardtrain {
-namespace {
+namespace ep_trainer_test {
 
 namespace fs = std::filesystem;
 using Layout = testing::MoeLayout;
@@ -146,5 +146,5 @@ INSTANTIATE_TEST_SUITE_P(Models, ExpertParallelTrainerTest,
                          ::testing::Values("tiny-moe", "tiny-qwen3-moe"),
                          testing::preset_test_name);
 
-}  // namespace
+}  // namespace ep_trainer_test
 }  // namespace shardtrain

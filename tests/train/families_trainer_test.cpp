@@ -14,7 +14,7 @@
 #include "train/run_config.h"
 
 namespace shardtrain {
-namespace {
+namespace families_trainer_test {
 
 namespace fs = std::filesystem;
 
@@ -110,5 +110,5 @@ INSTANTIATE_TEST_SUITE_P(Variants, FamiliesTrainerTest,
                            return name;
                          });
 
-}  // namespace
+}  // namespace families_trainer_test
 }  // namespace shardtrain

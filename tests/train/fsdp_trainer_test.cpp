@@ -12,7 +12,7 @@
 #include "train/run_config.h"
 
 namespace shardtrain {
-namespace {
+namespace fsdp_trainer_test {
 
 namespace fs = std::filesystem;
 
@@ -257,5 +257,5 @@ TEST_F(FsdpTrainerTest, BadFsdpSettingsAreNamed) {
             std::string::npos);
 }
 
-}  // namespace
+}  // namespace fsdp_trainer_test
 }  // namespace shardtrain

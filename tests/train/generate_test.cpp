@@ -8,7 +8,7 @@
 #include <vector>
 
 namespace shardtrain {
-namespace {
+namespace generate_test {
 
 TEST(GenerateTest, StreamedPiecesAreThePromptThenTheContinuation) {
   torch::manual_seed(11);
@@ -34,5 +34,5 @@ TEST(GenerateTest, StreamedPiecesAreThePromptThenTheContinuation) {
                std::invalid_argument);
 }
 
-}  // namespace
+}  // namespace generate_test
 }  // namespace shardtrain

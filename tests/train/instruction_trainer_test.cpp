@@ -12,7 +12,7 @@
 #include "train/run_config.h"
 
 namespace shardtrain {
-namespace {
+namespace instruction_trainer_test {
 
 namespace fs = std::filesystem;
 
@@ -142,5 +142,5 @@ TEST_F(InstructionTrainerTest, AnUnusableTokenizerOrTemplateIsRefusedBeforeTheRu
   }
 }
 
-}  // namespace
+}  // namespace instruction_trainer_test
 }  // namespace shardtrain

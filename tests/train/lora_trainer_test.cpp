@@ -16,7 +16,7 @@
 #include "train/run_config.h"
 
 namespace shardtrain {
-namespace {
+namespace lora_trainer_test {
 
 namespace fs = std::filesystem;
 
@@ -396,5 +396,5 @@ TEST_F(LoraTrainerTest, BadSettingsAreRefusedByName) {
   EXPECT_NE(shape.find("[4, "), std::string::npos) << shape;
 }
 
-}  // namespace
+}  // namespace lora_trainer_test
 }  // namespace shardtrain

@@ -12,7 +12,7 @@
 #include "train/run_setup.h"
 
 namespace shardtrain {
-namespace {
+namespace memory_limit_test {
 
 namespace fs = std::filesystem;
 using testing::cli;
@@ -179,5 +179,5 @@ TEST(MemoryCheck, ALimitTooSmallForAnyStrategyNamesTheBytesAndTheStrategy) {
   }
 }
 
-}  // namespace
+}  // namespace memory_limit_test
 }  // namespace shardtrain

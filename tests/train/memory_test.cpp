@@ -9,7 +9,7 @@
 #include <vector>
 
 namespace shardtrain {
-namespace {
+namespace memory_test {
 
 // This process's resident bytes, from the kernel (/proc/self/status).
 int64_t resident_bytes() {
@@ -118,5 +118,5 @@ TEST(MemoryTest, WithoutTheCacheFreedBlocksGoBackToTheKernel) {
   EXPECT_EQ(cpu_memory_stats().cached_bytes, 0);
 }
 
-}  // namespace
+}  // namespace memory_test
 }  // namespace shardtrain

@@ -20,7 +20,7 @@
 #include "train/moe_training.h"
 
 namespace shardtrain {
-namespace {
+namespace moe_trainer_test {
 
 namespace fs = std::filesystem;
 using Layout = testing::MoeLayout;
@@ -126,5 +126,5 @@ TEST_P(MoeTrainerTest, RefusesContextParallelism) {
 INSTANTIATE_TEST_SUITE_P(Models, MoeTrainerTest, ::testing::Values("tiny-moe", "tiny-qwen3-moe"),
                          testing::preset_test_name);
 
-}  // namespace
+}  // namespace moe_trainer_test
 }  // namespace shardtrain

@@ -22,7 +22,7 @@
 #include "support.h"
 
 namespace shardtrain {
-namespace {
+namespace pinned_losses_test {
 
 namespace fs = std::filesystem;
 
@@ -244,5 +244,5 @@ TEST(PinnedCheckpoint, AnEarlierVersionsCheckpointResumesToItsPinnedLosses) {
   fs::remove_all(dir);
 }
 
-}  // namespace
+}  // namespace pinned_losses_test
 }  // namespace shardtrain

@@ -9,7 +9,7 @@
 #include "support.h"
 
 namespace shardtrain {
-namespace {
+namespace pp_cli_test {
 
 namespace fs = std::filesystem;
 
@@ -109,5 +109,5 @@ TEST(PipelineBenchCli, ASettingThatDoesNotFitIsNamedByItsFlag) {
   EXPECT_EQ(run.output.find("train.grad_accum"), std::string::npos) << run.output;
 }
 
-}  // namespace
+}  // namespace pp_cli_test
 }  // namespace shardtrain

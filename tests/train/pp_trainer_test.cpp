@@ -19,7 +19,7 @@
 #include "train/run_config.h"
 
 namespace shardtrain {
-namespace {
+namespace pp_trainer_test {
 
 namespace fs = std::filesystem;
 
@@ -336,5 +336,5 @@ TEST_F(PipelineTrainerTest, RefusesWhatDoesNotFit) {
           "parallel.pp_split and parallel.pp_virtual_stages need parallel.pp > 1");
 }
 
-}  // namespace
+}  // namespace pp_trainer_test
 }  // namespace shardtrain

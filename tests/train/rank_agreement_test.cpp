@@ -11,7 +11,7 @@
 #include "train/run_config.h"
 
 namespace shardtrain {
-namespace {
+namespace rank_agreement_test {
 
 namespace fs = std::filesystem;
 
@@ -75,5 +75,5 @@ TEST_F(RankAgreementTest, ARunDirectoryNotSharedIsRefusedNamingTheRanks) {
   for (const auto& error : fine) EXPECT_EQ(error, "");
 }
 
-}  // namespace
+}  // namespace rank_agreement_test
 }  // namespace shardtrain

@@ -14,7 +14,7 @@
 #include "support.h"
 
 namespace shardtrain {
-namespace {
+namespace replica_test {
 
 namespace fs = std::filesystem;
 
@@ -178,5 +178,5 @@ TEST_F(ReplicaTest, ReplicasNeedALauncherThatRestartsThemAndAStrategyThatHasThem
       << nodes.output;
 }
 
-}  // namespace
+}  // namespace replica_test
 }  // namespace shardtrain

@@ -13,7 +13,7 @@
 #include "train/run_config.h"
 
 namespace shardtrain {
-namespace {
+namespace reshard_resume_test {
 
 namespace fs = std::filesystem;
 
@@ -104,5 +104,5 @@ TEST_F(ReshardResumeTest, EveryStrategyResumesUnderAnotherAtTwoAndThreeRanks) {
   }
 }
 
-}  // namespace
+}  // namespace reshard_resume_test
 }  // namespace shardtrain

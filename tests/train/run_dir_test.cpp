@@ -18,7 +18,7 @@
 #include "train/run_config.h"
 
 namespace shardtrain {
-namespace {
+namespace run_dir_test {
 
 namespace fs = std::filesystem;
 
@@ -328,5 +328,5 @@ TEST_F(RunDirTest, AStoppedPeerEndsTheRunWithinItsTimeout) {
   EXPECT_LT(seconds, 10.0 + 5.0 + 5.0) << "start-up included";
 }
 
-}  // namespace
+}  // namespace run_dir_test
 }  // namespace shardtrain

@@ -9,7 +9,7 @@
 #include "support.h"
 
 namespace shardtrain {
-namespace {
+namespace tp_cli_test {
 
 namespace fs = std::filesystem;
 
@@ -92,5 +92,5 @@ TEST_F(TensorParallelCliTest, ThePlannersTensorParallelTomlRuns) {
   testing::expect_planned_toml_trains(dir_, toml, 4);
 }
 
-}  // namespace
+}  // namespace tp_cli_test
 }  // namespace shardtrain

@@ -13,7 +13,7 @@
 #include "train/run_config.h"
 
 namespace shardtrain {
-namespace {
+namespace tp_trainer_test {
 
 namespace fs = std::filesystem;
 
@@ -167,5 +167,5 @@ TEST_F(TensorParallelTrainerTest, RefusesWhatDoesNotDivide) {
           "data.seq_len 15 is not divisible by parallel.tp=2");
 }
 
-}  // namespace
+}  // namespace tp_trainer_test
 }  // namespace shardtrain

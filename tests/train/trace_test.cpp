@@ -18,7 +18,7 @@
 #include "train/run_config.h"
 
 namespace shardtrain {
-namespace {
+namespace trace_test {
 
 namespace fs = std::filesystem;
 using nlohmann::json;
@@ -305,5 +305,5 @@ TEST_F(TraceTest, ProgressLineHasAnEtaAndATerminalGetsABar) {
   EXPECT_NE(tty.output.find("] 3/6 eta "), std::string::npos) << tty.output;
 }
 
-}  // namespace
+}  // namespace trace_test
 }  // namespace shardtrain

@@ -13,7 +13,7 @@
 #include "train/run_config.h"
 
 namespace shardtrain {
-namespace {
+namespace trainer_test {
 
 namespace fs = std::filesystem;
 
@@ -252,5 +252,5 @@ TEST_F(TrainerTest, LaunchedDdpWritesTheLossesOfTheOneProcessRun) {
       << refused.output;
 }
 
-}  // namespace
+}  // namespace trainer_test
 }  // namespace shardtrain
