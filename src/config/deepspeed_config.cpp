@@ -325,7 +325,12 @@ void import_zero(const Json& section, int world_size, Overrides& out) {
       out.set_string("parallel.strategy", "fsdp");
       out.set_string("parallel.fsdp.sharding", "hybrid_shard");
       out.set_int("parallel.fsdp.replicate", world_size / *size);
-      if (offload) out.set_bool("parallel.fsdp.cpu_offload", true);
+      if (offload) {
+        // FSDP's offload instead of the ZeRO keys the offload sections set.
+        out.set_bool("parallel.fsdp.cpu_offload", true);
+        out.set_string("parallel.zero.offload_optimizer", "none");
+        out.set_string("parallel.zero.offload_param", "none");
+      }
     }
   }
 }

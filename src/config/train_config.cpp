@@ -756,6 +756,18 @@ void TrainConfig::validate() const {
   require(parallel.tp == 1 || lora.rank == 0,
           "lora.rank > 0 with parallel.tp > 1: adapters are not split across tensor-parallel "
           "ranks; use data parallelism (ddp or fsdp) for LoRA");
+  require(parallel.strategy == ParallelStrategy::kZero ||
+              (parallel.zero.offload_optimizer == OffloadDevice::kNone &&
+               parallel.zero.offload_param == OffloadDevice::kNone),
+          "parallel.zero.offload_optimizer / offload_param with parallel.strategy = \"" +
+              to_string(parallel.strategy) +
+              "\": offload to \"cpu\" or \"nvme\" is ZeRO's, read only under parallel.strategy "
+              "= \"zero\" (FSDP offloads with parallel.fsdp.cpu_offload = true)");
+  require(parallel.strategy == ParallelStrategy::kFsdp || !parallel.fsdp.cpu_offload,
+          "parallel.fsdp.cpu_offload = true with parallel.strategy = \"" +
+              to_string(parallel.strategy) +
+              "\": it is FSDP's, read only under parallel.strategy = \"fsdp\" (ZeRO offloads "
+              "with parallel.zero.offload_optimizer and offload_param)");
   require(parallel.zero.offload_param == OffloadDevice::kNone || parallel.zero.stage == 3,
           "parallel.zero.offload_param needs parallel.zero.stage = 3 (stages 1 and 2 keep the "
           "parameters whole on every rank)");

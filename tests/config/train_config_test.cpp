@@ -154,6 +154,32 @@ TEST(ConfigTest, ANumberTooLargeIsNamedAsOne) {
   EXPECT_EQ(e.find("a string"), std::string::npos) << e;
 }
 
+// Offload keys of a strategy the run does not use are refused, naming the strategy that reads
+// them, rather than ignored.
+TEST(ConfigTest, AnotherStrategysOffloadIsRefused) {
+  const std::string zero_under_ddp =
+      error_of("", {"parallel.strategy=\"ddp\"", "parallel.zero.offload_optimizer=\"cpu\""});
+  EXPECT_NE(zero_under_ddp.find("parallel.zero.offload_optimizer / offload_param with "
+                                "parallel.strategy = \"ddp\""),
+            std::string::npos)
+      << zero_under_ddp;
+  EXPECT_NE(zero_under_ddp.find("parallel.fsdp.cpu_offload"), std::string::npos);
+  EXPECT_NE(error_of("", {"parallel.strategy=\"fsdp\"", "parallel.zero.stage=3",
+                          "parallel.zero.offload_param=\"cpu\""})
+                .find("with parallel.strategy = \"fsdp\""),
+            std::string::npos);
+  const std::string fsdp_under_zero =
+      error_of("", {"parallel.strategy=\"zero\"", "parallel.fsdp.cpu_offload=true"});
+  EXPECT_NE(fsdp_under_zero.find("parallel.fsdp.cpu_offload = true with parallel.strategy = "
+                                 "\"zero\""),
+            std::string::npos)
+      << fsdp_under_zero;
+  // Each under its own strategy is taken.
+  EXPECT_EQ(error_of("", {"parallel.strategy=\"zero\"", "parallel.zero.offload_optimizer=\"cpu\""}),
+            "");
+  EXPECT_EQ(error_of("", {"parallel.strategy=\"fsdp\"", "parallel.fsdp.cpu_offload=true"}), "");
+}
+
 // The strategies' names become enums once, in their sections; a name that is none of them is
 // refused with its key and the names it may take.
 TEST(ConfigTest, StrategyNamesBecomeEnumsInTheirSections) {
