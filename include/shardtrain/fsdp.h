@@ -343,6 +343,9 @@ class FullyShardedDataParallel {
   void read_ahead(int index, int step);
   // Frees the unit's gathered parameters (and its companion's, unless `companion` is false).
   void release(Unit& unit, bool companion = true);
+  // Frees the gathered copy's memory and takes it off the gathered counts (no wait: release()
+  // waits for the gather first, abandon_pass() drops a failed one).
+  void free_gathered(Unit& unit);
   // When backward reaches unit `index`, the units after it are done with their frozen
   // parameters (the gradient of their input is complete): those are freed.
   void release_frozen_after(int index);

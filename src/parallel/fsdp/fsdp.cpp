@@ -427,6 +427,10 @@ void FullyShardedDataParallel::release(Unit& unit, bool companion) {
   if (unit.companion && companion) release(*unit.companion);
   if (unit.aliased || !unit.gathered || keeps_gathered(unit)) return;
   wait_gathered(unit);  // the collective still writes into the memory
+  free_gathered(unit);
+}
+
+void FullyShardedDataParallel::free_gathered(Unit& unit) {
   detail::release_storage(unit.full);
   unit.gathered = false;
   gathered_bytes_ -= unit.full_bytes();

@@ -283,12 +283,7 @@ void FullyShardedDataParallel::abandon_pass() {
       for (auto& param : unit->params) param.mutable_grad() = at::Tensor();
     }
     // A copy kept gathered may be part-written too: the next gather makes it again.
-    if (!unit->aliased && unit->gathered) {
-      detail::release_storage(unit->full);
-      unit->gathered = false;
-      gathered_bytes_ -= unit->full_bytes();
-      gathered_elements_ -= unit->padded;
-    }
+    if (!unit->aliased && unit->gathered) free_gathered(*unit);
     drop_master(*unit);
   }
   ran_.clear();
