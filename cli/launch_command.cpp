@@ -87,9 +87,10 @@ void add_launch_command(CLI::App& app, const std::vector<std::string>& command, 
       ->capture_default_str()
       ->check(CLI::Range(0, 1 << 20));
   cmd->add_flag("--fault-tolerance", options->fault_tolerance_,
-                "One node: host the ranks' store here and restart a failed replica alone while "
-                "the others train on (each restart counts against --max-restarts); for ranks "
-                "that run run.fault_tolerance = \"replicas\"");
+                "Restart a failed replica alone while the others train on (each restart "
+                "counts against --max-restarts; node 0's launcher hosts the ranks' store, each "
+                "node's restarts its own replicas); for ranks that run run.fault_tolerance = "
+                "\"replicas\"");
   cmd->add_option("--kill-timeout", a->kill_seconds,
                   "Seconds the other ranks get after SIGTERM before SIGKILL, once one failed")
       ->capture_default_str()

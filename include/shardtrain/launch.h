@@ -76,9 +76,9 @@ struct LaunchOptions {
     return *this;
   }
 
-  // Replica fault tolerance (one node): the launcher hosts the ranks' store, and when a rank
-  // fails only the ranks of its replica are stopped and started again (each time counting
-  // against max_restarts) while the other replicas train on; the ranks must run
+  // Replica fault tolerance: node 0's launcher hosts the ranks' store, and when a rank fails
+  // only the ranks of its replica are stopped and started again by their node's launcher (each
+  // time counting against max_restarts) while the other replicas train on; the ranks must run
   // run.fault_tolerance = "replicas", which says how many ranks a replica has.
   LaunchOptions& fault_tolerance(bool value) {
     fault_tolerance_ = value;

@@ -80,6 +80,7 @@ std::string remote_command(const LaunchOptions& o, int node, const HostSlots& ho
           " --max-restarts " + std::to_string(o.max_restarts_) + " --kill-timeout " +
           detail::format_seconds(o.kill_timeout_) + " --label " + shell_quoted(host.host) +
           " --stop-on-stdin-eof";
+  if (o.fault_tolerance_) line += " --fault-tolerance";
   if (!o.interface_.empty()) line += " --iface " + shell_quoted(o.interface_);
   if (!o.prefix_output_) line += " --no-prefix";
   line += " --";

@@ -22,6 +22,9 @@ void check_interface(const std::string& name);
 // "0,1,2" for {0,1,2}.
 std::string join_ranks(const std::vector<int>& ranks);
 
+// The first line of an error's text (c10's errors carry a backtrace after it).
+inline std::string first_line(const std::string& what) { return what.substr(0, what.find('\n')); }
+
 // The value a store holds for `text`, and the text of a value read from a store.
 inline std::vector<uint8_t> store_value(const std::string& text) {
   return {text.begin(), text.end()};

@@ -114,11 +114,11 @@ void validate(const LaunchOptions& o, const std::vector<std::string>& command) {
                                 " is not a TCP port");
   }
   if (o.max_restarts_ < 0) throw std::invalid_argument("--max-restarts must be >= 0");
-  if (o.fault_tolerance_ && o.nnodes_ > 1) {
+  if (o.fault_tolerance_ && o.min_nnodes_ != 0 && o.min_nnodes_ != o.nnodes_) {
     throw std::invalid_argument(
-        "--fault-tolerance runs the replicas of one node (its launcher hosts the job's store and "
-        "restarts a failed replica); across nodes use --max-restarts, which restarts the job "
-        "from its latest checkpoint");
+        "--fault-tolerance with --nnodes " + nnodes_text(o) +
+        ": replicas heal within a job of fixed nodes (each node's launcher restarts its own "
+        "replicas); an elastic job restarts from its latest checkpoint instead: choose one");
   }
   detail::check_interface(o.interface_);
 }

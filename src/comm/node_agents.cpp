@@ -15,9 +15,6 @@
 namespace shardtrain::detail {
 namespace {
 
-// c10's errors carry a backtrace after their first line.
-std::string first_line(const std::string& what) { return what.substr(0, what.find('\n')); }
-
 constexpr std::chrono::milliseconds kPoll{100};
 // A launcher beats twice a second; node 0 calls a node lost after kHeartbeatLimit without one
 // (or the launchers' timeout, when that is shorter, but never under 2 s).

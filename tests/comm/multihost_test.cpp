@@ -17,6 +17,7 @@
 #include <sstream>
 #include <thread>
 
+#include "replica_support.h"
 #include "shardtrain/sharded_checkpoint.h"
 #include "support.h"
 
@@ -115,13 +116,13 @@ class TwoHostsTest : public ::testing::Test {
   // Starts host `host`'s launcher of a two-host job in the background; its output goes to
   // node<host>.log, its exit status and end time to node<host>.end.
   void start_node(int host, const std::string& flags, const std::string& train_settings,
-                  const std::string& nnodes = "2") const {
+                  const std::string& nnodes = "2", const std::string& env = "") const {
     const std::string name = (dir_ / ("node" + std::to_string(host))).string();
     const std::string launch = testing::cli() + " launch --nproc 2 --nnodes " + nnodes +
                                " --node-rank " + std::to_string(host) + " --master-addr " +
                                kAddress[0] + " --master-port 29500 " + flags + " -- " +
                                train(train_settings);
-    testing::run_command("(" + on(host, launch) + " > " + name +
+    testing::run_command("(" + on(host, env + " " + launch) + " > " + name +
                          ".log 2>&1; echo $? $(date +%s.%N) > " + name + ".end.tmp; mv " + name +
                          ".end.tmp " + name + ".end) > /dev/null 2>&1 &");
   }
@@ -352,6 +353,53 @@ TEST_F(TwoHostsTest, AnElasticJobFinishesOnTheHostThatRemainsWithTheSameGlobalBa
   ASSERT_EQ(want.size(), static_cast<size_t>(300 - step)) << reference.output;
   for (const auto& [s, loss] : want) EXPECT_EQ(got.at(s), loss) << "step " << s;
   ASSERT_EQ(got.size(), 300u);
+}
+
+// Replica fault tolerance across hosts: hybrid_shard with one replica (a 2-rank shard group) per
+// host. Rank 3, on host 1, dies after step 3: host 1's launcher restarts its replica alone, host
+// 0's ranks train on in their first processes, and the restarted replica heals from host 0's.
+TEST_F(TwoHostsTest, AReplicaOfOneHostIsRestartedByItsLauncherAndHealsFromTheOtherHost) {
+  const fs::path run = dir_ / "replicas";
+  const std::string settings =
+      "--set parallel.strategy=fsdp --set parallel.fsdp.sharding=hybrid_shard "
+      "--set parallel.fsdp.replicate=2 --set train.micro_batch=2 --set train.steps=300 "
+      "--set run.fault_tolerance=replicas --set run.log_every=100 --set run.dir=" +
+      run.string();
+  const std::string flags = "--fault-tolerance --max-restarts 2 --kill-timeout 2 --timeout 60";
+  start_node(1, flags, settings, "2", "SHARDTRAIN_KILL_AFTER_STEP=3");
+  start_node(0, flags, settings, "2", "SHARDTRAIN_KILL_AFTER_STEP=3");
+  const Ended zero = wait_node(0);
+  const Ended one = wait_node(1);
+  const std::string output = "--- host 0:\n" + zero.output + "--- host 1:\n" + one.output;
+  ASSERT_EQ(zero.exit_code, 0) << output;
+  ASSERT_EQ(one.exit_code, 0) << output;
+  EXPECT_NE(one.output.find("restarting replica 1 (ranks 2,3) alone (1 of 2)"), std::string::npos)
+      << output;
+  EXPECT_EQ(zero.output.find("restarting replica"), std::string::npos) << output;
+  testing::expect_healed(testing::replica_metrics(run / "metrics.jsonl"), 4, 300, 3, 2);
+}
+
+// A failure a host's launcher does not restart (past --max-restarts) ends the job on every host,
+// each saying why.
+TEST_F(TwoHostsTest, AReplicaFailurePastMaxRestartsEndsEveryHostWithItsReason) {
+  const std::string settings =
+      "--set parallel.strategy=fsdp --set parallel.fsdp.sharding=hybrid_shard "
+      "--set parallel.fsdp.replicate=2 --set train.micro_batch=2 --set train.steps=1000000 "
+      "--set run.fault_tolerance=replicas --set run.log_every=100 --set run.dir=" +
+      (dir_ / "run").string();
+  const std::string flags = "--fault-tolerance --max-restarts 0 --kill-timeout 2 --timeout 60";
+  start_node(1, flags, settings, "2", "SHARDTRAIN_KILL_AFTER_STEP=3");
+  start_node(0, flags, settings, "2", "SHARDTRAIN_KILL_AFTER_STEP=3");
+  const Ended zero = wait_node(0, 120);
+  const Ended one = wait_node(1, 120);
+  const std::string output = "--- host 0:\n" + zero.output + "--- host 1:\n" + one.output;
+  EXPECT_NE(zero.exit_code, 0) << output;
+  EXPECT_NE(one.exit_code, 0) << output;
+  const std::string why = "replica 1 failed after 0 restarts of --max-restarts 0";
+  EXPECT_NE(one.output.find(why), std::string::npos) << output;
+  EXPECT_NE(zero.output.find("node 1: rank 3 (pid "), std::string::npos) << output;
+  EXPECT_NE(zero.output.find(why), std::string::npos) << output;
+  EXPECT_NE(zero.output.find("stopped this node's ranks"), std::string::npos) << output;
 }
 
 TEST_F(TwoHostsTest, ALinkTakenDownEndsBothHostsWithinTheTimeoutNamingTheOtherHost) {

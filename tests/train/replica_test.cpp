@@ -7,24 +7,15 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
-#include <nlohmann/json.hpp>
-#include <set>
 
 #include "shardtrain/train.h"
+#include "replica_support.h"
 #include "support.h"
 
 namespace shardtrain {
 namespace replica_test {
 
 namespace fs = std::filesystem;
-
-struct Line {
-  int64_t pid = 0;
-  int replicas = 0;
-  bool degraded = false;
-  int64_t crc = 0;
-  double loss = 0;
-};
 
 class ReplicaTest : public ::testing::Test {
  protected:
@@ -54,56 +45,12 @@ class ReplicaTest : public ::testing::Test {
         " train --config " + config() + " --set run.dir=" + (dir_ / "run").string() + settings);
   }
 
-  // metrics.jsonl by (step, rank); fails the test on a (step, rank) written twice.
-  std::map<std::pair<int64_t, int>, Line> metrics() const {
-    std::map<std::pair<int64_t, int>, Line> out;
-    std::ifstream in(dir_ / "run" / "metrics.jsonl");
-    for (std::string text; std::getline(in, text);) {
-      const auto j = nlohmann::json::parse(text);
-      const std::pair<int64_t, int> key{j.at("step").get<int64_t>(), j.at("rank").get<int>()};
-      EXPECT_EQ(out.count(key), 0u) << "step " << key.first << " rank " << key.second << " twice";
-      out[key] =
-          Line{j.at("pid").get<int64_t>(), j.at("replicas").get<int>(), j.value("degraded", false),
-               j.at("state_crc32").get<int64_t>(), j.at("loss").get<double>()};
-    }
-    return out;
+  std::map<std::pair<int64_t, int>, testing::ReplicaLine> metrics() const {
+    return testing::replica_metrics(dir_ / "run" / "metrics.jsonl");
   }
 
   fs::path dir_;
 };
-
-// What every fault-injected run must show: the healthy replicas' processes took every step,
-// the restarted one's lines come from new processes, steps after the failure ran degraded
-// until it rejoined, and from the last step's state on every replica is the same (each rank's
-// as its peer's at the same position in replica 0: replicas of `replica_size` ranks).
-void expect_healed(const std::map<std::pair<int64_t, int>, Line>& lines, int ranks, int steps,
-                   int failed_rank, int replica_size = 1) {
-  const int replicas = ranks / replica_size;
-  std::map<int, std::set<int64_t>> pids;
-  int degraded = 0;
-  for (const auto& [key, line] : lines) {
-    pids[key.second].insert(line.pid);
-    if (key.second == 0) degraded += line.degraded ? 1 : 0;
-    EXPECT_EQ(line.degraded, line.replicas < replicas) << "step " << key.first;
-  }
-  for (int r = 0; r < ranks; ++r) {
-    if (r / replica_size == failed_rank / replica_size) {
-      EXPECT_GE(pids[r].size(), 2u) << "rank " << r << " was not restarted";
-    } else {
-      EXPECT_EQ(pids[r].size(), 1u) << "rank " << r << " was restarted";
-      for (int64_t step = 1; step <= steps; ++step) {
-        EXPECT_EQ(lines.count({step, r}), 1u) << "rank " << r << " has no step " << step;
-      }
-    }
-  }
-  EXPECT_GT(degraded, 0) << "no step ran without the failed replica";
-  // The last step ran on every replica, each with the same state.
-  for (int r = 0; r < ranks; ++r) {
-    ASSERT_EQ(lines.count({steps, r}), 1u) << "rank " << r << " did not take the last step";
-    EXPECT_EQ(lines.at({steps, r}).replicas, replicas);
-    EXPECT_EQ(lines.at({steps, r}).crc, lines.at({steps, r % replica_size}).crc) << "rank " << r;
-  }
-}
 
 // hybrid_shard: 2 replicas of a 2-rank shard group. A replica's ranks hold different shards, so
 // the replicas heal shard by shard and the shard groups are connected again with each
@@ -119,7 +66,7 @@ TEST_F(ReplicaTest, AKilledReplicaIsRestartedAloneAndHealsFromAHealthyOne) {
   EXPECT_NE(run.output.find("restarting replica 2 (ranks 2) alone (1 of 2)"), std::string::npos)
       << run.output;
   EXPECT_NE(run.output.find("taken in by the running replicas"), std::string::npos) << run.output;
-  expect_healed(metrics(), 3, 400, 2);
+  testing::expect_healed(metrics(), 3, 400, 2);
 }
 
 TEST_F(ReplicaTest, AReplicaThatDiesAgainWhileItJoinsIsRestartedOnceMore) {
@@ -127,7 +74,7 @@ TEST_F(ReplicaTest, AReplicaThatDiesAgainWhileItJoinsIsRestartedOnceMore) {
   ASSERT_EQ(run.exit_code, 0) << run.output;
   EXPECT_NE(run.output.find("restarting replica 2 (ranks 2) alone (2 of 3)"), std::string::npos)
       << run.output;
-  expect_healed(metrics(), 3, 400, 2);
+  testing::expect_healed(metrics(), 3, 400, 2);
 }
 
 TEST_F(ReplicaTest, AHybridShardReplicaLosingOneRankIsRestartedWholeAndHealsShardByShard) {
@@ -137,7 +84,7 @@ TEST_F(ReplicaTest, AHybridShardReplicaLosingOneRankIsRestartedWholeAndHealsShar
   ASSERT_EQ(run.exit_code, 0) << run.output;
   EXPECT_NE(run.output.find("restarting replica 1 (ranks 2,3) alone (1 of 2)"), std::string::npos)
       << run.output;
-  expect_healed(metrics(), 4, 400, 3, 2);
+  testing::expect_healed(metrics(), 4, 400, 3, 2);
 }
 
 TEST_F(ReplicaTest, AHybridShardReplicaThatDiesAgainWhileItJoinsIsRestartedOnceMore) {
@@ -146,7 +93,7 @@ TEST_F(ReplicaTest, AHybridShardReplicaThatDiesAgainWhileItJoinsIsRestartedOnceM
   ASSERT_EQ(run.exit_code, 0) << run.output;
   EXPECT_NE(run.output.find("restarting replica 1 (ranks 2,3) alone (2 of 3)"), std::string::npos)
       << run.output;
-  expect_healed(metrics(), 4, 400, 3, 2);
+  testing::expect_healed(metrics(), 4, 400, 3, 2);
 }
 
 TEST_F(ReplicaTest, ReplicasNeedALauncherThatRestartsThemAndAStrategyThatHasThem) {
@@ -169,13 +116,13 @@ TEST_F(ReplicaTest, ReplicasNeedALauncherThatRestartsThemAndAStrategyThatHasThem
                                         " --set run.dir=" + (dir_ / "one").string());
   EXPECT_EQ(one.exit_code, 2) << one.output;
   EXPECT_NE(one.output.find("needs at least 2 replicas"), std::string::npos) << one.output;
-  // The launcher runs replicas on one node.
-  const auto nodes = testing::run_command(testing::cli() +
-                                          " launch --fault-tolerance --nnodes 2 --master-port "
-                                          "29999 --nproc 1 -- true");
-  EXPECT_EQ(nodes.exit_code, 2) << nodes.output;
-  EXPECT_NE(nodes.output.find("--fault-tolerance runs the replicas of one node"), std::string::npos)
-      << nodes.output;
+  // Replicas heal within a job of fixed nodes; an elastic one restarts from a checkpoint.
+  const auto elastic = testing::run_command(testing::cli() +
+                                            " launch --fault-tolerance --nnodes 1:2 --master-port "
+                                            "29999 --nproc 1 -- true");
+  EXPECT_EQ(elastic.exit_code, 2) << elastic.output;
+  EXPECT_NE(elastic.output.find("--fault-tolerance with --nnodes 1:2"), std::string::npos)
+      << elastic.output;
 }
 
 }  // namespace replica_test
