@@ -176,8 +176,9 @@ class Trainer {
   // One token drawn from the logits of the last position (train.sample_*).
   int64_t sample_next(const at::Tensor& logits, at::Generator& generator);
   // SHARDTRAIN_KILL_AFTER_STEP / SHARDTRAIN_STOP_AFTER_STEP: the last rank kills or stops
-  // itself after that step (first attempt only).
-  void fail_if_injected() const;
+  // itself after that step; while `evaluating`, SHARDTRAIN_KILL_IN_EVALUATION: it kills itself
+  // as that step's evaluation starts (first attempt only).
+  void fail_if_injected(bool evaluating = false) const;
   // run.fault_tolerance = "replicas": every member takes the training state (parameters,
   // AdamW's state, buffers, step, data position, loss scale, random state) of rank `source`,
   // over the members' group, when a membership took in a restarted replica. Collective.

@@ -445,6 +445,7 @@ std::optional<int64_t> Trainer::loss_chunk() const {
 double Trainer::evaluate() {
   detail::TelemetryScope telemetry(telemetry_);
   detail::TraceSpan span("eval", "eval");
+  fail_if_injected(/*evaluating=*/true);
   torch::NoGradGuard no_grad;
   model_->eval();
   const std::unique_ptr<StageScope> held = parallel_->inference_scope();
@@ -503,15 +504,18 @@ int64_t Trainer::sample_next(const at::Tensor& logits, at::Generator& generator)
                       config_.train.sample_temperature, config_.train.sample_top_k, generator);
 }
 
-void Trainer::fail_if_injected() const {
+void Trainer::fail_if_injected(bool evaluating) const {
   // Fault injection for restart and timeout tests (docs/training.md): on a first attempt the
-  // last rank dies (SIGKILL) or hangs (SIGSTOP) right after the given step, as a crashed,
-  // preempted or wedged rank would.
+  // last rank dies (SIGKILL) or hangs (SIGSTOP) right after the given step or in its
+  // evaluation, as a crashed, preempted or wedged rank would.
   if (restart_count_ > 0 || rank() != world_size() - 1) return;
   if (joins_running_replicas()) return;
-  for (const auto& [variable, signal] :
-       {std::pair<const char*, int>{"SHARDTRAIN_KILL_AFTER_STEP", SIGKILL},
-        {"SHARDTRAIN_STOP_AFTER_STEP", SIGSTOP}}) {
+  using Injection = std::pair<const char*, int>;
+  const std::vector<Injection> injections =
+      evaluating ? std::vector<Injection>{{"SHARDTRAIN_KILL_IN_EVALUATION", SIGKILL}}
+                 : std::vector<Injection>{{"SHARDTRAIN_KILL_AFTER_STEP", SIGKILL},
+                                          {"SHARDTRAIN_STOP_AFTER_STEP", SIGSTOP}};
+  for (const auto& [variable, signal] : injections) {
     const char* at = std::getenv(variable);
     if (at && std::atoll(at) == step_) {
       std::fflush(stdout);

@@ -8,8 +8,8 @@
 #include <fstream>
 #include <map>
 
-#include "shardtrain/train.h"
 #include "replica_support.h"
+#include "shardtrain/train.h"
 #include "support.h"
 
 namespace shardtrain {
@@ -81,6 +81,20 @@ TEST_F(ReplicaTest, AHybridShardReplicaLosingOneRankIsRestartedWholeAndHealsShar
   // Rank 3, the last of replica 1, dies after step 3: its replica's rank 2 is stopped and both
   // start again, while replica 0 (ranks 0 and 1) trains on in its first processes.
   const auto run = launch("SHARDTRAIN_KILL_AFTER_STEP=3", 4, 2, kHybrid);
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  EXPECT_NE(run.output.find("restarting replica 1 (ranks 2,3) alone (1 of 2)"), std::string::npos)
+      << run.output;
+  testing::expect_healed(metrics(), 4, 400, 3, 2);
+}
+
+TEST_F(ReplicaTest, AHybridShardReplicaLosingARankInAnEvaluationHealsAsAfterAStep) {
+  // Rank 3 dies as the evaluation after step 50 starts, whose forward passes gather over the
+  // shard groups: its peer rank 2 fails in that evaluation's gathers, while replica 0 evaluates
+  // within its own shard group and trains on.
+  const auto run = launch("SHARDTRAIN_KILL_IN_EVALUATION=50", 4, 2,
+                          std::string(kHybrid) +
+                              " --set train.eval_every=50 --set "
+                              "data.eval_sequences=8");
   ASSERT_EQ(run.exit_code, 0) << run.output;
   EXPECT_NE(run.output.find("restarting replica 1 (ranks 2,3) alone (1 of 2)"), std::string::npos)
       << run.output;
