@@ -175,10 +175,16 @@ class Trainer {
   void restore_training_state(const ShardedCheckpointReader& reader, const std::string& dir);
   // One token drawn from the logits of the last position (train.sample_*).
   int64_t sample_next(const at::Tensor& logits, at::Generator& generator);
+  // Where fail_if_injected() is called.
+  enum class InjectionPoint { kAfterStep, kEvaluation, kSave };
   // SHARDTRAIN_KILL_AFTER_STEP / SHARDTRAIN_STOP_AFTER_STEP: the last rank kills or stops
-  // itself after that step; while `evaluating`, SHARDTRAIN_KILL_IN_EVALUATION: it kills itself
-  // as that step's evaluation starts (first attempt only).
-  void fail_if_injected(bool evaluating = false) const;
+  // itself after that step; SHARDTRAIN_KILL_IN_EVALUATION / SHARDTRAIN_KILL_IN_SAVE: it kills
+  // itself as that step's evaluation or checkpoint save starts (first attempt only).
+  void fail_if_injected(InjectionPoint point = InjectionPoint::kAfterStep) const;
+  // save_checkpoint(); under run.fault_tolerance = "replicas" a replica lost during the save
+  // costs that checkpoint only ("" returned: `latest` stays the previous one), and the next
+  // step runs without the lost replica.
+  std::string save_checkpoint_on_replicas();
   // run.fault_tolerance = "replicas": every member takes the training state (parameters,
   // AdamW's state, buffers, step, data position, loss scale, random state) of rank `source`,
   // over the members' group, when a membership took in a restarted replica. Collective.

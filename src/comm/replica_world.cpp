@@ -431,6 +431,15 @@ int ReplicaWorld::begin_step(int64_t /*step*/) {
   return source;
 }
 
+bool ReplicaWorld::member_lost(std::chrono::milliseconds limit) {
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  while (!lost_since(next_epoch_, latest_epoch())) {
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return true;
+}
+
 bool ReplicaWorld::finish_step(int64_t step, bool finished, std::chrono::milliseconds limit) {
   // The membership this step ran on (or tried to connect).
   const int64_t epoch = next_epoch_;

@@ -79,6 +79,10 @@ class ReplicaWorld : public std::enable_shared_from_this<ReplicaWorld> {
   // When it does not, the body runs again on the next membership. A rank whose body failed and
   // that sees no new membership within `limit` gets std::runtime_error.
   bool finish_step(int64_t step, bool finished, std::chrono::milliseconds limit);
+  // After a collective outside a step failed (a save): whether the launcher leaves a member of
+  // the membership the next step runs on out within `limit`. That step then fails on the
+  // given-up group and is taken again without it, as finish_step() decides.
+  bool member_lost(std::chrono::milliseconds limit);
 
   // Ranks per replica: 1 under ddp, a shard group's under fsdp hybrid_shard (rank r is in
   // replica r / replica_size()).

@@ -445,7 +445,7 @@ std::optional<int64_t> Trainer::loss_chunk() const {
 double Trainer::evaluate() {
   detail::TelemetryScope telemetry(telemetry_);
   detail::TraceSpan span("eval", "eval");
-  fail_if_injected(/*evaluating=*/true);
+  fail_if_injected(InjectionPoint::kEvaluation);
   torch::NoGradGuard no_grad;
   model_->eval();
   const std::unique_ptr<StageScope> held = parallel_->inference_scope();
@@ -504,17 +504,26 @@ int64_t Trainer::sample_next(const at::Tensor& logits, at::Generator& generator)
                       config_.train.sample_temperature, config_.train.sample_top_k, generator);
 }
 
-void Trainer::fail_if_injected(bool evaluating) const {
+void Trainer::fail_if_injected(InjectionPoint point) const {
   // Fault injection for restart and timeout tests (docs/training.md): on a first attempt the
-  // last rank dies (SIGKILL) or hangs (SIGSTOP) right after the given step or in its
-  // evaluation, as a crashed, preempted or wedged rank would.
+  // last rank dies (SIGKILL) or hangs (SIGSTOP) right after the given step, or as its
+  // evaluation or save starts, as a crashed, preempted or wedged rank would.
   if (restart_count_ > 0 || rank() != world_size() - 1) return;
   if (joins_running_replicas()) return;
   using Injection = std::pair<const char*, int>;
-  const std::vector<Injection> injections =
-      evaluating ? std::vector<Injection>{{"SHARDTRAIN_KILL_IN_EVALUATION", SIGKILL}}
-                 : std::vector<Injection>{{"SHARDTRAIN_KILL_AFTER_STEP", SIGKILL},
-                                          {"SHARDTRAIN_STOP_AFTER_STEP", SIGSTOP}};
+  std::vector<Injection> injections;
+  switch (point) {
+    case InjectionPoint::kAfterStep:
+      injections = {{"SHARDTRAIN_KILL_AFTER_STEP", SIGKILL},
+                    {"SHARDTRAIN_STOP_AFTER_STEP", SIGSTOP}};
+      break;
+    case InjectionPoint::kEvaluation:
+      injections = {{"SHARDTRAIN_KILL_IN_EVALUATION", SIGKILL}};
+      break;
+    case InjectionPoint::kSave:
+      injections = {{"SHARDTRAIN_KILL_IN_SAVE", SIGKILL}};
+      break;
+  }
   for (const auto& [variable, signal] : injections) {
     const char* at = std::getenv(variable);
     if (at && std::atoll(at) == step_) {
@@ -637,7 +646,7 @@ void Trainer::fit() {
     // A model whose last step was skipped may have diverged: it never replaces `latest`.
     if (config_.train.checkpoint_every > 0 && step_ % config_.train.checkpoint_every == 0 &&
         step_ != config_.train.steps && skipped_in_a_row_ == 0 && !replicas_missing(talk)) {
-      save_checkpoint();
+      save_checkpoint_on_replicas();
     }
     // Recorded until the next step is one not traced: this step's evaluation and checkpoint too.
     if (!traces(step_ + 1)) write_trace();
@@ -657,9 +666,9 @@ void Trainer::fit() {
         "; resume from the latest checkpoint with a lower train.lr or a higher train.clip");
   }
   if (config_.train.final_checkpoint && !replicas_missing(talk)) {
-    std::string dir = save_checkpoint();
+    std::string dir = save_checkpoint_on_replicas();
     if (config_.run.checkpoint_async) dir = wait_for_checkpoint();
-    if (talk) std::printf("checkpoint: %s\n", dir.c_str());
+    if (talk && !dir.empty()) std::printf("checkpoint: %s\n", dir.c_str());
   }
   wait_for_checkpoint();  // the last save is on disk before the run ends
   // Where every rank takes part in the forward passes, every rank generates.

@@ -87,7 +87,29 @@ void check_model_tensors(const ShardedCheckpointReader& reader, const NamedTenso
 
 }  // namespace
 
+std::string Trainer::save_checkpoint_on_replicas() {
+  if (!replicas_) return save_checkpoint();
+  try {
+    return save_checkpoint();
+  } catch (const std::exception& e) {
+    // As after a failed step's body: the groups are given up, so that peers still in them fail
+    // at once; the incomplete checkpoint was removed by rank 0 (or is never committed).
+    replicas_->abandon();
+    parallel_->after_save();
+    if (!replicas_->member_lost(std::chrono::seconds(30))) throw;  // this rank's own error
+    if (rank() == 0) {
+      const std::string error = e.what();
+      std::fprintf(stderr,
+                   "shardtrain: the checkpoint of step %lld is not written: a replica failed "
+                   "during the save: %s\n",
+                   static_cast<long long>(step_), error.substr(0, error.find('\n')).c_str());
+    }
+    return "";
+  }
+}
+
 std::string Trainer::save_checkpoint() {
+  fail_if_injected(InjectionPoint::kSave);
   detail::TelemetryScope telemetry(telemetry_);
   const bool async = config_.run.checkpoint_async;
   if (async) wait_for_checkpoint();  // one save at a time

@@ -77,6 +77,24 @@ TEST_F(ReplicaTest, AReplicaThatDiesAgainWhileItJoinsIsRestartedOnceMore) {
   testing::expect_healed(metrics(), 3, 400, 2);
 }
 
+TEST_F(ReplicaTest, AReplicaLostInASaveCostsThatCheckpointOnly) {
+  // Rank 2 dies as the save after step 50 starts: ranks 0 and 1 give that checkpoint up
+  // (`latest` stays as it was), train on, and the final one is written by every replica.
+  const auto run = launch("SHARDTRAIN_KILL_IN_SAVE=50", 3, 2,
+                          " --set train.checkpoint_every=50 --set train.keep_checkpoints=100");
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  EXPECT_NE(run.output.find("the checkpoint of step 50 is not written: a replica failed during "
+                            "the save"),
+            std::string::npos)
+      << run.output;
+  EXPECT_NE(run.output.find("restarting replica 2 (ranks 2) alone (1 of 2)"), std::string::npos)
+      << run.output;
+  testing::expect_healed(metrics(), 3, 400, 2);
+  const fs::path checkpoints = dir_ / "run" / "checkpoints";
+  EXPECT_FALSE(fs::exists(checkpoints / "step_000050"));
+  EXPECT_TRUE(fs::exists(checkpoints / "step_000400"));
+}
+
 TEST_F(ReplicaTest, AHybridShardReplicaLosingOneRankIsRestartedWholeAndHealsShardByShard) {
   // Rank 3, the last of replica 1, dies after step 3: its replica's rank 2 is stopped and both
   // start again, while replica 0 (ranks 0 and 1) trains on in its first processes.
