@@ -199,11 +199,12 @@ LaunchResult launch_replicas(const LaunchOptions& o, const std::vector<std::stri
           if (!coordinator) return ended_elsewhere();
           return end_job(code, rank, what + "; no replica is left training");
         }
-        std::vector<int> locals;
-        for (int r = replica * size; r < (replica + 1) * size; ++r) locals.push_back(r - first);
+        std::vector<int> ranks, locals;
+        for (int r = replica * size; r < (replica + 1) * size; ++r) {
+          ranks.push_back(r);
+          locals.push_back(r - first);
+        }
         stop_some(children, locals, o.kill_timeout_);
-        std::vector<int> ranks;
-        for (int local_rank : locals) ranks.push_back(first + local_rank);
         write_all(STDERR_FILENO, "shardtrain launch: " + what + "; restarting replica " +
                                      std::to_string(replica) + " (ranks " + join_ranks(ranks) +
                                      ") alone (" + std::to_string(restart) + " of " +

@@ -39,6 +39,10 @@ std::string ready(int replica, int restart);  // counts a restarted replica's ra
 // this rank's replica was restarted (0 on the first start).
 inline constexpr const char* kReplicaRestartVariable = "SHARDTRAIN_REPLICA_RESTART";
 
+// How long a rank whose collective failed waits for the launcher to report a replica lost
+// before it takes the failure for its own (finish_step(), member_lost()).
+inline constexpr std::chrono::seconds kReplicaLossWait{30};
+
 // "0,1,3" back to {0, 1, 3}; throws std::runtime_error naming `what` when malformed.
 std::vector<int> parse_ranks(const std::string& text, const std::string& what);
 

@@ -11,6 +11,7 @@
 #include <optional>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 
+#include "comm/join.h"
 #include "comm/replica_world.h"
 #include "model/autocast.h"
 #include "model/layers.h"
@@ -339,7 +340,7 @@ bool Trainer::step_on_replicas(StepResult& result, std::optional<detail::TraceSp
     }
     bool stands = false;
     try {
-      stands = replicas_->finish_step(step_ + 1, !failure, std::chrono::seconds(30));
+      stands = replicas_->finish_step(step_ + 1, !failure, kReplicaLossWait);
     } catch (const std::runtime_error&) {
       if (failure) std::rethrow_exception(failure);  // not a lost replica: its own error
       throw;
@@ -349,7 +350,7 @@ bool Trainer::step_on_replicas(StepResult& result, std::optional<detail::TraceSp
       std::fprintf(stderr,
                    "shardtrain: step %lld is taken again without the replica that failed%s%s\n",
                    static_cast<long long>(step_ + 1), error.empty() ? "" : ": ",
-                   error.substr(0, error.find('\n')).c_str());
+                   detail::first_line(error).c_str());
     }
   }
 }
@@ -510,21 +511,18 @@ void Trainer::fail_if_injected(InjectionPoint point) const {
   // evaluation or save starts, as a crashed, preempted or wedged rank would.
   if (restart_count_ > 0 || rank() != world_size() - 1) return;
   if (joins_running_replicas()) return;
-  using Injection = std::pair<const char*, int>;
-  std::vector<Injection> injections;
-  switch (point) {
-    case InjectionPoint::kAfterStep:
-      injections = {{"SHARDTRAIN_KILL_AFTER_STEP", SIGKILL},
-                    {"SHARDTRAIN_STOP_AFTER_STEP", SIGSTOP}};
-      break;
-    case InjectionPoint::kEvaluation:
-      injections = {{"SHARDTRAIN_KILL_IN_EVALUATION", SIGKILL}};
-      break;
-    case InjectionPoint::kSave:
-      injections = {{"SHARDTRAIN_KILL_IN_SAVE", SIGKILL}};
-      break;
-  }
-  for (const auto& [variable, signal] : injections) {
+  struct Injection {
+    InjectionPoint point;
+    const char* variable;
+    int signal;
+  };
+  static constexpr Injection kInjections[] = {
+      {InjectionPoint::kAfterStep, "SHARDTRAIN_KILL_AFTER_STEP", SIGKILL},
+      {InjectionPoint::kAfterStep, "SHARDTRAIN_STOP_AFTER_STEP", SIGSTOP},
+      {InjectionPoint::kEvaluation, "SHARDTRAIN_KILL_IN_EVALUATION", SIGKILL},
+      {InjectionPoint::kSave, "SHARDTRAIN_KILL_IN_SAVE", SIGKILL}};
+  for (const auto& [at_point, variable, signal] : kInjections) {
+    if (at_point != point) continue;
     const char* at = std::getenv(variable);
     if (at && std::atoll(at) == step_) {
       std::fflush(stdout);

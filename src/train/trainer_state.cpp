@@ -13,6 +13,7 @@
 
 #include "checkpoint/model_description.h"
 #include "checkpoint/safetensors_detail.h"
+#include "comm/join.h"
 #include "comm/replica_world.h"
 #include "common/file_error.h"
 #include "parallel/parallel_model.h"
@@ -96,13 +97,12 @@ std::string Trainer::save_checkpoint_on_replicas() {
     // at once; the incomplete checkpoint was removed by rank 0 (or is never committed).
     replicas_->abandon();
     parallel_->after_save();
-    if (!replicas_->member_lost(std::chrono::seconds(30))) throw;  // this rank's own error
+    if (!replicas_->member_lost(kReplicaLossWait)) throw;  // this rank's own error
     if (rank() == 0) {
-      const std::string error = e.what();
       std::fprintf(stderr,
                    "shardtrain: the checkpoint of step %lld is not written: a replica failed "
                    "during the save: %s\n",
-                   static_cast<long long>(step_), error.substr(0, error.find('\n')).c_str());
+                   static_cast<long long>(step_), detail::first_line(e.what()).c_str());
     }
     return "";
   }

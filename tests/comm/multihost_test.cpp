@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <thread>
+#include <utility>
 
 #include "replica_support.h"
 #include "shardtrain/sharded_checkpoint.h"
@@ -142,14 +143,25 @@ class TwoHostsTest : public ::testing::Test {
     return ended;
   }
 
+  // Both hosts' output, host 0's first.
+  static std::string both_outputs(const Ended& zero, const Ended& one) {
+    return "--- host 0:\n" + zero.output + "--- host 1:\n" + one.output;
+  }
+
+  // Runs a two-host job of two nodes to its end (each launcher given `env`, waited for up to
+  // `seconds`): host 0's end, then host 1's.
+  std::pair<Ended, Ended> run_both(const std::string& flags, const std::string& settings,
+                                   const std::string& env = "", double seconds = 300) const {
+    start_node(1, flags, settings, "2", env);
+    start_node(0, flags, settings, "2", env);
+    const Ended zero = wait_node(0, seconds);
+    return {zero, wait_node(1, seconds)};
+  }
+
   // Runs a two-host job to its end; both hosts' output together.
   testing::CommandResult two_hosts(const std::string& flags, const std::string& settings) const {
-    start_node(1, flags, settings);
-    start_node(0, flags, settings);
-    const Ended zero = wait_node(0);
-    const Ended one = wait_node(1);
-    return {zero.exit_code != 0 ? zero.exit_code : one.exit_code,
-            "--- host 0:\n" + zero.output + "--- host 1:\n" + one.output};
+    const auto [zero, one] = run_both(flags, settings);
+    return {zero.exit_code != 0 ? zero.exit_code : one.exit_code, both_outputs(zero, one)};
   }
 
   // Processes of `shardtrain train` running on `host`.
@@ -288,7 +300,7 @@ TEST_F(TwoHostsTest, AHostWhoseRanksAreKilledRestartsBothHostsFromTheLatestCheck
   for (int pid : victims) kill(pid, SIGKILL);
   const Ended zero = wait_node(0);
   const Ended one = wait_node(1);
-  const std::string output = "--- host 0:\n" + zero.output + "--- host 1:\n" + one.output;
+  const std::string output = both_outputs(zero, one);
   ASSERT_EQ(zero.exit_code, 0) << output;
   ASSERT_EQ(one.exit_code, 0) << output;
   EXPECT_NE(zero.output.find("restarting (1 of 1)"), std::string::npos) << output;
@@ -326,7 +338,7 @@ TEST_F(TwoHostsTest, AnElasticJobFinishesOnTheHostThatRemainsWithTheSameGlobalBa
   testing::run_command("ip netns pids " + ns_[1] + " | xargs -r kill -9");
   const Ended zero = wait_node(0);
   const Ended one = wait_node(1);
-  const std::string output = "--- host 0:\n" + zero.output + "--- host 1:\n" + one.output;
+  const std::string output = both_outputs(zero, one);
   ASSERT_EQ(zero.exit_code, 0) << output;
   EXPECT_NE(one.exit_code, 0) << output;
   EXPECT_NE(zero.output.find("restarting on 1 node (0) of --nnodes 1:2"), std::string::npos)
@@ -355,22 +367,22 @@ TEST_F(TwoHostsTest, AnElasticJobFinishesOnTheHostThatRemainsWithTheSameGlobalBa
   ASSERT_EQ(got.size(), 300u);
 }
 
+// hybrid_shard under replica fault tolerance, one replica (a 2-rank shard group) per host.
+const char* const kReplicaPerHost =
+    "--set parallel.strategy=fsdp --set parallel.fsdp.sharding=hybrid_shard "
+    "--set parallel.fsdp.replicate=2 --set train.micro_batch=2 "
+    "--set run.fault_tolerance=replicas --set run.log_every=100 ";
+
 // Replica fault tolerance across hosts: hybrid_shard with one replica (a 2-rank shard group) per
 // host. Rank 3, on host 1, dies after step 3: host 1's launcher restarts its replica alone, host
 // 0's ranks train on in their first processes, and the restarted replica heals from host 0's.
 TEST_F(TwoHostsTest, AReplicaOfOneHostIsRestartedByItsLauncherAndHealsFromTheOtherHost) {
   const fs::path run = dir_ / "replicas";
-  const std::string settings =
-      "--set parallel.strategy=fsdp --set parallel.fsdp.sharding=hybrid_shard "
-      "--set parallel.fsdp.replicate=2 --set train.micro_batch=2 --set train.steps=300 "
-      "--set run.fault_tolerance=replicas --set run.log_every=100 --set run.dir=" +
-      run.string();
-  const std::string flags = "--fault-tolerance --max-restarts 2 --kill-timeout 2 --timeout 60";
-  start_node(1, flags, settings, "2", "SHARDTRAIN_KILL_AFTER_STEP=3");
-  start_node(0, flags, settings, "2", "SHARDTRAIN_KILL_AFTER_STEP=3");
-  const Ended zero = wait_node(0);
-  const Ended one = wait_node(1);
-  const std::string output = "--- host 0:\n" + zero.output + "--- host 1:\n" + one.output;
+  const auto [zero, one] =
+      run_both("--fault-tolerance --max-restarts 2 --kill-timeout 2 --timeout 60",
+               std::string(kReplicaPerHost) + "--set train.steps=300 --set run.dir=" + run.string(),
+               "SHARDTRAIN_KILL_AFTER_STEP=3");
+  const std::string output = both_outputs(zero, one);
   ASSERT_EQ(zero.exit_code, 0) << output;
   ASSERT_EQ(one.exit_code, 0) << output;
   EXPECT_NE(one.output.find("restarting replica 1 (ranks 2,3) alone (1 of 2)"), std::string::npos)
@@ -382,17 +394,12 @@ TEST_F(TwoHostsTest, AReplicaOfOneHostIsRestartedByItsLauncherAndHealsFromTheOth
 // A failure a host's launcher does not restart (past --max-restarts) ends the job on every host,
 // each saying why.
 TEST_F(TwoHostsTest, AReplicaFailurePastMaxRestartsEndsEveryHostWithItsReason) {
-  const std::string settings =
-      "--set parallel.strategy=fsdp --set parallel.fsdp.sharding=hybrid_shard "
-      "--set parallel.fsdp.replicate=2 --set train.micro_batch=2 --set train.steps=1000000 "
-      "--set run.fault_tolerance=replicas --set run.log_every=100 --set run.dir=" +
-      (dir_ / "run").string();
-  const std::string flags = "--fault-tolerance --max-restarts 0 --kill-timeout 2 --timeout 60";
-  start_node(1, flags, settings, "2", "SHARDTRAIN_KILL_AFTER_STEP=3");
-  start_node(0, flags, settings, "2", "SHARDTRAIN_KILL_AFTER_STEP=3");
-  const Ended zero = wait_node(0, 120);
-  const Ended one = wait_node(1, 120);
-  const std::string output = "--- host 0:\n" + zero.output + "--- host 1:\n" + one.output;
+  const auto [zero, one] =
+      run_both("--fault-tolerance --max-restarts 0 --kill-timeout 2 --timeout 60",
+               std::string(kReplicaPerHost) +
+                   "--set train.steps=1000000 --set run.dir=" + (dir_ / "run").string(),
+               "SHARDTRAIN_KILL_AFTER_STEP=3", 120);
+  const std::string output = both_outputs(zero, one);
   EXPECT_NE(zero.exit_code, 0) << output;
   EXPECT_NE(one.exit_code, 0) << output;
   const std::string why = "replica 1 failed after 0 restarts of --max-restarts 0";
@@ -416,7 +423,7 @@ TEST_F(TwoHostsTest, ALinkTakenDownEndsBothHostsWithinTheTimeoutNamingTheOtherHo
   ASSERT_EQ(result.exit_code, 0) << result.output;
   const Ended zero = wait_node(0, 60);
   const Ended one = wait_node(1, 60);
-  const std::string output = "--- host 0:\n" + zero.output + "--- host 1:\n" + one.output;
+  const std::string output = both_outputs(zero, one);
   EXPECT_NE(zero.exit_code, 0) << output;
   EXPECT_NE(one.exit_code, 0) << output;
   EXPECT_LT(zero.at - down, 15.0) << output;
