@@ -2,20 +2,18 @@
 # The GPU machine's measurements in one command (docs/gpu.md), from the repository root, after
 # `bash scripts/gpu_build.sh` (built first with --no-test when build-gpu/shardtrain is missing):
 #
-#   (a) shardtrain's trainer on GPT-2 124M (preset gpt2-124m) at sequence 1024, one rank.
-#       The trainer cannot run on CUDA yet: there is no device key in include/shardtrain/config.h
-#       and nothing in src/train moves the model or the batches to a GPU, so this is its CPU
-#       step time on the GPU machine's cores (fp32, the trainer's default precision) -- the
-#       baseline a CUDA trainer must beat, not a GPU number. `shardtrain bench collectives` is
-#       not run either: it always makes a Gloo group (CPU tensors); the CLI cannot select NCCL.
-#   (b) bench/gpu_torch.py: PyTorch eager, bf16 autocast, the same model, at (a)'s batch and at
-#       larger ones: step time, tokens/s and MFU against the dense bf16 peak.
+#   (a) shardtrain's trainer on the GPU (run.device = "cuda"), GPT-2 124M (preset gpt2-124m) at
+#       sequence 1024, one process, bf16 autocast with fp32 parameters (precision.autocast =
+#       "bf16"), at each batch of GPU_BATCHES: the median step_time_s of metrics.jsonl (the
+#       step's kernels synchronized before its end time).
+#   (b) bench/gpu_torch.py: PyTorch eager, bf16 autocast, the same model, at the same batches:
+#       step time, tokens/s and MFU against the dense bf16 peak.
 #   (c) `shardtrain bench adam` over 124M parameters on every core (the optimizer a CPU offload
 #       of a 124M model would run).
 #
 # Environment: OUT (results go there; default build-gpu/bench), BUILD_DIR (default build-gpu),
-# CPU_BATCH (sequences per step for (a), default 4), CPU_STEPS (default 4; the median of steps
-# 2.. is reported), GPU_BATCHES (default "4 16": (a)'s batch and one that fills the GPU).
+# STEPS (steps of each shardtrain run, default 10; the median of steps 3.. is reported),
+# GPU_BATCHES (default "4 16").
 # Writes gpu_bench.md (the table) and gpu_bench.log (every program's output) as it goes, so a
 # run stopped at a time limit still returns what was measured.
 set -euo pipefail
@@ -23,9 +21,8 @@ root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root"
 build_dir="${BUILD_DIR:-build-gpu}"
 out="${OUT:-$build_dir/bench}"
-cpu_batch="${CPU_BATCH:-4}"
-cpu_steps="${CPU_STEPS:-4}"
-gpu_batches="${GPU_BATCHES:-$cpu_batch 16}"
+steps="${STEPS:-10}"
+gpu_batches="${GPU_BATCHES:-4 16}"
 mkdir -p "$out"
 table="$out/gpu_bench.md"
 log="$out/gpu_bench.log"
@@ -35,6 +32,8 @@ if [ ! -x "$build_dir/shardtrain" ]; then
   BUILD_DIR="$build_dir" bash scripts/gpu_build.sh --no-test
 fi
 bin="$build_dir/shardtrain"
+# The Debian libraries of .deps/gpu (toml++, yaml-cpp, ...) for the loader.
+export LD_LIBRARY_PATH="$root/.deps/gpu/root/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 
@@ -51,9 +50,10 @@ trap 'rm -rf "$work"' EXIT
   echo "|---|---|---|---|---|---|---|"
 } >"$table"
 
-# ---- (a) the trainer, on the CPU ---------------------------------------------------------------
+# ---- (a) the trainer, on the GPU -----------------------------------------------------------------
 python3 bench/corpus.py "$work/corpus.txt"
-cat >"$work/gpt2.toml" <<TOML
+for batch in $gpu_batches; do
+  cat >"$work/gpt2.toml" <<TOML
 [model]
 preset = "gpt2-124m"
 vocab_size = 50257  # GPT-2's; the byte tokenizer of the corpus alone would shrink it to 257
@@ -62,8 +62,8 @@ corpus = "$work/corpus.txt"
 seq_len = 1024
 eval_sequences = 0
 [train]
-steps = $cpu_steps
-micro_batch = $cpu_batch
+steps = $steps
+micro_batch = $batch
 lr = 6e-4
 min_lr = 6e-5
 warmup = 0
@@ -71,24 +71,31 @@ weight_decay = 0.1
 clip = 1.0
 sample_tokens = 0
 final_checkpoint = false
+[precision]
+autocast = "bf16"
 [run]
-dir = "$work/run"
+dir = "$work/run$batch"
 log_every = 1
-threads = $(nproc)
+device = "cuda"
 TOML
-echo "== (a) $bin train --config gpt2.toml (CPU, $cpu_batch x 1024)" | tee -a "$log"
-if "$bin" train --config "$work/gpt2.toml" >>"$log" 2>&1; then
-  python3 - "$work/run/metrics.jsonl" "$cpu_batch" >>"$table" <<'PY'
+  echo "== (a) $bin train --config gpt2.toml (CUDA, bf16 autocast, $batch x 1024)" | tee -a "$log"
+  if "$bin" train --config "$work/gpt2.toml" >>"$log" 2>&1; then
+    python3 - "$work/run$batch/metrics.jsonl" "$work/run$batch/run.json" "$batch" >>"$table" <<'PY'
 import json, statistics, sys
-lines = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
-timed = [l for l in lines if l.get("rank", 0) == 0 and l["step"] >= 2] or lines
+lines = [json.loads(l) for l in open(sys.argv[1]) if l.strip() and '"step_time_s"' in l]
+timed = [l for l in lines if l["step"] >= 3] or lines
 step = statistics.median(l["step_time_s"] for l in timed)
-print(f"| shardtrain train (the trainer has no CUDA path) | CPU | fp32 | {sys.argv[2]} | "
-      f"{step:.3f} | {int(sys.argv[2]) * 1024 / step:,.0f} | - |")
+batch = int(sys.argv[3])
+# bench/gpu_torch.py's FLOPs: 6 N + 12 L T d, N without the position embedding (1024 x 768).
+n = json.load(open(sys.argv[2]))["model"]["num_parameters"] - 1024 * 768
+flops = (6 * n + 12 * 12 * 1024 * 768) * batch * 1024 / step
+print(f"| shardtrain train, run.device = \"cuda\" | GPU | bf16 autocast | {batch} | {step:.4f} | "
+      f"{batch * 1024 / step:,.0f} | {100 * flops / 989e12:.1f}% of 989 TFLOP/s |")
 PY
-else
-  echo "| shardtrain train | CPU | fp32 | $cpu_batch | failed: see gpu_bench.log | | |" >>"$table"
-fi
+  else
+    echo "| shardtrain train, run.device = \"cuda\" | GPU | bf16 autocast | $batch | failed: see gpu_bench.log | | |" >>"$table"
+  fi
+done
 
 # ---- (b) PyTorch eager on the GPU --------------------------------------------------------------
 torch_row='
@@ -121,7 +128,7 @@ echo "== (c) $bin bench adam --params 124M --threads $(nproc)" | tee -a "$log"
   echo '```'
   echo
   echo "MFU = (6 N + 12 L T d) x tokens/s / peak, N = 123.7M parameters in matrix products (all but"
-  echo "the position embedding), L = 12, T = 1024, d = 768 (bench/gpu_torch.py). The CPU row is the"
-  echo "trainer's own step_time_s (metrics.jsonl), the median of steps 2 to $cpu_steps."
+  echo "the position embedding), L = 12, T = 1024, d = 768 (bench/gpu_torch.py). shardtrain's rows are"
+  echo "the trainer's own step_time_s (metrics.jsonl), the median of steps 3 to $steps."
 } >>"$table"
 cat "$table"

@@ -199,6 +199,19 @@ if command -v nm >/dev/null 2>&1 && [ -f "$torch_lib/libtorch_cpu.so" ]; then
   note "gloo symbols defined in libtorch_cpu.so: $n (with 0 and no libgloo, src/comm/gloo_*.cpp cannot link)"
 fi
 
+# Gloo's headers: the wheel's own if it has them, else those scripts/gpu_deps.sh took from
+# pytorch/gloo, at the revision whose gloo::Context matches libtorch_cpu.so's (gloo's
+# shared-memory change of 2026-01 added members to it and gloo::Context::isIntraNode).
+gloo_cmake=()
+if [ ! -f "$torch_inc/gloo/allgatherv.h" ] && [ -d "$root/.deps/gpu/gloo" ]; then
+  gloo_rev=bcd1672
+  if nm -D --defined-only -C "$torch_lib/libtorch_cpu.so" 2>/dev/null | grep -q 'gloo::Context::isIntraNode'; then
+    gloo_rev=5994546
+  fi
+  gloo_cmake=("-DGLOO_INCLUDE_DIR=$root/.deps/gpu/gloo/$gloo_rev")
+  note "gloo headers: .deps/gpu/gloo/$gloo_rev (pytorch/gloo at $gloo_rev; the wheel ships none)"
+fi
+
 # ---- the npm files the build embeds: .deps/npm, or the subset carried in .deps/gpu/npm ---------
 npm_dir="$root/.deps/npm/node_modules"
 if [ ! -f "$npm_dir/uplot/dist/uPlot.iife.min.js" ]; then
@@ -255,7 +268,7 @@ run_step configure cmake -S "$root" -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=
   "-DGTest_DIR=$lib/cmake/GTest" \
   "-DZLIB_INCLUDE_DIR=$deps/usr/include" "-DZLIB_LIBRARY=$lib/libz.so" \
   "-DPKG_CONFIG_EXECUTABLE=$pkg_config" \
-  "-DCMAKE_CXX_FLAGS=$cxx_flags" "${cmake_extra[@]}"
+  "-DCMAKE_CXX_FLAGS=$cxx_flags" "${cmake_extra[@]}" "${gloo_cmake[@]}"
 note "$(grep -m 1 -o 'shardtrain: LibTorch.*' "$build_log" || echo 'configure printed no NCCL line')"
 gloo_lib="$(grep -m 1 '^GLOO_LIBRARY:' "$build_dir/CMakeCache.txt" | cut -d= -f2-)"
 case "$gloo_lib" in *NOTFOUND | "") gloo_lib="none: the gloo inside libtorch_cpu.so" ;; esac
@@ -364,7 +377,8 @@ deadline_left() {  # seconds left of DEADLINE_S, keeping MARGIN for the summary;
   [ -n "${DEADLINE_S:-}" ] && echo $((DEADLINE_S - (SECONDS - started) - $1))
   return 0
 }
-build_cmd=(cmake --build "$build_dir" --parallel "$(nproc)")
+# -k 0: a failed file does not stop the others, so that one run lists every compile error.
+build_cmd=(cmake --build "$build_dir" --parallel "$(nproc)" -- -k 0)
 left="$(deadline_left 30)"
 if [ -n "$left" ]; then
   [ "$left" -gt 0 ] || fail build "no time left of DEADLINE_S=$DEADLINE_S"

@@ -126,13 +126,43 @@ for f in "${npm_files[@]}"; do
   cp "$npm_src/$f" "$out/npm/node_modules/$f"
 done
 
-# What is copied: the tracked and untracked-not-ignored files, plus .deps/gpu's two folders.
+# Gloo's headers. A PyTorch wheel links gloo into libtorch_cpu.so (its symbols exported) but
+# ships none of its headers, and src/comm/gloo_*.cpp call gloo directly. Debian's libgloo-dev
+# (2022) is too old for a 2026 wheel: class layouts must match the gloo PyTorch was built with,
+# so the headers come from a checkout of https://github.com/pytorch/gloo (GLOO_SRC, a git
+# folder), at two revisions: gloo's main before and during its intra-node shared-memory change
+# (2026-01-09 to -02-09), which added members to gloo::Context. scripts/gpu_build.sh picks the
+# one whose symbols libtorch_cpu.so defines. Skipped (with a warning) without GLOO_SRC, unless
+# .deps/gpu/gloo is already there.
+gloo_revs=(bcd1672 5994546)  # without and with gloo::Context::shmData
+if [ -n "${GLOO_SRC:-}" ]; then
+  rm -rf "$out/gloo.new"
+  for rev in "${gloo_revs[@]}"; do
+    dest="$out/gloo.new/$rev"
+    mkdir -p "$dest"
+    git -C "$GLOO_SRC" archive "$rev" gloo | tar -x -C "$dest" --wildcards 'gloo/*.h' 'gloo/config.h.in'
+    # config.h as gloo's CMake writes it: the TCP transport, nothing else (the headers
+    # src/comm uses read no other switch).
+    sed -e 's/@GLOO_VERSION_MAJOR@/0/; s/@GLOO_VERSION_MINOR@/5/; s/@GLOO_VERSION_PATCH@/0/' \
+      -e 's/^#cmakedefine01 \(GLOO_HAVE_TRANSPORT_TCP\)$/#define \1 1/' \
+      -e 's/^#cmakedefine01 \(.*\)$/#define \1 0/' "$dest/gloo/config.h.in" >"$dest/gloo/config.h"
+    rm "$dest/gloo/config.h.in"
+    find "$dest/gloo" -type d \( -name test -o -name benchmark -o -name examples \) -prune -exec rm -rf {} +
+  done
+  rm -rf "$out/gloo"
+  mv "$out/gloo.new" "$out/gloo"
+elif [ ! -d "$out/gloo" ]; then
+  echo "gpu_deps: warning: no GLOO_SRC and no .deps/gpu/gloo: a PyTorch wheel ships no gloo headers," \
+    "so the build there will stop at configure (set GLOO_SRC to a pytorch/gloo checkout)" >&2
+fi
+
+# What is copied: the tracked and untracked-not-ignored files, plus .deps/gpu's folders.
 kib_of_tree() {
   (cd "$root" && git ls-files -z --cached --others --exclude-standard |
     xargs -0 -r du -k --apparent-size -c 2>/dev/null | awk '$2 == "total" { t += $1 } END { print t + 0 }')
 }
 gpu_kib=$(du -sk --apparent-size "$out" | cut -f1)
-deps_kib=$(du -sk --apparent-size "$out/root" "$out/npm" | awk '{ t += $1 } END { print t }')
+deps_kib=$(du -sk --apparent-size "$out/root" "$out/npm" "$out/gloo" 2>/dev/null | awk '{ t += $1 } END { print t }')
 tree_kib=$(kib_of_tree)
 total_kib=$((deps_kib + tree_kib))
 echo "gpu_deps: .deps/gpu is $((gpu_kib / 1024)).$(((gpu_kib % 1024) * 10 / 1024)) MiB" \
@@ -143,5 +173,5 @@ if [ "$total_kib" -gt $((limit_mib * 1024)) ]; then
     "$((total_kib / 1024)) MiB, over COPY_LIMIT_MIB=${limit_mib}" >&2
   exit 1
 fi
-echo "gpu_deps: ready; copy \".deps/gpu/root\" and \".deps/gpu/npm\" (or \".deps/gpu\"," \
+echo "gpu_deps: ready; copy \".deps/gpu/root\", \".deps/gpu/npm\" and \".deps/gpu/gloo\" (or \".deps/gpu\"," \
   "$((gpu_kib / 1024 + tree_kib / 1024)) MiB with the tree)"

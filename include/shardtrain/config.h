@@ -198,6 +198,9 @@ struct RunSection {
   // A new run into a run.dir that holds one moves the old run aside (to RUN_DIR.old.N).
   bool overwrite = false;
   int64_t threads = 0;  // intra-op threads; 0 leaves LibTorch's default
+  // Where the model, its gradients, the optimizer state and the batches live: "cpu", or "cuda"
+  // (the GPU LOCAL_RANK % the GPUs visible; one process, parallel.strategy "none").
+  std::string device = "cpu";
   // What happens to large CPU blocks that tensors free (shardtrain/memory.h): "cache" keeps them
   // for the next step's tensors (within the most ever live at once), "return" hands them back to
   // the kernel at once, "malloc" leaves them to the C library; "auto" caches unless ZeRO keeps

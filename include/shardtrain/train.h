@@ -235,6 +235,7 @@ class Trainer {
   // run.fault_tolerance = "replicas": the replicas training now, and world_ follows them.
   std::shared_ptr<ReplicaWorld> replicas_;
   std::unique_ptr<DeviceMesh> mesh_;
+  at::Device device_{at::kCPU};  // run.device: the model's, the batches' and the state's
   std::unique_ptr<Tokenizer> tokenizer_;
   std::unique_ptr<ChatTemplate> chat_template_;  // null unless data.* or the tokenizer has one
   std::unique_ptr<detail::TrainingData> data_;

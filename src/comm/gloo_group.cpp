@@ -43,6 +43,20 @@ class GlooStoreAdapter : public gloo::rendezvous::Store {
   c10::intrusive_ptr<c10d::Store> store_;
 };
 
+// Gloo's connectFullMesh takes the store by reference up to 2022 (Debian's libgloo) and as a
+// shared_ptr since (the gloo inside PyTorch 2.x wheels); the overload that compiles is chosen.
+template <typename Context>
+auto connect_full_mesh(Context& context, const std::shared_ptr<GlooStoreAdapter>& store,
+                       std::shared_ptr<gloo::transport::Device>& device, int)
+    -> decltype(context.connectFullMesh(store, device), void()) {
+  context.connectFullMesh(store, device);
+}
+template <typename Context>
+void connect_full_mesh(Context& context, const std::shared_ptr<GlooStoreAdapter>& store,
+                       std::shared_ptr<gloo::transport::Device>& device, long) {
+  context.connectFullMesh(*store, device);
+}
+
 // Gloo's templated options only use the element type for its size; the reduction itself is
 // the dtype-aware function passed beside it.
 template <typename F>
@@ -155,10 +169,10 @@ GlooProcessGroup::GlooProcessGroup(std::string name, c10::intrusive_ptr<c10d::St
   wait_for_members(*store_, name_, rank_, global_ranks_, options_.timeout_);
   auto context = std::make_shared<gloo::rendezvous::Context>(rank_, size());
   context->setTimeout(options_.timeout_);
-  GlooStoreAdapter adapter(
+  auto adapter = std::make_shared<GlooStoreAdapter>(
       c10::make_intrusive<c10d::PrefixStore>("shardtrain/gloo/" + name_ + "/", store_));
   try {
-    context->connectFullMesh(adapter, device_);
+    connect_full_mesh(*context, adapter, device_, 0);
   } catch (const std::exception& e) {
     throw std::runtime_error("connecting group '" + name_ + "' (global ranks " +
                              join_ranks(global_ranks_) + ") failed on rank " +

@@ -301,7 +301,7 @@ std::string NodeAgents::node_zero_value(const std::string& key, const std::strin
 
 void NodeAgents::report_failure(int attempt, NodeFailure failure) {
   store([&](c10d::Store& s) {
-    s.set(Impl::key(attempt, "seen/" + std::to_string(node_rank_)), {});
+    s.set(Impl::key(attempt, "seen/" + std::to_string(node_rank_)), std::vector<uint8_t>{});
     if (s.add(Impl::key(attempt, "failures"), 1) != 1) return;  // another node was first
     s.set(
         Impl::key(attempt, "failed"),
@@ -317,7 +317,7 @@ std::optional<NodeFailure> NodeAgents::failure(int attempt) {
   const std::string key = Impl::key(attempt, "failed");
   const auto record = store([&](c10d::Store& s) -> std::optional<std::string> {
     if (!s.check({key})) return std::nullopt;
-    s.set(Impl::key(attempt, "seen/" + std::to_string(node_rank_)), {});
+    s.set(Impl::key(attempt, "seen/" + std::to_string(node_rank_)), std::vector<uint8_t>{});
     return store_text(s.get(key));
   });
   if (!record) return std::nullopt;
@@ -336,7 +336,7 @@ std::optional<NodeFailure> NodeAgents::finish(int attempt) {
     if (store([&](c10d::Store& s) { return s.add(Impl::key(attempt, "finished"), 0); }) >=
         static_cast<int64_t>(members_.size())) {
       store([&](c10d::Store& s) {
-        s.set(Impl::key(attempt, "left/" + std::to_string(node_rank_)), {});
+        s.set(Impl::key(attempt, "left/" + std::to_string(node_rank_)), std::vector<uint8_t>{});
       });
       return std::nullopt;
     }
@@ -347,7 +347,7 @@ std::optional<NodeFailure> NodeAgents::finish(int attempt) {
 
 void NodeAgents::wait_stopped(int attempt) {
   store([&](c10d::Store& s) {
-    s.set(Impl::key(attempt, "stopped/" + std::to_string(node_rank_)), {});
+    s.set(Impl::key(attempt, "stopped/" + std::to_string(node_rank_)), std::vector<uint8_t>{});
   });
   if (node_rank_ != 0) {
     // Node 0 decides who takes part next, after up to the timeout for a node that is gone.
@@ -381,7 +381,7 @@ void NodeAgents::leave(int attempt, bool succeeded) {
   if (node_rank_ != 0) return;
   try {
     // A launcher waiting to be taken in learns that the job is over.
-    store([&](c10d::Store& s) { s.set(Impl::key("done"), {}); });
+    store([&](c10d::Store& s) { s.set(Impl::key("done"), std::vector<uint8_t>{}); });
     // After a success the others may still be reading the finished count; after a failure,
     // the failure itself (each marks it seen).
     wait_for_nodes(members_, Impl::key(attempt, succeeded ? "left/" : "seen/"), "leave",

@@ -320,6 +320,7 @@ const std::map<std::string, Setter>& known_keys() {
                   {"run.resume", field(&RunSection::resume)},
                   {"run.overwrite", field(&RunSection::overwrite)},
                   {"run.threads", field(&RunSection::threads)},
+                  {"run.device", field(&RunSection::device)},
                   {"run.freed_memory", field(&RunSection::freed_memory)},
                   {"run.timeout", field(&RunSection::timeout)},
                   {"run.memory_check", field(&RunSection::memory_check)},
@@ -849,6 +850,21 @@ void TrainConfig::validate() const {
   require(
       run.threads >= 0 && run.threads <= 4096,
       "run.threads must be between 0 (every core) and 4096, got " + std::to_string(run.threads));
+  require(run.device == "cpu" || run.device == "cuda",
+          "run.device must be \"cpu\" or \"cuda\", got \"" + run.device + "\"");
+  if (run.device == "cuda") {
+    // The CUDA path trains one process's model; what moves tensors between processes or to
+    // host memory (Gloo's collectives, offload, the CPU-only frozen weights) is not on it yet.
+    require(parallel.strategy == ParallelStrategy::kNone,
+            "run.device = \"cuda\" trains with parallel.strategy \"none\" (one process) for "
+            "now, got \"" +
+                to_string(parallel.strategy) + "\"");
+    require(parallel.tp == 1 && parallel.pp == 1 && parallel.cp == 1 && parallel.ep == 1,
+            "run.device = \"cuda\" trains without tp, pp, cp or ep for now (each must be 1)");
+    require(lora.base_dtype == "fp32",
+            "run.device = \"cuda\": lora.base_dtype \"" + lora.base_dtype +
+                "\" keeps the frozen weights in a CPU-only format; use \"fp32\"");
+  }
   require(
       run.fault_tolerance == "none" || run.fault_tolerance == "replicas",
       "run.fault_tolerance must be \"none\" or \"replicas\", got \"" + run.fault_tolerance + "\"");

@@ -42,9 +42,12 @@ AutocastScope::~AutocastScope() {
   if (!saved_.cpu && !saved_.cuda) at::autocast::clear_cache();
 }
 
-AutocastState cpu_bf16_autocast(bool enabled) {
+AutocastState bf16_autocast(bool enabled, at::DeviceType device) {
   AutocastState state = autocast_state();
-  if (enabled) {
+  if (enabled && device == at::kCUDA) {
+    state.cuda = true;
+    state.cuda_dtype = at::kBFloat16;
+  } else if (enabled) {
     state.cpu = true;
     state.cpu_dtype = at::kBFloat16;
   }

@@ -35,7 +35,8 @@ class AutocastScope {
   AutocastState saved_;
 };
 
-// This thread's state with bf16 autocast on CPU switched on (or left as it is when !enabled).
-AutocastState cpu_bf16_autocast(bool enabled);
+// This thread's state with bf16 autocast on `device` (CPU or CUDA) switched on, or left as it
+// is when !enabled.
+AutocastState bf16_autocast(bool enabled, at::DeviceType device = at::kCPU);
 
 }  // namespace shardtrain::detail

@@ -34,7 +34,7 @@ HeadLoss compute(const at::Tensor& hidden, const at::Tensor& weight, const at::T
   const at::Tensor scale =
       divisor > 0 ? at::scalar_tensor(1.0 / divisor, at::kFloat) : kept.sum().reciprocal();
   HeadLoss out;
-  at::Tensor total = at::zeros({}, at::kFloat);
+  at::Tensor total = at::zeros({}, hidden.options().dtype(at::kFloat));
   if (want_hidden) out.grad_hidden = at::empty_like(hidden);
   if (want_weight) out.grad_weight = at::zeros(weight.sizes(), weight.options().dtype(at::kFloat));
   for (int64_t start = 0; start < n; start += chunk) {

@@ -2,12 +2,12 @@
 
 #include <ATen/Parallel.h>
 #include <ATen/core/grad_mode.h>
-#include <c10/util/string_utils.h>
 
 #include <cmath>
 #include <stdexcept>
 
 #include "optim/adamw_kernel.h"
+#include "optim/state_key.h"
 
 namespace shardtrain {
 namespace {
@@ -159,7 +159,7 @@ at::Tensor FusedAdamW::step(LossClosure closure) {
       if (grad.is_sparse())
         throw std::invalid_argument("FusedAdamW: sparse gradients are not supported");
       // The same key and lazily created state as torch::optim::AdamW, so both read each other's.
-      const std::string key = c10::guts::to_string(p.unsafeGetTensorImpl());
+      const auto key = detail::optimizer_state_key(p);
       auto it = state_.find(key);
       if (it == state_.end()) {
         auto fresh = std::make_unique<torch::optim::AdamWParamState>();

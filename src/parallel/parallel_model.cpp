@@ -31,12 +31,6 @@ bool detail::on_any_rank(ProcessGroup& group, bool value) {
   return any.item<double>() > 0;
 }
 
-std::string detail::optimizer_state_key(const at::Tensor& parameter) {
-  std::ostringstream key;
-  key << parameter.unsafeGetTensorImpl();
-  return key.str();
-}
-
 const torch::optim::AdamWParamState* detail::adam_state(const torch::optim::AdamW& optimizer,
                                                         const at::Tensor& parameter) {
   auto it = optimizer.state().find(optimizer_state_key(parameter));
@@ -73,7 +67,7 @@ double ParallelModel::forward_backward(const StepInputs& step) {
     at::Tensor loss;
     {
       detail::TraceSpan span("forward", "forward", {{"micro_batch", a}});
-      detail::AutocastScope autocast(detail::cpu_bf16_autocast(step.bf16_autocast));
+      detail::AutocastScope autocast(detail::bf16_autocast(step.bf16_autocast, step.device));
       loss = batch_loss(batch, step.loss_chunk);
     }
     detail::TraceSpan backward_span("backward", "backward", {{"micro_batch", a}});

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "optim/state_key.h"
 #include "shardtrain/data.h"
 #include "shardtrain/dist.h"
 #include "shardtrain/model.h"
@@ -28,6 +29,7 @@ struct StepInputs {
   int micro_batches = 1;    // train.grad_accum
   double loss_scale = 1.0;  // the loss scaler's factor (1 without scaling)
   bool bf16_autocast = false;
+  at::DeviceType device = at::kCPU;  // where the model and the batches are (run.device)
   // Set: the loss over chunks of the head's logits of this many tokens (0: about 32 MiB of
   // logits each; train.chunked_loss); unset: over the whole logits. See batch_loss.
   std::optional<int64_t> loss_chunk;
@@ -160,8 +162,6 @@ namespace detail {
 at::Tensor logits_loss(Transformer& model, const at::Tensor& logits, const Batch& batch);
 // Whether `value` is true on any rank of `group`. Collective.
 bool on_any_rank(ProcessGroup& group, bool value);
-// LibTorch's optimizers key per-parameter state by the TensorImpl address, printed.
-std::string optimizer_state_key(const at::Tensor& parameter);
 // AdamW's state of one parameter, or null before its first step.
 const torch::optim::AdamWParamState* adam_state(const torch::optim::AdamW& optimizer,
                                                 const at::Tensor& parameter);

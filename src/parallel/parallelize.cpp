@@ -23,7 +23,8 @@ void apply_activation_checkpointing(Transformer& model, bool enabled) {
 
 std::string attention_kernel_name(const TrainConfig& config) {
   if (config.train.attention != "auto") return config.train.attention;
-  return config.model.dropout > 0.0 ? "fused" : "blockwise";
+  // On CUDA, LibTorch's fused kernels (flash, memory-efficient) hold no [seq x seq] scores.
+  return config.model.dropout > 0.0 || config.run.device == "cuda" ? "fused" : "blockwise";
 }
 
 AttentionKernel attention_kernel(const TrainConfig& config) {
@@ -203,6 +204,12 @@ std::unique_ptr<ParallelModel> parallelize(Transformer& model, const TrainConfig
   }
   if (config.parallel.cp > 1) apply_cp(model, *mesh);
   if (config.parallel.ep > 1) apply_ep(model, mesh->data_parallel_mesh());
+  if (config.run.device == "cuda") {
+    // Initialization fills the parameters on the CPU (model/init.cpp); the whole model then
+    // moves to the current CUDA device, which the trainer chose (one process, no sharding).
+    model->materialize();
+    model->to(at::Device(at::kCUDA));
+  }
   apply_activation_checkpointing(model, config.train.activation_checkpointing);
   model->set_attention(attention_kernel(config));
   // One data-parallel step, each strategy's from its own folder, over dp_shard x cp: the ranks

@@ -266,9 +266,16 @@ void count(Ledger& l, void* ptr, Block block) {
   }
 }
 
+// LibTorch 2.3 made c10::Allocator::allocate non-const.
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 3)
+#define SHARDTRAIN_ALLOCATE_CONST
+#else
+#define SHARDTRAIN_ALLOCATE_CONST const
+#endif
+
 class CountingAllocator : public c10::Allocator {
  public:
-  c10::DataPtr allocate(size_t bytes) const override {
+  c10::DataPtr allocate(size_t bytes) SHARDTRAIN_ALLOCATE_CONST override {
     Ledger& l = ledger();
     const FreedMemory policy = l.policy;
     if (policy != FreedMemory::kMalloc &&

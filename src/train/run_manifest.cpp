@@ -38,6 +38,7 @@ nlohmann::ordered_json run_manifest(const TrainConfig& config, int world_size) {
                   {"chunked_loss", config.train.chunked_loss},
                   {"attention", attention_kernel_name(config)},
                   {"threads", config.run.threads},
+                  {"device", config.run.device},
                   {"steps", config.train.steps},
                   {"lr", config.train.lr},
                   {"schedule", config.train.schedule},

@@ -1,3 +1,5 @@
+#include <c10/core/impl/VirtualGuardImpl.h>
+#include <torch/cuda.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -35,6 +37,41 @@
 #include "train/run_setup.h"
 
 namespace shardtrain {
+namespace {
+
+// The GPU of this process under run.device = "cuda": LOCAL_RANK's, modulo the GPUs visible,
+// made the current one.
+at::Device cuda_device_of_this_rank() {
+  if (!torch::cuda::is_available()) {
+#ifdef SHARDTRAIN_WITH_NCCL
+    throw std::invalid_argument(
+        "run.device = \"cuda\": no CUDA device is visible to this process (see nvidia-smi and "
+        "CUDA_VISIBLE_DEVICES)");
+#else
+    throw std::invalid_argument(
+        "run.device = \"cuda\": this shardtrain was built against a LibTorch without CUDA "
+        "(build it against a CUDA LibTorch: docs/gpu.md)");
+#endif
+  }
+  const auto count = static_cast<int>(torch::cuda::device_count());
+  const at::Device device(
+      at::kCUDA,
+      static_cast<c10::DeviceIndex>(rendezvous_info(current_environment()).local_rank % count));
+  c10::impl::VirtualGuardImpl(at::kCUDA).setDevice(device);
+  return device;
+}
+
+// A batch's tensors on `device` (the loader makes them on the CPU).
+Batch batch_on_device(Batch batch, const at::Device& device) {
+  if (device.is_cpu()) return batch;
+  batch.inputs = batch.inputs.to(device);
+  batch.targets = batch.targets.to(device);
+  if (batch.layout.positions.defined()) batch.layout.positions = batch.layout.positions.to(device);
+  if (batch.layout.segments.defined()) batch.layout.segments = batch.layout.segments.to(device);
+  return batch;
+}
+
+}  // namespace
 
 Trainer::Trainer(TrainConfig config, std::shared_ptr<ProcessGroup> world, int restart_count)
     : config_(std::move(config)), world_(std::move(world)), restart_count_(restart_count) {
@@ -110,11 +147,12 @@ void Trainer::set_up_ranks() {
   }
   if (config_.run.checkpoint_async) checkpoint_staging_ = std::make_shared<CheckpointStaging>();
   if (config_.precision.autocast == "fp16") {
-    // LibTorch's CPU autocast has no fp16 kernels; fp16 needs the CUDA path.
+    // LibTorch's CPU autocast has no fp16 kernels, and the CUDA path trains in bf16.
     throw std::invalid_argument(
-        "precision.autocast = \"fp16\" needs a CUDA device; on CPU use \"bf16\" (loss scaling "
-        "via precision.loss_scale works with either)");
+        "precision.autocast = \"fp16\" is not supported; use \"bf16\" (loss scaling via "
+        "precision.loss_scale works with it)");
   }
+  if (config_.run.device == "cuda") device_ = cuda_device_of_this_rank();
   if (config_.run.threads > 0) set_num_threads(static_cast<int>(config_.run.threads));
   install_cpu_memory_tracking();
   telemetry_ = std::make_shared<detail::Telemetry>(rank());
@@ -170,7 +208,8 @@ std::string Trainer::prepare_data() {
   }
   // Before anything is allocated: a run that cannot fit says so instead of being killed.
   resident_at_start_ = detail::resident_bytes();
-  if (config_.run.memory_check) {
+  // The estimate is of host memory; on CUDA the model and its state are on the GPU.
+  if (config_.run.memory_check && !device_.is_cuda()) {
     detail::check_memory_fits(config_, world_size(), detail::rank_memory_budget(world_.get()),
                               resident_at_start_);
   }
@@ -308,6 +347,7 @@ StepResult Trainer::train_step() {
       replicas_ ? step_on_replicas(result, update_span) : step_body(result, update_span);
   result.skipped = !scaler_.update(finite);
   if (!result.skipped) optimizer_step(result.lr);
+  if (device_.is_cuda()) torch::cuda::synchronize();  // the step's kernels are in its time
   update_span.reset();
   // A skipped step still consumes its data and advances the schedule, as AMP and DeepSpeed do.
   ++step_;
@@ -380,11 +420,12 @@ bool Trainer::step_body(StepResult& result, std::optional<detail::TraceSpan>& up
 double Trainer::forward_backward() {
   StepInputs step;
   step.micro_batch = [this](int micro_batch) {
-    return loader_->micro_batch(samples_, micro_batch);
+    return batch_on_device(loader_->micro_batch(samples_, micro_batch), device_);
   };
   step.micro_batches = static_cast<int>(config_.train.grad_accum);
   step.loss_scale = scaler_.scale();
   step.bf16_autocast = config_.precision.autocast == "bf16";
+  step.device = device_.type();
   step.loss_chunk = loss_chunk();
   step.rows = config_.train.micro_batch;
   step.length = config_.data.seq_len;
@@ -452,8 +493,9 @@ double Trainer::evaluate() {
   const std::unique_ptr<StageScope> held = parallel_->inference_scope();
   double total = 0.0;
   for (int64_t i = 0; i < config_.train.eval_batches; ++i) {
-    detail::AutocastScope autocast(detail::cpu_bf16_autocast(config_.precision.autocast == "bf16"));
-    const Batch batch = loader_->eval_batch(i);
+    detail::AutocastScope autocast(
+        detail::bf16_autocast(config_.precision.autocast == "bf16", device_.type()));
+    const Batch batch = batch_on_device(loader_->eval_batch(i), device_);
     // Undefined on ranks that do not hold the last stage.
     const at::Tensor loss = parallel_->batch_loss(batch, loss_chunk());
     if (loss.defined()) total += loss.item<double>();
@@ -483,12 +525,13 @@ std::string Trainer::generate(const std::string& prompt, int64_t tokens) {
   for (int64_t i = 0; i < tokens; ++i) {
     const int64_t start =
         std::max<int64_t>(0, static_cast<int64_t>(ids.size()) - config_.model.context_length);
-    at::Tensor context =
-        at::tensor(std::vector<int64_t>(ids.begin() + start, ids.end()), at::kLong).unsqueeze(0);
+    at::Tensor context = at::tensor(std::vector<int64_t>(ids.begin() + start, ids.end()), at::kLong)
+                             .unsqueeze(0)
+                             .to(device_);
     // The rank that holds the last position's logits samples; the others learn the token.
     const at::Tensor logits = parallel_->logits(context, SequenceLayout());
     at::Tensor next = at::zeros({1}, at::kLong);
-    if (logits.defined()) next.fill_(sample_next(logits[0][-1], generator));
+    if (logits.defined()) next.fill_(sample_next(logits[0][-1].to(at::kCPU), generator));
     parallel_->share_sampled(next);
     const auto id = static_cast<int32_t>(next.item<int64_t>());
     // Every rank drew (or was sent) the same id, so all stop together.
@@ -547,7 +590,7 @@ bool Trainer::replicas_missing(bool talk) const {
 void Trainer::make_adam_state() {
   auto& state = optimizer_->state();
   for (const auto& t : parallel_->optimized()) {
-    const std::string key = detail::optimizer_state_key(t.tensor);
+    const auto key = detail::optimizer_state_key(t.tensor);
     if (state.count(key)) continue;
     auto fresh = std::make_unique<torch::optim::AdamWParamState>();
     fresh->step(0);

@@ -90,6 +90,16 @@ TEST(ConfigTest, BadValuesAreNamed) {
   EXPECT_EQ(error_of("[train]\nlr = 1e-5\nmin_lr = 1e-4\nschedule = \"constant\"\n"), "");
   // Out-of-range values are named even where they would not be used.
   EXPECT_NE(error_of("[run]\nthreads = 100000\n").find("run.threads"), std::string::npos);
+  EXPECT_NE(error_of("[run]\ndevice = \"gpu\"\n").find("run.device must be \"cpu\" or \"cuda\""),
+            std::string::npos);
+  // What the CUDA path does not run yet is refused by name, before any device is looked for.
+  EXPECT_NE(error_of("[run]\ndevice = \"cuda\"\n[parallel]\nstrategy = \"ddp\"\n")
+                .find("run.device = \"cuda\" trains with parallel.strategy \"none\""),
+            std::string::npos);
+  EXPECT_NE(error_of("[run]\ndevice = \"cuda\"\n[lora]\nrank = 4\nbase_dtype = \"nf4\"\n")
+                .find("lora.base_dtype \"nf4\""),
+            std::string::npos);
+  EXPECT_EQ(error_of("[run]\ndevice = \"cuda\"\n"), "");
   EXPECT_NE(error_of("[train]\neps = 0\n").find("train.eps must be positive, got 0"),
             std::string::npos);
   EXPECT_EQ(error_of("[train]\neps = 0\n").find("weight_decay"), std::string::npos);

@@ -7,6 +7,7 @@
 #include <cmath>
 
 #include "optim/adamw_kernel.h"
+#include "optim/state_key.h"
 
 namespace shardtrain {
 namespace fused_adamw_test {
@@ -43,7 +44,7 @@ void torch_reference(at::Tensor& p, const at::Tensor& g, at::Tensor& m, at::Tens
   state->step(h.step_ - 1);
   state->exp_avg(m.clone());
   state->exp_avg_sq(v.clone());
-  opt.state()[c10::guts::to_string(leaf.unsafeGetTensorImpl())] = std::move(state);
+  opt.state()[detail::optimizer_state_key(leaf)] = std::move(state);
   opt.step();
   auto& after = static_cast<torch::optim::AdamWParamState&>(*opt.state().begin()->second);
   p.copy_(leaf.detach());
@@ -90,11 +91,10 @@ TEST(FusedAdamWTest, MatchesLibTorchAdamWOverAHundredSteps) {
     if (vector_isa) {
       EXPECT_TRUE(torch::equal(ours[i], theirs[i])) << "param " << i;
     }
-    const auto key = [](const at::Tensor& p) {
-      return c10::guts::to_string(p.unsafeGetTensorImpl());
-    };
-    auto& a = static_cast<torch::optim::AdamWParamState&>(*fused.state().at(key(ours[i])));
-    auto& b = static_cast<torch::optim::AdamWParamState&>(*reference.state().at(key(theirs[i])));
+    auto& a = static_cast<torch::optim::AdamWParamState&>(
+        *fused.state().at(detail::optimizer_state_key(ours[i])));
+    auto& b = static_cast<torch::optim::AdamWParamState&>(
+        *reference.state().at(detail::optimizer_state_key(theirs[i])));
     EXPECT_EQ(a.step(), 100);
     EXPECT_LE(max_relative(a.exp_avg_sq(), b.exp_avg_sq()), 1e-6) << "param " << i;
     if (vector_isa) {

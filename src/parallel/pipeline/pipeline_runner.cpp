@@ -168,7 +168,7 @@ void PipelineRunner::run(const PipelineAction& action, const PipelineStepInputs&
     auto held = std::make_unique<Held>();
     held->input = s == 0 ? inputs.tokens(mb) : received.requires_grad_(true);
     const auto [begin, end] = blocks_.at(s);
-    AutocastScope autocast(cpu_bf16_autocast(inputs.bf16_autocast));
+    AutocastScope autocast(bf16_autocast(inputs.bf16_autocast));
     const SequenceLayout layout = inputs.layout ? inputs.layout(mb) : SequenceLayout();
     at::Tensor output =
         model_->forward_stage(held->input, begin, end, length, layout, inputs.logits);
