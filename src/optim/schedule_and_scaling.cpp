@@ -23,11 +23,15 @@ double LrSchedule::at(int64_t step) const {
 }
 
 double clip_grad_norm(const std::vector<at::Tensor>& parameters, double max_norm) {
-  double total = 0.0;
+  // The squares summed in fp64 on the gradients' device, one parameter after another (the order
+  // of a host-side sum), and read back once: on a GPU, one synchronization per step.
+  at::Tensor total;
   for (const auto& p : parameters) {
-    if (p.grad().defined()) total += p.grad().to(at::kDouble).pow(2).sum().item<double>();
+    if (!p.grad().defined()) continue;
+    const at::Tensor squares = p.grad().to(at::kDouble).pow(2).sum();
+    total = total.defined() ? total.add_(squares) : squares;
   }
-  const double norm = std::sqrt(total);
+  const double norm = total.defined() ? std::sqrt(total.item<double>()) : 0.0;
   if (max_norm > 0 && norm > max_norm) {
     // The small epsilon is PyTorch's: it keeps the factor finite for a zero norm.
     const double factor = max_norm / (norm + 1e-6);
@@ -39,10 +43,14 @@ double clip_grad_norm(const std::vector<at::Tensor>& parameters, double max_norm
 }
 
 bool grads_are_finite(const std::vector<at::Tensor>& parameters) {
+  // One flag on the gradients' device, read back once.
+  at::Tensor finite;
   for (const auto& p : parameters) {
-    if (p.grad().defined() && !at::isfinite(p.grad()).all().item<bool>()) return false;
+    if (!p.grad().defined()) continue;
+    const at::Tensor all = at::isfinite(p.grad()).all();
+    finite = finite.defined() ? finite.logical_and_(all) : all;
   }
-  return true;
+  return !finite.defined() || finite.item<bool>();
 }
 
 LossScaler::LossScaler(Mode mode, double initial_scale, int64_t window, double min_scale,

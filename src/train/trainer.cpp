@@ -347,7 +347,7 @@ StepResult Trainer::train_step() {
       replicas_ ? step_on_replicas(result, update_span) : step_body(result, update_span);
   result.skipped = !scaler_.update(finite);
   if (!result.skipped) optimizer_step(result.lr);
-  if (device_.is_cuda()) torch::cuda::synchronize();  // the step's kernels are in its time
+  if (device_.is_cuda()) torch::cuda::synchronize(device_.index());  // its kernels in its time
   update_span.reset();
   // A skipped step still consumes its data and advances the schedule, as AMP and DeepSpeed do.
   ++step_;

@@ -123,6 +123,7 @@ void Trainer::print_start() const {
       static_cast<long long>(config_.train.steps),
       static_cast<long long>(loader_->global_batch_size()),
       static_cast<long long>(config_.data.seq_len));
+  if (device_.is_cuda()) std::printf("device %s\n", device_.str().c_str());
   if (data_->samples) print_packing();
   if (config_.lora.rank > 0) {
     int64_t trainable = 0, layers = 0;
