@@ -153,11 +153,17 @@ std::string Trainer::save_checkpoint() {
                         // What a resume compares its own base with.
                         {"base", detail::lora_base(config_)}};
   }
+  // The random streams this rank draws from: the CPU's, and its GPU's under run.device = "cuda"
+  // (dropout there), so that a resumed run draws the same masks.
+  NamedTensors rng = {{"rng.cpu", at::detail::getDefaultCPUGenerator().get_state()}};
+  if (device_.is_cuda()) {
+    rng.emplace_back("rng.cuda", at::globalContext().defaultGenerator(device_).get_state());
+  }
   auto options = ShardedSaveOptions()
                      .strategy(to_string(config_.parallel.strategy))
                      .keep(static_cast<int>(config_.train.keep_checkpoints))
                      .metadata(metadata.dump())
-                     .rank_state({{"rng.cpu", at::detail::getDefaultCPUGenerator().get_state()}});
+                     .rank_state(std::move(rng));
   if (!contents.fetchers.empty()) {
     options.fetch([&](size_t i) {
       return contents.fetchers[i] ? contents.fetchers[i]() : contents.slices[i].data;
@@ -234,6 +240,11 @@ void Trainer::restore_training_state(const ShardedCheckpointReader& reader,
     at::Generator generator = at::detail::getDefaultCPUGenerator();
     std::lock_guard<std::mutex> lock(generator.mutex());
     generator.set_state(rank_state.at("rng.cpu"));
+  }
+  if (device_.is_cuda() && rank_state.count("rng.cuda")) {
+    at::Generator generator = at::globalContext().defaultGenerator(device_);
+    std::lock_guard<std::mutex> lock(generator.mutex());
+    generator.set_state(rank_state.at("rng.cuda"));
   }
   try {
     step_ = training.at("step").get<int64_t>();
