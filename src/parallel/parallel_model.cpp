@@ -82,8 +82,9 @@ double ParallelModel::forward_backward(const StepInputs& step) {
       const std::shared_ptr<void> local_only = local_backward(a, step.micro_batches);
       scaled.backward();
     }
-    const at::Tensor value = loss.detach().to(at::kDouble);
-    loss_sum = loss_sum.defined() ? loss_sum.add_(value) : value.clone();
+    // A copy, so that the sum never writes into the loss.
+    const at::Tensor value = loss.detach().to(at::kDouble, /*non_blocking=*/false, /*copy=*/true);
+    loss_sum = loss_sum.defined() ? loss_sum.add_(value) : value;
   }
   return world_mean(loss_sum.defined() ? loss_sum.item<double>() : 0.0);
 }

@@ -12,7 +12,7 @@ namespace shardtrain::detail {
 // where no GPU is visible or LibTorch has no CUDA.
 at::Device cuda_device_of_this_rank();
 
-// `batch`'s tensors on `device` (the loader makes them on the CPU); `batch` itself on the CPU.
+// `batch`'s tensors on `device` (the loader makes them on the CPU); on the CPU, `batch` as it is.
 Batch batch_on_device(Batch batch, const at::Device& device);
 
 }  // namespace shardtrain::detail

@@ -6,7 +6,6 @@
 
 #include <cmath>
 #include <filesystem>
-#include <fstream>
 
 #include "shardtrain/train.h"
 #include "support.h"
@@ -21,11 +20,7 @@ class CudaTrainerTest : public ::testing::Test {
  protected:
   void SetUp() override {
     dir_ = testing::fresh_test_dir("shardtrain_cuda_trainer");
-    std::ofstream corpus(dir_ / "corpus.txt");
-    for (int i = 0; i < 200; ++i) {
-      corpus << "the quick brown fox " << i % 7 << " jumps over the lazy dog number " << i % 11
-             << ".\n";
-    }
+    testing::write_trainer_corpus(dir_ / "corpus.txt");
   }
   void TearDown() override { fs::remove_all(dir_); }
 
@@ -34,12 +29,6 @@ class CudaTrainerTest : public ::testing::Test {
     std::vector<std::string> all = {"train.micro_batch=4", "train.steps=6", "model.dropout=0"};
     all.insert(all.end(), overrides.begin(), overrides.end());
     return testing::tiny_run_config(dir_ / "corpus.txt", dir_ / run, all);
-  }
-
-  static std::vector<double> losses(Trainer& trainer, int steps) {
-    std::vector<double> out;
-    for (int i = 0; i < steps; ++i) out.push_back(trainer.train_step().loss);
-    return out;
   }
 
   fs::path dir_;
@@ -61,8 +50,8 @@ TEST_F(CudaTrainerTest, Fp32LossesAndParametersOnTheGpuEqualTheCpuRuns) {
   Trainer cpu(config("cpu", {}));
   Trainer gpu(config("gpu", {"run.device=\"cuda\""}));
   ASSERT_TRUE(gpu.model()->parameters()[0].is_cuda());
-  const auto want = losses(cpu, 6);
-  const auto got = losses(gpu, 6);
+  const auto want = testing::step_losses(cpu, 6);
+  const auto got = testing::step_losses(gpu, 6);
   // Other kernels (cuBLAS, the fused attention) sum in other orders: equal to float rounding.
   for (size_t i = 0; i < want.size(); ++i) {
     EXPECT_NEAR(got[i], want[i], 1e-4 * std::abs(want[i])) << "step " << i + 1;
@@ -79,8 +68,8 @@ TEST_F(CudaTrainerTest, Bf16AutocastOnTheGpuFollowsTheFp32Run) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
   Trainer fp32(config("fp32", {"run.device=\"cuda\""}));
   Trainer bf16(config("bf16", {"run.device=\"cuda\"", "precision.autocast=\"bf16\""}));
-  const auto want = losses(fp32, 6);
-  const auto got = losses(bf16, 6);
+  const auto want = testing::step_losses(fp32, 6);
+  const auto got = testing::step_losses(bf16, 6);
   for (size_t i = 0; i < want.size(); ++i) {
     ASSERT_TRUE(std::isfinite(got[i])) << "step " << i + 1;
     EXPECT_NEAR(got[i], want[i], 2e-2 * std::abs(want[i])) << "step " << i + 1;
@@ -92,15 +81,15 @@ TEST_F(CudaTrainerTest, ACheckpointSavedOnTheGpuResumesOnTheCpu) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
   // Three steps of the six-step run, saved, then its steps 4 to 6: the schedule is the same.
   Trainer gpu(config("gpu", {"run.device=\"cuda\""}));
-  losses(gpu, 3);
+  testing::step_losses(gpu, 3);
   const std::string saved = gpu.save_checkpoint();
-  const auto want = losses(gpu, 3);  // steps 4 to 6 on the GPU
+  const auto want = testing::step_losses(gpu, 3);  // steps 4 to 6 on the GPU
 
   TrainConfig resumed = config("cpu", {});
   resumed.run.resume = saved;
   Trainer cpu(resumed);
   ASSERT_EQ(cpu.step(), 3);
-  const auto got = losses(cpu, 3);
+  const auto got = testing::step_losses(cpu, 3);
   for (size_t i = 0; i < want.size(); ++i) {
     EXPECT_NEAR(got[i], want[i], 1e-4 * std::abs(want[i])) << "step " << i + 4;
   }
@@ -110,14 +99,14 @@ TEST_F(CudaTrainerTest, WithDropoutAResumedGpuRunDrawsTheUninterruptedRunsMasks)
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
   const std::vector<std::string> keys = {"run.device=\"cuda\"", "model.dropout=0.1"};
   Trainer uninterrupted(config("all", keys));
-  const auto want = losses(uninterrupted, 6);
+  const auto want = testing::step_losses(uninterrupted, 6);
 
   Trainer half(config("half", keys));
-  losses(half, 3);
+  testing::step_losses(half, 3);
   TrainConfig resumed = config("resumed", keys);
   resumed.run.resume = half.save_checkpoint();
   Trainer second(resumed);
-  const auto got = losses(second, 3);
+  const auto got = testing::step_losses(second, 3);
   // The GPU's own random stream is restored with the CPU's; some CUDA kernels (attention's
   // backward) sum in a varying order, so equal to float rounding rather than bit for bit.
   for (size_t i = 0; i < got.size(); ++i) {

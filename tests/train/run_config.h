@@ -3,12 +3,31 @@
 #pragma once
 
 #include <filesystem>
+#include <fstream>
 #include <string>
 #include <vector>
 
 #include "shardtrain/config.h"
+#include "shardtrain/train.h"
 
 namespace shardtrain::testing {
+
+// The corpus of the trainer tests on either device (trainer_test.cpp, cuda_trainer_test.cpp):
+// 200 short lines of a few repeating words and numbers.
+inline void write_trainer_corpus(const std::filesystem::path& file) {
+  std::ofstream corpus(file);
+  for (int i = 0; i < 200; ++i) {
+    corpus << "the quick brown fox " << i % 7 << " jumps over the lazy dog number " << i % 11
+           << ".\n";
+  }
+}
+
+// The losses of `trainer`'s next `steps` steps.
+inline std::vector<double> step_losses(Trainer& trainer, int steps) {
+  std::vector<double> out;
+  for (int i = 0; i < steps; ++i) out.push_back(trainer.train_step().loss);
+  return out;
+}
 
 // `settings` ("section.key=value") follow those defaults and override them.
 inline TrainConfig tiny_run_config(const std::filesystem::path& corpus,

@@ -21,11 +21,7 @@ class TrainerTest : public ::testing::Test {
  protected:
   void SetUp() override {
     dir_ = testing::fresh_test_dir("shardtrain_trainer");
-    std::ofstream corpus(dir_ / "corpus.txt");
-    for (int i = 0; i < 200; ++i) {
-      corpus << "the quick brown fox " << i % 7 << " jumps over the lazy dog number " << i % 11
-             << ".\n";
-    }
+    testing::write_trainer_corpus(dir_ / "corpus.txt");
   }
   void TearDown() override { fs::remove_all(dir_); }
 
@@ -33,12 +29,6 @@ class TrainerTest : public ::testing::Test {
     std::vector<std::string> all = {"train.micro_batch=4", "train.steps=6"};
     all.insert(all.end(), overrides.begin(), overrides.end());
     return testing::tiny_run_config(dir_ / "corpus.txt", dir_ / "run", all);
-  }
-
-  std::vector<double> losses(Trainer& trainer, int steps) {
-    std::vector<double> out;
-    for (int i = 0; i < steps; ++i) out.push_back(trainer.train_step().loss);
-    return out;
   }
 
   fs::path dir_;
@@ -54,7 +44,7 @@ TEST_F(TrainerTest, AccumulatingMicroBatchesEqualsOneLargerBatch) {
       if (step != 0) return;
       for (const auto& p : trainer.model()->parameters()) grads.push_back(p.grad().clone());
     });
-    return losses(trainer, 4);
+    return testing::step_losses(trainer, 4);
   };
   std::vector<at::Tensor> grads_one, grads_four;
   const auto a = run({"train.micro_batch=4", "train.grad_accum=1"}, grads_one);
@@ -71,7 +61,7 @@ TEST_F(TrainerTest, AccumulatingMicroBatchesEqualsOneLargerBatch) {
 TEST_F(TrainerTest, ResumeReproducesTheUninterruptedLossesExactly) {
   const auto base = config({"model.dropout=0.1", "train.checkpoint_every=3"});
   Trainer uninterrupted(base);
-  const auto all = losses(uninterrupted, 6);
+  const auto all = testing::step_losses(uninterrupted, 6);
   uninterrupted.save_checkpoint();
 
   TrainConfig resumed_config = base;
@@ -81,7 +71,7 @@ TEST_F(TrainerTest, ResumeReproducesTheUninterruptedLossesExactly) {
   first_half.run.dir = (dir_ / "half").string();
   first_half.train.steps = 3;
   Trainer half(first_half);
-  const auto head = losses(half, 3);
+  const auto head = testing::step_losses(half, 3);
   const std::string saved = half.save_checkpoint();
   for (int i = 0; i < 3; ++i) EXPECT_EQ(head[i], all[i]) << "step " << i + 1;
 
@@ -90,7 +80,7 @@ TEST_F(TrainerTest, ResumeReproducesTheUninterruptedLossesExactly) {
   resumed_config.run.dir = (dir_ / "resumed").string();
   Trainer resumed(resumed_config);
   EXPECT_EQ(resumed.step(), 3);
-  const auto tail = losses(resumed, 3);
+  const auto tail = testing::step_losses(resumed, 3);
   for (int i = 0; i < 3; ++i) EXPECT_EQ(tail[i], all[i + 3]) << "step " << i + 4;
 }
 
@@ -100,7 +90,7 @@ TEST_F(TrainerTest, LossScalingSkipsAnInjectedOverflowAndRecovers) {
   trainer.set_after_backward([&](int64_t step) {
     if (step == 2) trainer.model()->parameters()[0].mutable_grad()[0][0] = INFINITY;
   });
-  losses(trainer, 2);
+  testing::step_losses(trainer, 2);
   EXPECT_DOUBLE_EQ(trainer.loss_scaler().scale(), 2048.0);  // grew after 2 good steps
   std::vector<at::Tensor> before;
   for (const auto& p : trainer.model()->parameters()) before.push_back(p.detach().clone());
@@ -121,19 +111,19 @@ TEST_F(TrainerTest, LossScalingSkipsAnInjectedOverflowAndRecovers) {
 TEST_F(TrainerTest, ActivationCheckpointingKeepsTheLosses) {
   // One after the other: each trainer seeds the global generator when it is built.
   Trainer plain(config({"model.dropout=0.1"}));
-  const auto a = losses(plain, 3);
+  const auto a = testing::step_losses(plain, 3);
   Trainer checkpointed(config({"model.dropout=0.1", "train.activation_checkpointing=true",
                                "run.dir=\"" + (dir_ / "ac").string() + "\""}));
-  const auto b = losses(checkpointed, 3);
+  const auto b = testing::step_losses(checkpointed, 3);
   for (size_t i = 0; i < a.size(); ++i) EXPECT_EQ(a[i], b[i]) << i;  // recomputation is exact
 }
 
 TEST_F(TrainerTest, Bf16AutocastStaysCloseToFp32) {
   Trainer fp32(config());
-  const auto a = losses(fp32, 3);
+  const auto a = testing::step_losses(fp32, 3);
   Trainer bf16(
       config({"precision.autocast=\"bf16\"", "run.dir=\"" + (dir_ / "bf").string() + "\""}));
-  const auto b = losses(bf16, 3);
+  const auto b = testing::step_losses(bf16, 3);
   for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(a[i], b[i], 0.02 * a[i]) << i;
 }
 
@@ -203,7 +193,7 @@ TEST_F(TrainerTest, CommandLineTrainsAndRefusesBadKeys) {
 
 TEST_F(TrainerTest, DdpOnTwoRanksMatchesOneProcessAtTheSameGlobalBatch) {
   Trainer single(config({"train.micro_batch=4", "train.grad_accum=2"}));
-  const auto expected = losses(single, 5);
+  const auto expected = testing::step_losses(single, 5);
   std::vector<double> got;
   run_local_ranks(
       2,
@@ -214,7 +204,7 @@ TEST_F(TrainerTest, DdpOnTwoRanksMatchesOneProcessAtTheSameGlobalBatch) {
                     "run.dir=\"" + (dir_ / "ddp").string() + "\""}),
             world);
         EXPECT_EQ(trainer.data().global_batch_size(), 8);
-        const auto mine = losses(trainer, 5);
+        const auto mine = testing::step_losses(trainer, 5);
         if (group.rank() == 0) got = mine;
       },
       ProcessGroupOptions().timeout(std::chrono::seconds(120)));
