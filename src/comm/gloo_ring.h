@@ -38,8 +38,9 @@ struct PeerError : std::runtime_error {
 // Ring reduce-scatter of the flat `input` (numel elements of elem_size bytes) into `output`,
 // which receives this rank's shard_range slice. Each rank sends and receives (size-1)/size of
 // the input; chunks are split into segments so reducing one overlaps receiving the next.
-// `workspace` (grown to two chunks, never shrunk) is reused across calls so that large
-// reduce-scatters do not pay for allocating and faulting in fresh memory each time.
+// `workspace` (a window of four segments, and from three ranks one chunk for what is forwarded;
+// grown, never shrunk) is reused across calls so that large reduce-scatters do not pay for
+// allocating and faulting in fresh memory each time.
 // With `average`, the last step reduces with it (dividing by the group size) instead of `fn`.
 // `output` may be this rank's own slice of `input` (an in-place reduce-scatter).
 // Runs on the calling thread and blocks until done; throws PeerError on a timeout.

@@ -208,19 +208,26 @@ INSTANTIATE_TEST_SUITE_P(WorldsAndDtypes, CollectiveTest,
                          });
 
 TEST(CollectiveTest, ReduceScatterLargeTensorUsesManySegments) {
-  // 12 MiB chunks: three 4 MiB segments per ring step, plus an uneven tail.
-  const int64_t numel = (9 << 20) + 7;
-  run_local_ranks(
-      3,
-      [&](ProcessGroup& group) {
-        at::Tensor input = at::arange(numel, at::kFloat).remainder(1000) * (group.rank() + 1);
-        at::Tensor output = at::empty({shard_range(numel, 3, group.rank()).numel});
-        group.reduce_scatter(input, output)->wait();
-        const ShardRange mine = shard_range(numel, 3, group.rank());
-        EXPECT_TRUE(at::equal(output, (at::arange(numel, at::kFloat).remainder(1000) * 6)
-                                          .narrow(0, mine.offset, mine.numel)));
-      },
-      test_options());
+  // Chunks of 6 to 12 segments of 4 MiB and an uneven tail: more segments per ring step than the
+  // receive window holds, and from 3 ranks steps that forward what they reduced while the next
+  // step's segments arrive into the same buffer.
+  const int64_t numel = (6 << 22) + 7;
+  for (const int world : {2, 3, 4}) {
+    run_local_ranks(
+        world,
+        [&](ProcessGroup& group) {
+          const at::Tensor base = at::arange(numel, at::kFloat).remainder(1000);
+          const at::Tensor input = base * (group.rank() + 1);
+          const ShardRange mine = shard_range(numel, world, group.rank());
+          at::Tensor output = at::empty({mine.numel});
+          group.reduce_scatter(input, output)->wait();
+          const double ranks_total = world * (world + 1) / 2.0;  // 1 + 2 + ... + world
+          EXPECT_TRUE(at::equal(output, (base * ranks_total).narrow(0, mine.offset, mine.numel)))
+              << world << " ranks";
+          EXPECT_TRUE(at::equal(input, base * (group.rank() + 1))) << world << " ranks";
+        },
+        test_options());
+  }
 }
 
 TEST(CollectiveTest, AllReduceOfLargeAndTinyTensors) {
