@@ -119,7 +119,8 @@ class ProcessGroup {
   virtual WorkHandle all_gather(at::Tensor input, at::Tensor output) = 0;
   // Reduces the flat `input` (numel N) over all members and leaves in `output` this rank's
   // slice of the result, shard_range(N, size, rank). Moves (size-1)/size of N per rank: it is a
-  // ring over the transport, not an all-reduce followed by a slice.
+  // ring over the transport, not an all-reduce followed by a slice. `output` may be that slice
+  // of `input` itself (in place; the rest of `input` is then left as it was).
   virtual WorkHandle reduce_scatter(at::Tensor input, at::Tensor output,
                                     ReduceOp op = ReduceOp::kSum) = 0;
   // Rows (slices along dim 0) to and from every member, as torch's all_to_all_single: this rank

@@ -363,6 +363,13 @@ class FullyShardedDataParallel {
   // reductions in flight as the options say, then releases the unit and prefetches.
   void reduction_issued(Unit& unit);
   void finish_backward();
+  // A tied embedding in the root unit (tied_embedding.cpp): the model gives the head's and the
+  // lookup's gradients of tok_emb.weight to a sink, when the layout allows it, and they are
+  // reduced apart: the head's at once, the lookup's rows with the rest of the root.
+  void install_tied_sink();
+  at::Tensor tied_head_buffer();
+  void reduce_tied_head(const at::Tensor& grad);
+  void reduce_root_with_tied_rows(Unit& root);
   int64_t gathered_units() const;
   // Gathers a unit's fp32 flat parameter (or a per-segment state) and splits it per parameter.
   void split_full(const Unit& unit, const at::Tensor& shard,
@@ -392,6 +399,15 @@ class FullyShardedDataParallel {
   enum class Phase { kIdle, kForward, kBackward } phase_ = Phase::kIdle;
   bool pipelined_ = false;  // between begin_pipeline() and end_pipeline()
   std::vector<std::pair<WorkHandle, int64_t>> reductions_in_flight_;
+  int tied_param_ = -1;  // tok_emb.weight's index in the root unit when its sink is installed
+  struct TiedLookup {
+    at::Tensor ids, rows;  // [N] and [N, d_model]: a lookup's ids and their rows' gradient
+  };
+  std::vector<TiedLookup> tied_lookups_;  // since the last reduction of the root
+  // The root's flat gradient layout whose embedding part the chunked loss accumulates the
+  // head's gradient into (tied_head_buffer), reduce-scattered as it is when the head's
+  // backward hands it on.
+  at::Tensor tied_flat_;
   int64_t gathered_elements_ = 0;
   int64_t gathered_bytes_ = 0;
   int64_t gathered_peak_ = 0;

@@ -266,6 +266,7 @@ class ContextSplit;
 class ExpertSplit;
 struct BlockContext;
 struct MoeState;
+struct TiedGradientSink;
 }  // namespace detail
 
 // What a mixture-of-experts model's layers routed in its training forwards since the last
@@ -375,6 +376,13 @@ class TransformerImpl : public torch::nn::Module {
   // (ContextScope) and attention reads the other ranks' keys by ring.
   const std::shared_ptr<detail::ContextSplit>& context_split() const { return cp_; }
   void set_context_split(std::shared_ptr<detail::ContextSplit> split) { cp_ = std::move(split); }
+  // Set by FSDP for a tied embedding it reduces in two parts (src/model/tied_gradient.h): the
+  // head's gradient of the token embedding (the chunked loss's) and the lookup's rows go to the
+  // sink instead of the weight's .grad; null: into .grad, as autograd sums them.
+  const std::shared_ptr<detail::TiedGradientSink>& tied_gradient_sink() const { return tied_sink_; }
+  void set_tied_gradient_sink(std::shared_ptr<detail::TiedGradientSink> sink) {
+    tied_sink_ = std::move(sink);
+  }
   // Set by expert parallelism (apply_ep): the group a mixture-of-experts model's experts are
   // split across (this rank holding the experts parts() names), through which each layer sends
   // its tokens' rows to the experts' ranks; null when every expert is held here.
@@ -413,6 +421,8 @@ class TransformerImpl : public torch::nn::Module {
   // token embedding's when tied).
   at::Tensor head_input(at::Tensor x);
   at::Tensor head_weight() const;
+  // The tied-gradient sink when it applies (a tied, trained, unsplit embedding), else null.
+  const detail::TiedGradientSink* tied_sink() const;
   void prepare_context(const at::Tensor& x, int64_t length, const SequenceLayout& layout,
                        detail::BlockContext& ctx);
 
@@ -424,6 +434,7 @@ class TransformerImpl : public torch::nn::Module {
   std::shared_ptr<detail::LayerSplit> tp_;
   std::shared_ptr<detail::ContextSplit> cp_;
   std::shared_ptr<detail::MoeState> moe_;  // null for a dense model
+  std::shared_ptr<detail::TiedGradientSink> tied_sink_;
   ModelParts parts_;
   torch::nn::ModuleList blocks_;
   // Embeddings, final norm and head are registered by the implementation (src/model/), held as

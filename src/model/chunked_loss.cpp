@@ -20,7 +20,7 @@ struct HeadLoss {
 // The loss, and the gradients asked for, chunk by chunk.
 HeadLoss compute(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& targets,
                  double divisor, int64_t chunk, const LayerSplit* split, bool want_hidden,
-                 bool want_weight) {
+                 bool want_weight, const WeightGradientSink* sink = nullptr) {
   const int64_t n = hidden.size(0);
   const int64_t local = weight.size(0);
   const int64_t first = split ? static_cast<int64_t>(split->rank()) * local : 0;
@@ -36,7 +36,10 @@ HeadLoss compute(const at::Tensor& hidden, const at::Tensor& weight, const at::T
   HeadLoss out;
   at::Tensor total = at::zeros({}, hidden.options().dtype(at::kFloat));
   if (want_hidden) out.grad_hidden = at::empty_like(hidden);
-  if (want_weight) out.grad_weight = at::zeros(weight.sizes(), weight.options().dtype(at::kFloat));
+  if (want_weight && sink && sink->buffer) out.grad_weight = sink->buffer();
+  if (want_weight && !out.grad_weight.defined()) {
+    out.grad_weight = at::zeros(weight.sizes(), weight.options().dtype(at::kFloat));
+  }
   for (int64_t start = 0; start < n; start += chunk) {
     const int64_t rows = std::min(chunk, n - start);
     const at::Tensor h = hidden.narrow(0, start, rows);
@@ -65,12 +68,14 @@ class ChunkedHeadLoss : public torch::autograd::Function<ChunkedHeadLoss> {
  public:
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& hidden,
                             const at::Tensor& weight, const at::Tensor& targets, double divisor,
-                            int64_t chunk, int64_t split_handle) {
+                            int64_t chunk, int64_t split_handle, int64_t sink_handle) {
     const auto* split = reinterpret_cast<const LayerSplit*>(split_handle);
-    HeadLoss result = compute(hidden, weight, targets, divisor, chunk, split,
-                              hidden.requires_grad(), weight.requires_grad());
+    HeadLoss result =
+        compute(hidden, weight, targets, divisor, chunk, split, hidden.requires_grad(),
+                weight.requires_grad(), reinterpret_cast<const WeightGradientSink*>(sink_handle));
     ctx->saved_data["grad_hidden"] = result.grad_hidden;
     ctx->saved_data["grad_weight"] = result.grad_weight;
+    ctx->saved_data["sink"] = sink_handle;
     return result.loss;
   }
 
@@ -87,7 +92,13 @@ class ChunkedHeadLoss : public torch::autograd::Function<ChunkedHeadLoss> {
                 "chunked_head_loss: backward through the same graph a second time");
     if (grad_hidden.defined()) grad_hidden.mul_(scale);
     if (grad_weight.defined()) grad_weight.mul_(scale);
-    return {grad_hidden, grad_weight, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+    const auto* sink = reinterpret_cast<const WeightGradientSink*>(ctx->saved_data["sink"].toInt());
+    if (sink) {
+      if (grad_weight.defined()) sink->take(grad_weight);
+      grad_weight = at::Tensor();
+    }
+    return {grad_hidden,  grad_weight,  at::Tensor(), at::Tensor(),
+            at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -113,7 +124,7 @@ SoftmaxRows softmax_rows(at::Tensor& p, const at::Tensor& targets, int64_t first
 
 at::Tensor chunked_head_loss(const at::Tensor& hidden, const at::Tensor& weight,
                              const at::Tensor& targets, double divisor, int64_t chunk,
-                             const LayerSplit* split) {
+                             const LayerSplit* split, const WeightGradientSink* weight_sink) {
   TORCH_CHECK(hidden.dim() == 2 && weight.dim() == 2 && targets.dim() == 1 &&
                   hidden.size(0) == targets.size(0) && hidden.size(1) == weight.size(1),
               "chunked_head_loss: expected hidden [N, D], weight [V, D] and targets [N], got ",
@@ -125,7 +136,8 @@ at::Tensor chunked_head_loss(const at::Tensor& hidden, const at::Tensor& weight,
     return compute(hidden, weight, targets, divisor, chunk, split, false, false).loss;
   }
   return ChunkedHeadLoss::apply(hidden, weight, targets, divisor, chunk,
-                                reinterpret_cast<int64_t>(split));
+                                reinterpret_cast<int64_t>(split),
+                                reinterpret_cast<int64_t>(weight_sink));
 }
 
 int64_t loss_chunk_tokens(int64_t vocab, int64_t bytes) {

@@ -23,9 +23,18 @@ namespace shardtrain::detail {
 // its loss (Liger's fused linear cross-entropy): the gradients of hidden and weight are
 // accumulated during the forward, and the backward scales them by the loss's gradient. So the
 // head's matmuls are done once, as in the unchunked loss, and the graph goes backward once.
+// Where the weight's gradient goes instead of to the weight (a tied embedding's head part,
+// tied_gradient.h): `buffer` gives the zeroed fp32 tensor of the weight's shape that the chunks
+// accumulate into (undefined, or no function: one of their own), and the backward hands it to
+// `take`, scaled by the loss's gradient. It must outlive the graph.
+struct WeightGradientSink {
+  std::function<at::Tensor()> buffer;
+  std::function<void(const at::Tensor&)> take;
+};
 at::Tensor chunked_head_loss(const at::Tensor& hidden, const at::Tensor& weight,
                              const at::Tensor& targets, double divisor, int64_t chunk,
-                             const LayerSplit* split = nullptr);
+                             const LayerSplit* split = nullptr,
+                             const WeightGradientSink* weight_sink = nullptr);
 
 // What softmax_rows leaves: each row's loss, log(sum of exponentials) - its target's logit, and
 // the sum itself; where each target lies: `mine` (1 where it is one of this rank's columns, in

@@ -12,6 +12,7 @@
 #include "model/chunked_loss.h"
 #include "model/init.h"
 #include "model/layers.h"
+#include "model/tied_gradient.h"
 #include "shardtrain/model.h"
 #include "trace/telemetry.h"
 
@@ -199,9 +200,10 @@ at::Tensor TransformerImpl::head_loss(const at::Tensor& output, const LossTarget
   const at::Tensor weight = head_weight();
   const int64_t chunk =
       targets.chunk > 0 ? targets.chunk : detail::loss_chunk_tokens(weight.size(0));
+  const detail::TiedGradientSink* sink = tied_sink();
   return detail::chunked_head_loss(x.reshape({-1, x.size(-1)}), weight,
-                                   targets.targets.reshape({-1}), targets.divisor, chunk,
-                                   tp_.get());
+                                   targets.targets.reshape({-1}), targets.divisor, chunk, tp_.get(),
+                                   sink ? &sink->head : nullptr);
 }
 
 at::Tensor TransformerImpl::whole_forward(const at::Tensor& tokens, const SequenceLayout& layout,
@@ -312,7 +314,10 @@ at::Tensor TransformerImpl::embed(const at::Tensor& tokens, int64_t length,
   if (tp_) tp_->sequence_parallel_now = tp_->sequence_parallel && length % tp_size == 0;
   const bool sequence_parallel = tp_ && tp_->sequence_parallel_now;
   auto& tok_emb = dynamic_cast<detail::EmbeddingImpl&>(*tok_emb_);
-  at::Tensor x = tok_emb.forward(tokens);
+  const detail::TiedGradientSink* sink = tied_sink();
+  at::Tensor x = sink && at::GradMode::is_enabled()
+                     ? detail::embedding_into_sink(tok_emb.weight, tokens, *sink)
+                     : tok_emb.forward(tokens);
   if (gpt2) {
     const int64_t local = length / (sequence_parallel ? tp_size : 1);
     const int64_t first = sequence_parallel ? tp_->rank() * local : 0;
@@ -379,6 +384,13 @@ at::Tensor TransformerImpl::run_blocks(at::Tensor x, int64_t begin, int64_t end,
 }
 
 at::Tensor TransformerImpl::head(at::Tensor x) { return at::linear(head_input(x), head_weight()); }
+
+const detail::TiedGradientSink* TransformerImpl::tied_sink() const {
+  // Only where the weight is one whole, trained tensor that both ends use.
+  if (!tied_sink_ || !config_.tie_embeddings || tp_) return nullptr;
+  const auto& tok_emb = dynamic_cast<const detail::EmbeddingImpl&>(*tok_emb_);
+  return tok_emb.weight.requires_grad() ? tied_sink_.get() : nullptr;
+}
 
 at::Tensor TransformerImpl::head_weight() const {
   return config_.tie_embeddings ? dynamic_cast<detail::EmbeddingImpl&>(*tok_emb_).weight

@@ -114,7 +114,9 @@ namespace {
 //   reduced from a flat fp32 buffer of its own; blocks are gathered ahead of use: one more
 //   under FSDP, under ZeRO-3 as many as prefetch_bucket_size elements hold.
 // - A tied embedding's gradient comes in two parts as large as the embedding, from the head and
-//   from the lookup, and the lookup's is formed beside the head's before it is added in.
+//   from the lookup. Under DDP, ZeRO-1 and hybrid_shard the lookup's is formed beside the head's
+//   before it is added in; ZeRO-2 and full_shard / ZeRO-3 over one group of several ranks take
+//   its rows instead (src/parallel/fsdp/tied_embedding.cpp).
 void this_engine_on_cpu(Candidate& c, const PlanModel& model, const WorkloadOptions& w,
                         bool zero_prefetch, int64_t prefetch_elements, bool tied) {
   const bool stage3 =
@@ -133,7 +135,10 @@ void this_engine_on_cpu(Candidate& c, const PlanModel& model, const WorkloadOpti
     c.memory.temporary += (c.lora ? 0.0 : 4.0 * static_cast<double>(model.root_parameters)) +
                           ahead * gathered_dtype * block;
   }
-  if (tied && !c.lora) {
+  const bool lookup_rows =
+      (c.strategy == PlanStrategy::kZero2 || c.strategy == PlanStrategy::kFullShard) &&
+      c.shard > 1 && c.tp <= 1;
+  if (tied && !c.lora && !lookup_rows) {
     const double embedding = 4.0 * static_cast<double>(model.vocab_size) *
                              static_cast<double>(model.d_model) / std::max(c.tp, 1);
     c.memory.temporary += embedding;

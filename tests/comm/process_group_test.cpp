@@ -225,6 +225,11 @@ TEST(CollectiveTest, ReduceScatterLargeTensorUsesManySegments) {
           EXPECT_TRUE(at::equal(output, (base * ranks_total).narrow(0, mine.offset, mine.numel)))
               << world << " ranks";
           EXPECT_TRUE(at::equal(input, base * (group.rank() + 1))) << world << " ranks";
+          // In place: the output is this rank's own slice of the input.
+          at::Tensor both = base * (group.rank() + 1);
+          at::Tensor slice = both.narrow(0, mine.offset, mine.numel);
+          group.reduce_scatter(both, slice)->wait();
+          EXPECT_TRUE(at::equal(slice, output)) << world << " ranks, in place";
         },
         test_options());
   }

@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cmath>
 
 #include "parallel/sharded_training.h"
@@ -39,6 +40,40 @@ TEST(FSDP, AccumulationCheckpointingAndLlamaMatchSingleProcessTraining) {
   const TrainingRun want = reference(5, llama);
   expect_equivalent(sharded(4, 1, FSDPOptions(), 5, /*micro=*/2, /*checkpointing=*/true, llama),
                     want, 1e-5);
+}
+
+TEST(FSDP, ATiedEmbeddingsGradientReducedInTwoPartsMatchesSingleProcessTraining) {
+  // The tied token embedding's gradient is the head's (dense, reduce-scattered as the loss's
+  // backward forms it) plus the lookup's (rows gathered from every rank at the end): with the
+  // chunked loss and with the whole logits (whose head part autograd leaves in .grad), with
+  // gradient accumulation, and under hybrid_shard, where it is not split. At 2 ranks the
+  // shards meet inside a row of the embedding (the root's 2,040 elements split at 1,020, row 42
+  // of 24-wide rows), whose halves each rank adds.
+  const ModelConfig config = small_config();
+  ASSERT_TRUE(config.tie_embeddings);
+  for (const int64_t chunk : {int64_t{0}, int64_t{7}}) {
+    const TrainingRun want = reference(5, config, chunk);
+    for (const auto& [world, replicate] : std::vector<std::pair<int, int>>{{2, 1}, {4, 2}}) {
+      for (const auto strategy : {ShardingStrategy::kFullShard, ShardingStrategy::kShardGradOp}) {
+        if (replicate > 1 && strategy == ShardingStrategy::kShardGradOp) continue;
+        const auto sharding = replicate > 1 ? ShardingStrategy::kHybridShard : strategy;
+        SCOPED_TRACE(to_string(sharding) + " on " + std::to_string(world) + " ranks, chunk " +
+                     std::to_string(chunk));
+        std::atomic<int> sinks{0};
+        const TrainingRun got = sharded_by(
+            world, replicate,
+            [&](Transformer model, const DeviceMesh& mesh) {
+              auto fsdp = std::make_unique<FullyShardedDataParallel>(
+                  model, mesh, FSDPOptions().sharding(sharding));
+              if (model->tied_gradient_sink()) ++sinks;
+              return fsdp;
+            },
+            5, /*micro=*/2, /*checkpointing=*/false, config, chunk);
+        EXPECT_EQ(sinks.load(), replicate == 1 ? world : 0);
+        expect_equivalent(got, want, 1e-5);
+      }
+    }
+  }
 }
 
 TEST(FSDP, EveryPrefetchModeGivesTheSameResultWithinTheGatherLimit) {

@@ -52,7 +52,12 @@ inline at::Tensor tokens(int step) {
       .view({kGlobalBatch, kSeq + 1});
 }
 
-inline at::Tensor loss_of(Transformer& model, const at::Tensor& batch) {
+// chunk > 0: the chunked loss of that many tokens per chunk (forward_loss), else the logits'.
+inline at::Tensor loss_of(Transformer& model, const at::Tensor& batch, int64_t chunk = 0) {
+  if (chunk > 0) {
+    return model->forward_loss(batch.narrow(1, 0, kSeq), SequenceLayout(),
+                               LossTargets{batch.narrow(1, 1, kSeq), 0.0, chunk});
+  }
   const at::Tensor logits = model->forward(batch.narrow(1, 0, kSeq));
   return at::cross_entropy_loss(logits.reshape({-1, logits.size(-1)}).to(at::kFloat),
                                 batch.narrow(1, 1, kSeq).reshape({-1}));
@@ -78,7 +83,8 @@ struct TrainingRun {
   int64_t optimizer_bytes = 0;
 };
 
-inline TrainingRun reference(int steps, const ModelConfig& config = small_config()) {
+inline TrainingRun reference(int steps, const ModelConfig& config = small_config(),
+                             int64_t chunk = 0) {
   Transformer model = make_model(config);
   std::vector<at::Tensor> decay, no_decay;
   for (const auto& p : model->parameters()) (p.dim() >= 2 ? decay : no_decay).push_back(p);
@@ -86,7 +92,7 @@ inline TrainingRun reference(int steps, const ModelConfig& config = small_config
   TrainingRun run;
   for (int s = 0; s < steps; ++s) {
     adamw.zero_grad();
-    at::Tensor loss = loss_of(model, tokens(s));
+    at::Tensor loss = loss_of(model, tokens(s), chunk);
     loss.backward();
     clip_grad_norm(model->parameters(), 0.5);
     adamw.step();
@@ -102,7 +108,7 @@ using Shard =
 // `world` in-process ranks, mesh dp_replicate x dp_shard, each rank on its slice of the batch.
 inline TrainingRun sharded_by(int world, int replicate, const Shard& shard, int steps,
                               int micro = 1, bool checkpointing = false,
-                              const ModelConfig& config = small_config()) {
+                              const ModelConfig& config = small_config(), int64_t chunk = 0) {
   TrainingRun result;
   std::mutex mutex;
   run_local_ranks(world, [&](ProcessGroup& group) {
@@ -123,8 +129,8 @@ inline TrainingRun sharded_by(int world, int replicate, const Shard& shard, int 
       fsdp.zero_grad();
       double loss_sum = 0;
       for (int m = 0; m < micro; ++m) {
-        at::Tensor loss =
-            loss_of(model, tokens(s).narrow(0, group.rank() * per_rank + m * per_micro, per_micro));
+        at::Tensor loss = loss_of(
+            model, tokens(s).narrow(0, group.rank() * per_rank + m * per_micro, per_micro), chunk);
         (loss / static_cast<double>(micro)).backward();
         loss_sum += loss.item<double>() / micro;
       }

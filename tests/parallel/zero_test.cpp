@@ -48,6 +48,26 @@ TEST(Zero, DeepSpeedKnobsChangeWhenDataMovesNotWhatIsComputed) {
   }
 }
 
+TEST(Zero, PrefetchHoldsTheBucketAheadAndNoMore) {
+  // stage3_prefetch_bucket_size bounds the elements gathered ahead of the unit that computes,
+  // those already gathered included: two blocks' worth keeps the root, the block computing and
+  // two ahead gathered, however many blocks the model has (not a bucket more at each block).
+  ModelConfig config = small_config();
+  config.n_layers = 6;
+  const int64_t block = parameter_count_of_block();
+  ZeroBehaviour knobs;
+  knobs.prefetch_bucket_size = 2 * (block + 1);  // two blocks, each padded to an even count
+  const ZeroOptions options = ZeroOptions().stage(3).behaviour(knobs);
+  const TrainingRun run = sharded_by(
+      2, 1,
+      [&](Transformer model, const DeviceMesh& mesh) { return zero_shard(model, mesh, options); },
+      2, 1, false, config);
+  const FSDPMemory& m = run.memory;
+  EXPECT_GT(m.gathered_peak, m.root_unit + 2 * m.largest_unit);  // it did prefetch
+  EXPECT_LE(m.gathered_peak, m.root_unit + 3 * m.largest_unit);
+  expect_equivalent(run, reference(2, config), 1e-5);
+}
+
 TEST(Zero, ModelStateBytesFollowTheZeroTable) {
   const double n = static_cast<double>(small_config().num_parameters());
   for (int world : {2, 4}) {

@@ -72,6 +72,7 @@ FullyShardedDataParallel::FullyShardedDataParallel(Transformer model, const Devi
     add_gradient_hooks(*unit);
   }
   install_hooks();
+  install_tied_sink();
 }
 
 void FullyShardedDataParallel::check_options(const DeviceMesh& mesh) {
@@ -280,6 +281,7 @@ void FullyShardedDataParallel::add_gradient_hooks(Unit& unit) {
 
 FullyShardedDataParallel::~FullyShardedDataParallel() {
   io_.reset();  // transfers still queued use the units' files and memory
+  if (tied_param_ >= 0) model_->set_tied_gradient_sink(nullptr);  // it calls into this object
   detail::clear_module_hooks(model_.get(), hooks_.get());
   for (const auto& [module, point] : hook_points_) detail::clear_module_hooks(module, hooks_.get());
   for (Unit* unit : every_unit_) {
@@ -484,15 +486,16 @@ void FullyShardedDataParallel::prefetch_ahead(int index, int step) {
     read_ahead(index, step);
     return;
   }
-  // DeepSpeed's stage3_prefetch_bucket_size: units ahead, up to that many elements.
+  // DeepSpeed's stage3_prefetch_bucket_size: units ahead, up to that many elements, those
+  // already gathered (or being gathered) included, so that the window moves with the unit
+  // computing rather than growing by a bucket at each.
   int64_t budget = options_.zero_.prefetch_bucket_size;
   for (int i = index + step; i >= 0 && i < static_cast<int>(units_.size()); i += step) {
     const Unit& unit = *units_[i];
     if (unit.root) break;
-    if (unit.gathered) continue;
     if (unit.padded > budget) break;
     budget -= unit.padded;
-    prefetch(i);
+    if (!unit.gathered) prefetch(i);
   }
   read_ahead(index, step);
 }

@@ -143,6 +143,11 @@ void FullyShardedDataParallel::reduce(Unit& unit) {
   unit.reduced = true;
   // No gradient, or (a pipeline stage's root) no parameter: nothing to communicate.
   if (unit.frozen || unit.numel == 0) return;
+  if (tied_param_ >= 0 && &unit == units_.back().get()) {
+    reduce_root_with_tied_rows(unit);
+    reduction_issued(unit);
+    return;
+  }
   Unit::PendingReduce pending;
   if (unit.grads_in_full) {
     // Backward accumulated into grad_full, which also holds the average of earlier backward
@@ -274,6 +279,8 @@ void FullyShardedDataParallel::abandon_pass() {
   // The failed group's operations are not waited for: their results are not used, and the
   // memory they wrote into is dropped with them.
   reductions_in_flight_.clear();
+  tied_lookups_.clear();
+  tied_flat_ = at::Tensor();
   for (Unit* unit : every_unit_) {
     unit->pending.clear();
     unit->end_backward();
