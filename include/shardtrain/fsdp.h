@@ -400,6 +400,7 @@ class FullyShardedDataParallel {
   bool pipelined_ = false;  // between begin_pipeline() and end_pipeline()
   std::vector<std::pair<WorkHandle, int64_t>> reductions_in_flight_;
   int tied_param_ = -1;  // tok_emb.weight's index in the root unit when its sink is installed
+  std::shared_ptr<detail::TiedGradientSink> tied_sink_;  // the one this object installed
   struct TiedLookup {
     at::Tensor ids, rows;  // [N] and [N, d_model]: a lookup's ids and their rows' gradient
   };

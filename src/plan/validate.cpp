@@ -115,8 +115,9 @@ namespace {
 //   under FSDP, under ZeRO-3 as many as prefetch_bucket_size elements hold.
 // - A tied embedding's gradient comes in two parts as large as the embedding, from the head and
 //   from the lookup. Under DDP, ZeRO-1 and hybrid_shard the lookup's is formed beside the head's
-//   before it is added in; ZeRO-2 and full_shard / ZeRO-3 over one group of several ranks take
-//   its rows instead (src/parallel/fsdp/tied_embedding.cpp).
+//   before it is added in; ZeRO-2 and full_shard / ZeRO-3 over one group of several ranks,
+//   without tensor or pipeline parallelism, take its rows instead
+//   (src/parallel/fsdp/tied_embedding.cpp).
 void this_engine_on_cpu(Candidate& c, const PlanModel& model, const WorkloadOptions& w,
                         bool zero_prefetch, int64_t prefetch_elements, bool tied) {
   const bool stage3 =
@@ -137,7 +138,7 @@ void this_engine_on_cpu(Candidate& c, const PlanModel& model, const WorkloadOpti
   }
   const bool lookup_rows =
       (c.strategy == PlanStrategy::kZero2 || c.strategy == PlanStrategy::kFullShard) &&
-      c.shard > 1 && c.tp <= 1;
+      c.shard > 1 && c.tp <= 1 && c.pp <= 1;
   if (tied && !c.lora && !lookup_rows) {
     const double embedding = 4.0 * static_cast<double>(model.vocab_size) *
                              static_cast<double>(model.d_model) / std::max(c.tp, 1);

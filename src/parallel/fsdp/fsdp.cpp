@@ -281,7 +281,10 @@ void FullyShardedDataParallel::add_gradient_hooks(Unit& unit) {
 
 FullyShardedDataParallel::~FullyShardedDataParallel() {
   io_.reset();  // transfers still queued use the units' files and memory
-  if (tied_param_ >= 0) model_->set_tied_gradient_sink(nullptr);  // it calls into this object
+  // The sink calls into this object; one another wrapper installed since is left in place.
+  if (tied_sink_ && model_->tied_gradient_sink() == tied_sink_) {
+    model_->set_tied_gradient_sink(nullptr);
+  }
   detail::clear_module_hooks(model_.get(), hooks_.get());
   for (const auto& [module, point] : hook_points_) detail::clear_module_hooks(module, hooks_.get());
   for (Unit* unit : every_unit_) {

@@ -28,6 +28,7 @@ void FullyShardedDataParallel::install_tied_sink() {
   if (found == root.names.end()) return;  // frozen (a LoRA base): in the root's companion
   tied_param_ = static_cast<int>(found - root.names.begin());
   auto sink = std::make_shared<detail::TiedGradientSink>();
+  tied_sink_ = sink;
   sink->head.buffer = [this] { return tied_head_buffer(); };
   sink->head.take = [this](const at::Tensor& grad) { reduce_tied_head(grad); };
   sink->lookup = [this](const at::Tensor& ids, const at::Tensor& rows) {
@@ -103,11 +104,12 @@ void FullyShardedDataParallel::reduce_root_with_tied_rows(Unit& root) {
 
   // The lookups' rows from every rank, padded to the most any rank has (id -1 adds nothing).
   const int64_t width = root.params[tied_param_].size(1);
-  at::Tensor ids = at::empty({0}, at::kLong), rows = at::empty({0, width}, options);
+  const auto long_options = options.dtype(at::kLong);  // on the gradients' device, as for NCCL
+  at::Tensor ids = at::empty({0}, long_options), rows = at::empty({0, width}, options);
   if (!tied_lookups_.empty()) {
     std::vector<at::Tensor> all_ids, all_rows;
     for (const TiedLookup& lookup : tied_lookups_) {
-      all_ids.push_back(lookup.ids.to(at::kLong));
+      all_ids.push_back(lookup.ids.to(long_options));
       all_rows.push_back(lookup.rows.to(dtype));
     }
     ids = at::cat(all_ids);
@@ -115,14 +117,14 @@ void FullyShardedDataParallel::reduce_root_with_tied_rows(Unit& root) {
     tied_lookups_.clear();
   }
   const int size = group.size();
-  at::Tensor counts = at::empty({size}, at::kLong);
-  group.all_gather(at::full({1}, ids.numel(), at::kLong), counts)->wait();
+  at::Tensor counts = at::empty({size}, long_options);
+  group.all_gather(at::full({1}, ids.numel(), long_options), counts)->wait();
   const int64_t most = counts.max().item<int64_t>();
-  at::Tensor padded_ids = at::full({most}, -1, at::kLong);
+  at::Tensor padded_ids = at::full({most}, -1, long_options);
   at::Tensor padded_rows = at::zeros({most, width}, options);
   padded_ids.narrow(0, 0, ids.numel()).copy_(ids);
   padded_rows.narrow(0, 0, ids.numel()).copy_(rows);
-  at::Tensor every_id = at::empty({most * size}, at::kLong);
+  at::Tensor every_id = at::empty({most * size}, long_options);
   at::Tensor every_row = at::empty({most * size * width}, options);
   WorkHandle ids_work = group.all_gather(padded_ids, every_id);
   WorkHandle rows_work = group.all_gather(padded_rows.reshape({-1}), every_row);
