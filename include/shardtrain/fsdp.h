@@ -357,7 +357,9 @@ class FullyShardedDataParallel {
   // Whether a unit stays gathered between uses (ZeRO-1/2 parameters, ZeRO-3 small units).
   bool keeps_gathered(const Unit& unit) const;
   void refresh(Unit& unit);
-  void bound_reductions();
+  // A gradient reduction just issued (`elements` of them): waited for now, or kept in flight
+  // within the ZeRO options' bounds.
+  void pace_reduction(const WorkHandle& work, int64_t elements);
   void reduce(Unit& unit);
   // After reduce() queued the unit's reduction (the last of unit.pending): bounds the
   // reductions in flight as the options say, then releases the unit and prefetches.

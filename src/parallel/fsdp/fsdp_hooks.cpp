@@ -220,14 +220,7 @@ void FullyShardedDataParallel::reduction_issued(Unit& unit) {
   // This unit's shard is read while the next unit's backward computes.
   if (!unit.groups->replicate) read_grad_async(unit);
   const Unit::PendingReduce& pending = unit.pending.back();
-  if (pending.scatter) {
-    if (!options_.zero_.overlap_comm) {
-      pending.scatter->wait();
-    } else if (options_.zero_.reduce_bucket_size > 0) {
-      reductions_in_flight_.emplace_back(pending.scatter, unit.padded);
-      bound_reductions();
-    }
-  }
+  if (pending.scatter) pace_reduction(pending.scatter, unit.padded);
   // Backward is done with this unit's trained parameters. Its frozen ones may still be needed
   // for the gradient of the unit's input (a LoRA base layer computes it after its adapter's
   // gradients are in): release_frozen_after() frees them.
@@ -237,8 +230,15 @@ void FullyShardedDataParallel::reduction_issued(Unit& unit) {
   }
 }
 
-void FullyShardedDataParallel::bound_reductions() {
-  // DeepSpeed's reduce_bucket_size: at most that many gradient elements in flight.
+void FullyShardedDataParallel::pace_reduction(const WorkHandle& work, int64_t elements) {
+  // DeepSpeed's overlap_comm off: each reduction is waited for as it is issued; on, with
+  // reduce_bucket_size: at most that many gradient elements in flight.
+  if (!options_.zero_.overlap_comm) {
+    work->wait();
+    return;
+  }
+  if (options_.zero_.reduce_bucket_size <= 0) return;
+  reductions_in_flight_.emplace_back(work, elements);
   int64_t in_flight = 0;
   for (const auto& item : reductions_in_flight_) in_flight += item.second;
   while (in_flight > options_.zero_.reduce_bucket_size && reductions_in_flight_.size() > 1) {

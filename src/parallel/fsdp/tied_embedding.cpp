@@ -65,12 +65,7 @@ void FullyShardedDataParallel::reduce_tied_head(const at::Tensor& grad) {
   Unit::PendingReduce pending;
   pending.output = flat.narrow(0, root.groups->shard_rank * root.shard_numel, root.shard_numel);
   pending.scatter = root.groups->shard->reduce_scatter(flat, pending.output, ReduceOp::kAvg);
-  if (!options_.zero_.overlap_comm) {
-    pending.scatter->wait();
-  } else if (options_.zero_.reduce_bucket_size > 0) {
-    reductions_in_flight_.emplace_back(pending.scatter, root.padded);
-    bound_reductions();
-  }
+  pace_reduction(pending.scatter, root.padded);
   root.pending.push_back(std::move(pending));
 }
 
