@@ -5,9 +5,10 @@
 #       --deepspeed FILE | --accelerate-config FILE --set train.steps=1
 # N is the world the file is written for: a DeepSpeed file's three batch sizes fix its data-
 # parallel ranks (times its AutoTP size), else 1; an accelerate file's num_processes (1 for
-# distributed_type NO). Each run has 120 s. Prints one line per file (outcome, then the first
-# line of shardtrain's error) and the counts. fp16 autocast needs a CUDA device: on a CPU machine
-# a file that asks for it is run again with precision.autocast = "bf16" and counted apart.
+# distributed_type NO). Each run has 120 s (STEP_TIMEOUT=N in the environment: N s). Prints one
+# line per file (outcome, then the first line of shardtrain's error) and the counts. fp16
+# autocast needs a CUDA device: on a CPU machine a file that asks for it is run again with
+# precision.autocast = "bf16" and counted apart.
 # Usage: bash bench/configs.sh [FILE...]  (from the repository root, after a build; the files
 # given, or the whole corpus)
 set -uo pipefail
@@ -52,11 +53,11 @@ for file in "${files[@]}"; do
   n="$(world_of "$file")"
   out="$work/out.txt"
   rm -rf "$work/run"
-  timeout 120 "$bin" launch --nproc "$n" -- "$bin" train --config "$root/configs/zero_tiny.toml" \
+  timeout "${STEP_TIMEOUT:-120}" "$bin" launch --nproc "$n" -- "$bin" train --config "$root/configs/zero_tiny.toml" \
     "$flag" "$file" --set train.steps=1 --set train.sample_tokens=0 --set run.threads=1 \
     --set "run.dir=\"$work/run\"" >"$out" 2>&1
   rc=$?
-  if [[ $rc -ne 0 ]] && grep -q 'needs a CUDA device' "$out"; then
+  if [[ $rc -ne 0 ]] && grep -q -e 'needs a CUDA device' -e 'autocast = "fp16" is not supported' "$out"; then
     # fp16 autocast needs CUDA: on a CPU machine the same file trains its step in bf16.
     rm -rf "$work/run"
     timeout 120 "$bin" launch --nproc "$n" -- "$bin" train --config "$root/configs/zero_tiny.toml" \

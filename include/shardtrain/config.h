@@ -61,6 +61,15 @@ struct TrainSection {
   int64_t warmup = 10;
   std::string schedule = "cosine";     // "cosine", "linear" or "constant" after warmup
   std::string warmup_type = "linear";  // "linear" or "log" (DeepSpeed's default shape)
+  // "adamw"; "lamb" (each tensor's AdamW-style update scaled by its trust ratio ||w|| / ||update||
+  // clamped to [lamb_min_coeff, lamb_max_coeff]: DeepSpeed's Lamb); "onebit_adam" (Adam for
+  // freeze_step updates, then each rank's momentum averaged compressed to one bit per element
+  // instead of the gradients: DeepSpeed's OneBitAdam). The last two need whole parameters on
+  // every rank: parallel.strategy "none" or "ddp" (docs/training.md, "Optimizers").
+  std::string optimizer = "adamw";
+  double lamb_min_coeff = 0.01;
+  double lamb_max_coeff = 10.0;
+  int64_t freeze_step = 100000;
   double weight_decay = 0.1;
   double beta1 = 0.9;
   double beta2 = 0.95;

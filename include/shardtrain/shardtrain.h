@@ -18,6 +18,7 @@
 #include "shardtrain/mesh.h"
 #include "shardtrain/model.h"
 #include "shardtrain/optim.h"
+#include "shardtrain/optimizers.h"
 #include "shardtrain/plan.h"
 #include "shardtrain/rendezvous.h"
 #include "shardtrain/report.h"

@@ -1,6 +1,7 @@
-// The "optimizer" and "scheduler" sections of a ds_config.json. shardtrain trains with AdamW and
-// a warmup followed by a constant, linear or cosine schedule; DeepSpeed's Adam/AdamW and its
-// WarmupLR, WarmupDecayLR and WarmupCosineLR map onto those when their shapes agree.
+// The "optimizer" and "scheduler" sections of a ds_config.json. shardtrain trains with AdamW,
+// LAMB or 1-bit Adam and a warmup followed by a constant, linear or cosine schedule; DeepSpeed's
+// Adam/AdamW, Lamb and OneBitAdam and its WarmupLR, WarmupDecayLR and WarmupCosineLR map onto
+// those when their shapes agree.
 #include <algorithm>
 #include <cctype>
 
@@ -15,49 +16,111 @@ std::string lower(std::string text) {
   return text;
 }
 
+// The keys every Adam-family optimizer shares; false for another key.
+bool import_shared_param(const std::string& key, const Json& value, std::optional<double>& lr,
+                         Overrides& out) {
+  const std::string path = "optimizer.params." + key;
+  if (key == "lr") {
+    lr = number_or_auto(value, path);
+    out.set_float_or_keep(path, "train.lr", lr);
+  } else if (key == "betas") {
+    if (is_auto(value)) {
+      out.keep(path, "train.beta1");
+      out.keep(path, "train.beta2");
+      return true;
+    }
+    if (!value.is_array() || value.size() != 2 || !value[0].is_number() || !value[1].is_number()) {
+      bad_value(path, value, "expected [beta1, beta2] or \"auto\"");
+    }
+    out.set_float("train.beta1", value[0].get<double>());
+    out.set_float("train.beta2", value[1].get<double>());
+  } else if (key == "eps") {
+    out.set_float_or_keep(path, "train.eps", number_or_auto(value, path));
+  } else if (key == "weight_decay") {
+    out.set_float_or_keep(path, "train.weight_decay", number_or_auto(value, path));
+  } else if (key == "amsgrad") {
+    require_value(value, path, false, "AMSGrad is not supported");
+  } else if (key == "eps_inside_sqrt") {
+    require_value(value, path, false, "only eps added to sqrt(v) is supported");
+  } else {
+    return false;
+  }
+  return true;
+}
+
+void import_bias_correction(const Json& value, Overrides& out) {
+  const std::string path = "optimizer.params.bias_correction";
+  if (is_auto(value)) {
+    out.keep(path, "train.bias_correction");
+  } else if (!value.is_boolean()) {
+    throw std::invalid_argument("ds_config key '" + path + "' must be true or false, got " +
+                                value.dump());
+  } else {
+    out.set("train.bias_correction", value.get<bool>() ? "true" : "false");
+  }
+}
+
 void import_adam_params(const Json& params, const std::string& type, std::optional<double>& lr,
                         Overrides& out) {
-  object_at(params, "optimizer.params");
   for (const auto& [key, value] : params.items()) {
     const std::string path = "optimizer.params." + key;
-    if (key == "lr") {
-      lr = number_or_auto(value, path);
-      out.set_float_or_keep(path, "train.lr", lr);
-    } else if (key == "betas") {
-      if (is_auto(value)) {
-        out.keep(path, "train.beta1");
-        out.keep(path, "train.beta2");
-        continue;
-      }
-      if (!value.is_array() || value.size() != 2 || !value[0].is_number() ||
-          !value[1].is_number()) {
-        bad_value(path, value, "expected [beta1, beta2] or \"auto\"");
-      }
-      out.set_float("train.beta1", value[0].get<double>());
-      out.set_float("train.beta2", value[1].get<double>());
-    } else if (key == "eps") {
-      out.set_float_or_keep(path, "train.eps", number_or_auto(value, path));
-    } else if (key == "weight_decay") {
-      out.set_float_or_keep(path, "train.weight_decay", number_or_auto(value, path));
-    } else if (key == "adam_w_mode") {
+    if (import_shared_param(key, value, lr, out)) continue;
+    if (key == "adam_w_mode") {
       // DeepSpeed's "Adam" decouples weight decay (AdamW) unless adam_w_mode is false.
       require_value(value, path, true,
                     "only true is supported: shardtrain's optimizer is AdamW (decoupled weight "
                     "decay); " +
                         type + " with L2 regularisation is not available");
     } else if (key == "bias_correction") {
-      if (is_auto(value)) {
-        out.keep(path, "train.bias_correction");
-      } else if (!value.is_boolean()) {
-        throw std::invalid_argument("ds_config key '" + path + "' must be true or false, got " +
-                                    value.dump());
-      } else {
-        out.set("train.bias_correction", value.get<bool>() ? "true" : "false");
-      }
-    } else if (key == "amsgrad") {
-      require_value(value, path, false, "AMSGrad is not supported");
+      import_bias_correction(value, out);
     } else if (key == "torch_adam" || key == "fused") {
       bool_or_auto(value, path);  // which implementation DeepSpeed picks; same update
+    } else {
+      unknown_key(path);
+    }
+  }
+}
+
+void import_lamb_params(const Json& params, std::optional<double>& lr, Overrides& out) {
+  for (const auto& [key, value] : params.items()) {
+    const std::string path = "optimizer.params." + key;
+    if (import_shared_param(key, value, lr, out)) continue;
+    if (key == "bias_correction") {
+      import_bias_correction(value, out);
+    } else if (key == "max_coeff") {
+      out.set_float_or_keep(path, "train.lamb_max_coeff", number_or_auto(value, path));
+    } else if (key == "min_coeff") {
+      out.set_float_or_keep(path, "train.lamb_min_coeff", number_or_auto(value, path));
+    } else if (key == "max_grad_norm") {
+      require_value(value, path, 0, "only 0 (gradient_clipping clips the gradients)");
+    } else {
+      unknown_key(path);
+    }
+  }
+}
+
+void import_onebit_adam_params(const Json& params, std::optional<double>& lr, Overrides& out) {
+  for (const auto& [key, value] : params.items()) {
+    const std::string path = "optimizer.params." + key;
+    if (import_shared_param(key, value, lr, out)) continue;
+    if (key == "bias_correction") {
+      if (bool_or_auto(value, path).value_or(false)) {
+        out.decide(path,
+                   "true: DeepSpeed's OneBitAdam applies no bias correction; neither does "
+                   "shardtrain's (train.bias_correction = false)");
+      }
+    } else if (key == "freeze_step") {
+      out.set_int_or_keep(path, "train.freeze_step", int_or_auto(value, path));
+    } else if (key == "cuda_aware" || key == "comm_backend_name") {
+      // How DeepSpeed's compressed all-reduce reaches its transport (MPI, CUDA-aware MPI,
+      // NCCL): shardtrain compresses over its own process group (Gloo on the CPU, NCCL on CUDA).
+      if (key == "cuda_aware") {
+        bool_or_auto(value, path);
+      } else {
+        out.decide(path, string_at(value, path) +
+                             ": the compressed momentum goes over shardtrain's own process "
+                             "group (Gloo on the CPU, NCCL on CUDA)");
+      }
     } else {
       unknown_key(path);
     }
@@ -87,15 +150,29 @@ std::optional<double> import_ds_optimizer(const Json& section, Overrides& out) {
     throw std::invalid_argument("ds_config key 'optimizer.type' is missing");
   }
   const std::string type = string_at(section.at("type"), "optimizer.type");
-  if (lower(type) != "adam" && lower(type) != "adamw") {
+  const std::string kind = lower(type);
+  if (kind != "adam" && kind != "adamw" && kind != "lamb" && kind != "onebitadam") {
     bad_value("optimizer.type", section.at("type"),
-              "only Adam and AdamW are supported (shardtrain trains with AdamW)");
+              "shardtrain has Adam, AdamW, Lamb and OneBitAdam; " + type +
+                  " is not available (docs/deepspeed.md, \"What is refused\")");
   }
+  out.set_string("train.optimizer", kind == "lamb"         ? "lamb"
+                                    : kind == "onebitadam" ? "onebit_adam"
+                                                           : "adamw");
+  // DeepSpeed's OneBitAdam reads no bias_correction: its updates have none.
+  if (kind == "onebitadam") out.set_bool("train.bias_correction", false);
   std::optional<double> lr;
   for (const auto& [key, value] : section.items()) {
     if (key == "type") continue;
     if (key != "params") unknown_key("optimizer." + key);
-    import_adam_params(value, type, lr, out);
+    object_at(value, "optimizer.params");
+    if (kind == "lamb") {
+      import_lamb_params(value, lr, out);
+    } else if (kind == "onebitadam") {
+      import_onebit_adam_params(value, lr, out);
+    } else {
+      import_adam_params(value, type, lr, out);
+    }
   }
   return lr;
 }

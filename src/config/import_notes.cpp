@@ -9,7 +9,7 @@
 namespace shardtrain {
 namespace {
 
-using Value = std::function<std::string(const TrainConfig&)>;
+using ReadValue = std::function<std::string(const TrainConfig&)>;
 
 template <typename T>
 std::string text_of(const T& value) {
@@ -25,8 +25,8 @@ std::string text_of(const T& value) {
 }
 
 // The keys an importer can leave to the TOML config, read back from the config they made.
-const std::map<std::string, Value>& readable_keys() {
-  static const std::map<std::string, Value> keys = {
+const std::map<std::string, ReadValue>& readable_keys() {
+  static const std::map<std::string, ReadValue> keys = {
       {"train.micro_batch", [](const TrainConfig& c) { return text_of(c.train.micro_batch); }},
       {"train.grad_accum", [](const TrainConfig& c) { return text_of(c.train.grad_accum); }},
       {"train.lr", [](const TrainConfig& c) { return text_of(c.train.lr); }},
@@ -37,6 +37,13 @@ const std::map<std::string, Value>& readable_keys() {
       {"train.weight_decay", [](const TrainConfig& c) { return text_of(c.train.weight_decay); }},
       {"train.clip", [](const TrainConfig& c) { return text_of(c.train.clip); }},
       {"train.warmup", [](const TrainConfig& c) { return text_of(c.train.warmup); }},
+      {"train.bias_correction",
+       [](const TrainConfig& c) { return text_of(c.train.bias_correction); }},
+      {"train.lamb_min_coeff",
+       [](const TrainConfig& c) { return text_of(c.train.lamb_min_coeff); }},
+      {"train.lamb_max_coeff",
+       [](const TrainConfig& c) { return text_of(c.train.lamb_max_coeff); }},
+      {"train.freeze_step", [](const TrainConfig& c) { return text_of(c.train.freeze_step); }},
       {"train.warmup_type", [](const TrainConfig& c) { return text_of(c.train.warmup_type); }},
       {"train.schedule",
        [](const TrainConfig& c) {

@@ -204,6 +204,10 @@ const std::map<std::string, Setter>& known_keys() {
                   {"train.warmup", field(&TrainSection::warmup)},
                   {"train.schedule", field(&TrainSection::schedule)},
                   {"train.warmup_type", field(&TrainSection::warmup_type)},
+                  {"train.optimizer", field(&TrainSection::optimizer)},
+                  {"train.lamb_min_coeff", field(&TrainSection::lamb_min_coeff)},
+                  {"train.lamb_max_coeff", field(&TrainSection::lamb_max_coeff)},
+                  {"train.freeze_step", field(&TrainSection::freeze_step)},
                   {"train.weight_decay", field(&TrainSection::weight_decay)},
                   {"train.beta1", field(&TrainSection::beta1)},
                   {"train.beta2", field(&TrainSection::beta2)},
@@ -516,6 +520,44 @@ bool zero_offloads_to_files(const ZeroSection& zero) {
 
 // The pipeline's settings against each other and the model; the world size is checked with the
 // mesh (train_mesh_shape), the split and the schedule by check_parallel_settings.
+// LAMB's trust ratio is a whole tensor's, and 1-bit Adam averages the momentum in place of the
+// gradients: both need every parameter whole on every data-parallel rank.
+void validate_optimizer(const TrainConfig& c) {
+  auto require = [](bool ok, const std::string& message) {
+    if (!ok) throw std::invalid_argument(message);
+  };
+  const TrainSection& train = c.train;
+  require(
+      train.optimizer == "adamw" || train.optimizer == "lamb" || train.optimizer == "onebit_adam",
+      "train.optimizer must be \"adamw\", \"lamb\" or \"onebit_adam\", got \"" + train.optimizer +
+          "\"");
+  if (train.optimizer == "adamw") return;
+  const std::string name = "train.optimizer = \"" + train.optimizer + "\"";
+  const auto strategy = c.parallel.strategy;
+  require(strategy == ParallelStrategy::kNone || strategy == ParallelStrategy::kDdp,
+          name + " with parallel.strategy = \"" + to_string(strategy) + "\": " +
+              (train.optimizer == "lamb" ? "LAMB scales each tensor by its own norms"
+                                         : "1-bit Adam averages the momentum") +
+              ", which needs every parameter whole on every rank; use parallel.strategy = "
+              "\"ddp\" (DeepSpeed runs it without ZeRO too)");
+  require(c.parallel.tp == 1 && c.parallel.cp == 1 && c.parallel.ep == 1,
+          name +
+              " with tensor, context or expert parallelism: this version runs it with "
+              "data parallelism only (parallel.tp, cp and ep = 1)");
+  if (train.optimizer == "lamb") {
+    require(train.lamb_min_coeff > 0 && train.lamb_min_coeff <= train.lamb_max_coeff,
+            "train.lamb_min_coeff must be positive and at most train.lamb_max_coeff");
+    return;
+  }
+  require(train.freeze_step >= 0, "train.freeze_step must be >= 0");
+  require(!train.bias_correction,
+          "train.optimizer = \"onebit_adam\" applies no bias correction (as DeepSpeed's "
+          "OneBitAdam): set train.bias_correction = false");
+  require(c.parallel.pp == 1 && c.run.fault_tolerance == "none",
+          "train.optimizer = \"onebit_adam\" with a pipeline or run.fault_tolerance: this version "
+          "averages the compressed momentum over the whole data-parallel world only");
+}
+
 void validate_pipeline(const TrainConfig& c) {
   auto require = [](bool ok, const std::string& message) {
     if (!ok) throw std::invalid_argument(message);
@@ -658,6 +700,8 @@ void TrainConfig::validate() const {
   for (const auto& [key, value] : {std::pair<const char*, double>{"train.lr", train.lr},
                                    {"train.min_lr", train.min_lr},
                                    {"train.weight_decay", train.weight_decay},
+                                   {"train.lamb_min_coeff", train.lamb_min_coeff},
+                                   {"train.lamb_max_coeff", train.lamb_max_coeff},
                                    {"train.beta1", train.beta1},
                                    {"train.beta2", train.beta2},
                                    {"train.eps", train.eps},
@@ -741,6 +785,7 @@ void TrainConfig::validate() const {
           "model.dropout > 0 with parallel.tp > 1: the ranks of a tensor-parallel group would "
           "draw different masks for the activations they share; this version trains tensor "
           "parallelism without dropout");
+  validate_optimizer(*this);
   validate_pipeline(*this);
   validate_context_parallel(*this);
   validate_expert_parallel(*this);

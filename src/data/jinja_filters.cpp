@@ -30,11 +30,6 @@ constexpr const char* kRefusedFilters[] = {
     "format",    "groupby", "pprint",    "random",   "slice",  "striptags",      "truncate",
     "urlencode", "urlize",  "wordcount", "wordwrap", "xmlattr"};
 
-template <size_t N>
-bool listed(const char* const (&names)[N], const std::string& name) {
-  return std::any_of(std::begin(names), std::end(names), [&](const char* n) { return name == n; });
-}
-
 int64_t py_len(const Value& v) {
   switch (v.kind()) {
     case Value::Kind::kUndefined:

@@ -3,8 +3,10 @@
 // `message.get('tool_calls')`), all with Python's semantics.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <initializer_list>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -48,5 +50,11 @@ bool given(const Value& slot);  // whether bind_args found an argument for this 
 std::string need_string(const Value& v, const std::string& what);
 // The integer (or bool) argument `v`, or JinjaError "<what> must be an integer, not str".
 int64_t need_int(const Value& v, const std::string& what);
+
+// Whether `name` is one of `names`.
+template <size_t N>
+bool listed(const char* const (&names)[N], const std::string& name) {
+  return std::any_of(std::begin(names), std::end(names), [&](const char* n) { return name == n; });
+}
 
 }  // namespace shardtrain::detail::jinja

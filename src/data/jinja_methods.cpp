@@ -25,11 +25,6 @@ constexpr const char* kMutators[] = {"append",     "clear",   "extend", "insert"
                                      "pop",        "popitem", "remove", "reverse",
                                      "setdefault", "sort",    "update"};
 
-template <size_t N>
-bool listed(const char* const (&names)[N], const std::string& name) {
-  return std::any_of(std::begin(names), std::end(names), [&](const char* n) { return name == n; });
-}
-
 std::optional<std::string> optional_text(const Value& slot, const std::string& what) {
   if (!given(slot) || slot.is_none()) return std::nullopt;
   if (!slot.is_string())

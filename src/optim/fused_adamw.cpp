@@ -6,6 +6,7 @@
 #include <cmath>
 #include <stdexcept>
 
+#include "optim/adam_state.h"
 #include "optim/adamw_kernel.h"
 #include "optim/state_key.h"
 
@@ -155,20 +156,9 @@ at::Tensor FusedAdamW::step(LossClosure closure) {
     reject_amsgrad(options);
     for (auto& p : group.params()) {
       if (!p.grad().defined()) continue;
-      const auto& grad = p.grad();
-      if (grad.is_sparse())
-        throw std::invalid_argument("FusedAdamW: sparse gradients are not supported");
+      const auto& grad = detail::dense_gradient(p, "FusedAdamW");
       // The same key and lazily created state as torch::optim::AdamW, so both read each other's.
-      const auto key = detail::optimizer_state_key(p);
-      auto it = state_.find(key);
-      if (it == state_.end()) {
-        auto fresh = std::make_unique<torch::optim::AdamWParamState>();
-        fresh->step(0);
-        fresh->exp_avg(at::zeros_like(p, at::MemoryFormat::Preserve));
-        fresh->exp_avg_sq(at::zeros_like(p, at::MemoryFormat::Preserve));
-        it = state_.emplace(key, std::move(fresh)).first;
-      }
-      auto& state = static_cast<torch::optim::AdamWParamState&>(*it->second);
+      auto& state = detail::adam_state_of(*this, p);
       state.step(state.step() + 1);
       const AdamWStep hyper =
           AdamWStep::from(options, state.step()).bias_correction(bias_correction_);

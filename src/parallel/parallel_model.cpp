@@ -95,6 +95,15 @@ double ParallelModel::eval_total(double local_total) {
   return split && split->size() > 1 ? split->mean(local_total) : local_total;
 }
 
+ProcessGroup* ParallelModel::keep_gradients_local(bool local) {
+  if (local) {
+    throw std::invalid_argument(
+        "this strategy reduces its gradients as part of its sharding: they cannot be left to "
+        "each rank (1-bit Adam needs parallel.strategy \"ddp\")");
+  }
+  return nullptr;
+}
+
 double ParallelModel::world_mean(double value) const {
   // The reported loss is the global batch's, the same number on every rank.
   if (!world_ || world_->size() == 1) return value;

@@ -89,6 +89,11 @@ class ParallelModel {
   bool gradients_finite(const LossScaler& scaler);
   // The global gradient norm before clipping to `max_norm` (0: no clipping). Collective.
   double clip_grad_norm(double max_norm) { return clip_grad_norm(max_norm, nullptr); }
+  // From the next backward on, `local` leaves each rank's gradients its own instead of the
+  // data-parallel average (1-bit Adam averages the momentum instead). Returns the group the
+  // average was taken over (null: one data-parallel rank). The replicated strategies can; the
+  // others refuse a local = true (std::invalid_argument).
+  virtual ProcessGroup* keep_gradients_local(bool local);
   // AdamW's step at `lr` (already set in its groups), wherever the state lives.
   virtual void optimizer_step(torch::optim::AdamW& optimizer, double lr) = 0;
 

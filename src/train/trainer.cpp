@@ -24,6 +24,7 @@
 #include "shardtrain/hf.h"
 #include "shardtrain/lora.h"
 #include "shardtrain/memory.h"
+#include "shardtrain/optimizers.h"
 #include "shardtrain/rendezvous.h"
 #include "shardtrain/threads.h"
 #include "shardtrain/train.h"
@@ -255,10 +256,19 @@ void Trainer::build_optimizer() {
   groups.emplace_back(decay, std::make_unique<torch::optim::AdamWOptions>(options));
   groups.emplace_back(no_decay, std::make_unique<torch::optim::AdamWOptions>(
                                     torch::optim::AdamWOptions(options).weight_decay(0.0)));
-  // The fused kernel gives LibTorch's AdamW results bit for bit, in one pass over memory.
-  auto fused = std::make_unique<FusedAdamW>(std::move(groups), options);
-  fused->set_bias_correction(config_.train.bias_correction);
-  optimizer_ = std::move(fused);
+  const TrainSection& train = config_.train;
+  if (train.optimizer == "lamb") {
+    optimizer_ = std::make_unique<Lamb>(
+        std::move(groups), options,
+        LambOptions{train.lamb_min_coeff, train.lamb_max_coeff, train.bias_correction});
+  } else if (train.optimizer == "onebit_adam") {
+    optimizer_ = std::make_unique<OneBitAdam>(std::move(groups), options, train.freeze_step);
+  } else {
+    // The fused kernel gives LibTorch's AdamW results bit for bit, in one pass over memory.
+    auto fused = std::make_unique<FusedAdamW>(std::move(groups), options);
+    fused->set_bias_correction(train.bias_correction);
+    optimizer_ = std::move(fused);
+  }
   schedule_ = LrSchedule{config_.train.lr,    config_.train.min_lr,   config_.train.warmup,
                          config_.train.steps, config_.train.schedule, config_.train.warmup_type};
   scaler_ = LossScaler::from_config(config_.precision.loss_scale, config_.precision.initial_scale,
@@ -362,6 +372,9 @@ bool Trainer::step_on_replicas(StepResult& result, std::optional<detail::TraceSp
 
 bool Trainer::step_body(StepResult& result, std::optional<detail::TraceSpan>& update_span) {
   parallel_->zero_grad(*optimizer_);
+  // Past its warmup, 1-bit Adam averages the momentum in place of the gradients.
+  if (auto* onebit = dynamic_cast<OneBitAdam*>(optimizer_.get()))
+    onebit->set_group(parallel_->keep_gradients_local(onebit->compressing()));
   // Everything above the bytes held now (parameters, optimizer state) that forward and
   // backward add at their peak: activations, gradients and temporaries.
   const int64_t before = cpu_memory_stats().live_bytes;

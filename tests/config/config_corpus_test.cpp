@@ -4,6 +4,8 @@
 // reason tests/assets/configs/refused.txt gives it, a reason docs/deepspeed.md lists.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cctype>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -110,10 +112,28 @@ void expect_as_the_file_says(const Json& ds, const TrainConfig& c, int world,
         ds.at("scheduler").value("type", "") != "WarmupCosineLR")) {
     EXPECT_DOUBLE_EQ(c.train.lr, ds.at("optimizer").at("params").at("lr").get<double>());
   }
-  if (ds.contains("optimizer") && ds.at("optimizer").contains("params") &&
-      ds.at("optimizer").at("params").contains("bias_correction")) {
-    EXPECT_EQ(c.train.bias_correction,
-              ds.at("optimizer").at("params").at("bias_correction").get<bool>());
+  if (!ds.contains("optimizer")) return;
+  const Json& optimizer = ds.at("optimizer");
+  std::string type = optimizer.value("type", "");
+  std::transform(type.begin(), type.end(), type.begin(),
+                 [](unsigned char ch) { return static_cast<char>(std::tolower(ch)); });
+  const std::map<std::string, std::string> optimizers = {
+      {"adam", "adamw"}, {"adamw", "adamw"}, {"lamb", "lamb"}, {"onebitadam", "onebit_adam"}};
+  ASSERT_TRUE(optimizers.count(type)) << type;
+  EXPECT_EQ(c.train.optimizer, optimizers.at(type));
+  const Json params = optimizer.value("params", Json::object());
+  // DeepSpeed's OneBitAdam has no bias correction, whatever its params say.
+  if (type == "onebitadam") {
+    EXPECT_FALSE(c.train.bias_correction);
+  } else if (params.contains("bias_correction")) {
+    EXPECT_EQ(c.train.bias_correction, params.at("bias_correction").get<bool>());
+  }
+  if (params.contains("max_coeff"))
+    EXPECT_EQ(c.train.lamb_max_coeff, params.at("max_coeff").get<double>());
+  if (params.contains("min_coeff"))
+    EXPECT_EQ(c.train.lamb_min_coeff, params.at("min_coeff").get<double>());
+  if (params.contains("freeze_step")) {
+    EXPECT_EQ(c.train.freeze_step, number(params.at("freeze_step")));
   }
 }
 

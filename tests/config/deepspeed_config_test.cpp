@@ -43,9 +43,9 @@ TEST(DeepSpeedConfigTest, ZeroTwoExampleGivesItsOverrides) {
   EXPECT_EQ(
       sorted(got),
       sorted({"train.micro_batch=4", "train.grad_accum=2", "run.log_every=5",
-              "train.schedule=\"linear\"", "train.warmup_type=\"linear\"", "train.min_lr=0.0",
-              "parallel.strategy=\"zero\"", "parallel.zero.stage=2",
-              "parallel.zero.offload_optimizer=\"none\"",
+              "train.optimizer=\"adamw\"", "train.schedule=\"linear\"",
+              "train.warmup_type=\"linear\"", "train.min_lr=0.0", "parallel.strategy=\"zero\"",
+              "parallel.zero.stage=2", "parallel.zero.offload_optimizer=\"none\"",
               "parallel.zero.allgather_bucket_size=200000000", "parallel.zero.overlap_comm=true",
               "parallel.zero.reduce_bucket_size=200000000"}));
   const TrainConfig config = with_tiny(got);
@@ -158,8 +158,8 @@ TEST(DeepSpeedConfigTest, UnsupportedValuesNameKeyAndValue) {
   EXPECT_NE(e.find("'zero_optimization.reduce_scatter' = false"), std::string::npos) << e;
   e = error_of(R"({"fp16": {"enabled": true, "hysteresis": 0}})");
   EXPECT_NE(e.find("'fp16.hysteresis' = 0"), std::string::npos) << e;
-  e = error_of(R"({"optimizer": {"type": "Lamb", "params": {}}})");
-  EXPECT_NE(e.find("'optimizer.type' = \"Lamb\""), std::string::npos) << e;
+  e = error_of(R"({"optimizer": {"type": "OneBitLamb", "params": {}}})");
+  EXPECT_NE(e.find("'optimizer.type' = \"OneBitLamb\""), std::string::npos) << e;
   e = error_of(R"({"scheduler": {"type": "OneCycle", "params": {}}})");
   EXPECT_NE(e.find("'scheduler.type' = \"OneCycle\""), std::string::npos) << e;
   e = error_of(R"({"scheduler": {"type": "WarmupLR", "params": {"warmup_type": "cubic"}}})");

@@ -98,8 +98,8 @@ std::vector<OptimizedTensor> ReplicatedModel::optimized() const {
 }
 
 std::shared_ptr<void> ReplicatedModel::local_backward(int a, int count) {
-  // Only the last micro-batch's backward communicates.
-  if (a + 1 == count) return nullptr;
+  // Only the last micro-batch's backward communicates (none while the gradients stay local).
+  if (a + 1 == count && !local_gradients_) return nullptr;
   struct Both {
     std::optional<DistributedDataParallel::NoSync> dense, experts;
   };
@@ -118,8 +118,9 @@ bool ReplicatedModel::unscale_gradients(const LossScaler& scaler) {
 }
 
 bool ReplicatedModel::finite_everywhere(bool local) {
-  // Each rank checked its own slices (and experts): every rank agrees.
-  if (model_->expert_split()) return !detail::on_any_rank(*world_, !local);
+  // Each rank checked its own slices (and experts, or its own gradients): every rank agrees.
+  if (model_->expert_split() || (local_gradients_ && ddp_))
+    return !detail::on_any_rank(*world_, !local);
   const auto& tp = detail::tp_state(model_);
   return tp ? !detail::on_any_rank(*tp->group, !local) : local;
 }

@@ -35,6 +35,10 @@ class ReplicatedModel : public ParallelModel {
     if (expert_ddp_) expert_ddp_->abandon_backward();
     optimizer.zero_grad();
   }
+  ProcessGroup* keep_gradients_local(bool local) override {
+    local_gradients_ = local;
+    return ddp_ ? &ddp_->group() : nullptr;
+  }
   void optimizer_step(torch::optim::AdamW& optimizer, double /*lr*/) override { optimizer.step(); }
   CheckpointContents checkpoint_contents(const torch::optim::AdamW& optimizer) override;
   void restore(const ShardedCheckpointReader& reader, torch::optim::AdamW& optimizer) override;
@@ -49,6 +53,7 @@ class ReplicatedModel : public ParallelModel {
  private:
   std::unique_ptr<DistributedDataParallel> ddp_, expert_ddp_;
   Holders dense_, experts_;
+  bool local_gradients_ = false;  // keep_gradients_local
 };
 
 namespace detail {

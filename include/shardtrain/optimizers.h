@@ -1,0 +1,102 @@
+// DeepSpeed's large-batch optimizers, LAMB and 1-bit Adam, on torch::optim::AdamW's options and
+// per-parameter state (step, exp_avg, exp_avg_sq): checkpoints, resume and resharding read and
+// write them as AdamW's. Both need whole parameters on every data-parallel rank (a trust ratio
+// is a whole tensor's; 1-bit Adam averages the momentum instead of the gradients), so they run
+// under the replicated strategies ("none", "ddp") only.
+#pragma once
+
+#include <ATen/ATen.h>
+#include <torch/optim/adamw.h>
+
+#include <cstdint>
+#include <map>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "shardtrain/dist.h"
+
+namespace shardtrain {
+
+struct LambOptions {
+  // The trust ratio ||p|| / ||update|| is clamped to [min_coeff, max_coeff] (DeepSpeed's
+  // defaults).
+  double min_coeff = 0.01;
+  double max_coeff = 10.0;
+  bool bias_correction = true;
+};
+
+// LAMB (You et al., "Large Batch Optimization for Deep Learning: Training BERT in 76 minutes"),
+// as DeepSpeed's Lamb computes it, for each parameter p with gradient g at update t:
+//   m = beta1*m + (1-beta1)*g,  v = beta2*v + (1-beta2)*g*g
+//   u = m / (sqrt(v) + eps) + weight_decay * p
+//   ratio = clamp(||p|| / ||u||, min_coeff, max_coeff), or 1 when either norm is 0
+//   p -= step_size * ratio * u,  step_size = lr * sqrt(1-beta2^t) / (1-beta1^t), or lr without
+//   bias correction.
+// Any device and floating dtype (the state follows the parameter's). amsgrad is rejected.
+class Lamb : public torch::optim::AdamW {
+ public:
+  Lamb(std::vector<torch::optim::OptimizerParamGroup> param_groups,
+       torch::optim::AdamWOptions defaults, LambOptions lamb = {});
+
+  at::Tensor step(LossClosure closure = nullptr) override;
+
+  // The ratio each parameter with a gradient took at the last step, in parameter-group order.
+  const std::vector<double>& last_ratios() const { return ratios_; }
+
+ private:
+  LambOptions lamb_;
+  std::vector<double> ratios_;
+};
+
+// The compression errors one tensor carries from one compressed_all_reduce to the next: this
+// rank's (`worker`, the tensor's numel rounded up to a multiple of 8 x the group size) and those
+// of the chunk this rank averages (`server`, 1/size of that). Undefined before the first call.
+struct CompressionErrors {
+  at::Tensor worker;
+  at::Tensor server;
+};
+
+// Averages `tensor` (fp32, contiguous, on the group's device) over `group` in place, sending
+// signs instead of values (DeepSpeed's compressed_allreduce for 1-bit Adam), with error
+// feedback: each member adds its carried error, keeps x's sign and one scale ||x|| / sqrt(n),
+// and carries what that loses to its next call. The signs (one bit per element, packed) go to
+// the member that averages their chunk (an all_to_all) with the scales (an all_gather); that
+// member compresses its averaged chunk the same way and every member gathers every chunk (two
+// all_gathers). About 2 bits per element leave each member instead of 32 x 2(size-1)/size for a
+// ring all-reduce. Every member gets the same result. Collective.
+void compressed_all_reduce(ProcessGroup& group, at::Tensor tensor, CompressionErrors& errors);
+
+// 1-bit Adam (Tang et al., "1-bit Adam: Communication Efficient Large-Scale Training with Adam's
+// Convergence Speed"), as DeepSpeed's OneBitAdam computes it. For the first `freeze_step`
+// updates it is Adam on averaged gradients; after them the variance v is frozen, each rank's
+// gradients stay its own, and the momentum is averaged with compressed_all_reduce:
+//   warmup:       m = beta1*m + (1-beta1)*g_avg,   v = beta2*v + (1-beta2)*g_avg^2
+//   compression:  m = compressed_average(beta1*m + (1-beta1)*g_local)
+//   both:         p -= lr * (m / (sqrt(v) + eps) + weight_decay * p)
+// without bias corrections (DeepSpeed's OneBitAdam applies none). The compression errors are
+// not part of the state a checkpoint keeps: a resume starts them at zero, as DeepSpeed does.
+class OneBitAdam : public torch::optim::AdamW {
+ public:
+  OneBitAdam(std::vector<torch::optim::OptimizerParamGroup> param_groups,
+             torch::optim::AdamWOptions defaults, int64_t freeze_step);
+
+  // True when the next step is past the warmup: its gradients must be left unaveraged.
+  bool compressing() const { return updates() >= freeze_step_; }
+  // Updates taken so far (restored with the state on resume).
+  int64_t updates() const;
+  // The group the momentum is averaged over once compressing (null: one data-parallel rank).
+  void set_group(ProcessGroup* group) { group_ = group; }
+
+  at::Tensor step(LossClosure closure = nullptr) override;
+
+ private:
+  int64_t freeze_step_;
+  ProcessGroup* group_ = nullptr;
+  // By parameter (the key of its state).
+  std::map<std::decay_t<decltype(std::declval<torch::optim::Optimizer&>().state())>::key_type,
+           CompressionErrors>
+      errors_;
+};
+
+}  // namespace shardtrain

@@ -1,0 +1,271 @@
+// LAMB, 1-bit Adam and the compressed all-reduce against the formulas they implement, computed
+// here element by element in double precision.
+#include "shardtrain/optimizers.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <mutex>
+#include <vector>
+
+#include "shardtrain/rendezvous.h"
+
+namespace shardtrain {
+namespace optimizers_test {
+
+using Values = std::vector<double>;
+
+at::Tensor tensor_of(const Values& v, std::vector<int64_t> shape) {
+  return at::tensor(v, at::kDouble).to(at::kFloat).reshape(shape);
+}
+
+Values values_of(const at::Tensor& t) {
+  const at::Tensor d = t.detach().to(at::kDouble).contiguous().reshape({-1});
+  return Values(d.data_ptr<double>(), d.data_ptr<double>() + d.numel());
+}
+
+double norm(const Values& v) {
+  double sum = 0;
+  for (double x : v) sum += x * x;
+  return std::sqrt(sum);
+}
+
+void expect_near(const Values& got, const Values& want, double tolerance) {
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < got.size(); ++i) {
+    EXPECT_NEAR(got[i], want[i], tolerance * (1 + std::abs(want[i]))) << "element " << i;
+  }
+}
+
+// The gradient of parameter `which` at step `t`: a fixed pattern of mixed signs.
+Values gradient(int which, int t, size_t n) {
+  Values g(n);
+  for (size_t i = 0; i < n; ++i) g[i] = std::sin(1.0 + 0.7 * i + 1.3 * t + 2.1 * which) * 0.5;
+  return g;
+}
+
+struct Moments {
+  Values m, v;
+};
+
+// One LAMB step of `p` as the header's formula says.
+double lamb_reference(Values& p, Moments& s, const Values& g, int t, double lr, double wd,
+                      double min_coeff, double max_coeff, bool bias_correction) {
+  const double b1 = 0.9, b2 = 0.999, eps = 1e-8;
+  Values u(p.size());
+  for (size_t i = 0; i < p.size(); ++i) {
+    s.m[i] = b1 * s.m[i] + (1 - b1) * g[i];
+    s.v[i] = b2 * s.v[i] + (1 - b2) * g[i] * g[i];
+    u[i] = s.m[i] / (std::sqrt(s.v[i]) + eps) + wd * p[i];
+  }
+  const double w_norm = norm(p), u_norm = norm(u);
+  double ratio = 1;
+  if (w_norm != 0 && u_norm != 0) ratio = std::min(max_coeff, std::max(min_coeff, w_norm / u_norm));
+  const double step =
+      bias_correction ? lr * std::sqrt(1 - std::pow(b2, t)) / (1 - std::pow(b1, t)) : lr;
+  for (size_t i = 0; i < p.size(); ++i) p[i] -= step * ratio * u[i];
+  return ratio;
+}
+
+TEST(Lamb, FollowsTheTrustRatioFormula) {
+  for (const bool bias_correction : {true, false}) {
+    SCOPED_TRACE(bias_correction ? "bias correction" : "no bias correction");
+    // A decayed matrix, an undecayed vector, and a zero vector (ratio 1: ||p|| is 0).
+    Values w = {3, -2, 5, 1, -4, 2.5}, b = {0.05, -0.1, 0.2}, z = {0, 0, 0};
+    at::Tensor tw = tensor_of(w, {2, 3}).requires_grad_(), tb = tensor_of(b, {3}).requires_grad_(),
+               tz = tensor_of(z, {3}).requires_grad_();
+    const double lr = 0.01, wd = 0.1, min_coeff = 0.01, max_coeff = 0.3;
+    auto options = torch::optim::AdamWOptions(lr).betas({0.9, 0.999}).eps(1e-8);
+    std::vector<torch::optim::OptimizerParamGroup> groups;
+    groups.emplace_back(std::vector<at::Tensor>{tw},
+                        std::make_unique<torch::optim::AdamWOptions>(
+                            torch::optim::AdamWOptions(options).weight_decay(wd)));
+    groups.emplace_back(std::vector<at::Tensor>{tb, tz},
+                        std::make_unique<torch::optim::AdamWOptions>(
+                            torch::optim::AdamWOptions(options).weight_decay(0)));
+    Lamb lamb(std::move(groups), options, LambOptions{min_coeff, max_coeff, bias_correction});
+    Moments sw{Values(6), Values(6)}, sb{Values(3), Values(3)}, sz{Values(3), Values(3)};
+    for (int t = 1; t <= 4; ++t) {
+      const Values gw = gradient(0, t, 6), gb = gradient(1, t, 3), gz = gradient(2, t, 3);
+      tw.mutable_grad() = tensor_of(gw, {2, 3});
+      tb.mutable_grad() = tensor_of(gb, {3});
+      tz.mutable_grad() = tensor_of(gz, {3});
+      lamb.step();
+      const double rw = lamb_reference(w, sw, gw, t, lr, wd, min_coeff, max_coeff, bias_correction);
+      const double rb = lamb_reference(b, sb, gb, t, lr, 0, min_coeff, max_coeff, bias_correction);
+      const double rz = lamb_reference(z, sz, gz, t, lr, 0, min_coeff, max_coeff, bias_correction);
+      ASSERT_EQ(lamb.last_ratios().size(), 3u);
+      EXPECT_NEAR(lamb.last_ratios()[0], rw, 1e-5);
+      EXPECT_NEAR(lamb.last_ratios()[1], rb, 1e-5);
+      EXPECT_NEAR(lamb.last_ratios()[2], rz, 1e-5);
+      expect_near(values_of(tw), w, 1e-5);
+      expect_near(values_of(tb), b, 1e-5);
+      expect_near(values_of(tz), z, 1e-5);
+    }
+    // The clamp acted: the matrix's ratio is held at max_coeff, the zero vector's first is 1.
+    EXPECT_EQ(lamb.last_ratios()[0], max_coeff);
+  }
+}
+
+TEST(Lamb, RefusesCoefficientsOutOfOrder) {
+  at::Tensor p = at::zeros({2}).requires_grad_();
+  EXPECT_THROW(Lamb({torch::optim::OptimizerParamGroup({p})}, torch::optim::AdamWOptions(0.1),
+                    LambOptions{0.5, 0.1, true}),
+               std::invalid_argument);
+}
+
+// What every member gets from one compressed_all_reduce with no carried error, computed here
+// from every member's input.
+Values compressed_reference(const std::vector<Values>& inputs) {
+  const size_t size = inputs.size(), n = inputs[0].size();
+  const size_t unit = 8 * size, padded = (n + unit - 1) / unit * unit, chunk = padded / size;
+  auto sign = [](double x) { return x >= 0 ? 1.0 : -1.0; };
+  std::vector<Values> signs(size, Values(padded));
+  Values scales(size);
+  for (size_t r = 0; r < size; ++r) {
+    Values x(padded, 0.0);
+    std::copy(inputs[r].begin(), inputs[r].end(), x.begin());
+    scales[r] = norm(x) / std::sqrt(static_cast<double>(padded));
+    for (size_t i = 0; i < padded; ++i) signs[r][i] = sign(x[i]);
+  }
+  Values out(padded);
+  for (size_t c = 0; c < size; ++c) {
+    Values averaged(chunk);
+    for (size_t i = 0; i < chunk; ++i) {
+      for (size_t r = 0; r < size; ++r) averaged[i] += scales[r] * signs[r][c * chunk + i];
+      averaged[i] /= static_cast<double>(size);
+    }
+    const double scale = norm(averaged) / std::sqrt(static_cast<double>(chunk));
+    for (size_t i = 0; i < chunk; ++i) out[c * chunk + i] = scale * sign(averaged[i]);
+  }
+  out.resize(n);
+  return out;
+}
+
+Values member_input(int rank, size_t n) {
+  Values x(n);
+  for (size_t i = 0; i < n; ++i) x[i] = std::cos(0.9 * i + 2.3 * rank) + 0.1 * rank;
+  return x;
+}
+
+class CompressedAllReduce : public ::testing::TestWithParam<int> {};
+
+TEST_P(CompressedAllReduce, EveryMemberGetsTheTwiceCompressedAverage) {
+  const int size = GetParam();
+  const size_t n = 37;  // not a multiple of 8 x size: padded
+  std::vector<Values> inputs;
+  for (int r = 0; r < size; ++r) inputs.push_back(member_input(r, n));
+  const Values want = compressed_reference(inputs);
+  std::mutex mutex;
+  std::vector<Values> got(size);
+  run_local_ranks(size, [&](ProcessGroup& group) {
+    at::Tensor x = tensor_of(inputs[group.rank()], {static_cast<int64_t>(n)});
+    CompressionErrors errors;
+    compressed_all_reduce(group, x, errors);
+    std::lock_guard<std::mutex> lock(mutex);
+    got[group.rank()] = values_of(x);
+  });
+  for (int r = 0; r < size; ++r) {
+    SCOPED_TRACE("rank " + std::to_string(r));
+    expect_near(got[r], want, 1e-5);
+    EXPECT_EQ(got[r], got[0]);
+  }
+}
+
+TEST_P(CompressedAllReduce, ErrorFeedbackConvergesToTheTrueAverage) {
+  // The same inputs averaged again and again: what one call loses is carried into the next, so
+  // the mean of the results approaches the exact average although each call is 1-bit.
+  const int size = GetParam();
+  const size_t n = 64;
+  Values exact(n);
+  for (int r = 0; r < size; ++r) {
+    const Values x = member_input(r, n);
+    for (size_t i = 0; i < n; ++i) exact[i] += x[i] / size;
+  }
+  const int calls = 200;
+  std::mutex mutex;
+  double first_error = 0, mean_error = 0;
+  run_local_ranks(size, [&](ProcessGroup& group) {
+    CompressionErrors errors;
+    Values sum(n);
+    double first = 0;
+    for (int k = 0; k < calls; ++k) {
+      at::Tensor x = tensor_of(member_input(group.rank(), n), {static_cast<int64_t>(n)});
+      compressed_all_reduce(group, x, errors);
+      const Values got = values_of(x);
+      Values diff(n);
+      for (size_t i = 0; i < n; ++i) {
+        sum[i] += got[i];
+        diff[i] = got[i] - exact[i];
+      }
+      if (k == 0) first = norm(diff) / norm(exact);
+    }
+    Values diff(n);
+    for (size_t i = 0; i < n; ++i) diff[i] = sum[i] / calls - exact[i];
+    if (group.rank() == 0) {
+      std::lock_guard<std::mutex> lock(mutex);
+      first_error = first;
+      mean_error = norm(diff) / norm(exact);
+    }
+  });
+  EXPECT_GT(first_error, 0.1);  // one call alone is far off
+  EXPECT_LT(mean_error, 0.03);
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, CompressedAllReduce, ::testing::Values(2, 3));
+
+// 1-bit Adam's update of one parameter, as the header's formula says: Adam without bias
+// corrections for freeze_step updates, then the variance frozen.
+void onebit_reference(Values& p, Moments& s, const Values& g, int t, int freeze_step, double lr,
+                      double wd) {
+  const double b1 = 0.9, b2 = 0.999, eps = 1e-8;
+  for (size_t i = 0; i < p.size(); ++i) {
+    s.m[i] = b1 * s.m[i] + (1 - b1) * g[i];
+    if (t <= freeze_step) s.v[i] = b2 * s.v[i] + (1 - b2) * g[i] * g[i];
+    p[i] -= lr * (s.m[i] / (std::sqrt(s.v[i]) + eps) + wd * p[i]);
+  }
+}
+
+TEST(OneBitAdam, WarmsUpAsAdamThenFreezesTheVariance) {
+  Values w = {0.3, -0.2, 0.5, 0.1};
+  at::Tensor tw = tensor_of(w, {4}).requires_grad_();
+  const double lr = 0.01, wd = 0.1;
+  OneBitAdam adam({torch::optim::OptimizerParamGroup({tw})},
+                  torch::optim::AdamWOptions(lr).betas({0.9, 0.999}).eps(1e-8).weight_decay(wd),
+                  /*freeze_step=*/2);
+  Moments s{Values(4), Values(4)};
+  for (int t = 1; t <= 5; ++t) {
+    EXPECT_EQ(adam.compressing(), t > 2) << "before update " << t;
+    const Values g = gradient(0, t, 4);
+    tw.mutable_grad() = tensor_of(g, {4});
+    adam.step();
+    onebit_reference(w, s, g, t, 2, lr, wd);
+    expect_near(values_of(tw), w, 1e-5);
+    EXPECT_EQ(adam.updates(), t);
+  }
+}
+
+TEST(OneBitAdam, CompressedMomentumKeepsReplicasEqual) {
+  // Past the warmup each rank's gradients differ; the averaged momentum does not, so neither do
+  // the parameters.
+  std::mutex mutex;
+  std::vector<Values> params(2);
+  run_local_ranks(2, [&](ProcessGroup& group) {
+    at::Tensor p =
+        tensor_of({0.3, -0.2, 0.5, 0.1, 0.7, -0.6, 0.2, 0.05, -0.3}, {9}).requires_grad_();
+    OneBitAdam adam({torch::optim::OptimizerParamGroup({p})},
+                    torch::optim::AdamWOptions(0.01).weight_decay(0), /*freeze_step=*/1);
+    adam.set_group(&group);
+    for (int t = 1; t <= 4; ++t) {
+      // The warmup's gradients are averaged ones, the same on both ranks; after it, each its own.
+      p.mutable_grad() = tensor_of(gradient(t > 1 ? group.rank() : 0, t, 9), {9});
+      adam.step();
+    }
+    std::lock_guard<std::mutex> lock(mutex);
+    params[group.rank()] = values_of(p);
+  });
+  EXPECT_EQ(params[0], params[1]);
+}
+
+}  // namespace optimizers_test
+}  // namespace shardtrain

@@ -1,0 +1,130 @@
+// train.optimizer = "lamb" and "onebit_adam" in the trainer: data parallelism trains as one
+// process does on the same global batch, 1-bit Adam's compression keeps the replicas equal while
+// sending less, a LAMB run resumes exactly, and the strategies that shard are refused.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <mutex>
+
+#include "shardtrain/rendezvous.h"
+#include "shardtrain/train.h"
+#include "support.h"
+#include "train/local_training.h"
+#include "train/run_config.h"
+
+namespace shardtrain {
+namespace optimizers_trainer_test {
+
+namespace fs = std::filesystem;
+
+class OptimizersTrainerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = testing::fresh_test_dir("shardtrain_optimizers");
+    testing::write_trainer_corpus(dir_ / "corpus.txt");
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  // Two micro-batches of 2 sequences per step on one process; `ddp` splits each over 2 ranks.
+  TrainConfig config(const std::string& run, const std::vector<std::string>& optimizer, bool ddp,
+                     std::vector<std::string> more = {}) const {
+    std::vector<std::string> all = {"train.grad_accum=2", "train.steps=4", "train.lr=3e-3"};
+    all.insert(all.end(), optimizer.begin(), optimizer.end());
+    if (ddp) {
+      all.push_back("parallel.strategy=\"ddp\"");
+      all.push_back("train.micro_batch=1");
+    } else {
+      all.push_back("train.micro_batch=2");
+    }
+    all.insert(all.end(), more.begin(), more.end());
+    return testing::tiny_run_config(dir_ / "corpus.txt", dir_ / run, all);
+  }
+
+  fs::path dir_;
+};
+
+const std::vector<std::string> kLamb = {"train.optimizer=\"lamb\"", "train.lamb_max_coeff=0.3"};
+const std::vector<std::string> kOneBit = {"train.optimizer=\"onebit_adam\"",
+                                          "train.bias_correction=false"};
+
+TEST_F(OptimizersTrainerTest, LambUnderDdpTrainsAsOneProcess) {
+  const auto one = testing::train_on_ranks(1, config("one", kLamb, false), 4);
+  testing::expect_same_losses(testing::train_on_ranks(2, config("ddp", kLamb, true), 4), one, 1e-5);
+  // Not AdamW under another name.
+  const auto adamw = testing::train_on_ranks(1, config("adamw", {}, false), 4);
+  EXPECT_GT(std::abs(adamw.back() - one.back()), 1e-4);
+}
+
+TEST_F(OptimizersTrainerTest, LambResumesExactly) {
+  const auto whole = testing::train_on_ranks(2, config("whole", kLamb, true), 4);
+  std::string saved;
+  testing::train_on_ranks(2, config("first", kLamb, true), 2, &saved);
+  const auto resumed = testing::train_on_ranks(
+      2, config("resumed", kLamb, true, {"run.resume=\"" + saved + "\""}), 2);
+  testing::expect_same_losses(resumed, {whole[2], whole[3]}, 1e-6);
+}
+
+TEST_F(OptimizersTrainerTest, OneBitAdamWarmupUnderDdpTrainsAsOneProcess) {
+  std::vector<std::string> warm = kOneBit;
+  warm.push_back("train.freeze_step=100");
+  const auto one = testing::train_on_ranks(1, config("one", warm, false), 4);
+  testing::expect_same_losses(testing::train_on_ranks(2, config("ddp", warm, true), 4), one, 1e-5);
+}
+
+TEST_F(OptimizersTrainerTest, OneBitAdamCompressionKeepsReplicasEqualAndSendsLess) {
+  std::vector<std::string> onebit = kOneBit;
+  onebit.push_back("train.freeze_step=2");
+  const TrainConfig cfg = config("onebit", onebit, true, {"train.steps=6"});
+  std::mutex mutex;
+  std::vector<std::vector<at::Tensor>> params(2);
+  std::vector<StepResult> steps;
+  run_local_ranks(2, [&](ProcessGroup& group) {
+    Trainer trainer(cfg, std::shared_ptr<ProcessGroup>(&group, [](ProcessGroup*) {}));
+    std::vector<StepResult> mine;
+    for (int i = 0; i < 6; ++i) mine.push_back(trainer.train_step());
+    std::lock_guard<std::mutex> lock(mutex);
+    for (const auto& p : trainer.model()->parameters()) params[group.rank()].push_back(p.clone());
+    if (group.rank() == 0) steps = mine;
+  });
+  ASSERT_EQ(steps.size(), 6u);
+  for (const auto& step : steps) EXPECT_TRUE(std::isfinite(step.loss)) << "step " << step.step;
+  EXPECT_LT(steps.back().loss, steps.front().loss);
+  // Warmup steps all-reduce fp32 gradients; compressed ones send about 2 bits per element.
+  const double warm = static_cast<double>(steps[1].comm_bytes);
+  for (size_t i = 2; i < steps.size(); ++i) {
+    EXPECT_LT(static_cast<double>(steps[i].comm_bytes), warm / 8) << "step " << steps[i].step;
+  }
+  ASSERT_EQ(params[0].size(), params[1].size());
+  for (size_t i = 0; i < params[0].size(); ++i) EXPECT_TRUE(params[0][i].equal(params[1][i]));
+}
+
+TEST_F(OptimizersTrainerTest, ShardingStrategiesAndBadSettingsAreRefused) {
+  testing::expect_refused(
+      2, [&] { return config("fsdp", kLamb, true, {"parallel.strategy=\"fsdp\""}); },
+      "train.optimizer = \"lamb\" with parallel.strategy = \"fsdp\"");
+  testing::expect_refused(
+      2,
+      [&] {
+        return config("zero", kOneBit, true,
+                      {"parallel.strategy=\"zero\"", "parallel.zero.stage=2"});
+      },
+      "train.optimizer = \"onebit_adam\" with parallel.strategy = \"zero\"");
+  testing::expect_refused(
+      1, [&] { return config("bc", {"train.optimizer=\"onebit_adam\""}, false); },
+      "set train.bias_correction = false");
+  testing::expect_refused(
+      1, [&] { return config("sgd", {"train.optimizer=\"sgd\""}, false); },
+      "train.optimizer must be \"adamw\", \"lamb\" or \"onebit_adam\", got \"sgd\"");
+  testing::expect_refused(
+      1,
+      [&] {
+        return config(
+            "coeff",
+            {"train.optimizer=\"lamb\"", "train.lamb_min_coeff=0.5", "train.lamb_max_coeff=0.3"},
+            false);
+      },
+      "train.lamb_min_coeff must be positive and at most train.lamb_max_coeff");
+}
+
+}  // namespace optimizers_trainer_test
+}  // namespace shardtrain
