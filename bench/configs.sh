@@ -60,7 +60,7 @@ for file in "${files[@]}"; do
   if [[ $rc -ne 0 ]] && grep -q -e 'needs a CUDA device' -e 'autocast = "fp16" is not supported' "$out"; then
     # fp16 autocast needs CUDA: on a CPU machine the same file trains its step in bf16.
     rm -rf "$work/run"
-    timeout 120 "$bin" launch --nproc "$n" -- "$bin" train --config "$root/configs/zero_tiny.toml" \
+    timeout "${STEP_TIMEOUT:-120}" "$bin" launch --nproc "$n" -- "$bin" train --config "$root/configs/zero_tiny.toml" \
       "$flag" "$file" --set train.steps=1 --set train.sample_tokens=0 --set run.threads=1 \
       --set precision.autocast=bf16 --set "run.dir=\"$work/run\"" >"$out" 2>&1
     rc=$?

@@ -66,10 +66,18 @@ struct TrainSection {
   // freeze_step updates, then each rank's momentum averaged compressed to one bit per element
   // instead of the gradients: DeepSpeed's OneBitAdam). The last two need whole parameters on
   // every rank: parallel.strategy "none" or "ddp" (docs/training.md, "Optimizers").
+  // "onebit_lamb": LAMB for freeze_step updates, then its ratios frozen and the momentum
+  // compressed as 1-bit Adam's (DeepSpeed's OneBitLamb).
   std::string optimizer = "adamw";
   double lamb_min_coeff = 0.01;
   double lamb_max_coeff = 10.0;
   int64_t freeze_step = 100000;
+  // 1-bit LAMB's frozen ratio (an average of the warmup's with this decay) and the factor that
+  // scales it after the warmup: within [min, max], moving at most `threshold` per step.
+  double lamb_coeff_beta = 0.9;
+  double lamb_factor_min = 0.5;
+  double lamb_factor_max = 4.0;
+  double lamb_factor_threshold = 0.1;
   double weight_decay = 0.1;
   double beta1 = 0.9;
   double beta2 = 0.95;

@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <map>
+#include <string>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -67,19 +68,14 @@ struct CompressionErrors {
 // ring all-reduce. Every member gets the same result. Collective.
 void compressed_all_reduce(ProcessGroup& group, at::Tensor tensor, CompressionErrors& errors);
 
-// 1-bit Adam (Tang et al., "1-bit Adam: Communication Efficient Large-Scale Training with Adam's
-// Convergence Speed"), as DeepSpeed's OneBitAdam computes it. For the first `freeze_step`
-// updates it is Adam on averaged gradients; after them the variance v is frozen, each rank's
-// gradients stay its own, and the momentum is averaged with compressed_all_reduce:
-//   warmup:       m = beta1*m + (1-beta1)*g_avg,   v = beta2*v + (1-beta2)*g_avg^2
-//   compression:  m = compressed_average(beta1*m + (1-beta1)*g_local)
-//   both:         p -= lr * (m / (sqrt(v) + eps) + weight_decay * p)
-// without bias corrections (DeepSpeed's OneBitAdam applies none). The compression errors are
-// not part of the state a checkpoint keeps: a resume starts them at zero, as DeepSpeed does.
-class OneBitAdam : public torch::optim::AdamW {
+// What 1-bit Adam and 1-bit LAMB share: `freeze_step` updates on averaged gradients (the
+// warmup), then each rank's gradients stay its own and the momentum is averaged with
+// compressed_all_reduce over the data-parallel group instead.
+class CompressedMomentumOptimizer : public torch::optim::AdamW {
  public:
-  OneBitAdam(std::vector<torch::optim::OptimizerParamGroup> param_groups,
-             torch::optim::AdamWOptions defaults, int64_t freeze_step);
+  CompressedMomentumOptimizer(std::vector<torch::optim::OptimizerParamGroup> param_groups,
+                              torch::optim::AdamWOptions defaults, int64_t freeze_step,
+                              const char* name);
 
   // True when the next step is past the warmup: its gradients must be left unaveraged.
   bool compressing() const { return updates() >= freeze_step_; }
@@ -88,15 +84,99 @@ class OneBitAdam : public torch::optim::AdamW {
   // The group the momentum is averaged over once compressing (null: one data-parallel rank).
   void set_group(ProcessGroup* group) { group_ = group; }
 
+  // Per-parameter state beyond AdamW's that a checkpoint keeps as "optim.NAME.<suffix>": the
+  // optimizer's own tensors, restored in place. Empty for a parameter without state yet.
+  virtual std::vector<std::pair<std::string, at::Tensor>> extra_state(const at::Tensor& param) {
+    (void)param;
+    return {};
+  }
+
+ protected:
+  using StateKey =
+      std::decay_t<decltype(std::declval<torch::optim::Optimizer&>().state())>::key_type;
+  bool averaging() const { return group_ && group_->size() > 1; }
+  // After the warmup: the momentum of elements whose frozen variance is 0 (no gradient reached
+  // them in the warmup: an embedding's unused rows) is held at 0. A compressed average gives
+  // every element +-scale, which divided by sqrt(0) + eps would be a step of scale/eps
+  // (DeepSpeed masks them with a user-supplied exp_avg_mask).
+  static void mask_unseen(at::Tensor& exp_avg, const at::Tensor& exp_avg_sq);
+
+  int64_t freeze_step_;
+  ProcessGroup* group_ = nullptr;
+};
+
+// 1-bit Adam (Tang et al., "1-bit Adam: Communication Efficient Large-Scale Training with Adam's
+// Convergence Speed"), as DeepSpeed's OneBitAdam computes it. For the first `freeze_step`
+// updates it is Adam on averaged gradients; after them the variance v is frozen, each rank's
+// gradients stay its own, and the momentum is averaged with compressed_all_reduce:
+//   warmup:       m = beta1*m + (1-beta1)*g_avg,   v = beta2*v + (1-beta2)*g_avg^2
+//   compression:  m = compressed_average(beta1*m + (1-beta1)*g_local), 0 where v is 0
+//   both:         p -= lr * (m / (sqrt(v) + eps) + weight_decay * p)
+// without bias corrections (DeepSpeed's OneBitAdam applies none). The compression errors are
+// not part of the state a checkpoint keeps: a resume starts them at zero, as DeepSpeed does.
+class OneBitAdam : public CompressedMomentumOptimizer {
+ public:
+  OneBitAdam(std::vector<torch::optim::OptimizerParamGroup> param_groups,
+             torch::optim::AdamWOptions defaults, int64_t freeze_step);
+
   at::Tensor step(LossClosure closure = nullptr) override;
 
  private:
-  int64_t freeze_step_;
-  ProcessGroup* group_ = nullptr;
-  // By parameter (the key of its state).
-  std::map<std::decay_t<decltype(std::declval<torch::optim::Optimizer&>().state())>::key_type,
-           CompressionErrors>
-      errors_;
+  std::map<StateKey, CompressionErrors> errors_;  // by parameter
+};
+
+struct OneBitLambOptions {
+  int64_t freeze_step = 100000;
+  double min_coeff = 0.01, max_coeff = 10.0;  // the warmup's trust-ratio clamp
+  // The frozen ratio: an average of the warmup's ratios with this decay.
+  double coeff_beta = 0.9;
+  // After the warmup the frozen ratio is scaled by a factor in [factor_min, factor_max] that
+  // moves by at most factor_threshold (relative) per step.
+  double factor_max = 4.0, factor_min = 0.5, factor_threshold = 0.1;
+};
+
+// 1-bit LAMB (Li et al., "1-bit LAMB: Communication Efficient Large-Scale Large-Batch Training
+// with LAMB's Convergence Speed"), as DeepSpeed's OneBitLamb computes it, without bias
+// corrections. Warmup (freeze_step updates, averaged gradients): LAMB, whose ratios (those not
+// 1) feed an exponential average c (decay coeff_beta); v is copied to v_fresh at the last one.
+// After it, with each rank's own gradients:
+//   once:  s_p = mean_q(rms(m_q)) / rms(m_p)   (balances the tensors before one compression)
+//   m_p = compressed_average over all tensors of s_p * (beta1*m_p + (1-beta1)*g) / s_p,
+//         0 where v is 0
+//   g~ = (m - beta1*m_before) / (1-beta1),  v_fresh = beta2*v_fresh + (1-beta2)*g~^2
+//   u = m / (sqrt(v) + eps) + weight_decay * p
+//   f = the largest (sqrt(v) + eps) / (sqrt(v_fresh) + eps) over the tensor (blended towards 1
+//       by weight decay's share of u), clamped to [factor_min, factor_max] and to within
+//       factor_threshold of the last f
+//   p -= lr * c * f * u
+// v_fresh, c, the last f and s are checkpointed (extra_state); the compression errors are not.
+class OneBitLamb : public CompressedMomentumOptimizer {
+ public:
+  OneBitLamb(std::vector<torch::optim::OptimizerParamGroup> param_groups,
+             torch::optim::AdamWOptions defaults, OneBitLambOptions options);
+
+  at::Tensor step(LossClosure closure = nullptr) override;
+  std::vector<std::pair<std::string, at::Tensor>> extra_state(const at::Tensor& param) override;
+
+  // The coefficient each parameter's update took at the last step (the ratio in the warmup,
+  // c x f after it), in parameter-group order.
+  const std::vector<double>& last_coefficients() const { return coefficients_; }
+
+ private:
+  struct Frozen {
+    at::Tensor exp_avg_sq_fresh;  // like the parameter
+    at::Tensor coeff;             // c, 0-dim double
+    at::Tensor last_factor;       // f, 0-dim double (1 at first)
+    at::Tensor scaling;           // s, 0-dim double (0: not taken yet)
+  };
+  Frozen& frozen_of(const at::Tensor& param);
+  void warmup_step();
+  void compressed_step();
+
+  OneBitLambOptions options_;
+  std::map<StateKey, Frozen> frozen_;
+  CompressionErrors errors_;  // of all the momenta as one flat tensor
+  std::vector<double> coefficients_;
 };
 
 }  // namespace shardtrain

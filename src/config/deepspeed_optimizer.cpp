@@ -4,6 +4,7 @@
 // those when their shapes agree.
 #include <algorithm>
 #include <cctype>
+#include <map>
 
 #include "config/deepspeed_json.h"
 
@@ -99,15 +100,24 @@ void import_lamb_params(const Json& params, std::optional<double>& lr, Overrides
   }
 }
 
-void import_onebit_adam_params(const Json& params, std::optional<double>& lr, Overrides& out) {
+// OneBitAdam's and OneBitLamb's; the LAMB keys only for OneBitLamb.
+void import_onebit_params(const Json& params, const std::string& type, std::optional<double>& lr,
+                          Overrides& out) {
+  const bool lamb = lower(type) == "onebitlamb";
+  const std::map<std::string, std::string> lamb_keys = {
+      {"max_coeff", "train.lamb_max_coeff"},   {"min_coeff", "train.lamb_min_coeff"},
+      {"coeff_beta", "train.lamb_coeff_beta"}, {"factor_max", "train.lamb_factor_max"},
+      {"factor_min", "train.lamb_factor_min"}, {"factor_threshold", "train.lamb_factor_threshold"}};
   for (const auto& [key, value] : params.items()) {
     const std::string path = "optimizer.params." + key;
     if (import_shared_param(key, value, lr, out)) continue;
-    if (key == "bias_correction") {
+    if (lamb && lamb_keys.count(key)) {
+      out.set_float_or_keep(path, lamb_keys.at(key), number_or_auto(value, path));
+    } else if (key == "bias_correction") {
       if (bool_or_auto(value, path).value_or(false)) {
-        out.decide(path,
-                   "true: DeepSpeed's OneBitAdam applies no bias correction; neither does "
-                   "shardtrain's (train.bias_correction = false)");
+        out.decide(path, "true: DeepSpeed's " + type +
+                             " applies no bias correction; neither does shardtrain's "
+                             "(train.bias_correction = false)");
       }
     } else if (key == "freeze_step") {
       out.set_int_or_keep(path, "train.freeze_step", int_or_auto(value, path));
@@ -151,16 +161,20 @@ std::optional<double> import_ds_optimizer(const Json& section, Overrides& out) {
   }
   const std::string type = string_at(section.at("type"), "optimizer.type");
   const std::string kind = lower(type);
-  if (kind != "adam" && kind != "adamw" && kind != "lamb" && kind != "onebitadam") {
+  const std::map<std::string, std::string> optimizers = {{"adam", "adamw"},
+                                                         {"adamw", "adamw"},
+                                                         {"lamb", "lamb"},
+                                                         {"onebitadam", "onebit_adam"},
+                                                         {"onebitlamb", "onebit_lamb"}};
+  if (!optimizers.count(kind)) {
     bad_value("optimizer.type", section.at("type"),
-              "shardtrain has Adam, AdamW, Lamb and OneBitAdam; " + type +
+              "shardtrain has Adam, AdamW, Lamb, OneBitAdam and OneBitLamb; " + type +
                   " is not available (docs/deepspeed.md, \"What is refused\")");
   }
-  out.set_string("train.optimizer", kind == "lamb"         ? "lamb"
-                                    : kind == "onebitadam" ? "onebit_adam"
-                                                           : "adamw");
-  // DeepSpeed's OneBitAdam reads no bias_correction: its updates have none.
-  if (kind == "onebitadam") out.set_bool("train.bias_correction", false);
+  out.set_string("train.optimizer", optimizers.at(kind));
+  const bool onebit = kind == "onebitadam" || kind == "onebitlamb";
+  // DeepSpeed's OneBitAdam and OneBitLamb read no bias_correction: their updates have none.
+  if (onebit) out.set_bool("train.bias_correction", false);
   std::optional<double> lr;
   for (const auto& [key, value] : section.items()) {
     if (key == "type") continue;
@@ -168,8 +182,8 @@ std::optional<double> import_ds_optimizer(const Json& section, Overrides& out) {
     object_at(value, "optimizer.params");
     if (kind == "lamb") {
       import_lamb_params(value, lr, out);
-    } else if (kind == "onebitadam") {
-      import_onebit_adam_params(value, lr, out);
+    } else if (onebit) {
+      import_onebit_params(value, type, lr, out);
     } else {
       import_adam_params(value, type, lr, out);
     }

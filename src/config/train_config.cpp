@@ -208,6 +208,10 @@ const std::map<std::string, Setter>& known_keys() {
                   {"train.lamb_min_coeff", field(&TrainSection::lamb_min_coeff)},
                   {"train.lamb_max_coeff", field(&TrainSection::lamb_max_coeff)},
                   {"train.freeze_step", field(&TrainSection::freeze_step)},
+                  {"train.lamb_coeff_beta", field(&TrainSection::lamb_coeff_beta)},
+                  {"train.lamb_factor_min", field(&TrainSection::lamb_factor_min)},
+                  {"train.lamb_factor_max", field(&TrainSection::lamb_factor_max)},
+                  {"train.lamb_factor_threshold", field(&TrainSection::lamb_factor_threshold)},
                   {"train.weight_decay", field(&TrainSection::weight_decay)},
                   {"train.beta1", field(&TrainSection::beta1)},
                   {"train.beta2", field(&TrainSection::beta2)},
@@ -527,35 +531,40 @@ void validate_optimizer(const TrainConfig& c) {
     if (!ok) throw std::invalid_argument(message);
   };
   const TrainSection& train = c.train;
-  require(
-      train.optimizer == "adamw" || train.optimizer == "lamb" || train.optimizer == "onebit_adam",
-      "train.optimizer must be \"adamw\", \"lamb\" or \"onebit_adam\", got \"" + train.optimizer +
-          "\"");
+  require(train.optimizer == "adamw" || train.optimizer == "lamb" ||
+              train.optimizer == "onebit_adam" || train.optimizer == "onebit_lamb",
+          "train.optimizer must be \"adamw\", \"lamb\", \"onebit_adam\" or \"onebit_lamb\", "
+          "got \"" +
+              train.optimizer + "\"");
   if (train.optimizer == "adamw") return;
   const std::string name = "train.optimizer = \"" + train.optimizer + "\"";
   const auto strategy = c.parallel.strategy;
   require(strategy == ParallelStrategy::kNone || strategy == ParallelStrategy::kDdp,
           name + " with parallel.strategy = \"" + to_string(strategy) + "\": " +
               (train.optimizer == "lamb" ? "LAMB scales each tensor by its own norms"
-                                         : "1-bit Adam averages the momentum") +
+                                         : "1-bit Adam and LAMB average the momentum") +
               ", which needs every parameter whole on every rank; use parallel.strategy = "
               "\"ddp\" (DeepSpeed runs it without ZeRO too)");
   require(c.parallel.tp == 1 && c.parallel.cp == 1 && c.parallel.ep == 1,
           name +
               " with tensor, context or expert parallelism: this version runs it with "
               "data parallelism only (parallel.tp, cp and ep = 1)");
-  if (train.optimizer == "lamb") {
-    require(train.lamb_min_coeff > 0 && train.lamb_min_coeff <= train.lamb_max_coeff,
-            "train.lamb_min_coeff must be positive and at most train.lamb_max_coeff");
-    return;
-  }
+  require(train.lamb_min_coeff > 0 && train.lamb_min_coeff <= train.lamb_max_coeff,
+          "train.lamb_min_coeff must be positive and at most train.lamb_max_coeff");
+  if (train.optimizer == "lamb") return;
   require(train.freeze_step >= 0, "train.freeze_step must be >= 0");
   require(!train.bias_correction,
-          "train.optimizer = \"onebit_adam\" applies no bias correction (as DeepSpeed's "
-          "OneBitAdam): set train.bias_correction = false");
+          name + " applies no bias correction (as DeepSpeed's): set train.bias_correction = false");
   require(c.parallel.pp == 1 && c.run.fault_tolerance == "none",
-          "train.optimizer = \"onebit_adam\" with a pipeline or run.fault_tolerance: this version "
-          "averages the compressed momentum over the whole data-parallel world only");
+          name +
+              " with a pipeline or run.fault_tolerance: this version averages the compressed "
+              "momentum over the whole data-parallel world only");
+  require(train.lamb_coeff_beta >= 0 && train.lamb_coeff_beta < 1,
+          "train.lamb_coeff_beta must be in [0, 1)");
+  require(train.lamb_factor_min > 0 && train.lamb_factor_min <= train.lamb_factor_max &&
+              train.lamb_factor_threshold >= 0,
+          "train.lamb_factor_min must be positive and at most train.lamb_factor_max, "
+          "train.lamb_factor_threshold >= 0");
 }
 
 void validate_pipeline(const TrainConfig& c) {
@@ -702,6 +711,10 @@ void TrainConfig::validate() const {
                                    {"train.weight_decay", train.weight_decay},
                                    {"train.lamb_min_coeff", train.lamb_min_coeff},
                                    {"train.lamb_max_coeff", train.lamb_max_coeff},
+                                   {"train.lamb_coeff_beta", train.lamb_coeff_beta},
+                                   {"train.lamb_factor_min", train.lamb_factor_min},
+                                   {"train.lamb_factor_max", train.lamb_factor_max},
+                                   {"train.lamb_factor_threshold", train.lamb_factor_threshold},
                                    {"train.beta1", train.beta1},
                                    {"train.beta2", train.beta2},
                                    {"train.eps", train.eps},

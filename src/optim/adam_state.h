@@ -2,8 +2,10 @@
 // created the way torch::optim::AdamW does, for the optimizers built on its state.
 #pragma once
 
+#include <ATen/core/grad_mode.h>
 #include <torch/optim/adamw.h>
 
+#include <algorithm>
 #include <memory>
 #include <stdexcept>
 
@@ -33,6 +35,24 @@ inline const at::Tensor& dense_gradient(const at::Tensor& p, const char* optimiz
   if (grad.is_sparse())
     throw std::invalid_argument(std::string(optimizer) + ": sparse gradients are not supported");
   return grad;
+}
+
+// What torch::optim's optimizers do with a step's closure: run it with gradients enabled and
+// return its loss (undefined without one).
+inline at::Tensor run_closure(const torch::optim::Optimizer::LossClosure& closure) {
+  if (closure == nullptr) return {};
+  at::AutoGradMode enable_grad(true);
+  return closure();
+}
+
+// LAMB's trust ratio ||p|| / ||update|| clamped to [min_coeff, max_coeff], 1 when either norm is
+// 0 (norms in double: one number per tensor, whatever its dtype).
+inline double trust_ratio(const at::Tensor& p, const at::Tensor& update, double min_coeff,
+                          double max_coeff) {
+  const double weight_norm = p.norm().item<double>();
+  const double update_norm = update.norm().item<double>();
+  if (weight_norm == 0 || update_norm == 0) return 1.0;
+  return std::clamp(weight_norm / update_norm, min_coeff, max_coeff);
 }
 
 inline void reject_amsgrad(const torch::optim::AdamWOptions& options, const char* optimizer) {

@@ -146,11 +146,7 @@ FusedAdamW::FusedAdamW(std::vector<at::Tensor> params, torch::optim::AdamWOption
 
 at::Tensor FusedAdamW::step(LossClosure closure) {
   at::NoGradGuard no_grad;
-  at::Tensor loss;
-  if (closure != nullptr) {
-    at::AutoGradMode enable_grad(true);
-    loss = closure();
-  }
+  const at::Tensor loss = detail::run_closure(closure);
   for (auto& group : param_groups_) {
     auto& options = static_cast<torch::optim::AdamWOptions&>(group.options());
     reject_amsgrad(options);

@@ -23,11 +23,7 @@ Lamb::Lamb(std::vector<torch::optim::OptimizerParamGroup> param_groups,
 
 at::Tensor Lamb::step(LossClosure closure) {
   at::NoGradGuard no_grad;
-  at::Tensor loss;
-  if (closure != nullptr) {
-    at::AutoGradMode enable_grad(true);
-    loss = closure();
-  }
+  const at::Tensor loss = detail::run_closure(closure);
   ratios_.clear();
   for (auto& group : param_groups_) {
     const auto& options = static_cast<torch::optim::AdamWOptions&>(group.options());
@@ -48,13 +44,7 @@ at::Tensor Lamb::step(LossClosure closure) {
       v.mul_(beta2).addcmul_(grad, grad, 1 - beta2);
       at::Tensor update = m / v.sqrt().add_(options.eps());
       if (options.weight_decay() != 0) update.add_(p, options.weight_decay());
-      // Norms in double: one number per tensor, whatever its dtype.
-      const double weight_norm = p.norm().item<double>();
-      const double update_norm = update.norm().item<double>();
-      double ratio = 1.0;
-      if (weight_norm != 0 && update_norm != 0) {
-        ratio = std::clamp(weight_norm / update_norm, lamb_.min_coeff, lamb_.max_coeff);
-      }
+      const double ratio = detail::trust_ratio(p, update, lamb_.min_coeff, lamb_.max_coeff);
       p.add_(update, -step_size * ratio);
       ratios_.push_back(ratio);
     }

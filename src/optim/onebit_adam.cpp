@@ -5,19 +5,24 @@
 
 namespace shardtrain {
 
-OneBitAdam::OneBitAdam(std::vector<torch::optim::OptimizerParamGroup> param_groups,
-                       torch::optim::AdamWOptions defaults, int64_t freeze_step)
+CompressedMomentumOptimizer::CompressedMomentumOptimizer(
+    std::vector<torch::optim::OptimizerParamGroup> param_groups,
+    torch::optim::AdamWOptions defaults, int64_t freeze_step, const char* name)
     : torch::optim::AdamW(std::move(param_groups), defaults), freeze_step_(freeze_step) {
   if (freeze_step_ < 0) {
-    throw std::invalid_argument("OneBitAdam: freeze_step must be >= 0, got " +
+    throw std::invalid_argument(std::string(name) + ": freeze_step must be >= 0, got " +
                                 std::to_string(freeze_step_));
   }
   for (auto& group : param_groups_) {
-    detail::reject_amsgrad(static_cast<torch::optim::AdamWOptions&>(group.options()), "OneBitAdam");
+    detail::reject_amsgrad(static_cast<torch::optim::AdamWOptions&>(group.options()), name);
   }
 }
 
-int64_t OneBitAdam::updates() const {
+void CompressedMomentumOptimizer::mask_unseen(at::Tensor& exp_avg, const at::Tensor& exp_avg_sq) {
+  exp_avg.mul_(exp_avg_sq.ne(0));
+}
+
+int64_t CompressedMomentumOptimizer::updates() const {
   for (const auto& group : param_groups_) {
     for (const auto& p : group.params()) {
       auto it = state_.find(detail::optimizer_state_key(p));
@@ -28,14 +33,13 @@ int64_t OneBitAdam::updates() const {
   return 0;
 }
 
+OneBitAdam::OneBitAdam(std::vector<torch::optim::OptimizerParamGroup> param_groups,
+                       torch::optim::AdamWOptions defaults, int64_t freeze_step)
+    : CompressedMomentumOptimizer(std::move(param_groups), defaults, freeze_step, "OneBitAdam") {}
+
 at::Tensor OneBitAdam::step(LossClosure closure) {
   at::NoGradGuard no_grad;
-  at::Tensor loss;
-  if (closure != nullptr) {
-    at::AutoGradMode enable_grad(true);
-    loss = closure();
-  }
-  const bool averaging = group_ && group_->size() > 1;
+  const at::Tensor loss = detail::run_closure(closure);
   for (auto& group : param_groups_) {
     const auto& options = static_cast<torch::optim::AdamWOptions&>(group.options());
     const auto [beta1, beta2] = options.betas();
@@ -49,11 +53,14 @@ at::Tensor OneBitAdam::step(LossClosure closure) {
       m.mul_(beta1).add_(grad, 1 - beta1);
       if (state.step() <= freeze_step_) {
         v.mul_(beta2).addcmul_(grad, grad, 1 - beta2);
-      } else if (averaging) {
-        // The gradients were this rank's own: the momentum is averaged instead, compressed.
-        at::Tensor flat = m.contiguous();
-        compressed_all_reduce(*group_, flat, errors_[detail::optimizer_state_key(p)]);
-        if (!flat.is_same(m)) m.copy_(flat);
+      } else {
+        if (averaging()) {
+          // The gradients were this rank's own: the momentum is averaged instead, compressed.
+          at::Tensor flat = m.contiguous();
+          compressed_all_reduce(*group_, flat, errors_[detail::optimizer_state_key(p)]);
+          if (!flat.is_same(m)) m.copy_(flat);
+        }
+        mask_unseen(m, v);
       }
       at::Tensor update = m / v.sqrt().add_(options.eps());
       if (options.weight_decay() != 0) update.add_(p, options.weight_decay());

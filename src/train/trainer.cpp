@@ -263,6 +263,16 @@ void Trainer::build_optimizer() {
         LambOptions{train.lamb_min_coeff, train.lamb_max_coeff, train.bias_correction});
   } else if (train.optimizer == "onebit_adam") {
     optimizer_ = std::make_unique<OneBitAdam>(std::move(groups), options, train.freeze_step);
+  } else if (train.optimizer == "onebit_lamb") {
+    OneBitLambOptions lamb;
+    lamb.freeze_step = train.freeze_step;
+    lamb.min_coeff = train.lamb_min_coeff;
+    lamb.max_coeff = train.lamb_max_coeff;
+    lamb.coeff_beta = train.lamb_coeff_beta;
+    lamb.factor_min = train.lamb_factor_min;
+    lamb.factor_max = train.lamb_factor_max;
+    lamb.factor_threshold = train.lamb_factor_threshold;
+    optimizer_ = std::make_unique<OneBitLamb>(std::move(groups), options, lamb);
   } else {
     // The fused kernel gives LibTorch's AdamW results bit for bit, in one pass over memory.
     auto fused = std::make_unique<FusedAdamW>(std::move(groups), options);
@@ -372,8 +382,8 @@ bool Trainer::step_on_replicas(StepResult& result, std::optional<detail::TraceSp
 
 bool Trainer::step_body(StepResult& result, std::optional<detail::TraceSpan>& update_span) {
   parallel_->zero_grad(*optimizer_);
-  // Past its warmup, 1-bit Adam averages the momentum in place of the gradients.
-  if (auto* onebit = dynamic_cast<OneBitAdam*>(optimizer_.get()))
+  // Past their warmup, 1-bit Adam and LAMB average the momentum in place of the gradients.
+  if (auto* onebit = dynamic_cast<CompressedMomentumOptimizer*>(optimizer_.get()))
     onebit->set_group(parallel_->keep_gradients_local(onebit->compressing()));
   // Everything above the bytes held now (parameters, optimizer state) that forward and
   // backward add at their peak: activations, gradients and temporaries.

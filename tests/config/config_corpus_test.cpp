@@ -117,13 +117,16 @@ void expect_as_the_file_says(const Json& ds, const TrainConfig& c, int world,
   std::string type = optimizer.value("type", "");
   std::transform(type.begin(), type.end(), type.begin(),
                  [](unsigned char ch) { return static_cast<char>(std::tolower(ch)); });
-  const std::map<std::string, std::string> optimizers = {
-      {"adam", "adamw"}, {"adamw", "adamw"}, {"lamb", "lamb"}, {"onebitadam", "onebit_adam"}};
+  const std::map<std::string, std::string> optimizers = {{"adam", "adamw"},
+                                                         {"adamw", "adamw"},
+                                                         {"lamb", "lamb"},
+                                                         {"onebitadam", "onebit_adam"},
+                                                         {"onebitlamb", "onebit_lamb"}};
   ASSERT_TRUE(optimizers.count(type)) << type;
   EXPECT_EQ(c.train.optimizer, optimizers.at(type));
   const Json params = optimizer.value("params", Json::object());
   // DeepSpeed's OneBitAdam has no bias correction, whatever its params say.
-  if (type == "onebitadam") {
+  if (type == "onebitadam" || type == "onebitlamb") {
     EXPECT_FALSE(c.train.bias_correction);
   } else if (params.contains("bias_correction")) {
     EXPECT_EQ(c.train.bias_correction, params.at("bias_correction").get<bool>());
@@ -132,6 +135,9 @@ void expect_as_the_file_says(const Json& ds, const TrainConfig& c, int world,
     EXPECT_EQ(c.train.lamb_max_coeff, params.at("max_coeff").get<double>());
   if (params.contains("min_coeff"))
     EXPECT_EQ(c.train.lamb_min_coeff, params.at("min_coeff").get<double>());
+  if (params.contains("factor_threshold")) {
+    EXPECT_EQ(c.train.lamb_factor_threshold, params.at("factor_threshold").get<double>());
+  }
   if (params.contains("freeze_step")) {
     EXPECT_EQ(c.train.freeze_step, number(params.at("freeze_step")));
   }

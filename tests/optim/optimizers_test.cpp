@@ -8,6 +8,7 @@
 #include <mutex>
 #include <vector>
 
+#include "comm/compressed_all_reduce.h"
 #include "shardtrain/rendezvous.h"
 
 namespace shardtrain {
@@ -156,19 +157,27 @@ TEST_P(CompressedAllReduce, EveryMemberGetsTheTwiceCompressedAverage) {
   std::vector<Values> inputs;
   for (int r = 0; r < size; ++r) inputs.push_back(member_input(r, n));
   const Values want = compressed_reference(inputs);
-  std::mutex mutex;
-  std::vector<Values> got(size);
-  run_local_ranks(size, [&](ProcessGroup& group) {
-    at::Tensor x = tensor_of(inputs[group.rank()], {static_cast<int64_t>(n)});
-    CompressionErrors errors;
-    compressed_all_reduce(group, x, errors);
-    std::lock_guard<std::mutex> lock(mutex);
-    got[group.rank()] = values_of(x);
-  });
-  for (int r = 0; r < size; ++r) {
-    SCOPED_TRACE("rank " + std::to_string(r));
-    expect_near(got[r], want, 1e-5);
-    EXPECT_EQ(got[r], got[0]);
+  // The CPU's fused loops, and the tensor operations other devices run.
+  for (const bool tensor_ops : {false, true}) {
+    SCOPED_TRACE(tensor_ops ? "tensor operations" : "fused CPU loops");
+    std::mutex mutex;
+    std::vector<Values> got(size);
+    run_local_ranks(size, [&](ProcessGroup& group) {
+      at::Tensor x = tensor_of(inputs[group.rank()], {static_cast<int64_t>(n)});
+      CompressionErrors errors;
+      if (tensor_ops) {
+        detail::compressed_all_reduce_by_tensor_ops(group, x, errors);
+      } else {
+        compressed_all_reduce(group, x, errors);
+      }
+      std::lock_guard<std::mutex> lock(mutex);
+      got[group.rank()] = values_of(x);
+    });
+    for (int r = 0; r < size; ++r) {
+      SCOPED_TRACE("rank " + std::to_string(r));
+      expect_near(got[r], want, 1e-5);
+      EXPECT_EQ(got[r], got[0]);
+    }
   }
 }
 
@@ -263,6 +272,118 @@ TEST(OneBitAdam, CompressedMomentumKeepsReplicasEqual) {
     }
     std::lock_guard<std::mutex> lock(mutex);
     params[group.rank()] = values_of(p);
+  });
+  EXPECT_EQ(params[0], params[1]);
+}
+
+struct LambState {
+  Values m, v, fresh;
+  double coeff = 0, last_factor = 1;
+};
+
+// One 1-bit LAMB update of `p` on one process (nothing to average), as the header's formulas say.
+double onebit_lamb_reference(Values& p, LambState& s, const Values& g, int t, int freeze_step,
+                             double lr, double wd, const OneBitLambOptions& o) {
+  const double b1 = 0.9, b2 = 0.999, eps = 1e-8;
+  const size_t n = p.size();
+  if (t <= freeze_step) {
+    Values u(n);
+    for (size_t i = 0; i < n; ++i) {
+      s.m[i] = b1 * s.m[i] + (1 - b1) * g[i];
+      s.v[i] = b2 * s.v[i] + (1 - b2) * g[i] * g[i];
+      u[i] = s.m[i] / (std::sqrt(s.v[i]) + eps) + wd * p[i];
+    }
+    if (t == freeze_step) s.fresh = s.v;
+    double ratio = 1;
+    if (norm(p) != 0 && norm(u) != 0)
+      ratio = std::min(o.max_coeff, std::max(o.min_coeff, norm(p) / norm(u)));
+    if (ratio != 1) s.coeff = o.coeff_beta * s.coeff + (1 - o.coeff_beta) * ratio;
+    for (size_t i = 0; i < n; ++i) p[i] -= lr * ratio * u[i];
+    return ratio;
+  }
+  Values prelim(n), u(n);
+  double factor = 0;
+  for (size_t i = 0; i < n; ++i) {
+    s.m[i] = b1 * s.m[i] + (1 - b1) * g[i];
+    // One process: the momentum is its own average, and the gradient it implies is g.
+    s.fresh[i] = b2 * s.fresh[i] + (1 - b2) * g[i] * g[i];
+    const double denom = std::sqrt(s.v[i]) + eps;
+    prelim[i] = s.m[i] / denom;
+    u[i] = prelim[i] + wd * p[i];
+    factor = std::max(factor, denom / (std::sqrt(s.fresh[i]) + eps));
+  }
+  if (wd > 0) {
+    const double share = std::min(1.0, norm(prelim) / norm(u));
+    factor = factor * share + (1 - share);
+  }
+  factor = std::min(o.factor_max, std::max(o.factor_min, factor));
+  factor = std::min(factor, s.last_factor * (1 + o.factor_threshold));
+  factor = std::max(factor, s.last_factor * (1 - o.factor_threshold));
+  s.last_factor = factor;
+  for (size_t i = 0; i < n; ++i) p[i] -= lr * s.coeff * factor * u[i];
+  return s.coeff * factor;
+}
+
+TEST(OneBitLamb, FreezesItsRatioAfterTheWarmupAndScalesItByTheVarianceFactor) {
+  Values w = {3, -2, 5, 1, -4, 2.5}, b = {0.05, -0.1, 0.2};
+  at::Tensor tw = tensor_of(w, {2, 3}).requires_grad_(), tb = tensor_of(b, {3}).requires_grad_();
+  const double lr = 0.01, wd = 0.1;
+  OneBitLambOptions options;
+  options.freeze_step = 3;
+  options.max_coeff = 0.3;
+  auto adam = torch::optim::AdamWOptions(lr).betas({0.9, 0.999}).eps(1e-8);
+  std::vector<torch::optim::OptimizerParamGroup> groups;
+  groups.emplace_back(std::vector<at::Tensor>{tw},
+                      std::make_unique<torch::optim::AdamWOptions>(
+                          torch::optim::AdamWOptions(adam).weight_decay(wd)));
+  groups.emplace_back(std::vector<at::Tensor>{tb},
+                      std::make_unique<torch::optim::AdamWOptions>(
+                          torch::optim::AdamWOptions(adam).weight_decay(0)));
+  OneBitLamb lamb(std::move(groups), adam, options);
+  LambState sw{Values(6), Values(6), Values(6)}, sb{Values(3), Values(3), Values(3)};
+  for (int t = 1; t <= 7; ++t) {
+    SCOPED_TRACE("update " + std::to_string(t));
+    EXPECT_EQ(lamb.compressing(), t > 3);
+    const Values gw = gradient(0, t, 6), gb = gradient(1, t, 3);
+    tw.mutable_grad() = tensor_of(gw, {2, 3});
+    tb.mutable_grad() = tensor_of(gb, {3});
+    lamb.step();
+    const double cw = onebit_lamb_reference(w, sw, gw, t, 3, lr, wd, options);
+    const double cb = onebit_lamb_reference(b, sb, gb, t, 3, lr, 0, options);
+    ASSERT_EQ(lamb.last_coefficients().size(), 2u);
+    EXPECT_NEAR(lamb.last_coefficients()[0], cw, 1e-5);
+    EXPECT_NEAR(lamb.last_coefficients()[1], cb, 1e-5);
+    expect_near(values_of(tw), w, 1e-5);
+    expect_near(values_of(tb), b, 1e-5);
+  }
+  // The state a checkpoint keeps beyond AdamW's.
+  const auto extra = lamb.extra_state(tw);
+  ASSERT_EQ(extra.size(), 4u);
+  EXPECT_EQ(extra[0].first, "exp_avg_sq_fresh");
+  expect_near(values_of(extra[0].second), sw.fresh, 1e-5);
+  EXPECT_NEAR(extra[2].second.item<double>(), sw.last_factor, 1e-6);
+}
+
+TEST(OneBitLamb, CompressedMomentumKeepsReplicasEqual) {
+  std::mutex mutex;
+  std::vector<Values> params(2);
+  run_local_ranks(2, [&](ProcessGroup& group) {
+    at::Tensor a =
+        tensor_of({0.3, -0.2, 0.5, 0.1, 0.7, -0.6, 0.2, 0.05, -0.3}, {9}).requires_grad_();
+    at::Tensor b = tensor_of({1.5, -0.5, 0.25}, {3}).requires_grad_();
+    OneBitLambOptions options;
+    options.freeze_step = 2;
+    OneBitLamb lamb({torch::optim::OptimizerParamGroup({a, b})},
+                    torch::optim::AdamWOptions(0.01).weight_decay(0.01), options);
+    lamb.set_group(&group);
+    for (int t = 1; t <= 5; ++t) {
+      const int source = t > 2 ? group.rank() : 0;  // averaged gradients in the warmup only
+      a.mutable_grad() = tensor_of(gradient(source, t, 9), {9});
+      b.mutable_grad() = tensor_of(gradient(source + 5, t, 3), {3});
+      lamb.step();
+    }
+    std::lock_guard<std::mutex> lock(mutex);
+    params[group.rank()] = values_of(at::cat({a, b}));
   });
   EXPECT_EQ(params[0], params[1]);
 }

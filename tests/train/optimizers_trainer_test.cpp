@@ -7,6 +7,7 @@
 #include <mutex>
 
 #include "shardtrain/rendezvous.h"
+#include "shardtrain/sharded_checkpoint.h"
 #include "shardtrain/train.h"
 #include "support.h"
 #include "train/local_training.h"
@@ -98,6 +99,46 @@ TEST_F(OptimizersTrainerTest, OneBitAdamCompressionKeepsReplicasEqualAndSendsLes
   for (size_t i = 0; i < params[0].size(); ++i) EXPECT_TRUE(params[0][i].equal(params[1][i]));
 }
 
+const std::vector<std::string> kOneBitLamb = {
+    "train.optimizer=\"onebit_lamb\"", "train.bias_correction=false", "train.lamb_max_coeff=0.3"};
+
+TEST_F(OptimizersTrainerTest, OneBitLambCompressionKeepsReplicasEqual) {
+  std::vector<std::string> onebit = kOneBitLamb;
+  onebit.push_back("train.freeze_step=2");
+  const TrainConfig cfg = config("onebit_lamb", onebit, true, {"train.steps=5"});
+  std::mutex mutex;
+  std::vector<std::vector<at::Tensor>> params(2);
+  std::vector<double> losses;
+  run_local_ranks(2, [&](ProcessGroup& group) {
+    Trainer trainer(cfg, std::shared_ptr<ProcessGroup>(&group, [](ProcessGroup*) {}));
+    std::vector<double> mine = testing::step_losses(trainer, 5);
+    std::lock_guard<std::mutex> lock(mutex);
+    for (const auto& p : trainer.model()->parameters()) params[group.rank()].push_back(p.clone());
+    if (group.rank() == 0) losses = mine;
+  });
+  ASSERT_EQ(losses.size(), 5u);
+  for (double loss : losses) EXPECT_TRUE(std::isfinite(loss));
+  ASSERT_EQ(params[0].size(), params[1].size());
+  for (size_t i = 0; i < params[0].size(); ++i) EXPECT_TRUE(params[0][i].equal(params[1][i]));
+}
+
+TEST_F(OptimizersTrainerTest, OneBitLambResumesPastItsWarmupExactly) {
+  // One process averages nothing, so its compressed phase carries no compression error: a
+  // resume is exact when the frozen ratio, the fresh variance, the last factor and the scaling
+  // come back from the checkpoint.
+  std::vector<std::string> onebit = kOneBitLamb;
+  onebit.push_back("train.freeze_step=2");
+  const auto whole =
+      testing::train_on_ranks(1, config("whole", onebit, false, {"train.steps=5"}), 5);
+  std::string saved;
+  testing::train_on_ranks(1, config("first", onebit, false, {"train.steps=5"}), 3, &saved);
+  ASSERT_NE(ShardedCheckpointReader(saved).find("optim.blocks.0.mlp.fc.weight.exp_avg_sq_fresh"),
+            nullptr);
+  const auto resumed = testing::train_on_ranks(
+      1, config("resumed", onebit, false, {"train.steps=5", "run.resume=\"" + saved + "\""}), 2);
+  testing::expect_same_losses(resumed, {whole[3], whole[4]}, 1e-6);
+}
+
 TEST_F(OptimizersTrainerTest, ShardingStrategiesAndBadSettingsAreRefused) {
   testing::expect_refused(
       2, [&] { return config("fsdp", kLamb, true, {"parallel.strategy=\"fsdp\""}); },
@@ -114,7 +155,8 @@ TEST_F(OptimizersTrainerTest, ShardingStrategiesAndBadSettingsAreRefused) {
       "set train.bias_correction = false");
   testing::expect_refused(
       1, [&] { return config("sgd", {"train.optimizer=\"sgd\""}, false); },
-      "train.optimizer must be \"adamw\", \"lamb\" or \"onebit_adam\", got \"sgd\"");
+      "train.optimizer must be \"adamw\", \"lamb\", \"onebit_adam\" or \"onebit_lamb\", got "
+      "\"sgd\"");
   testing::expect_refused(
       1,
       [&] {

@@ -5,6 +5,7 @@
 #include "model/names.h"
 #include "parallel/expert/expert_parallel.h"
 #include "parallel/tensor/tp_state.h"
+#include "shardtrain/optimizers.h"
 #include "shardtrain/tensor_parallel.h"
 
 namespace shardtrain {
@@ -47,6 +48,14 @@ bool is_tied_copy(const Transformer& model, const std::string& tensor) {
 
 }  // namespace
 
+NamedTensors detail::extra_optimizer_state(const torch::optim::AdamW& optimizer,
+                                           const at::Tensor& param) {
+  // The optimizer's own tensors: a checkpoint writes and restores them in place.
+  auto* extra = dynamic_cast<const CompressedMomentumOptimizer*>(&optimizer);
+  if (!extra) return {};
+  return const_cast<CompressedMomentumOptimizer*>(extra)->extra_state(param);
+}
+
 NamedTensors detail::logical_tensors(Transformer& model, const torch::optim::AdamW& optimizer) {
   NamedTensors tensors;
   const auto trained = trained_parameters(model);
@@ -58,6 +67,9 @@ NamedTensors detail::logical_tensors(Transformer& model, const torch::optim::Ada
     tensors.emplace_back("optim." + key + ".exp_avg", state->exp_avg());
     tensors.emplace_back("optim." + key + ".exp_avg_sq", state->exp_avg_sq());
     tensors.emplace_back("optim." + key + ".step", at::scalar_tensor(state->step(), at::kLong));
+    for (const auto& [suffix, tensor] : detail::extra_optimizer_state(optimizer, value)) {
+      tensors.emplace_back("optim." + key + "." + suffix, tensor);
+    }
   }
   return tensors;
 }
@@ -176,6 +188,11 @@ void ReplicatedModel::restore(const ShardedCheckpointReader& reader,
     targets.emplace_back(prefix + ".step", step);
     steps.emplace_back(value, step);
     optimizer.state()[detail::optimizer_state_key(value)] = std::move(state);
+    // 1-bit LAMB's own state, where the checkpoint has it (one written by another optimizer
+    // leaves its starting values).
+    for (const auto& [suffix, tensor] : detail::extra_optimizer_state(optimizer, value)) {
+      if (reader.find(prefix + "." + suffix)) targets.emplace_back(prefix + "." + suffix, tensor);
+    }
   }
   {
     torch::NoGradGuard no_grad;

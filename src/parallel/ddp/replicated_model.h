@@ -65,6 +65,9 @@ struct TpState;
 // that has one ("optim.NAME.exp_avg", ".exp_avg_sq", and ".step" as a 0-dim int64), each as the
 // full tensor whatever the strategy, so that it reshards like the parameters.
 NamedTensors logical_tensors(Transformer& model, const torch::optim::AdamW& optimizer);
+// The state beyond AdamW's that `optimizer` keeps for `param` (1-bit LAMB's), as (suffix,
+// tensor): written as "optim.NAME.<suffix>" and restored into the same tensors.
+NamedTensors extra_optimizer_state(const torch::optim::AdamW& optimizer, const at::Tensor& param);
 
 // The flat slices of `tensors` this rank writes under a replicated strategy: each of the
 // holders.size ranks that hold every tensor whole writes shard_range(numel, size, rank) of
