@@ -64,10 +64,10 @@ struct TrainSection {
   // "adamw"; "lamb" (each tensor's AdamW-style update scaled by its trust ratio ||w|| / ||update||
   // clamped to [lamb_min_coeff, lamb_max_coeff]: DeepSpeed's Lamb); "onebit_adam" (Adam for
   // freeze_step updates, then each rank's momentum averaged compressed to one bit per element
-  // instead of the gradients: DeepSpeed's OneBitAdam). The last two need whole parameters on
-  // every rank: parallel.strategy "none" or "ddp" (docs/training.md, "Optimizers").
-  // "onebit_lamb": LAMB for freeze_step updates, then its ratios frozen and the momentum
-  // compressed as 1-bit Adam's (DeepSpeed's OneBitLamb).
+  // instead of the gradients: DeepSpeed's OneBitAdam); "onebit_lamb" (LAMB for freeze_step
+  // updates, then its ratios frozen and the momentum compressed: DeepSpeed's OneBitLamb). All
+  // but AdamW need whole parameters on every rank: parallel.strategy "none" or "ddp"
+  // (docs/optimizer.md, "LAMB, 1-bit Adam and 1-bit LAMB").
   std::string optimizer = "adamw";
   double lamb_min_coeff = 0.01;
   double lamb_max_coeff = 10.0;

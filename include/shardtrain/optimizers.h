@@ -1,8 +1,9 @@
-// DeepSpeed's large-batch optimizers, LAMB and 1-bit Adam, on torch::optim::AdamW's options and
-// per-parameter state (step, exp_avg, exp_avg_sq): checkpoints, resume and resharding read and
-// write them as AdamW's. Both need whole parameters on every data-parallel rank (a trust ratio
-// is a whole tensor's; 1-bit Adam averages the momentum instead of the gradients), so they run
-// under the replicated strategies ("none", "ddp") only.
+// DeepSpeed's large-batch optimizers, LAMB, 1-bit Adam and 1-bit LAMB, on torch::optim::AdamW's
+// options and per-parameter state (step, exp_avg, exp_avg_sq): checkpoints, resume and
+// resharding read and write them as AdamW's (1-bit LAMB adds its own tensors, extra_state). They
+// need whole parameters on every data-parallel rank (a trust ratio is a whole tensor's; the
+// 1-bit ones average the momentum instead of the gradients), so they run under the replicated
+// strategies ("none", "ddp") only.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -86,8 +87,8 @@ class CompressedMomentumOptimizer : public torch::optim::AdamW {
 
   // Per-parameter state beyond AdamW's that a checkpoint keeps as "optim.NAME.<suffix>": the
   // optimizer's own tensors, restored in place. Empty for a parameter without state yet.
-  virtual std::vector<std::pair<std::string, at::Tensor>> extra_state(const at::Tensor& param) {
-    (void)param;
+  virtual std::vector<std::pair<std::string, at::Tensor>> extra_state(
+      const at::Tensor& /*param*/) const {
     return {};
   }
 
@@ -156,7 +157,8 @@ class OneBitLamb : public CompressedMomentumOptimizer {
              torch::optim::AdamWOptions defaults, OneBitLambOptions options);
 
   at::Tensor step(LossClosure closure = nullptr) override;
-  std::vector<std::pair<std::string, at::Tensor>> extra_state(const at::Tensor& param) override;
+  std::vector<std::pair<std::string, at::Tensor>> extra_state(
+      const at::Tensor& param) const override;
 
   // The coefficient each parameter's update took at the last step (the ratio in the warmup,
   // c x f after it), in parameter-group order.
@@ -169,12 +171,14 @@ class OneBitLamb : public CompressedMomentumOptimizer {
     at::Tensor last_factor;       // f, 0-dim double (1 at first)
     at::Tensor scaling;           // s, 0-dim double (0: not taken yet)
   };
-  Frozen& frozen_of(const at::Tensor& param);
+  // Created with the parameter's state (by a step, or by extra_state when a checkpoint is
+  // restored into it).
+  Frozen& frozen_of(const at::Tensor& param) const;
   void warmup_step();
   void compressed_step();
 
   OneBitLambOptions options_;
-  std::map<StateKey, Frozen> frozen_;
+  mutable std::map<StateKey, Frozen> frozen_;
   CompressionErrors errors_;  // of all the momenta as one flat tensor
   std::vector<double> coefficients_;
 };

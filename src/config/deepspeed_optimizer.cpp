@@ -1,10 +1,12 @@
 // The "optimizer" and "scheduler" sections of a ds_config.json. shardtrain trains with AdamW,
-// LAMB or 1-bit Adam and a warmup followed by a constant, linear or cosine schedule; DeepSpeed's
-// Adam/AdamW, Lamb and OneBitAdam and its WarmupLR, WarmupDecayLR and WarmupCosineLR map onto
-// those when their shapes agree.
+// LAMB, 1-bit Adam or 1-bit LAMB and a warmup followed by a constant, linear or cosine schedule;
+// DeepSpeed's Adam/AdamW, Lamb, OneBitAdam and OneBitLamb and its WarmupLR, WarmupDecayLR and
+// WarmupCosineLR map onto those when their shapes agree.
 #include <algorithm>
 #include <cctype>
+#include <iterator>
 #include <map>
+#include <utility>
 
 #include "config/deepspeed_json.h"
 
@@ -82,16 +84,29 @@ void import_adam_params(const Json& params, const std::string& type, std::option
   }
 }
 
+// The numeric LAMB keys of Lamb (the first two) and OneBitLamb (all), and what each sets.
+const std::pair<const char*, const char*> kLambKeys[] = {
+    {"max_coeff", "train.lamb_max_coeff"},   {"min_coeff", "train.lamb_min_coeff"},
+    {"coeff_beta", "train.lamb_coeff_beta"}, {"factor_max", "train.lamb_factor_max"},
+    {"factor_min", "train.lamb_factor_min"}, {"factor_threshold", "train.lamb_factor_threshold"}};
+
+// `key` among the first `count` of kLambKeys: its value set; false for another key.
+bool import_lamb_key(const std::string& key, const Json& value, size_t count, Overrides& out) {
+  for (size_t i = 0; i < count; ++i) {
+    if (key != kLambKeys[i].first) continue;
+    const std::string path = "optimizer.params." + key;
+    out.set_float_or_keep(path, kLambKeys[i].second, number_or_auto(value, path));
+    return true;
+  }
+  return false;
+}
+
 void import_lamb_params(const Json& params, std::optional<double>& lr, Overrides& out) {
   for (const auto& [key, value] : params.items()) {
     const std::string path = "optimizer.params." + key;
-    if (import_shared_param(key, value, lr, out)) continue;
+    if (import_shared_param(key, value, lr, out) || import_lamb_key(key, value, 2, out)) continue;
     if (key == "bias_correction") {
       import_bias_correction(value, out);
-    } else if (key == "max_coeff") {
-      out.set_float_or_keep(path, "train.lamb_max_coeff", number_or_auto(value, path));
-    } else if (key == "min_coeff") {
-      out.set_float_or_keep(path, "train.lamb_min_coeff", number_or_auto(value, path));
     } else if (key == "max_grad_norm") {
       require_value(value, path, 0, "only 0 (gradient_clipping clips the gradients)");
     } else {
@@ -103,17 +118,13 @@ void import_lamb_params(const Json& params, std::optional<double>& lr, Overrides
 // OneBitAdam's and OneBitLamb's; the LAMB keys only for OneBitLamb.
 void import_onebit_params(const Json& params, const std::string& type, std::optional<double>& lr,
                           Overrides& out) {
-  const bool lamb = lower(type) == "onebitlamb";
-  const std::map<std::string, std::string> lamb_keys = {
-      {"max_coeff", "train.lamb_max_coeff"},   {"min_coeff", "train.lamb_min_coeff"},
-      {"coeff_beta", "train.lamb_coeff_beta"}, {"factor_max", "train.lamb_factor_max"},
-      {"factor_min", "train.lamb_factor_min"}, {"factor_threshold", "train.lamb_factor_threshold"}};
+  const size_t lamb_keys = lower(type) == "onebitlamb" ? std::size(kLambKeys) : 0;
   for (const auto& [key, value] : params.items()) {
     const std::string path = "optimizer.params." + key;
-    if (import_shared_param(key, value, lr, out)) continue;
-    if (lamb && lamb_keys.count(key)) {
-      out.set_float_or_keep(path, lamb_keys.at(key), number_or_auto(value, path));
-    } else if (key == "bias_correction") {
+    if (import_shared_param(key, value, lr, out) || import_lamb_key(key, value, lamb_keys, out)) {
+      continue;
+    }
+    if (key == "bias_correction") {
       if (bool_or_auto(value, path).value_or(false)) {
         out.decide(path, "true: DeepSpeed's " + type +
                              " applies no bias correction; neither does shardtrain's "
@@ -121,16 +132,14 @@ void import_onebit_params(const Json& params, const std::string& type, std::opti
       }
     } else if (key == "freeze_step") {
       out.set_int_or_keep(path, "train.freeze_step", int_or_auto(value, path));
-    } else if (key == "cuda_aware" || key == "comm_backend_name") {
+    } else if (key == "cuda_aware") {
       // How DeepSpeed's compressed all-reduce reaches its transport (MPI, CUDA-aware MPI,
       // NCCL): shardtrain compresses over its own process group (Gloo on the CPU, NCCL on CUDA).
-      if (key == "cuda_aware") {
-        bool_or_auto(value, path);
-      } else {
-        out.decide(path, string_at(value, path) +
-                             ": the compressed momentum goes over shardtrain's own process "
-                             "group (Gloo on the CPU, NCCL on CUDA)");
-      }
+      bool_or_auto(value, path);
+    } else if (key == "comm_backend_name") {
+      out.decide(path, string_at(value, path) +
+                           ": the compressed momentum goes over shardtrain's own process group "
+                           "(Gloo on the CPU, NCCL on CUDA)");
     } else {
       unknown_key(path);
     }

@@ -522,10 +522,8 @@ bool zero_offloads_to_files(const ZeroSection& zero) {
          zero.offload_param == OffloadDevice::kNvme;
 }
 
-// The pipeline's settings against each other and the model; the world size is checked with the
-// mesh (train_mesh_shape), the split and the schedule by check_parallel_settings.
-// LAMB's trust ratio is a whole tensor's, and 1-bit Adam averages the momentum in place of the
-// gradients: both need every parameter whole on every data-parallel rank.
+// LAMB's trust ratio is a whole tensor's, and 1-bit Adam and LAMB average the momentum in place
+// of the gradients: they need every parameter whole on every data-parallel rank.
 void validate_optimizer(const TrainConfig& c) {
   auto require = [](bool ok, const std::string& message) {
     if (!ok) throw std::invalid_argument(message);
@@ -567,6 +565,8 @@ void validate_optimizer(const TrainConfig& c) {
           "train.lamb_factor_threshold >= 0");
 }
 
+// The pipeline's settings against each other and the model; the world size is checked with the
+// mesh (train_mesh_shape), the split and the schedule by check_parallel_settings.
 void validate_pipeline(const TrainConfig& c) {
   auto require = [](bool ok, const std::string& message) {
     if (!ok) throw std::invalid_argument(message);

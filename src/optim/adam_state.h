@@ -45,6 +45,15 @@ inline at::Tensor run_closure(const torch::optim::Optimizer::LossClosure& closur
   return closure();
 }
 
+// Adam's step direction without bias corrections, with decoupled weight decay:
+// m / (sqrt(v) + eps) + weight_decay * p (the direction LAMB scales, and 1-bit Adam takes).
+inline at::Tensor decayed_direction(const at::Tensor& p, const at::Tensor& m, const at::Tensor& v,
+                                    const torch::optim::AdamWOptions& options) {
+  at::Tensor update = m / v.sqrt().add_(options.eps());
+  if (options.weight_decay() != 0) update.add_(p, options.weight_decay());
+  return update;
+}
+
 // LAMB's trust ratio ||p|| / ||update|| clamped to [min_coeff, max_coeff], 1 when either norm is
 // 0 (norms in double: one number per tensor, whatever its dtype).
 inline double trust_ratio(const at::Tensor& p, const at::Tensor& update, double min_coeff,

@@ -42,8 +42,7 @@ at::Tensor Lamb::step(LossClosure closure) {
       at::Tensor& v = state.exp_avg_sq();
       m.mul_(beta1).add_(grad, 1 - beta1);
       v.mul_(beta2).addcmul_(grad, grad, 1 - beta2);
-      at::Tensor update = m / v.sqrt().add_(options.eps());
-      if (options.weight_decay() != 0) update.add_(p, options.weight_decay());
+      const at::Tensor update = detail::decayed_direction(p, m, v, options);
       const double ratio = detail::trust_ratio(p, update, lamb_.min_coeff, lamb_.max_coeff);
       p.add_(update, -step_size * ratio);
       ratios_.push_back(ratio);

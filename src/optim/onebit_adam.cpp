@@ -62,9 +62,7 @@ at::Tensor OneBitAdam::step(LossClosure closure) {
         }
         mask_unseen(m, v);
       }
-      at::Tensor update = m / v.sqrt().add_(options.eps());
-      if (options.weight_decay() != 0) update.add_(p, options.weight_decay());
-      p.add_(update, -options.lr());
+      p.add_(detail::decayed_direction(p, m, v, options), -options.lr());
     }
   }
   return loss;

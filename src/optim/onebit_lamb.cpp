@@ -35,7 +35,7 @@ OneBitLamb::OneBitLamb(std::vector<torch::optim::OptimizerParamGroup> param_grou
   check_options(options_);
 }
 
-OneBitLamb::Frozen& OneBitLamb::frozen_of(const at::Tensor& param) {
+OneBitLamb::Frozen& OneBitLamb::frozen_of(const at::Tensor& param) const {
   const auto key = detail::optimizer_state_key(param);
   auto it = frozen_.find(key);
   if (it == frozen_.end()) {
@@ -47,7 +47,8 @@ OneBitLamb::Frozen& OneBitLamb::frozen_of(const at::Tensor& param) {
   return it->second;
 }
 
-std::vector<std::pair<std::string, at::Tensor>> OneBitLamb::extra_state(const at::Tensor& param) {
+std::vector<std::pair<std::string, at::Tensor>> OneBitLamb::extra_state(
+    const at::Tensor& param) const {
   if (!state_.count(detail::optimizer_state_key(param))) return {};
   Frozen& f = frozen_of(param);
   return {{"exp_avg_sq_fresh", f.exp_avg_sq_fresh},
@@ -83,8 +84,7 @@ void OneBitLamb::warmup_step() {
       m.mul_(beta1).add_(grad, 1 - beta1);
       v.mul_(beta2).addcmul_(grad, grad, 1 - beta2);
       if (state.step() == freeze_step_) frozen.exp_avg_sq_fresh.copy_(v);
-      at::Tensor update = m / v.sqrt().add_(options.eps());
-      if (options.weight_decay() != 0) update.add_(p, options.weight_decay());
+      const at::Tensor update = detail::decayed_direction(p, m, v, options);
       const double ratio = detail::trust_ratio(p, update, options_.min_coeff, options_.max_coeff);
       // The ratio frozen for after the warmup: an average of those that were not 1.
       if (ratio != 1.0) {

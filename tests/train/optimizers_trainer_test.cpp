@@ -44,6 +44,36 @@ class OptimizersTrainerTest : public ::testing::Test {
   fs::path dir_;
 };
 
+// Two in-process ranks training `cfg` for `steps` steps: rank 0's results and each rank's
+// parameters afterwards.
+struct TwoRanks {
+  std::vector<StepResult> steps;
+  std::vector<std::vector<at::Tensor>> params = std::vector<std::vector<at::Tensor>>(2);
+};
+
+TwoRanks train_two_ranks(const TrainConfig& cfg, int steps) {
+  TwoRanks out;
+  std::mutex mutex;
+  run_local_ranks(2, [&](ProcessGroup& group) {
+    Trainer trainer(cfg, std::shared_ptr<ProcessGroup>(&group, [](ProcessGroup*) {}));
+    std::vector<StepResult> mine;
+    for (int i = 0; i < steps; ++i) mine.push_back(trainer.train_step());
+    std::lock_guard<std::mutex> lock(mutex);
+    for (const auto& p : trainer.model()->parameters())
+      out.params[group.rank()].push_back(p.clone());
+    if (group.rank() == 0) out.steps = mine;
+  });
+  return out;
+}
+
+// The replicas hold bit-for-bit the same parameters.
+void expect_equal_replicas(const TwoRanks& run) {
+  ASSERT_EQ(run.params[0].size(), run.params[1].size());
+  for (size_t i = 0; i < run.params[0].size(); ++i) {
+    EXPECT_TRUE(run.params[0][i].equal(run.params[1][i])) << "parameter " << i;
+  }
+}
+
 const std::vector<std::string> kLamb = {"train.optimizer=\"lamb\"", "train.lamb_max_coeff=0.3"};
 const std::vector<std::string> kOneBit = {"train.optimizer=\"onebit_adam\"",
                                           "train.bias_correction=false"};
@@ -75,18 +105,8 @@ TEST_F(OptimizersTrainerTest, OneBitAdamWarmupUnderDdpTrainsAsOneProcess) {
 TEST_F(OptimizersTrainerTest, OneBitAdamCompressionKeepsReplicasEqualAndSendsLess) {
   std::vector<std::string> onebit = kOneBit;
   onebit.push_back("train.freeze_step=2");
-  const TrainConfig cfg = config("onebit", onebit, true, {"train.steps=6"});
-  std::mutex mutex;
-  std::vector<std::vector<at::Tensor>> params(2);
-  std::vector<StepResult> steps;
-  run_local_ranks(2, [&](ProcessGroup& group) {
-    Trainer trainer(cfg, std::shared_ptr<ProcessGroup>(&group, [](ProcessGroup*) {}));
-    std::vector<StepResult> mine;
-    for (int i = 0; i < 6; ++i) mine.push_back(trainer.train_step());
-    std::lock_guard<std::mutex> lock(mutex);
-    for (const auto& p : trainer.model()->parameters()) params[group.rank()].push_back(p.clone());
-    if (group.rank() == 0) steps = mine;
-  });
+  const TwoRanks run = train_two_ranks(config("onebit", onebit, true, {"train.steps=6"}), 6);
+  const std::vector<StepResult>& steps = run.steps;
   ASSERT_EQ(steps.size(), 6u);
   for (const auto& step : steps) EXPECT_TRUE(std::isfinite(step.loss)) << "step " << step.step;
   EXPECT_LT(steps.back().loss, steps.front().loss);
@@ -95,8 +115,7 @@ TEST_F(OptimizersTrainerTest, OneBitAdamCompressionKeepsReplicasEqualAndSendsLes
   for (size_t i = 2; i < steps.size(); ++i) {
     EXPECT_LT(static_cast<double>(steps[i].comm_bytes), warm / 8) << "step " << steps[i].step;
   }
-  ASSERT_EQ(params[0].size(), params[1].size());
-  for (size_t i = 0; i < params[0].size(); ++i) EXPECT_TRUE(params[0][i].equal(params[1][i]));
+  expect_equal_replicas(run);
 }
 
 const std::vector<std::string> kOneBitLamb = {
@@ -105,21 +124,10 @@ const std::vector<std::string> kOneBitLamb = {
 TEST_F(OptimizersTrainerTest, OneBitLambCompressionKeepsReplicasEqual) {
   std::vector<std::string> onebit = kOneBitLamb;
   onebit.push_back("train.freeze_step=2");
-  const TrainConfig cfg = config("onebit_lamb", onebit, true, {"train.steps=5"});
-  std::mutex mutex;
-  std::vector<std::vector<at::Tensor>> params(2);
-  std::vector<double> losses;
-  run_local_ranks(2, [&](ProcessGroup& group) {
-    Trainer trainer(cfg, std::shared_ptr<ProcessGroup>(&group, [](ProcessGroup*) {}));
-    std::vector<double> mine = testing::step_losses(trainer, 5);
-    std::lock_guard<std::mutex> lock(mutex);
-    for (const auto& p : trainer.model()->parameters()) params[group.rank()].push_back(p.clone());
-    if (group.rank() == 0) losses = mine;
-  });
-  ASSERT_EQ(losses.size(), 5u);
-  for (double loss : losses) EXPECT_TRUE(std::isfinite(loss));
-  ASSERT_EQ(params[0].size(), params[1].size());
-  for (size_t i = 0; i < params[0].size(); ++i) EXPECT_TRUE(params[0][i].equal(params[1][i]));
+  const TwoRanks run = train_two_ranks(config("onebit_lamb", onebit, true, {"train.steps=5"}), 5);
+  ASSERT_EQ(run.steps.size(), 5u);
+  for (const auto& step : run.steps) EXPECT_TRUE(std::isfinite(step.loss)) << "step " << step.step;
+  expect_equal_replicas(run);
 }
 
 TEST_F(OptimizersTrainerTest, OneBitLambResumesPastItsWarmupExactly) {

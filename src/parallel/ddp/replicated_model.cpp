@@ -52,8 +52,7 @@ NamedTensors detail::extra_optimizer_state(const torch::optim::AdamW& optimizer,
                                            const at::Tensor& param) {
   // The optimizer's own tensors: a checkpoint writes and restores them in place.
   auto* extra = dynamic_cast<const CompressedMomentumOptimizer*>(&optimizer);
-  if (!extra) return {};
-  return const_cast<CompressedMomentumOptimizer*>(extra)->extra_state(param);
+  return extra ? extra->extra_state(param) : NamedTensors{};
 }
 
 NamedTensors detail::logical_tensors(Transformer& model, const torch::optim::AdamW& optimizer) {
