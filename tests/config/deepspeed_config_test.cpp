@@ -158,6 +158,8 @@ TEST(DeepSpeedConfigTest, UnsupportedValuesNameKeyAndValue) {
   EXPECT_NE(e.find("'zero_optimization.reduce_scatter' = false"), std::string::npos) << e;
   e = error_of(R"({"fp16": {"enabled": true, "hysteresis": 0}})");
   EXPECT_NE(e.find("'fp16.hysteresis' = 0"), std::string::npos) << e;
+  e = error_of(R"({"optimizer": {"type": "Lamb", "params": {"max_grad_norm": 1.0}}})");
+  EXPECT_NE(e.find("'optimizer.params.max_grad_norm' = 1.0"), std::string::npos) << e;
   e = error_of(R"({"optimizer": {"type": "ZeroOneAdam", "params": {}}})");
   EXPECT_NE(e.find("'optimizer.type' = \"ZeroOneAdam\""), std::string::npos) << e;
   e = error_of(R"({"scheduler": {"type": "OneCycle", "params": {}}})");

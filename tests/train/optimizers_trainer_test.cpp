@@ -174,6 +174,22 @@ TEST_F(OptimizersTrainerTest, ShardingStrategiesAndBadSettingsAreRefused) {
             false);
       },
       "train.lamb_min_coeff must be positive and at most train.lamb_max_coeff");
+  const std::vector<std::string> onebit_lamb = {"train.optimizer=\"onebit_lamb\"",
+                                                "train.bias_correction=false"};
+  auto with = [&](std::string setting) {
+    std::vector<std::string> all = onebit_lamb;
+    all.push_back(std::move(setting));
+    return all;
+  };
+  testing::expect_refused(
+      1, [&] { return config("beta", with("train.lamb_coeff_beta=1.0"), false); },
+      "train.lamb_coeff_beta must be in [0, 1)");
+  testing::expect_refused(
+      1, [&] { return config("factor", with("train.lamb_factor_min=5.0"), false); },
+      "train.lamb_factor_min must be positive and at most train.lamb_factor_max");
+  testing::expect_refused(
+      1, [&] { return config("freeze", with("train.freeze_step=-1"), false); },
+      "train.freeze_step must be >= 0");
 }
 
 }  // namespace optimizers_trainer_test
