@@ -8,7 +8,9 @@
 # distributed_type NO). Each run has 120 s (STEP_TIMEOUT=N in the environment: N s). Prints one
 # line per file (outcome, then the first line of shardtrain's error) and the counts. fp16
 # autocast needs a CUDA device: on a CPU machine a file that asks for it is run again with
-# precision.autocast = "bf16" and counted apart.
+# precision.autocast = "bf16" and counted apart. model.vocab_size is 320 (the byte tokenizer's 257
+# tokens padded to a multiple of 64, as the tensor-parallel check advises) so that the files
+# asking for tensor parallelism can split it.
 # Usage: bash bench/configs.sh [FILE...]  (from the repository root, after a build; the files
 # given, or the whole corpus)
 set -uo pipefail
@@ -41,6 +43,33 @@ else:
     print(m.group(1) if m else 1)
 PY
 }
+# An accelerate file naming a deepspeed_config_file by its path in the file's repository is run
+# where that path leads: the two corpus files laid out as they are there (SOURCES.md).
+as_in_its_repository() {
+  python3 - "$1" "$root/tests/assets/configs" "$work/tree" <<'PY'
+import os, re, sys
+path, corpus, tree = sys.argv[1:]
+name = os.path.basename(os.path.dirname(path)) + "/" + os.path.basename(path)
+m = re.search(r"deepspeed_config_file:\s*['\"]?([^'\"\n]+)", open(path).read())
+rows = {}
+for line in open(os.path.join(corpus, "SOURCES.md")):
+    cells = [c.strip() for c in line.split("|")]
+    if len(cells) > 4 and "/" in cells[1]:
+        rows[cells[1]] = (cells[2], cells[3])
+if not m or name not in rows:
+    print(path); sys.exit()
+repo, own = rows[name]
+wanted = os.path.normpath(os.path.join(os.path.dirname(own), m.group(1).strip()))
+for other, (other_repo, other_path) in rows.items():
+    if other_repo == repo and other_path == wanted:
+        here = os.path.join(tree, os.path.dirname(own), os.path.basename(path))
+        for source, target in ((path, here), (os.path.join(corpus, other), os.path.join(tree, wanted))):
+            os.makedirs(os.path.dirname(target), exist_ok=True)
+            open(target, "w").write(open(source).read())
+        print(here); sys.exit()
+print(path)
+PY
+}
 declare -A count
 files=("$@")
 if [[ ${#files[@]} -eq 0 ]]; then
@@ -51,17 +80,18 @@ for file in "${files[@]}"; do
   flag=--deepspeed
   [[ "$file" == *.yaml ]] && flag=--accelerate-config
   n="$(world_of "$file")"
+  [[ "$file" == *.yaml ]] && file="$(as_in_its_repository "$file")"
   out="$work/out.txt"
   rm -rf "$work/run"
   timeout "${STEP_TIMEOUT:-120}" "$bin" launch --nproc "$n" -- "$bin" train --config "$root/configs/zero_tiny.toml" \
-    "$flag" "$file" --set train.steps=1 --set train.sample_tokens=0 --set run.threads=1 \
+    "$flag" "$file" --set train.steps=1 --set train.sample_tokens=0 --set run.threads=1 --set model.vocab_size=320 \
     --set "run.dir=\"$work/run\"" >"$out" 2>&1
   rc=$?
   if [[ $rc -ne 0 ]] && grep -q -e 'needs a CUDA device' -e 'autocast = "fp16" is not supported' "$out"; then
     # fp16 autocast needs CUDA: on a CPU machine the same file trains its step in bf16.
     rm -rf "$work/run"
     timeout "${STEP_TIMEOUT:-120}" "$bin" launch --nproc "$n" -- "$bin" train --config "$root/configs/zero_tiny.toml" \
-      "$flag" "$file" --set train.steps=1 --set train.sample_tokens=0 --set run.threads=1 \
+      "$flag" "$file" --set train.steps=1 --set train.sample_tokens=0 --set run.threads=1 --set model.vocab_size=320 \
       --set precision.autocast=bf16 --set "run.dir=\"$work/run\"" >"$out" 2>&1
     rc=$?
     [[ $rc -eq 0 ]] && rc=200

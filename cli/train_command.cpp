@@ -29,8 +29,9 @@ void add_train_command(CLI::App& app) {
                   "words are strings)")
       ->take_all();
   cmd->add_option("--deepspeed", a->deepspeed,
-                  "DeepSpeed ds_config.json: its ZeRO, precision, batch, optimizer and scheduler "
-                  "settings override the TOML (see docs/deepspeed.md)")
+                  "DeepSpeed ds_config.json: its ZeRO, precision, batch, optimizer, scheduler, "
+                  "quantization and autotuning settings override the TOML (see "
+                  "docs/deepspeed.md)")
       ->check(CLI::ExistingFile);
   cmd->add_option("--accelerate-config", a->accelerate,
                   "accelerate config YAML with distributed_type FSDP: its FSDP and precision "
@@ -70,6 +71,13 @@ void add_train_command(CLI::App& app) {
     if (world_size > 1 && config.run.fault_tolerance != "replicas") {
       world = init_from_environment(ProcessGroupOptions().timeout(
           std::chrono::milliseconds(static_cast<int64_t>(config.run.timeout * 1000))));
+    }
+    // The micro-batch is measured before the run starts, on the same ranks; a restarted job
+    // continues with what its first start chose.
+    if (config.train.autotune) {
+      std::optional<TrainConfig> chosen;
+      if (launched.restart_count > 0) chosen = micro_batch_of_run(config);
+      config = chosen ? *chosen : autotune_micro_batch(config, world);
     }
     Trainer trainer(std::move(config), world, launched.restart_count);
     trainer.fit();

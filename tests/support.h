@@ -12,7 +12,9 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <nlohmann/json.hpp>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -103,6 +105,16 @@ inline void expect_planned_toml_trains(const std::filesystem::path& dir, const s
       (dir / "planned").string());
   ASSERT_EQ(run.exit_code, 0) << toml << run.output;
   EXPECT_EQ(rank0_losses(dir / "planned" / "metrics.jsonl").size(), 2u);
+}
+
+// What `f` throws as std::invalid_argument; "" when it returns.
+inline std::string invalid_argument_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const std::invalid_argument& e) {
+    return e.what();
+  }
+  return "";
 }
 
 }  // namespace shardtrain::testing

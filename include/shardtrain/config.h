@@ -1,6 +1,6 @@
 // The training configuration: TOML sections [model] [data] [train] [parallel] [precision]
-// [lora] [run], one struct each, with `section.key=value` overrides. Every key is known; an
-// unknown key or a wrong type is an error that names it.
+// [lora] [compression] [run], one struct each, with `section.key=value` overrides. Every key is
+// known; an unknown key or a wrong type is an error that names it.
 #pragma once
 
 #include <cstdint>
@@ -103,6 +103,18 @@ struct TrainSection {
   // (false) over the whole logits.
   bool chunked_loss = true;
   int64_t loss_chunk_tokens = 0;
+  // Before training, the micro-batch with the highest throughput (DeepSpeed's autotuning, its
+  // fast mode): micro-batches autotune_min_micro_batch, twice that, ... up to
+  // autotune_max_micro_batch (and, when autotune_max_batch > 0, to micro-batch x grad_accum x
+  // data-parallel ranks <= autotune_max_batch) each train autotune_steps steps in a scratch run
+  // directory, timed from step autotune_first_timed; the search stops at the first that cannot
+  // run (memory, data) or runs 5% slower than the best. A new run only.
+  bool autotune = false;
+  int64_t autotune_min_micro_batch = 1;
+  int64_t autotune_max_micro_batch = 1024;
+  int64_t autotune_max_batch = 0;
+  int64_t autotune_steps = 5;
+  int64_t autotune_first_timed = 3;
   int64_t sample_tokens = 64;  // generated at the end; 0 disables
   std::string sample_prompt;   // under data.format "chat", the user's message
   double sample_temperature = 0.8;
@@ -204,6 +216,28 @@ struct LoraSection {
   std::string base_dtype = "fp32";  // the frozen base weights' storage dtype
 };
 
+// [compression]: quantization-aware training (DeepSpeed's compression_training weight and
+// activation quantization, docs/compression.md). Each group names layers by regular
+// expressions searched in their names (ours, "blocks.0.attn.qkv", and Hugging Face's,
+// "transformer.h.0.attn.c_attn") and gives their bits; no groups: off.
+struct CompressionSection {
+  // Weights of the matched linear layers of the blocks, quantized in every forward (the
+  // optimizer steps the unquantized ones): weight_bits[i] for the layers weight_modules[i]
+  // matches; 1 is binary, 2 ternary, more the uniform grid of weight_type.
+  std::vector<int64_t> weight_bits;
+  std::vector<std::vector<std::string>> weight_modules;
+  int64_t weight_groups = 1;  // each weight's elements in this many groups of their own scale
+  std::string weight_type = "symmetric";  // or "asymmetric"
+  int64_t weight_offset = 0;              // the first step (0-based) that quantizes
+  // The inputs of the matched linear layers, each token's features on a grid of its own range.
+  std::vector<int64_t> activation_bits;
+  std::vector<std::vector<std::string>> activation_modules;
+  std::string activation_type = "symmetric";
+  int64_t activation_offset = 0;
+
+  bool enabled() const { return !weight_bits.empty() || !activation_bits.empty(); }
+};
+
 // [run]
 struct RunSection {
   std::string dir = "runs/default";
@@ -256,6 +290,7 @@ struct TrainConfig {
   PrecisionSection precision;
   ParallelSection parallel;
   LoraSection lora;
+  CompressionSection compression;
   RunSection run;
 
   // Checks relations between keys (seq_len within the context, min_lr <= lr, ...) and throws

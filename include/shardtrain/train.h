@@ -30,6 +30,7 @@ namespace shardtrain {
 class ParallelModel;
 class ReplicaWorld;
 namespace detail {
+class Compression;
 class RunDirLock;
 class TraceSpan;
 struct SwapIoTotals;
@@ -245,6 +246,7 @@ class Trainer {
   // The model as parallelize() made it: what the trainer drives for every strategy.
   std::unique_ptr<ParallelModel> parallel_;
   std::unique_ptr<torch::optim::AdamW> optimizer_;
+  std::unique_ptr<detail::Compression> compression_;  // [compression]'s quantizers, or null
   LrSchedule schedule_;
   LossScaler scaler_;
   int64_t step_ = 0;
@@ -267,5 +269,19 @@ class Trainer {
   int64_t steps_this_process_ = 0;
   bool progress_bar_ = false;  // rank 0 on a terminal
 };
+
+// train.autotune: `config` with the micro-batch that trained fastest (tokens per second, the
+// median over the timed steps) among those train.autotune_* lets it try, each trained for a few
+// steps by a Trainer of its own on `world` (null: one process) in RUN_DIR.autotune, which is
+// removed after. Rank 0 prints one line per micro-batch tried; every rank takes rank 0's
+// measurements, so all choose the same. Throws std::invalid_argument when not even the smallest
+// one can run (its own error).
+TrainConfig autotune_micro_batch(const TrainConfig& config,
+                                 const std::shared_ptr<ProcessGroup>& world);
+
+// For a restarted job that tuned its micro-batch when it started: `config` with the micro-batch
+// RUN_DIR/run.json records; nullopt when the run directory has no run.json yet (the first start
+// ended before its run began). Throws std::invalid_argument for a run.json without one.
+std::optional<TrainConfig> micro_batch_of_run(const TrainConfig& config);
 
 }  // namespace shardtrain

@@ -6,6 +6,7 @@
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <map>
 #include <optional>
 #include <set>
@@ -208,13 +209,21 @@ void import_fsdp(const YAML::Node& section, Overrides& out) {
 
 // accelerate's deepspeed_config block (what `accelerate config` writes for DeepSpeed without a
 // ds_config.json file): the ZeRO stage, offload devices, accumulation and clipping.
-void import_deepspeed(const YAML::Node& node, int world_size, Overrides& out) {
+void import_deepspeed(const YAML::Node& node, const std::string& source, int world_size,
+                      Overrides& out) {
   if (!node.IsMap())
     throw std::invalid_argument("accelerate config key 'deepspeed_config': expected a mapping");
   if (node["deepspeed_config_file"]) {
     // The ds_config.json says everything; accelerate reads nothing else from this block but
     // its launcher settings.
-    const std::string path = scalar(node["deepspeed_config_file"], "deepspeed_config_file");
+    std::string path = scalar(node["deepspeed_config_file"], "deepspeed_config_file");
+    // accelerate reads the path from the working directory; one that is not there is looked
+    // for beside the YAML file, where a repository's relative paths lead.
+    const std::filesystem::path beside = std::filesystem::path(source).parent_path() / path;
+    if (!std::filesystem::exists(path) && std::filesystem::path(path).is_relative() &&
+        std::filesystem::exists(beside)) {
+      path = beside.string();
+    }
     std::vector<ImportNote> notes;
     for (const auto& line : deepspeed_overrides(path, world_size, &notes)) out.set_line(line);
     out.add_notes(notes);
@@ -257,10 +266,15 @@ void import_deepspeed(const YAML::Node& node, int world_size, Overrides& out) {
       out.set_int("train.grad_accum", integer(value, name));
     } else if (key == "gradient_clipping") {
       out.set_float("train.clip", std::stod(scalar(value, name)));
-    } else if (key == "seq_parallel_communication_data_type" || key == "sequence_parallel_size") {
-      throw std::invalid_argument("accelerate config key '" + name +
-                                  "': DeepSpeed-Ulysses sequence parallelism is not available in "
-                                  "shardtrain (parallel.cp splits sequences with ring attention)");
+    } else if (key == "seq_parallel_communication_data_type" ||
+               key == "seq_parallel_comm_data_type") {
+      ulysses_dtype_note(scalar(value, name), name, out);
+    } else if (key == "sequence_parallel_size") {
+      // DeepSpeed-Ulysses' sequence-parallel ranks: context parallelism's ring attention
+      // computes the same attention over the same split.
+      const int64_t size = integer(value, name);
+      if (size < 1) bad_value(name, scalar(value, name), "must be at least 1");
+      if (size > 1) out.set_int("parallel.cp", size);
     } else if (key == "zero3_init_flag" || key == "zero3_save_16bit_model" ||
                key == "deepspeed_multinode_launcher" || key == "deepspeed_hostfile" ||
                key == "deepspeed_exclusion_filter" || key == "deepspeed_inclusion_filter") {
@@ -279,10 +293,17 @@ void import_parallelism(const YAML::Node& node, const std::string& type, int wor
   if (!node.IsMap())
     throw std::invalid_argument("accelerate config key 'parallelism_config': expected a mapping");
   std::map<std::string, int64_t> size = {
-      {"dp_replicate", 1}, {"dp_shard", 0}, {"tp", 1}, {"cp", 1}};
+      {"dp_replicate", 1}, {"dp_shard", 0}, {"tp", 1}, {"cp", 1}, {"sp", 1}};
   for (const auto& item : node) {
     const std::string key = item.first.as<std::string>();
     const std::string name = "parallelism_config." + key;
+    // DeepSpeed-Ulysses' settings beside its size: which implementation splits the sequences
+    // (parallel.cp's ring attention here), and how the model's attention runs.
+    if (key == "parallelism_config_sp_backend" ||
+        key == "parallelism_config_sp_seq_length_is_variable" ||
+        key == "parallelism_config_sp_attn_implementation") {
+      continue;
+    }
     const std::string prefix = "parallelism_config_";
     const std::string axis = key.rfind(prefix, 0) == 0 && key.size() > prefix.size() + 5
                                  ? key.substr(prefix.size(), key.size() - prefix.size() - 5)
@@ -290,6 +311,19 @@ void import_parallelism(const YAML::Node& node, const std::string& type, int wor
     if (!size.count(axis) || key.substr(key.size() - 5) != "_size") unknown_key(name);
     size[axis] = integer(item.second, name);
     if (size[axis] < 1) bad_value(name, scalar(item.second, name), "must be at least 1");
+  }
+  if (size["sp"] > 1) {
+    if (size["cp"] > 1) {
+      throw std::invalid_argument(
+          "accelerate config: parallelism_config_sp_size and parallelism_config_cp_size both "
+          "split sequences; give one");
+    }
+    // Ulysses' sequence parallelism as context parallelism: the same attention over the same
+    // split, its all-to-alls replaced by ring attention's exchanges.
+    size["cp"] = size["sp"];
+    out.decide("parallelism_config.parallelism_config_sp_size",
+               std::to_string(size["sp"]) + ": parallel.cp = " + std::to_string(size["sp"]) +
+                   " (ring attention in place of DeepSpeed-Ulysses' all-to-all)");
   }
   const int64_t inner = size["dp_replicate"] * size["tp"] * size["cp"];
   if (size["dp_shard"] == 0) size["dp_shard"] = world_size / inner;
@@ -301,6 +335,10 @@ void import_parallelism(const YAML::Node& node, const std::string& type, int wor
         ") do not make the launch's " + std::to_string(world_size) + " rank(s)");
   }
   if (inner == 1) return;
+  if (type == "DEEPSPEED" && inner == size["cp"]) {
+    out.set_int("parallel.cp", size["cp"]);  // ZeRO over the rest
+    return;
+  }
   if (type != "FSDP") {
     throw std::invalid_argument("accelerate config: parallelism_config with distributed_type " +
                                 type + " is not supported (FSDP's is)");
@@ -390,7 +428,7 @@ std::vector<std::string> accelerate_overrides_from_yaml(const std::string& yaml_
       } else if (key == "fsdp_config" && type == "FSDP") {
         import_fsdp(node, out);
       } else if (key == "deepspeed_config" && type == "DEEPSPEED") {
-        import_deepspeed(node, world_size, out);
+        import_deepspeed(node, source, world_size, out);
       } else if ((key == "fsdp_config" || key == "deepspeed_config" ||
                   key == "megatron_lm_config") &&
                  node.IsMap()) {

@@ -338,17 +338,12 @@ void import_zero(const Json& section, int world_size, Overrides& out) {
 // Sections of DeepSpeed features shardtrain does not have, with what they are.
 const std::map<std::string, std::string>& unavailable_features() {
   static const std::map<std::string, std::string> features = {
-      {"compression_training", "DeepSpeed's compression (quantization, pruning, layer reduction)"},
       {"data_efficiency", "DeepSpeed's data-efficiency pipeline (curriculum, random-LTD)"},
       {"curriculum_learning", "DeepSpeed's curriculum learning"},
-      {"autotuning", "DeepSpeed's autotuning"},
       {"sparse_attention", "DeepSpeed's sparse attention"},
       {"progressive_layer_drop", "progressive layer dropping"},
       {"quantize_training", "quantization-aware training"},
       {"eigenvalue", "DeepSpeed's eigenvalue computation (for quantization schedules)"},
-      {"seq_parallel_communication_data_type",
-       "DeepSpeed-Ulysses sequence parallelism (use "
-       "parallel.cp, ring attention)"},
       {"pipeline", "DeepSpeed's pipeline engine settings (use parallel.pp)"},
       {"flops_profiler", "DeepSpeed's FLOPs profiler (run.trace and the report measure steps)"},
       {"elasticity", "DeepSpeed's elastic batch sizes"},
@@ -357,7 +352,7 @@ const std::map<std::string, std::string>& unavailable_features() {
 }
 
 // Whether a feature's section does anything: its own "enabled" when it has one, else whether
-// any of its parts is enabled (compression_training lists parts, each with a switch); a section
+// any of its parts is enabled (a section listing parts, each with a switch); a section
 // without switches is on.
 bool switched_on(const Json& section) {
   if (!section.is_object()) return true;
@@ -455,6 +450,25 @@ std::vector<std::string> deepspeed_overrides_from_json(const std::string& json_t
         detail::object_at(value, key);
       } else if (key == "tensor_parallel") {
         import_tensor_parallel(value, out);
+      } else if (key == "seq_parallel_communication_data_type" ||
+                 key == "seq_parallel_comm_data_type") {
+        detail::ulysses_communication_dtype(value, key, out);
+      } else if (key == "autotuning") {
+        const bool given = ds.contains("train_micro_batch_size_per_gpu") &&
+                           !is_auto(ds.at("train_micro_batch_size_per_gpu"));
+        std::optional<int64_t> total;
+        if (ds.contains("train_batch_size")) {
+          total = int_or_auto(ds.at("train_batch_size"), "train_batch_size");
+        }
+        detail::import_ds_autotuning(value, given, total, out);
+      } else if (key == "compression_training") {
+        // "auto" is the TOML's precision, which may be 16-bit.
+        auto on = [&](const char* section) {
+          if (!ds.contains(section) || !ds.at(section).is_object()) return false;
+          const Json enabled = ds.at(section).value("enabled", Json(false));
+          return enabled == Json(true) || is_auto(enabled);
+        };
+        detail::import_ds_compression(value, on("fp16") || on("bf16") || on("bfloat16"), out);
       } else if (logging_or_launch_key(key)) {
         continue;
       } else if (unavailable_features().count(key)) {

@@ -2,6 +2,8 @@
 // strings whose values parse back as the TOML value they stand for.
 #pragma once
 
+#include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cstdint>
 #include <fstream>
@@ -74,6 +76,12 @@ class Overrides {
   void keep(const std::string& file_key, const std::string& config_key) {
     notes_.push_back({file_key, config_key, ""});
   }
+  // Drops what was noted about `file_key` (a later section decides it).
+  void forget(const std::string& file_key) {
+    notes_.erase(std::remove_if(notes_.begin(), notes_.end(),
+                                [&](const ImportNote& n) { return n.file_key == file_key; }),
+                 notes_.end());
+  }
   // A value the importer chose for `file_key` (the tool's default), in words.
   void decide(const std::string& file_key, const std::string& text) {
     notes_.push_back({file_key, "", text});
@@ -98,6 +106,22 @@ class Overrides {
   std::vector<std::string> list_;
   std::vector<ImportNote> notes_;
 };
+
+// DeepSpeed-Ulysses' all-to-all dtype (a ds_config's or accelerate's deepspeed_config's
+// `seq_parallel_communication_data_type`, at `path`): the sequences are split by parallel.cp,
+// whose ring attention communicates in the activations' dtype.
+inline void ulysses_dtype_note(std::string dtype, const std::string& path, Overrides& out) {
+  std::transform(dtype.begin(), dtype.end(), dtype.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  if (dtype != "fp32" && dtype != "bf16" && dtype != "fp16") {
+    throw std::invalid_argument("'" + path + "' = \"" + dtype +
+                                "\": expected \"fp32\", \"bf16\" or \"fp16\"");
+  }
+  out.decide(path, "\"" + dtype +
+                       "\": the dtype of DeepSpeed-Ulysses' all-to-all; sequences split by "
+                       "parallel.cp (ring attention: the same attention, other communication) "
+                       "travel in the activations' dtype");
+}
 
 inline void require_world_size(int world_size) {
   if (world_size < 1) {

@@ -112,7 +112,31 @@ DdpSection& section(TrainConfig& c, DdpSection*) { return c.parallel.ddp; }
 FsdpSection& section(TrainConfig& c, FsdpSection*) { return c.parallel.fsdp; }
 ZeroSection& section(TrainConfig& c, ZeroSection*) { return c.parallel.zero; }
 LoraSection& section(TrainConfig& c, LoraSection*) { return c.lora; }
+CompressionSection& section(TrainConfig& c, CompressionSection*) { return c.compression; }
 RunSection& section(TrainConfig& c, RunSection*) { return c.run; }
+
+void assign(std::vector<int64_t>& target, const toml::node& n, const std::string& name) {
+  if (!n.is_array()) wrong_type(name, "an array of integers", n);
+  target.clear();
+  for (const auto& item : *n.as_array()) target.push_back(as_int(item, name));
+}
+// An array of arrays of strings; a plain array of strings is one group.
+void assign(std::vector<std::vector<std::string>>& target, const toml::node& n,
+            const std::string& name) {
+  if (!n.is_array()) wrong_type(name, "an array of arrays of strings", n);
+  target.clear();
+  const toml::array& outer = *n.as_array();
+  if (!outer.empty() && outer[0].is_string()) {
+    target.emplace_back();
+    for (const auto& item : outer) target.back().push_back(as_string(item, name));
+    return;
+  }
+  for (const auto& group : outer) {
+    if (!group.is_array()) wrong_type(name, "an array of arrays of strings", group);
+    target.emplace_back();
+    for (const auto& item : *group.as_array()) target.back().push_back(as_string(item, name));
+  }
+}
 
 // The key's member of its section: field(&FsdpSection::sharding) is parallel.fsdp.sharding.
 template <typename S, typename T>
@@ -323,6 +347,24 @@ const std::map<std::string, Setter>& known_keys() {
                        c.lora.target_modules.push_back(as_string(item, name));
                    }},
                   {"lora.base_dtype", field(&LoraSection::base_dtype)},
+                  {"train.autotune", field(&TrainSection::autotune)},
+                  {"train.autotune_min_micro_batch",
+                   field(&TrainSection::autotune_min_micro_batch)},
+                  {"train.autotune_max_micro_batch",
+                   field(&TrainSection::autotune_max_micro_batch)},
+                  {"train.autotune_max_batch", field(&TrainSection::autotune_max_batch)},
+                  {"train.autotune_steps", field(&TrainSection::autotune_steps)},
+                  {"train.autotune_first_timed", field(&TrainSection::autotune_first_timed)},
+                  {"compression.weight_bits", field(&CompressionSection::weight_bits)},
+                  {"compression.weight_modules", field(&CompressionSection::weight_modules)},
+                  {"compression.weight_groups", field(&CompressionSection::weight_groups)},
+                  {"compression.weight_type", field(&CompressionSection::weight_type)},
+                  {"compression.weight_offset", field(&CompressionSection::weight_offset)},
+                  {"compression.activation_bits", field(&CompressionSection::activation_bits)},
+                  {"compression.activation_modules",
+                   field(&CompressionSection::activation_modules)},
+                  {"compression.activation_type", field(&CompressionSection::activation_type)},
+                  {"compression.activation_offset", field(&CompressionSection::activation_offset)},
                   {"run.dir", field(&RunSection::dir)},
                   {"run.log_every", field(&RunSection::log_every)},
                   {"run.resume", field(&RunSection::resume)},
@@ -395,12 +437,12 @@ void collect_table(const toml::table& table, const std::string& prefix, const st
       collect_table(*node.as_table(), name + ".", source, out);
     } else {
       const std::string guess = closest_key(name);
-      throw std::invalid_argument(
-          source + ": unknown config key '" + name + "'" +
-          (!guess.empty() ? " (did you mean '" + guess + "'?)"
-           : prefix.empty()
-               ? " (keys belong in [model], [data], [train], [parallel], [precision] or [run])"
-               : ""));
+      throw std::invalid_argument(source + ": unknown config key '" + name + "'" +
+                                  (!guess.empty() ? " (did you mean '" + guess + "'?)"
+                                   : prefix.empty()
+                                       ? " (keys belong in [model], [data], [train], [parallel], "
+                                         "[precision], [lora], [compression] or [run])"
+                                       : ""));
     }
   }
 }
@@ -563,6 +605,71 @@ void validate_optimizer(const TrainConfig& c) {
               train.lamb_factor_threshold >= 0,
           "train.lamb_factor_min must be positive and at most train.lamb_factor_max, "
           "train.lamb_factor_threshold >= 0");
+}
+
+// The micro-batch search's range and timing.
+void validate_autotune(const TrainConfig& c) {
+  auto require = [](bool ok, const std::string& message) {
+    if (!ok) throw std::invalid_argument(message);
+  };
+  const TrainSection& t = c.train;
+  require(
+      t.autotune_min_micro_batch >= 1 && t.autotune_min_micro_batch <= t.autotune_max_micro_batch,
+      "train.autotune_min_micro_batch must be at least 1 and at most "
+      "train.autotune_max_micro_batch");
+  require(t.autotune_max_batch >= 0, "train.autotune_max_batch must be >= 0 (0: no limit)");
+  require(t.autotune_first_timed >= 1 && t.autotune_first_timed <= t.autotune_steps,
+          "train.autotune_first_timed must be between 1 and train.autotune_steps");
+  if (!t.autotune) return;
+  require(c.run.fault_tolerance != "replicas",
+          "train.autotune with run.fault_tolerance = \"replicas\": set train.micro_batch");
+  require(c.run.resume.empty(),
+          "train.autotune with run.resume: the micro-batch is tuned when a run starts; resume "
+          "with train.micro_batch set to the one it chose (run.json)");
+}
+
+// Quantization-aware training's groups, and the strategies that see whole weights in forward.
+void validate_compression(const TrainConfig& c) {
+  auto require = [](bool ok, const std::string& message) {
+    if (!ok) throw std::invalid_argument(message);
+  };
+  const CompressionSection& q = c.compression;
+  auto check = [&](const char* what, const std::vector<int64_t>& bits,
+                   const std::vector<std::vector<std::string>>& modules, const std::string& type,
+                   int64_t offset, int64_t lowest) {
+    const std::string key = std::string("compression.") + what;
+    require(bits.size() == modules.size(),
+            key + "_bits has " + std::to_string(bits.size()) + " entries and " + key + "_modules " +
+                std::to_string(modules.size()) + " groups: one bit width per group");
+    for (size_t i = 0; i < bits.size(); ++i) {
+      require(bits[i] >= lowest && bits[i] <= 16, key + "_bits must be between " +
+                                                      std::to_string(lowest) + " and 16, got " +
+                                                      std::to_string(bits[i]));
+      require(!modules[i].empty(), key + "_modules group " + std::to_string(i + 1) +
+                                       " is empty: name the layers it quantizes");
+      require(bits[i] > 2 || type == "symmetric",
+              key + "_type = \"" + type + "\" with " + std::to_string(bits[i]) +
+                  " bits: binary and ternary quantization are symmetric");
+    }
+    require(type == "symmetric" || type == "asymmetric",
+            key + "_type must be \"symmetric\" or \"asymmetric\", got \"" + type + "\"");
+    require(offset >= 0, key + "_offset must be >= 0, got " + std::to_string(offset));
+  };
+  check("weight", q.weight_bits, q.weight_modules, q.weight_type, q.weight_offset, 1);
+  check("activation", q.activation_bits, q.activation_modules, q.activation_type,
+        q.activation_offset, 3);
+  require(q.weight_groups >= 1,
+          "compression.weight_groups must be at least 1, got " + std::to_string(q.weight_groups));
+  if (!q.enabled()) return;
+  require(c.parallel.tp == 1,
+          "compression with parallel.tp > 1: a tensor-parallel rank holds part of each weight, "
+          "and quantization groups span the whole one");
+  require(c.parallel.pp == 1 && c.parallel.ep == 1,
+          "compression with parallel.pp > 1 or parallel.ep > 1 is not available: every rank "
+          "checks the groups against the whole model");
+  require(c.lora.rank == 0,
+          "compression with lora.rank > 0: quantize a frozen base with lora.base_dtype = "
+          "\"nf4\" (QLoRA) instead");
 }
 
 // The pipeline's settings against each other and the model; the world size is checked with the
@@ -799,6 +906,8 @@ void TrainConfig::validate() const {
           "draw different masks for the activations they share; this version trains tensor "
           "parallelism without dropout");
   validate_optimizer(*this);
+  validate_compression(*this);
+  validate_autotune(*this);
   validate_pipeline(*this);
   validate_context_parallel(*this);
   validate_expert_parallel(*this);

@@ -20,6 +20,7 @@ LinearImpl::LinearImpl(int64_t in, int64_t out, bool bias, bool deferred) {
 }
 
 at::Tensor LinearImpl::forward(const at::Tensor& x) {
+  if (compression) return quantized_forward(x);
   if (tp) return tensor_parallel_forward(x);
   // Packed NF4 always, and outside autocast (under it the product runs in the autocast dtype
   // whatever W's) a frozen W of another dtype, go through frozen_linear rather than a cast
@@ -34,6 +35,16 @@ at::Tensor LinearImpl::forward(const at::Tensor& x) {
       through_frozen ? frozen_linear(x, weight, bias, nf4_shape) : at::linear(x, weight, bias);
   if (!lora_a) return y;
   return y + lora_delta(x, lora_a->weight, lora_b->weight, lora_scale, lora_dropout, is_training());
+}
+
+// Quantization-aware training takes whole, trained weights: no split, adapter or frozen storage
+// (TrainConfig::validate refuses them together).
+at::Tensor LinearImpl::quantized_forward(const at::Tensor& x) {
+  const at::Tensor w =
+      compression->weights && weight_quant.bits > 0 ? fake_quantize(weight, weight_quant) : weight;
+  const at::Tensor in =
+      compression->activations && input_quant.bits > 0 ? fake_quantize_tokens(x, input_quant) : x;
+  return at::linear(in, w, bias);
 }
 
 at::Tensor sequence_parallel_weight(const at::Tensor& weight,

@@ -15,6 +15,7 @@
 #include "model/blockwise_attention.h"
 #include "model/context_split.h"
 #include "model/expert_split.h"
+#include "model/fake_quant.h"
 #include "model/layer_split.h"
 #include "shardtrain/model.h"
 
@@ -97,9 +98,14 @@ class LinearImpl : public torch::nn::Module {
   // whether its input features (row-parallel) rather than its output features are split.
   std::shared_ptr<LayerSplit> tp;
   bool tp_rowwise = false;
+  // Set by quantization-aware training (model/compression.h) on the layers it quantizes: their
+  // weight and input quantizers, applied while `compression` says the technique has started.
+  Quantizer weight_quant, input_quant;
+  std::shared_ptr<const CompressionSwitches> compression;
 
  private:
   at::Tensor tensor_parallel_forward(const at::Tensor& x);
+  at::Tensor quantized_forward(const at::Tensor& x);
 };
 TORCH_MODULE(Linear);
 

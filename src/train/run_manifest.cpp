@@ -85,6 +85,18 @@ nlohmann::ordered_json run_manifest(const TrainConfig& config, int world_size) {
   if (config.lora.rank > 0) {
     run["lora"] = {{"rank", config.lora.rank}, {"base_dtype", config.lora.base_dtype}};
   }
+  if (config.compression.enabled()) {
+    const CompressionSection& q = config.compression;
+    run["compression"] = {{"weight_bits", q.weight_bits},
+                          {"weight_modules", q.weight_modules},
+                          {"weight_groups", q.weight_groups},
+                          {"weight_type", q.weight_type},
+                          {"weight_offset", q.weight_offset},
+                          {"activation_bits", q.activation_bits},
+                          {"activation_modules", q.activation_modules},
+                          {"activation_type", q.activation_type},
+                          {"activation_offset", q.activation_offset}};
+  }
   return run;
 }
 

@@ -15,6 +15,7 @@
 #include "comm/join.h"
 #include "comm/replica_world.h"
 #include "model/autocast.h"
+#include "model/compression.h"
 #include "model/layers.h"
 #include "optim/swap_file.h"
 #include "parallel/parallelize.h"
@@ -237,6 +238,10 @@ void Trainer::build_model() {
         detail::store_frozen_linears(*model_, config_.lora.base_dtype);
       }
     }
+    if (config_.compression.enabled()) {
+      compression_ =
+          std::make_unique<detail::Compression>(*model_, config_.model, config_.compression);
+    }
   }
   const bool give_back = detail::apply_freed_memory(config_);
   parallel_ = parallelize(model_, config_, world_, mesh_.get());
@@ -382,6 +387,7 @@ bool Trainer::step_on_replicas(StepResult& result, std::optional<detail::TraceSp
 
 bool Trainer::step_body(StepResult& result, std::optional<detail::TraceSpan>& update_span) {
   parallel_->zero_grad(*optimizer_);
+  if (compression_) compression_->set_step(step_);
   // Past their warmup, 1-bit Adam and LAMB average the momentum in place of the gradients.
   if (auto* onebit = dynamic_cast<CompressedMomentumOptimizer*>(optimizer_.get()))
     onebit->set_group(parallel_->keep_gradients_local(onebit->compressing()));
@@ -478,6 +484,8 @@ double Trainer::evaluate() {
   fail_if_injected(InjectionPoint::kEvaluation);
   torch::NoGradGuard no_grad;
   model_->eval();
+  // The model the next step would train: quantized once the offsets are reached.
+  if (compression_) compression_->set_step(step_);
   const std::unique_ptr<StageScope> held = parallel_->inference_scope();
   double total = 0.0;
   for (int64_t i = 0; i < config_.train.eval_batches; ++i) {
@@ -496,6 +504,7 @@ double Trainer::evaluate() {
 std::string Trainer::generate(const std::string& prompt, int64_t tokens) {
   torch::NoGradGuard no_grad;
   model_->eval();
+  if (compression_) compression_->set_step(step_);
   const std::unique_ptr<StageScope> held = parallel_->inference_scope();
   // Trained on conversations, the model continues the template's text: the prompt is the
   // user's message, the assistant's turn is opened, and the reply ends with its special token.

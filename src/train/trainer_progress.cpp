@@ -6,6 +6,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "model/compression.h"
 #include "parallel/parallel_model.h"
 #include "shardtrain/memory.h"
 #include "shardtrain/train.h"
@@ -140,6 +141,15 @@ void Trainer::print_start() const {
         100.0 * static_cast<double>(trainable) /
             static_cast<double>(config_.model.num_parameters()),
         config_.lora.base_dtype.c_str());
+  }
+  if (compression_) {
+    std::printf(
+        "compression: weights of %lld linear layers quantized from step %lld, inputs of %lld "
+        "from step %lld\n",
+        static_cast<long long>(compression_->weight_layers()),
+        static_cast<long long>(config_.compression.weight_offset + 1),
+        static_cast<long long>(compression_->activation_layers()),
+        static_cast<long long>(config_.compression.activation_offset + 1));
   }
   // How the run is parallelized, as parallelize() described it.
   std::printf("%s", parallel_->description().c_str());

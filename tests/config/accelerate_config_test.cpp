@@ -1,6 +1,8 @@
 // The accelerate config importer: the FSDP example, accelerate's spellings, and clear errors.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include "shardtrain/config.h"
 
 namespace shardtrain {
@@ -199,6 +201,38 @@ TEST(AccelerateConfigTest, DeepSpeedBlockMeansWhatTheDeepSpeedFileWould) {
       kConfigs + "ds_zero2.json\n  zero_stage: 3\n");
   EXPECT_NE(e.find("'deepspeed_config.zero_stage' = '3': comes from deepspeed_config_file"),
             std::string::npos)
+      << e;
+}
+
+TEST(AccelerateConfigTest, UlyssesSequenceParallelismIsContextParallelism) {
+  // TRL's ALST/Ulysses file: ZeRO-3 over 2 ranks, sequences split over 2.
+  const std::string yaml =
+      "distributed_type: DEEPSPEED\nnum_processes: 4\nmixed_precision: bf16\n"
+      "deepspeed_config:\n  zero_stage: 3\n  seq_parallel_communication_data_type: bf16\n"
+      "parallelism_config:\n  parallelism_config_dp_shard_size: 2\n"
+      "  parallelism_config_sp_size: 2\n  parallelism_config_sp_backend: deepspeed\n"
+      "  parallelism_config_sp_attn_implementation: flash_attention_2\n";
+  std::vector<ImportNote> notes;
+  const TrainConfig c = load_train_config(
+      kConfigs + "zero_tiny.toml", accelerate_overrides_from_yaml(yaml, "acc.yaml", 4, &notes));
+  EXPECT_EQ(c.parallel.cp, 2);
+  EXPECT_EQ(c.parallel.strategy, ParallelStrategy::kZero);
+  EXPECT_EQ(c.parallel.zero.stage, 3);
+  std::vector<std::string> keys;
+  for (const auto& note : notes) keys.push_back(note.file_key);
+  EXPECT_NE(std::find(keys.begin(), keys.end(), "parallelism_config.parallelism_config_sp_size"),
+            keys.end());
+  EXPECT_NE(
+      std::find(keys.begin(), keys.end(), "deepspeed_config.seq_parallel_communication_data_type"),
+      keys.end());
+  auto e = error_of(yaml + "  parallelism_config_cp_size: 2\n", 4);
+  EXPECT_NE(e.find("parallelism_config_sp_size and parallelism_config_cp_size both split"),
+            std::string::npos)
+      << e;
+  std::string bad = yaml;
+  bad.replace(bad.find("communication_data_type: bf16"), 29, "communication_data_type: int8");
+  e = error_of(bad, 4);
+  EXPECT_NE(e.find("seq_parallel_communication_data_type' = \"int8\": expected"), std::string::npos)
       << e;
 }
 

@@ -3,6 +3,7 @@
 // that runs what the file asks for (stage, precision, batch, schedule), or is refused for the
 // reason tests/assets/configs/refused.txt gives it, a reason docs/deepspeed.md lists.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cctype>
@@ -143,6 +144,81 @@ void expect_as_the_file_says(const Json& ds, const TrainConfig& c, int world,
   }
 }
 
+// SOURCES.md's rows: each corpus file's repository and path there.
+std::map<std::string, std::pair<std::string, fs::path>> sources() {
+  std::map<std::string, std::pair<std::string, fs::path>> out;
+  std::ifstream in(kCorpus / "SOURCES.md");
+  for (std::string line; std::getline(in, line);) {
+    std::vector<std::string> cells;
+    std::istringstream row(line);
+    for (std::string cell; std::getline(row, cell, '|');) {
+      const auto first = cell.find_first_not_of(' '), last = cell.find_last_not_of(' ');
+      cells.push_back(first == std::string::npos ? "" : cell.substr(first, last - first + 1));
+    }
+    if (cells.size() >= 4 && cells[1].find('/') != std::string::npos) {
+      out[cells[1]] = {cells[2], fs::path(cells[3])};
+    }
+  }
+  return out;
+}
+
+// An accelerate file that names a deepspeed_config_file by its path in the file's repository
+// is read where that path leads: the two corpus files laid out under `root` as they are there.
+// Other files are read where they are.
+fs::path as_in_its_repository(const std::string& name, const fs::path& root) {
+  const std::string text = [&] {
+    std::ifstream in(kCorpus / name);
+    std::ostringstream all;
+    all << in.rdbuf();
+    return all.str();
+  }();
+  const std::string key = "deepspeed_config_file:";
+  const auto at = text.find(key);
+  if (at == std::string::npos) return kCorpus / name;
+  std::string reference = text.substr(at + key.size(), text.find('\n', at) - at - key.size());
+  reference.erase(0, reference.find_first_not_of(" '\""));
+  reference.erase(reference.find_last_not_of(" '\"") + 1);
+  const auto all = sources();
+  const auto& [repository, own_path] = all.at(name);
+  const fs::path wanted = (own_path.parent_path() / reference).lexically_normal();
+  for (const auto& [other, source] : all) {
+    if (source.first != repository || source.second != wanted) continue;
+    const fs::path here = root / own_path.parent_path() / fs::path(name).filename();
+    fs::create_directories(here.parent_path());
+    fs::create_directories((root / wanted).parent_path());
+    fs::copy_file(kCorpus / name, here, fs::copy_options::overwrite_existing);
+    fs::copy_file(kCorpus / other, root / wanted, fs::copy_options::overwrite_existing);
+    return here;
+  }
+  return kCorpus / name;  // not in the corpus: read where it is, and refused
+}
+
+// The compression_training quantization the file enables, as [compression] must hold it.
+void expect_compression_as_the_file_says(const Json& ds, const TrainConfig& c) {
+  const Json compression = ds.value("compression_training", Json::object());
+  auto check = [&](const char* technique, const std::vector<int64_t>& bits,
+                   const std::vector<std::vector<std::string>>& modules, const char* bits_key) {
+    const Json section = compression.value(technique, Json::object());
+    const Json shared = section.value("shared_parameters", Json::object());
+    if (shared.value("enabled", false) != true) {
+      EXPECT_TRUE(bits.empty()) << technique;
+      return;
+    }
+    std::vector<int64_t> want_bits;
+    std::vector<std::vector<std::string>> want_modules;
+    for (const auto& [group, body] : section.at("different_groups").items()) {
+      want_bits.push_back(number(body.at("params").at(bits_key)));
+      want_modules.push_back(body.at("modules").get<std::vector<std::string>>());
+    }
+    EXPECT_EQ(bits, want_bits) << technique;
+    EXPECT_EQ(modules, want_modules) << technique;
+  };
+  check("weight_quantization", c.compression.weight_bits, c.compression.weight_modules,
+        "target_bits");
+  check("activation_quantization", c.compression.activation_bits, c.compression.activation_modules,
+        "bits");
+}
+
 struct Outcome {
   bool accepted = false;
   std::string message;
@@ -157,6 +233,8 @@ std::string read(const fs::path& path) {
 
 TEST(ConfigCorpusTest, EveryFileRunsAsItSaysOrIsRefusedForItsListedReason) {
   const auto refusals = expected_refusals();
+  const fs::path staging =
+      fs::temp_directory_path() / ("shardtrain_corpus_" + std::to_string(::getpid()));
   std::map<std::string, Outcome> outcomes;
   int ds_files = 0, yaml_files = 0;
   for (const char* kind : {"deepspeed", "accelerate"}) {
@@ -175,6 +253,13 @@ TEST(ConfigCorpusTest, EveryFileRunsAsItSaysOrIsRefusedForItsListedReason) {
           const int world = ds.is_object() ? ds_world(ds) : 1;
           const TrainConfig c = load_train_config(kToml, deepspeed_overrides(path.string(), world));
           expect_as_the_file_says(ds, c, world, name);
+          expect_compression_as_the_file_says(ds, c);
+          // An enabled autotuning block tunes a micro-batch the file leaves open.
+          const Json tuning = ds.value("autotuning", Json::object());
+          EXPECT_EQ(c.train.autotune, tuning.value("enabled", false) == true &&
+                                          !(ds.contains("train_micro_batch_size_per_gpu") &&
+                                            ds.at("train_micro_batch_size_per_gpu").is_number()))
+              << name;
         } else {
           ++yaml_files;
           // The file's own process count is the launch's.
@@ -189,7 +274,8 @@ TEST(ConfigCorpusTest, EveryFileRunsAsItSaysOrIsRefusedForItsListedReason) {
             }
           }
           if (one_process) world = 1;
-          load_train_config(kToml, accelerate_overrides(path.string(), world));
+          const fs::path staged = as_in_its_repository(name, staging);
+          load_train_config(kToml, accelerate_overrides(staged.string(), world));
         }
         outcome.accepted = true;
       } catch (const std::exception& e) {
@@ -217,6 +303,7 @@ TEST(ConfigCorpusTest, EveryFileRunsAsItSaysOrIsRefusedForItsListedReason) {
   for (const auto& [name, why] : refusals) {
     EXPECT_TRUE(outcomes.count(name)) << "refused.txt lists " << name << ", not in the corpus";
   }
+  fs::remove_all(staging);
   EXPECT_GE(ds_files, 60);
   EXPECT_GE(yaml_files, 30);
   std::cout << accepted << " of " << outcomes.size() << " files accepted (" << ds_files

@@ -312,11 +312,12 @@ TEST(DeepSpeedConfigTest, LoggingAndLauncherKeysPassAndMissingFeaturesAreNamed) 
           "bf16": {"enabled": true, "loss_scale": 0, "hysteresis": 2}})",
       "ds.json", 2);
   // A compression section is refused only when it is on.
-  auto e = error_of(R"({"compression_training": {"enabled": true}})");
-  EXPECT_NE(e.find("'compression_training': DeepSpeed's compression"), std::string::npos) << e;
-  EXPECT_NE(e.find("is not available in shardtrain"), std::string::npos) << e;
-  e = error_of(R"({"autotuning": {"enabled": true}})");
-  EXPECT_NE(e.find("DeepSpeed's autotuning is not available"), std::string::npos) << e;
+  auto e = error_of(
+      R"({"compression_training": {"sparse_pruning": {"shared_parameters": {"enabled": true}}}})");
+  EXPECT_NE(e.find("'compression_training.sparse_pruning': DeepSpeed's sparse pruning is not "
+                   "available in shardtrain"),
+            std::string::npos)
+      << e;
   e = error_of(R"({"data_efficiency": {"enabled": false}})");
   EXPECT_EQ(e, "");
   const TrainConfig c = with_tiny(got);
@@ -331,6 +332,114 @@ TEST(DeepSpeedConfigTest, AutoTpIsTensorParallelismAndTheBatchCountsDataParallel
       "ds.json", 4));
   EXPECT_EQ(c.parallel.tp, 2);
   EXPECT_EQ(c.train.grad_accum, 2);
+}
+
+TEST(DeepSpeedConfigTest, CompressionTrainingQuantizationIsTheCompressionSection) {
+  // DeepSpeedExamples' GPT-2 file: 4-bit MLP and 8-bit attention weights, 8-bit inputs.
+  const std::string file = R"({"train_batch_size": 8, "train_micro_batch_size_per_gpu": 4,
+    "fp16": {"enabled": true},
+    "compression_training": {
+      "weight_quantization": {
+        "shared_parameters": {"enabled": true, "quantizer_kernel": false, "schedule_offset": 0,
+          "quantize_groups": 64, "quantize_verbose": false, "quantization_type": "symmetric",
+          "quantize_weight_in_forward": false, "rounding": "nearest",
+          "fp16_mixed_quantize": {"enabled": false, "quantize_change_ratio": 1}},
+        "different_groups": {
+          "wq1": {"params": {"start_bits": 4, "target_bits": 4, "quantization_period": 0},
+                  "modules": ["mlp.c_fc", "mlp.c_proj"]},
+          "wq2": {"params": {"start_bits": 8, "target_bits": 8, "quantization_period": 0},
+                  "modules": ["attn.c_attn", "attn.c_proj"]}}},
+      "activation_quantization": {
+        "shared_parameters": {"enabled": true, "quantization_type": "asymmetric",
+                              "range_calibration": "dynamic"},
+        "different_groups": {"aq1": {"params": {"bits": 8}, "modules": ["attn.c_attn"]}}},
+      "sparse_pruning": {"shared_parameters": {"enabled": false}}}})";
+  std::vector<ImportNote> notes;
+  const TrainConfig c = with_tiny(deepspeed_overrides_from_json(file, "ds.json", 2, &notes));
+  EXPECT_EQ(c.compression.weight_bits, (std::vector<int64_t>{4, 8}));
+  EXPECT_EQ(c.compression.weight_modules,
+            (std::vector<std::vector<std::string>>{{"mlp.c_fc", "mlp.c_proj"},
+                                                   {"attn.c_attn", "attn.c_proj"}}));
+  EXPECT_EQ(c.compression.weight_groups, 64);
+  EXPECT_EQ(c.compression.weight_offset, 0);
+  EXPECT_EQ(c.compression.activation_bits, (std::vector<int64_t>{8}));
+  EXPECT_EQ(c.compression.activation_type, "asymmetric");
+  // Without a schedule_offset DeepSpeed starts activation quantization at step 1000: said so.
+  EXPECT_EQ(c.compression.activation_offset, 1000);
+  const auto keys = decided(notes);
+  EXPECT_NE(std::find(keys.begin(), keys.end(),
+                      "compression_training.activation_quantization.shared_parameters."
+                      "schedule_offset"),
+            keys.end());
+
+  auto refused = [&](const std::string& from, const std::string& to) {
+    std::string changed = file;
+    const size_t at = changed.find(from);
+    EXPECT_NE(at, std::string::npos) << from;
+    return error_of(changed.replace(at, from.size(), to));
+  };
+  // Weights quantized after each step exist only as fp16 or bf16 copies.
+  auto e = refused(R"("fp16": {"enabled": true})", R"("fp16": {"enabled": false})");
+  EXPECT_NE(e.find("'compression_training.weight_quantization.shared_parameters.quantize_weight_"
+                   "in_forward' = false: without fp16 or bf16"),
+            std::string::npos)
+      << e;
+  e = refused(R"("start_bits": 4)", R"("start_bits": 8)");
+  EXPECT_NE(e.find("different_groups.wq1.params.start_bits' = 8: the schedule from start_bits"),
+            std::string::npos)
+      << e;
+  e = refused(R"("rounding": "nearest")", R"("rounding": "stochastic")");
+  EXPECT_NE(e.find("only \"nearest\" rounding"), std::string::npos) << e;
+  e = refused(R"("range_calibration": "dynamic")", R"("range_calibration": "static")");
+  EXPECT_NE(e.find("range_calibration' = \"static\""), std::string::npos) << e;
+  e = refused(R"("sparse_pruning": {"shared_parameters": {"enabled": false}})",
+              R"("layer_reduction": {"enabled": true})");
+  EXPECT_NE(e.find("'compression_training.layer_reduction': layer reduction"), std::string::npos)
+      << e;
+  e = refused(R"("modules": ["attn.c_attn"])", R"("module": ["attn.c_attn"])");
+  EXPECT_NE(e.find("different_groups.aq1.module' is not supported"), std::string::npos) << e;
+}
+
+TEST(DeepSpeedConfigTest, UlyssesCommunicationDtypeIsAcceptedAndTold) {
+  std::vector<ImportNote> notes;
+  deepspeed_overrides_from_json(R"({"seq_parallel_comm_data_type": "BF16"})", "ds.json", 2, &notes);
+  EXPECT_EQ(decided(notes), sorted({"seq_parallel_comm_data_type", "zero_optimization"}));
+  const auto e = error_of(R"({"seq_parallel_communication_data_type": "int8"})");
+  EXPECT_NE(e.find("'seq_parallel_communication_data_type' = \"int8\": expected"),
+            std::string::npos)
+      << e;
+}
+
+TEST(DeepSpeedConfigTest, AutotuningTunesTheMicroBatchTheFileLeavesOpen) {
+  std::vector<ImportNote> notes;
+  TrainConfig c = with_tiny(deepspeed_overrides_from_json(
+      R"({"train_micro_batch_size_per_gpu": "auto",
+          "autotuning": {"enabled": true, "overwrite": false, "max_train_batch_size": 4096,
+                         "min_train_micro_batch_size_per_gpu": 2, "end_profile_step": 7,
+                         "arg_mappings": {"train_micro_batch_size_per_gpu": "--bs"}}})",
+      "ds.json", 2, &notes));
+  EXPECT_TRUE(c.train.autotune);
+  EXPECT_EQ(c.train.autotune_max_batch, 4096);
+  EXPECT_EQ(c.train.autotune_min_micro_batch, 2);
+  EXPECT_EQ(c.train.autotune_steps, 7);
+  EXPECT_EQ(decided(notes), sorted({"train_micro_batch_size_per_gpu", "zero_optimization"}));
+  // A global batch the file fixes stays; the accumulation follows each micro-batch.
+  c = with_tiny(deepspeed_overrides_from_json(
+      R"({"train_batch_size": 64, "autotuning": {"enabled": true}})", "ds.json", 2));
+  EXPECT_TRUE(c.train.autotune);
+  EXPECT_EQ(c.train.global_batch, 64);
+  EXPECT_EQ(c.train.grad_accum, 1);
+  // A micro-batch the file fixes is not tuned, as in DeepSpeed; a switched-off block is ignored.
+  c = with_tiny(deepspeed_overrides_from_json(
+      R"({"train_micro_batch_size_per_gpu": 4, "autotuning": {"enabled": true}})", "ds.json", 2));
+  EXPECT_FALSE(c.train.autotune);
+  EXPECT_EQ(c.train.micro_batch, 4);
+  c = with_tiny(deepspeed_overrides_from_json(
+      R"({"autotuning": {"enabled": false, "metric": "latency"}})", "ds.json", 2));
+  EXPECT_FALSE(c.train.autotune);
+  const auto e = error_of(R"({"autotuning": {"enabled": true, "metric": "latency"}})");
+  EXPECT_NE(e.find("'autotuning.metric' = \"latency\": only \"throughput\""), std::string::npos)
+      << e;
 }
 
 }  // namespace deepspeed_config_test

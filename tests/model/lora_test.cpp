@@ -6,6 +6,7 @@
 #include <torch/torch.h>
 
 #include "shardtrain/model.h"
+#include "support.h"
 
 namespace shardtrain {
 namespace lora_test {
@@ -18,14 +19,7 @@ at::Tensor param(torch::nn::Module& module, const std::string& name) {
   return module.named_parameters()[name];
 }
 
-std::string message_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const std::invalid_argument& e) {
-    return e.what();
-  }
-  return "";
-}
+std::string message_of(const std::function<void()>& f) { return testing::invalid_argument_of(f); }
 
 TEST(Lora, FirstForwardEqualsTheBaseModelAndOnlyAdaptersTrain) {
   Transformer model(model_preset("tiny"), ModelInit().seed(kSeed));
