@@ -452,7 +452,7 @@ std::vector<std::string> deepspeed_overrides_from_json(const std::string& json_t
         import_tensor_parallel(value, out);
       } else if (key == "seq_parallel_communication_data_type" ||
                  key == "seq_parallel_comm_data_type") {
-        detail::ulysses_communication_dtype(value, key, out);
+        detail::ulysses_dtype_note(detail::string_at(value, key), key, out);
       } else if (key == "autotuning") {
         const bool given = ds.contains("train_micro_batch_size_per_gpu") &&
                            !is_auto(ds.at("train_micro_batch_size_per_gpu"));

@@ -77,12 +77,6 @@ void import_ds_scheduler(const Json& section, std::optional<double> optimizer_lr
 // `sixteen_bit`: fp16 or bf16 is enabled (the weights DeepSpeed quantizes after each step).
 void import_ds_compression(const Json& section, bool sixteen_bit, Overrides& out);
 
-// seq_parallel_communication_data_type: accepted with a line saying what it became.
-inline void ulysses_communication_dtype(const Json& value, const std::string& path,
-                                        Overrides& out) {
-  ulysses_dtype_note(string_at(value, path), path, out);
-}
-
 // The "autotuning" section: train.autotune and its range when the micro-batch is left to it
 // (`micro_batch_given`: the file fixes train_micro_batch_size_per_gpu).
 // `global_batch`: the file's train_batch_size, kept while the micro-batch changes.

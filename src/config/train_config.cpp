@@ -115,6 +115,13 @@ LoraSection& section(TrainConfig& c, LoraSection*) { return c.lora; }
 CompressionSection& section(TrainConfig& c, CompressionSection*) { return c.compression; }
 RunSection& section(TrainConfig& c, RunSection*) { return c.run; }
 
+// Every element of `array`, each a string.
+std::vector<std::string> strings_of(const toml::array& array, const std::string& name) {
+  std::vector<std::string> out;
+  for (const auto& item : array) out.push_back(as_string(item, name));
+  return out;
+}
+
 void assign(std::vector<int64_t>& target, const toml::node& n, const std::string& name) {
   if (!n.is_array()) wrong_type(name, "an array of integers", n);
   target.clear();
@@ -127,14 +134,12 @@ void assign(std::vector<std::vector<std::string>>& target, const toml::node& n,
   target.clear();
   const toml::array& outer = *n.as_array();
   if (!outer.empty() && outer[0].is_string()) {
-    target.emplace_back();
-    for (const auto& item : outer) target.back().push_back(as_string(item, name));
+    target.push_back(strings_of(outer, name));
     return;
   }
   for (const auto& group : outer) {
     if (!group.is_array()) wrong_type(name, "an array of arrays of strings", group);
-    target.emplace_back();
-    for (const auto& item : *group.as_array()) target.back().push_back(as_string(item, name));
+    target.push_back(strings_of(*group.as_array(), name));
   }
 }
 
@@ -305,10 +310,8 @@ const std::map<std::string, Setter>& known_keys() {
                   {"parallel.fsdp.min_params", field(&FsdpSection::min_params)},
                   {"parallel.fsdp.wrap_classes",
                    [](TrainConfig& c, const toml::node& n, const std::string& name) {
-                     c.parallel.fsdp.wrap_classes.clear();
                      if (!n.is_array()) wrong_type(name, "an array of class names", n);
-                     for (const auto& item : *n.as_array())
-                       c.parallel.fsdp.wrap_classes.push_back(as_string(item, name));
+                     c.parallel.fsdp.wrap_classes = strings_of(*n.as_array(), name);
                    }},
                   {"parallel.fsdp.prefetch", field(&FsdpSection::prefetch)},
                   {"parallel.fsdp.forward_prefetch", field(&FsdpSection::forward_prefetch)},
@@ -343,8 +346,7 @@ const std::map<std::string, Setter>& known_keys() {
                      }
                      if (!n.is_array())
                        wrong_type(name, "a module name pattern or an array of them", n);
-                     for (const auto& item : *n.as_array())
-                       c.lora.target_modules.push_back(as_string(item, name));
+                     c.lora.target_modules = strings_of(*n.as_array(), name);
                    }},
                   {"lora.base_dtype", field(&LoraSection::base_dtype)},
                   {"train.autotune", field(&TrainSection::autotune)},

@@ -52,10 +52,10 @@ std::regex compiled(const std::string& pattern, const std::string& key) {
 }
 
 // Each group's layers for one technique; every pattern must match, and no layer twice.
-std::vector<std::vector<LinearImpl*>> match_groups(
+std::vector<std::vector<const Layer*>> match_groups(
     const std::vector<Layer>& layers, const std::vector<std::vector<std::string>>& groups,
     const std::string& key, const std::vector<std::string>& other_names) {
-  std::vector<std::vector<LinearImpl*>> chosen(groups.size());
+  std::vector<std::vector<const Layer*>> chosen(groups.size());
   std::map<const LinearImpl*, std::string> claimed;  // layer -> the pattern that took it
   for (size_t g = 0; g < groups.size(); ++g) {
     for (const auto& pattern : groups[g]) {
@@ -73,7 +73,7 @@ std::vector<std::vector<LinearImpl*>> match_groups(
                                       " is matched by both '" + it->second + "' and '" + pattern +
                                       "': each layer belongs to one group");
         }
-        chosen[g].push_back(layer.linear);
+        chosen[g].push_back(&layer);
       }
       if (matched) continue;
       std::string listed;
@@ -124,16 +124,13 @@ Compression::Compression(torch::nn::Module& model, const ModelConfig& config,
   const auto inputs = match_groups(layers, section.activation_modules,
                                    "compression.activation_modules", other_names);
   for (size_t g = 0; g < weights.size(); ++g) {
-    for (LinearImpl* layer : weights[g]) {
+    for (const Layer* matched : weights[g]) {
+      LinearImpl* layer = matched->linear;
       if (layer->weight.numel() % section.weight_groups != 0) {
-        std::string name;
-        for (const auto& l : layers) {
-          if (l.linear == layer) name = described(l);
-        }
         throw std::invalid_argument(
             "compression.weight_groups = " + std::to_string(section.weight_groups) +
             " does not divide the " + std::to_string(layer->weight.numel()) +
-            " elements of layer " + name);
+            " elements of layer " + described(*matched));
       }
       layer->weight_quant = Quantizer{section.weight_bits[g], section.weight_groups,
                                       section.weight_type == "symmetric"};
@@ -142,10 +139,10 @@ Compression::Compression(torch::nn::Module& model, const ModelConfig& config,
     }
   }
   for (size_t g = 0; g < inputs.size(); ++g) {
-    for (LinearImpl* layer : inputs[g]) {
-      layer->input_quant =
+    for (const Layer* matched : inputs[g]) {
+      matched->linear->input_quant =
           Quantizer{section.activation_bits[g], 1, section.activation_type == "symmetric"};
-      layer->compression = switches_;
+      matched->linear->compression = switches_;
       ++activation_layers_;
     }
   }

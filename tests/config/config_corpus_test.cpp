@@ -144,6 +144,13 @@ void expect_as_the_file_says(const Json& ds, const TrainConfig& c, int world,
   }
 }
 
+std::string read(const fs::path& path) {
+  std::ifstream in(path);
+  std::ostringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
 // SOURCES.md's rows: each corpus file's repository and path there.
 std::map<std::string, std::pair<std::string, fs::path>> sources() {
   std::map<std::string, std::pair<std::string, fs::path>> out;
@@ -166,12 +173,7 @@ std::map<std::string, std::pair<std::string, fs::path>> sources() {
 // is read where that path leads: the two corpus files laid out under `root` as they are there.
 // Other files are read where they are.
 fs::path as_in_its_repository(const std::string& name, const fs::path& root) {
-  const std::string text = [&] {
-    std::ifstream in(kCorpus / name);
-    std::ostringstream all;
-    all << in.rdbuf();
-    return all.str();
-  }();
+  const std::string text = read(kCorpus / name);
   const std::string key = "deepspeed_config_file:";
   const auto at = text.find(key);
   if (at == std::string::npos) return kCorpus / name;
@@ -223,13 +225,6 @@ struct Outcome {
   bool accepted = false;
   std::string message;
 };
-
-std::string read(const fs::path& path) {
-  std::ifstream in(path);
-  std::ostringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
 
 TEST(ConfigCorpusTest, EveryFileRunsAsItSaysOrIsRefusedForItsListedReason) {
   const auto refusals = expected_refusals();
