@@ -78,6 +78,14 @@ struct TrainSection {
   double lamb_factor_min = 0.5;
   double lamb_factor_max = 4.0;
   double lamb_factor_threshold = 0.1;
+  // "progressive": progressive layer dropping (DeepSpeed's progressive_layer_drop): at step k
+  // the blocks l = 1..L are each kept with probability 1 - (l / L)(1 - theta_k) and their
+  // residual branches scaled by its inverse, where theta_k = layer_drop_theta + (1 -
+  // layer_drop_theta) exp(-layer_drop_gamma x max(0, k - 2)); the same blocks on every rank and
+  // micro-batch of a step. "none": every block runs.
+  std::string layer_drop = "none";
+  double layer_drop_theta = 0.5;
+  double layer_drop_gamma = 0.001;
   double weight_decay = 0.1;
   double beta1 = 0.9;
   double beta2 = 0.95;

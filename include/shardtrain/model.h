@@ -396,13 +396,20 @@ class TransformerImpl : public torch::nn::Module {
   // the counts start again from zero; empty for a dense model.
   void set_aux_loss_weight(double weight);
   MoeStats take_moe_stats();
+  // Progressive layer dropping (TrainConfig's train.layer_drop) for the forwards that follow
+  // while the model is in training mode: `scales` holds one entry per block, 0 to skip the
+  // block (its input passes on unchanged, its hooks do not run), else the factor its residual
+  // branches are multiplied by (1 / the block's keep probability). Empty: every block runs as
+  // it is.
+  void set_layer_drop(std::vector<double> scales);
 
   const ModelConfig& config() const { return config_; }
   // The transformer blocks, in order (the units FSDP wraps).
   torch::nn::ModuleList blocks() const { return blocks_; }
   // The submodules whose hooks (set_module_hooks) forward runs, in forward order: the blocks.
-  // Each is called exactly once per forward, and its parameters are used by no other part of
-  // the model. Forward runs the model's own hooks around the whole of it.
+  // Each is called exactly once per forward (except a block set_layer_drop skips, whose hooks do
+  // not run), and its parameters are used by no other part of the model. Forward runs the model's
+  // own hooks around the whole of it.
   std::vector<std::shared_ptr<torch::nn::Module>> hook_points() const;
 
  private:
@@ -437,6 +444,7 @@ class TransformerImpl : public torch::nn::Module {
   std::shared_ptr<detail::TiedGradientSink> tied_sink_;
   ModelParts parts_;
   torch::nn::ModuleList blocks_;
+  std::vector<double> layer_drop_;  // set_layer_drop's scales; empty: none
   // Embeddings, final norm and head are registered by the implementation (src/model/), held as
   // base pointers so that this header needs no module headers. pos_emb_ is null in the Llama
   // family, lm_head_ when the head is tied to the token embedding.

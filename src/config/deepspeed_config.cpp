@@ -341,7 +341,6 @@ const std::map<std::string, std::string>& unavailable_features() {
       {"data_efficiency", "DeepSpeed's data-efficiency pipeline (curriculum, random-LTD)"},
       {"curriculum_learning", "DeepSpeed's curriculum learning"},
       {"sparse_attention", "DeepSpeed's sparse attention"},
-      {"progressive_layer_drop", "progressive layer dropping"},
       {"quantize_training", "quantization-aware training"},
       {"eigenvalue", "DeepSpeed's eigenvalue computation (for quantization schedules)"},
       {"pipeline", "DeepSpeed's pipeline engine settings (use parallel.pp)"},
@@ -349,6 +348,32 @@ const std::map<std::string, std::string>& unavailable_features() {
       {"elasticity", "DeepSpeed's elastic batch sizes"},
   };
   return features;
+}
+
+// progressive_layer_drop: {enabled, theta, gamma} as train.layer_drop (DeepSpeed's defaults:
+// off, theta 1.0, gamma 0.001; "auto" keeps the TOML's value).
+void import_layer_drop(const Json& value, Overrides& out) {
+  const std::string name = "progressive_layer_drop";
+  const Json& section = detail::object_at(value, name);
+  std::optional<bool> enabled = false;
+  std::optional<double> theta = 1.0, gamma = 0.001;
+  for (const auto& [key, item] : section.items()) {
+    const std::string path = name + "." + key;
+    if (key == "enabled") {
+      enabled = bool_or_auto(item, path);
+    } else if (key == "theta") {
+      theta = number_or_auto(item, path);
+    } else if (key == "gamma") {
+      gamma = number_or_auto(item, path);
+    } else {
+      detail::unknown_key(path);
+    }
+  }
+  if (enabled && !*enabled) return;
+  if (enabled) out.set_string("train.layer_drop", "progressive");
+  if (!enabled) out.keep(name + ".enabled", "train.layer_drop");
+  out.set_float_or_keep(name + ".theta", "train.layer_drop_theta", theta);
+  out.set_float_or_keep(name + ".gamma", "train.layer_drop_gamma", gamma);
 }
 
 // Whether a feature's section does anything: its own "enabled" when it has one, else whether
@@ -450,6 +475,8 @@ std::vector<std::string> deepspeed_overrides_from_json(const std::string& json_t
         detail::object_at(value, key);
       } else if (key == "tensor_parallel") {
         import_tensor_parallel(value, out);
+      } else if (key == "progressive_layer_drop") {
+        import_layer_drop(value, out);
       } else if (key == "seq_parallel_communication_data_type" ||
                  key == "seq_parallel_comm_data_type") {
         detail::ulysses_dtype_note(detail::string_at(value, key), key, out);

@@ -241,6 +241,9 @@ const std::map<std::string, Setter>& known_keys() {
                   {"train.lamb_factor_min", field(&TrainSection::lamb_factor_min)},
                   {"train.lamb_factor_max", field(&TrainSection::lamb_factor_max)},
                   {"train.lamb_factor_threshold", field(&TrainSection::lamb_factor_threshold)},
+                  {"train.layer_drop", field(&TrainSection::layer_drop)},
+                  {"train.layer_drop_theta", field(&TrainSection::layer_drop_theta)},
+                  {"train.layer_drop_gamma", field(&TrainSection::layer_drop_gamma)},
                   {"train.weight_decay", field(&TrainSection::weight_decay)},
                   {"train.beta1", field(&TrainSection::beta1)},
                   {"train.beta2", field(&TrainSection::beta2)},
@@ -560,6 +563,11 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
 
 namespace {
 
+// The validators' one check: `message` as the error when !ok.
+void require(bool ok, const std::string& message) {
+  if (!ok) throw std::invalid_argument(message);
+}
+
 // ZeRO offloads optimizer state or parameters to files (parallel.zero.* = "nvme").
 bool zero_offloads_to_files(const ZeroSection& zero) {
   return zero.offload_optimizer == OffloadDevice::kNvme ||
@@ -569,9 +577,6 @@ bool zero_offloads_to_files(const ZeroSection& zero) {
 // LAMB's trust ratio is a whole tensor's, and 1-bit Adam and LAMB average the momentum in place
 // of the gradients: they need every parameter whole on every data-parallel rank.
 void validate_optimizer(const TrainConfig& c) {
-  auto require = [](bool ok, const std::string& message) {
-    if (!ok) throw std::invalid_argument(message);
-  };
   const TrainSection& train = c.train;
   require(train.optimizer == "adamw" || train.optimizer == "lamb" ||
               train.optimizer == "onebit_adam" || train.optimizer == "onebit_lamb",
@@ -609,11 +614,28 @@ void validate_optimizer(const TrainConfig& c) {
           "train.lamb_factor_threshold >= 0");
 }
 
+// Progressive layer dropping: its schedule, and the layouts that run it (data parallelism, whose
+// gradients of a block that did not run are zeros in the all-reduce).
+void validate_layer_drop(const TrainConfig& c) {
+  const TrainSection& train = c.train;
+  require(train.layer_drop == "none" || train.layer_drop == "progressive",
+          "train.layer_drop must be \"none\" or \"progressive\", got \"" + train.layer_drop + "\"");
+  require(train.layer_drop_theta > 0 && train.layer_drop_theta <= 1,
+          "train.layer_drop_theta must be in (0, 1] (the share of blocks kept in the long run)");
+  require(train.layer_drop_gamma >= 0, "train.layer_drop_gamma must be >= 0");
+  if (train.layer_drop == "none") return;
+  require(c.parallel.strategy == ParallelStrategy::kNone ||
+              c.parallel.strategy == ParallelStrategy::kDdp,
+          "train.layer_drop = \"progressive\" runs with parallel.strategy \"none\" or \"ddp\" "
+          "(DeepSpeed's ZeRO stage 0): FSDP's and ZeRO's hooks gather and reduce each block "
+          "as it runs");
+  require(c.parallel.tp == 1 && c.parallel.pp == 1 && c.parallel.cp == 1 && c.parallel.ep == 1,
+          "train.layer_drop = \"progressive\" with tensor, pipeline, context or expert "
+          "parallelism (parallel.tp, pp, cp and ep must be 1)");
+}
+
 // The micro-batch search's range and timing.
 void validate_autotune(const TrainConfig& c) {
-  auto require = [](bool ok, const std::string& message) {
-    if (!ok) throw std::invalid_argument(message);
-  };
   const TrainSection& t = c.train;
   require(
       t.autotune_min_micro_batch >= 1 && t.autotune_min_micro_batch <= t.autotune_max_micro_batch,
@@ -632,9 +654,6 @@ void validate_autotune(const TrainConfig& c) {
 
 // Quantization-aware training's groups, and the strategies that see whole weights in forward.
 void validate_compression(const TrainConfig& c) {
-  auto require = [](bool ok, const std::string& message) {
-    if (!ok) throw std::invalid_argument(message);
-  };
   const CompressionSection& q = c.compression;
   auto check = [&](const char* what, const std::vector<int64_t>& bits,
                    const std::vector<std::vector<std::string>>& modules, const std::string& type,
@@ -677,9 +696,6 @@ void validate_compression(const TrainConfig& c) {
 // The pipeline's settings against each other and the model; the world size is checked with the
 // mesh (train_mesh_shape), the split and the schedule by check_parallel_settings.
 void validate_pipeline(const TrainConfig& c) {
-  auto require = [](bool ok, const std::string& message) {
-    if (!ok) throw std::invalid_argument(message);
-  };
   require(c.parallel.pp >= 1,
           "parallel.pp must be at least 1, got " + std::to_string(c.parallel.pp));
   require(c.parallel.pp_virtual_stages >= 1, "parallel.pp_virtual_stages must be at least 1, got " +
@@ -731,9 +747,6 @@ void validate_pipeline(const TrainConfig& c) {
 // Context parallelism against the sequence, the attention kernel and the other parallelisms;
 // the world size is checked with the mesh (train_mesh_shape).
 void validate_context_parallel(const TrainConfig& c) {
-  auto require = [](bool ok, const std::string& message) {
-    if (!ok) throw std::invalid_argument(message);
-  };
   const int64_t cp = c.parallel.cp;
   require(cp >= 1, "parallel.cp must be at least 1, got " + std::to_string(cp));
   if (cp == 1) return;
@@ -757,9 +770,6 @@ void validate_context_parallel(const TrainConfig& c) {
 // Expert parallelism against the model and the other settings; ep against the data-parallel
 // ranks is checked with the mesh (train_mesh_shape).
 void validate_expert_parallel(const TrainConfig& c) {
-  auto require = [](bool ok, const std::string& message) {
-    if (!ok) throw std::invalid_argument(message);
-  };
   const int64_t ep = c.parallel.ep;
   require(ep >= 1, "parallel.ep must be at least 1, got " + std::to_string(ep));
   if (ep == 1) return;
@@ -784,9 +794,6 @@ void validate_expert_parallel(const TrainConfig& c) {
 }  // namespace
 
 void TrainConfig::validate() const {
-  auto require = [](bool ok, const std::string& message) {
-    if (!ok) throw std::invalid_argument(message);
-  };
   std::error_code error;
   require(data.tokenizer.empty() || data.tokenizer == "byte" || data.tokenizer == "gpt2" ||
               std::filesystem::exists(data.tokenizer, error),
@@ -824,6 +831,8 @@ void TrainConfig::validate() const {
                                    {"train.lamb_factor_min", train.lamb_factor_min},
                                    {"train.lamb_factor_max", train.lamb_factor_max},
                                    {"train.lamb_factor_threshold", train.lamb_factor_threshold},
+                                   {"train.layer_drop_theta", train.layer_drop_theta},
+                                   {"train.layer_drop_gamma", train.layer_drop_gamma},
                                    {"train.beta1", train.beta1},
                                    {"train.beta2", train.beta2},
                                    {"train.eps", train.eps},
@@ -908,6 +917,7 @@ void TrainConfig::validate() const {
           "draw different masks for the activations they share; this version trains tensor "
           "parallelism without dropout");
   validate_optimizer(*this);
+  validate_layer_drop(*this);
   validate_compression(*this);
   validate_autotune(*this);
   validate_pipeline(*this);

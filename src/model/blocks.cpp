@@ -141,6 +141,11 @@ at::Tensor residual_dropout(const at::Tensor& x, double p, bool training) {
   return training && p > 0.0 ? at::dropout(x, p, /*train=*/true) : x;
 }
 
+// A residual branch times the block's scale (progressive layer dropping); untouched at 1.
+at::Tensor scaled(const at::Tensor& branch, const BlockContext& ctx) {
+  return ctx.residual_scale == 1.0 ? branch : branch * ctx.residual_scale;
+}
+
 }  // namespace
 
 Gpt2BlockImpl::Gpt2BlockImpl(const ModelConfig& config, bool deferred) : dropout_(config.dropout) {
@@ -152,8 +157,9 @@ Gpt2BlockImpl::Gpt2BlockImpl(const ModelConfig& config, bool deferred) : dropout
 
 at::Tensor Gpt2BlockImpl::forward(const at::Tensor& x, const BlockContext& ctx) {
   const at::Tensor h =
-      x + residual_dropout(attn->forward(ln1->forward(x), ctx), dropout_, is_training());
-  return h + residual_dropout(mlp->forward(ln2->forward(h)), dropout_, is_training());
+      x +
+      scaled(residual_dropout(attn->forward(ln1->forward(x), ctx), dropout_, is_training()), ctx);
+  return h + scaled(residual_dropout(mlp->forward(ln2->forward(h)), dropout_, is_training()), ctx);
 }
 
 LlamaBlockImpl::LlamaBlockImpl(const ModelConfig& config, int64_t layer, bool deferred,
@@ -170,11 +176,12 @@ LlamaBlockImpl::LlamaBlockImpl(const ModelConfig& config, int64_t layer, bool de
 }
 
 at::Tensor LlamaBlockImpl::forward(const at::Tensor& x, const BlockContext& ctx) {
-  const at::Tensor h =
-      x + residual_dropout(attn->forward(attn_norm->forward(x), ctx), dropout_, is_training());
+  const at::Tensor h = x + scaled(residual_dropout(attn->forward(attn_norm->forward(x), ctx),
+                                                   dropout_, is_training()),
+                                  ctx);
   const at::Tensor normed = ffn_norm->forward(h);
   const at::Tensor ffn = moe ? moe->forward(normed, ctx.moe) : mlp->forward(normed);
-  return h + residual_dropout(ffn, dropout_, is_training());
+  return h + scaled(residual_dropout(ffn, dropout_, is_training()), ctx);
 }
 
 std::shared_ptr<BlockImpl> make_block(const ModelConfig& config, int64_t layer, bool deferred,

@@ -54,6 +54,9 @@ struct BlockContext {
   at::Tensor all_segments;
   // The mixture-of-experts layers' shared state (MoeState); null for a dense model.
   MoeState* moe = nullptr;
+  // What the block multiplies its residual branches by (progressive layer dropping: 1 / the
+  // probability that it was kept).
+  double residual_scale = 1.0;
 };
 
 // softmax(q k^T / sqrt(head_dim) with the future masked) v through the kernel ctx names.

@@ -361,19 +361,29 @@ at::Tensor TransformerImpl::run_blocks(at::Tensor x, int64_t begin, int64_t end,
                                   ? " is not a transformer block (was the ModuleList modified?)"
                                   : " belongs to another pipeline stage"));
     }
+    // Progressive layer dropping: a skipped block passes its input on (as a new tensor, so that
+    // the backward spans' boundaries stay distinct); a kept one scales its residual branches.
+    const double drop_scale =
+        is_training() && !layer_drop_.empty() ? layer_drop_[static_cast<size_t>(index)] : 1.0;
+    if (drop_scale == 0.0) {
+      if (backward_spans) x = x.view_as(x);
+      continue;
+    }
+    detail::BlockContext block_ctx = ctx;
+    block_ctx.residual_scale = drop_scale;
     const std::shared_ptr<ForwardHooks> block_hooks = module_hooks(*block);
     if (checkpoint) {
       // The hooks go inside, so that the recomputation in backward finds the parameters too.
       x = detail::checkpoint(
-          [block, ctx, block_hooks](const at::Tensor& in) {
+          [block, block_ctx, block_hooks](const at::Tensor& in) {
             if (block_hooks) block_hooks->pre_forward(*block);
-            at::Tensor out = block->forward(in, ctx);
+            at::Tensor out = block->forward(in, block_ctx);
             return block_hooks ? block_hooks->post_forward(*block, out) : out;
           },
           x, block->parameters());
     } else {
       if (block_hooks) block_hooks->pre_forward(*block);
-      x = block->forward(x, ctx);
+      x = block->forward(x, block_ctx);
       if (block_hooks) x = block_hooks->post_forward(*block, x);
     }
   }
@@ -411,6 +421,14 @@ at::Tensor TransformerImpl::head_input(at::Tensor x) {
   // the ids it holds (the vocabulary-parallel losses take them as they are).
   if (tp_) x = detail::column_parallel_input(x, *tp_);
   return x;
+}
+
+void TransformerImpl::set_layer_drop(std::vector<double> scales) {
+  if (!scales.empty() && scales.size() != static_cast<size_t>(config_.n_layers)) {
+    throw std::invalid_argument("Transformer::set_layer_drop: " + std::to_string(scales.size()) +
+                                " scales for " + std::to_string(config_.n_layers) + " blocks");
+  }
+  layer_drop_ = std::move(scales);
 }
 
 void TransformerImpl::set_aux_loss_weight(double weight) {

@@ -30,6 +30,7 @@
 #include "shardtrain/threads.h"
 #include "shardtrain/train.h"
 #include "trace/telemetry.h"
+#include "train/layer_drop.h"
 #include "train/memory_check.h"
 #include "train/rank_agreement.h"
 #include "train/run_data.h"
@@ -121,6 +122,7 @@ void Trainer::set_up_ranks() {
   }
   if (config_.run.device == "cuda") device_ = detail::cuda_device_of_this_rank();
   if (config_.run.threads > 0) set_num_threads(static_cast<int>(config_.run.threads));
+  use_fp32_gemm_for_cpu_bf16();
   install_cpu_memory_tracking();
   telemetry_ = std::make_shared<detail::Telemetry>(rank());
   progress_bar_ = rank() == 0 && isatty(STDOUT_FILENO);
@@ -425,6 +427,10 @@ double Trainer::forward_backward() {
   step.length = config_.data.seq_len;
   // The load-balancing loss's gradient is scaled as the training loss's is.
   model_->set_aux_loss_weight(step.loss_scale / static_cast<double>(step.micro_batches));
+  if (config_.train.layer_drop != "none") {
+    model_->set_layer_drop(detail::layer_drop_scales(config_.train, step_, config_.model.n_layers,
+                                                     config_.train.seed));
+  }
   return parallel_->forward_backward(step);
 }
 

@@ -115,6 +115,42 @@ TEST(DeepSpeedConfigTest, InconsistentBatchSizesNameAllThree) {
   EXPECT_NE(d.find("not divisible"), std::string::npos) << d;
 }
 
+TEST(DeepSpeedConfigTest, ProgressiveLayerDropBecomesTrainLayerDrop) {
+  const TrainConfig pld = with_tiny(deepspeed_overrides_from_json(
+      R"({"train_micro_batch_size_per_gpu": 1,
+          "progressive_layer_drop": {"enabled": true, "theta": 0.5, "gamma": 0.002}})",
+      "ds.json", 1));
+  EXPECT_EQ(pld.train.layer_drop, "progressive");
+  EXPECT_EQ(pld.train.layer_drop_theta, 0.5);
+  EXPECT_EQ(pld.train.layer_drop_gamma, 0.002);
+  // DeepSpeed's defaults: theta 1.0 (every block kept) and gamma 0.001.
+  const TrainConfig defaults = with_tiny(deepspeed_overrides_from_json(
+      R"({"train_micro_batch_size_per_gpu": 1, "progressive_layer_drop": {"enabled": true}})",
+      "ds.json", 1));
+  EXPECT_EQ(defaults.train.layer_drop_theta, 1.0);
+  EXPECT_EQ(defaults.train.layer_drop_gamma, 0.001);
+  const TrainConfig off = with_tiny(deepspeed_overrides_from_json(
+      R"({"train_micro_batch_size_per_gpu": 1,
+          "progressive_layer_drop": {"enabled": false, "theta": 0.5}})",
+      "ds.json", 1));
+  EXPECT_EQ(off.train.layer_drop, "none");
+  auto e = error_of(R"({"progressive_layer_drop": {"enabled": true, "keep": 0.5}})");
+  EXPECT_NE(e.find("'progressive_layer_drop.keep'"), std::string::npos) << e;
+  e = error_of(R"({"progressive_layer_drop": {"enabled": true, "theta": "half"}})");
+  EXPECT_NE(e.find("'progressive_layer_drop.theta'"), std::string::npos) << e;
+  // With a strategy that gathers blocks as they run, the trainer's config check refuses it.
+  try {
+    with_tiny(deepspeed_overrides_from_json(
+        R"({"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 3},
+            "progressive_layer_drop": {"enabled": true, "theta": 0.5}})",
+        "ds.json", 2));
+    ADD_FAILURE() << "ZeRO-3 with progressive layer dropping accepted";
+  } catch (const std::invalid_argument& error) {
+    EXPECT_NE(std::string(error.what()).find("train.layer_drop"), std::string::npos)
+        << error.what();
+  }
+}
+
 TEST(DeepSpeedConfigTest, Fp32GradientAccumulationReducesInFp32) {
   // data_types.grad_accum_dtype = "fp32" beside bf16 weights: gradients kept and reduced in fp32.
   const auto json = R"({"train_micro_batch_size_per_gpu": 1, "bf16": {"enabled": true},

@@ -10,7 +10,9 @@ std::optional<DDPOptions> ddp_options(const TrainConfig& config) {
   if (config.parallel.strategy != ParallelStrategy::kDdp) return std::nullopt;
   return DDPOptions()
       .bucket_cap_mb(config.parallel.ddp.bucket_cap_mb)
-      .find_unused_parameters(config.parallel.ddp.find_unused_parameters)
+      // A block progressive layer dropping skipped gets no gradient: zeros in the all-reduce.
+      .find_unused_parameters(config.parallel.ddp.find_unused_parameters ||
+                              config.train.layer_drop != "none")
       .comm_hook(config.parallel.ddp.comm_hook);
 }
 

@@ -1,0 +1,32 @@
+#include "train/layer_drop.h"
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+
+namespace shardtrain::detail {
+
+double layer_drop_theta(const TrainSection& train, int64_t completed) {
+  const double t = static_cast<double>(std::max<int64_t>(0, completed - 1));
+  return train.layer_drop_theta +
+         (1.0 - train.layer_drop_theta) * std::exp(-train.layer_drop_gamma * t);
+}
+
+std::vector<double> layer_drop_scales(const TrainSection& train, int64_t completed,
+                                      int64_t n_layers, int64_t seed) {
+  const double theta = layer_drop_theta(train, completed);
+  std::seed_seq seeds{static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32),
+                      static_cast<uint32_t>(completed), static_cast<uint32_t>(completed >> 32),
+                      0x504c44u};  // "PLD": apart from the other streams drawn from the seed
+  std::mt19937_64 draw(seeds);
+  std::vector<double> scales;
+  for (int64_t l = 1; l <= n_layers; ++l) {
+    const double keep =
+        1.0 - static_cast<double>(l) / static_cast<double>(n_layers) * (1.0 - theta);
+    const double u = static_cast<double>(draw() >> 11) * 0x1.0p-53;  // uniform in [0, 1)
+    scales.push_back(u < keep ? 1.0 / keep : 0.0);
+  }
+  return scales;
+}
+
+}  // namespace shardtrain::detail

@@ -1,0 +1,88 @@
+// train.layer_drop = "progressive" in the trainer: the first two steps are the plain run's, the
+// later ones not; DDP over 2 ranks trains as one process does (every rank drops the same
+// blocks, and the skipped blocks' zero gradients join the all-reduce); a resumed run drops what
+// the whole run did; the layouts that gather or split blocks as they run are refused.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+
+#include "shardtrain/train.h"
+#include "support.h"
+#include "train/local_training.h"
+#include "train/run_config.h"
+
+namespace shardtrain {
+namespace layer_drop_trainer_test {
+
+namespace fs = std::filesystem;
+
+// theta 0.3 from the third step on (gamma large): the 2 blocks kept with probability 0.65 and 0.3.
+const std::vector<std::string> kDrop = {"train.layer_drop=\"progressive\"",
+                                        "train.layer_drop_theta=0.3", "train.layer_drop_gamma=1e6"};
+
+class LayerDropTrainerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = testing::fresh_test_dir("shardtrain_layer_drop");
+    testing::write_trainer_corpus(dir_ / "corpus.txt");
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  // Two micro-batches of 2 sequences per step on one process; `strategy` splits each over 2.
+  TrainConfig config(const std::string& run, std::vector<std::string> more,
+                     const std::string& strategy = "none") const {
+    std::vector<std::string> all = {
+        "train.grad_accum=2", "train.steps=6", "train.lr=3e-3",
+        "parallel.strategy=\"" + strategy + "\"",
+        strategy == "none" ? "train.micro_batch=2" : "train.micro_batch=1"};
+    all.insert(all.end(), more.begin(), more.end());
+    return testing::tiny_run_config(dir_ / "corpus.txt", dir_ / run, all);
+  }
+
+  fs::path dir_;
+};
+
+TEST_F(LayerDropTrainerTest, DropsFromTheThirdStepAndTrainsUnderDdpAsOneProcess) {
+  const auto plain = testing::train_on_ranks(1, config("plain", {}), 6);
+  const auto dropped = testing::train_on_ranks(1, config("dropped", kDrop), 6);
+  testing::expect_same_losses({dropped[0], dropped[1]}, {plain[0], plain[1]}, 1e-9);
+  EXPECT_GT(std::abs(dropped[2] - plain[2]), 1e-4);
+  for (double loss : dropped) EXPECT_TRUE(std::isfinite(loss));
+  testing::expect_same_losses(testing::train_on_ranks(2, config("ddp", kDrop, "ddp"), 6), dropped,
+                              1e-5);
+}
+
+TEST_F(LayerDropTrainerTest, AResumedRunDropsWhatTheWholeRunDid) {
+  const auto whole = testing::train_on_ranks(1, config("whole", kDrop), 6);
+  std::string saved;
+  testing::train_on_ranks(1, config("first", kDrop), 3, &saved);
+  std::vector<std::string> resume = kDrop;
+  resume.push_back("run.resume=\"" + saved + "\"");
+  const auto resumed = testing::train_on_ranks(1, config("resumed", resume), 3);
+  testing::expect_same_losses(resumed, {whole[3], whole[4], whole[5]}, 1e-9);
+}
+
+TEST_F(LayerDropTrainerTest, LayoutsThatGatherOrSplitBlocksAreRefused) {
+  testing::expect_refused(
+      2, [&] { return config("fsdp", kDrop, "fsdp"); }, "train.layer_drop = \"progressive\" runs");
+  testing::expect_refused(
+      2, [&] { return config("zero", kDrop, "zero"); }, "train.layer_drop = \"progressive\" runs");
+  std::vector<std::string> tp = kDrop;
+  tp.push_back("parallel.tp=2");
+  tp.push_back("train.micro_batch=2");
+  testing::expect_refused(
+      2, [&] { return config("tp", tp); }, "(parallel.tp, pp, cp and ep must be 1)");
+  testing::expect_refused(
+      1,
+      [&] {
+        return config("theta", {kDrop[0], "train.layer_drop_theta=0"});
+      },
+      "train.layer_drop_theta must be in (0, 1]");
+  testing::expect_refused(
+      1, [&] { return config("kind", {"train.layer_drop=\"random\""}); },
+      "train.layer_drop must be \"none\" or \"progressive\", got \"random\"");
+}
+
+}  // namespace layer_drop_trainer_test
+}  // namespace shardtrain
