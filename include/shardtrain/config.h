@@ -65,9 +65,11 @@ struct TrainSection {
   // clamped to [lamb_min_coeff, lamb_max_coeff]: DeepSpeed's Lamb); "onebit_adam" (Adam for
   // freeze_step updates, then each rank's momentum averaged compressed to one bit per element
   // instead of the gradients: DeepSpeed's OneBitAdam); "onebit_lamb" (LAMB for freeze_step
-  // updates, then its ratios frozen and the momentum compressed: DeepSpeed's OneBitLamb). All
-  // but AdamW need whole parameters on every rank: parallel.strategy "none" or "ddp"
-  // (docs/optimizer.md, "LAMB, 1-bit Adam and 1-bit LAMB").
+  // updates, then its ratios frozen and the momentum compressed: DeepSpeed's OneBitLamb);
+  // "zero_one_adam" (averaged gradients only at variance updates, whose interval doubles, until
+  // var_freeze_step, compressed ones between them; then local steps synchronized at intervals:
+  // DeepSpeed's ZeroOneAdam). All but AdamW need whole parameters on every rank:
+  // parallel.strategy "none" or "ddp" (docs/optimizer.md, "LAMB, 1-bit Adam and 1-bit LAMB").
   std::string optimizer = "adamw";
   double lamb_min_coeff = 0.01;
   double lamb_max_coeff = 10.0;
@@ -78,6 +80,12 @@ struct TrainSection {
   double lamb_factor_min = 0.5;
   double lamb_factor_max = 4.0;
   double lamb_factor_threshold = 0.1;
+  // 0/1 Adam (ZeroOneAdamOptions): the last variance update, the variance updates after which
+  // their interval doubles, and the local steps after which theirs doubles, up to the clipper.
+  int64_t var_freeze_step = 100000;
+  int64_t var_update_scaler = 16;
+  int64_t local_step_scaler = 32678;
+  int64_t local_step_clipper = 16;
   // "progressive": progressive layer dropping (DeepSpeed's progressive_layer_drop): at step k
   // the blocks l = 1..L are each kept with probability 1 - (l / L)(1 - theta_k) and their
   // residual branches scaled by its inverse, where theta_k = layer_drop_theta + (1 -

@@ -78,8 +78,9 @@ class CompressedMomentumOptimizer : public torch::optim::AdamW {
                               torch::optim::AdamWOptions defaults, int64_t freeze_step,
                               const char* name);
 
-  // True when the next step is past the warmup: its gradients must be left unaveraged.
-  bool compressing() const { return updates() >= freeze_step_; }
+  // True when the next step's gradients must be left unaveraged (each rank's own): 1-bit Adam
+  // and LAMB past their warmup, 0/1 Adam except at its variance updates.
+  virtual bool compressing() const { return updates() >= freeze_step_; }
   // Updates taken so far (restored with the state on resume).
   int64_t updates() const;
   // The group the momentum is averaged over once compressing (null: one data-parallel rank).
@@ -181,6 +182,58 @@ class OneBitLamb : public CompressedMomentumOptimizer {
   mutable std::map<StateKey, Frozen> frozen_;
   CompressionErrors errors_;  // of all the momenta as one flat tensor
   std::vector<double> coefficients_;
+};
+
+struct ZeroOneAdamOptions {
+  // The last update of the variance (DeepSpeed's var_freeze_step): after it, local steps.
+  int64_t var_freeze_step = 100000;
+  // The variance is updated every var_interval steps, var_interval doubling after each
+  // var_update_scaler updates (the paper's kappa).
+  int64_t var_update_scaler = 16;
+  // After the freeze, ranks synchronize every local_step_interval steps, the interval doubling
+  // after each local_step_scaler steps up to local_step_clipper (the paper's H).
+  int64_t local_step_scaler = 32678;
+  int64_t local_step_clipper = 16;
+};
+
+// 0/1 Adam (Lu et al., "Maximizing Communication Efficiency for Large-scale Training via 0/1
+// Adam"), as DeepSpeed's ZeroOneAdam computes it, without bias corrections. Its first step only
+// counts (DeepSpeed's initialization step: the parameters do not move). Then, while the step
+// count s is at most var_freeze_step + 1:
+//   s a multiple of var_interval: gradients averaged (compressing() false before the step),
+//     m = beta1*m + (1-beta1)*g,  v = beta2*v + (1-beta2)*g^2; after var_update_scaler such
+//     updates var_interval doubles;
+//   otherwise: each rank's gradient compressed_average'd, m = beta1*m + (1-beta1)*that;
+// after it (v frozen), gradients stay local: m = beta1*m + (1-beta1)*g and the update is local;
+// every local_step_interval steps the ranks exchange their updates since the last exchange
+// (scaled by sqrt(v) + eps, compressed_average'd), each replaces its own with the average, and
+// m becomes the average's momentum (over minus the sum of the learning rates). Every step:
+// p -= lr * (m / (sqrt(v) + eps) + weight_decay * p). Momentum and exchanged updates are held
+// at 0 where v is 0 (as 1-bit Adam's). The counters and the parameter at the last exchange are
+// checkpointed (extra_state); the compression errors are not.
+class ZeroOneAdam : public CompressedMomentumOptimizer {
+ public:
+  ZeroOneAdam(std::vector<torch::optim::OptimizerParamGroup> param_groups,
+              torch::optim::AdamWOptions defaults, ZeroOneAdamOptions options);
+
+  at::Tensor step(LossClosure closure = nullptr) override;
+  bool compressing() const override;
+  std::vector<std::pair<std::string, at::Tensor>> extra_state(
+      const at::Tensor& param) const override;
+
+ private:
+  struct Local {
+    at::Tensor start;     // the parameter at the last exchange (after the freeze)
+    at::Tensor counters;  // kCounters doubles: the intervals, their counters, the lr sum
+  };
+  Local& local_of(const at::Tensor& param) const;
+  // Of the first parameter with state (every parameter's are the same); 1 before any step.
+  int64_t var_interval() const;
+
+  ZeroOneAdamOptions options_;
+  mutable std::map<StateKey, Local> local_;
+  std::map<StateKey, CompressionErrors> errors_;
+  bool errors_reset_ = false;
 };
 
 }  // namespace shardtrain

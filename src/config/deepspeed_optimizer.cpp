@@ -115,10 +115,12 @@ void import_lamb_params(const Json& params, std::optional<double>& lr, Overrides
   }
 }
 
-// OneBitAdam's and OneBitLamb's; the LAMB keys only for OneBitLamb.
+// OneBitAdam's, OneBitLamb's and ZeroOneAdam's; the LAMB keys only for OneBitLamb, the variance
+// and local-step intervals only for ZeroOneAdam.
 void import_onebit_params(const Json& params, const std::string& type, std::optional<double>& lr,
                           Overrides& out) {
   const size_t lamb_keys = lower(type) == "onebitlamb" ? std::size(kLambKeys) : 0;
+  const bool zero_one = lower(type) == "zerooneadam";
   for (const auto& [key, value] : params.items()) {
     const std::string path = "optimizer.params." + key;
     if (import_shared_param(key, value, lr, out) || import_lamb_key(key, value, lamb_keys, out)) {
@@ -130,8 +132,11 @@ void import_onebit_params(const Json& params, const std::string& type, std::opti
                              " applies no bias correction; neither does shardtrain's "
                              "(train.bias_correction = false)");
       }
-    } else if (key == "freeze_step") {
+    } else if (key == "freeze_step" && !zero_one) {
       out.set_int_or_keep(path, "train.freeze_step", int_or_auto(value, path));
+    } else if (zero_one && (key == "var_freeze_step" || key == "var_update_scaler" ||
+                            key == "local_step_scaler" || key == "local_step_clipper")) {
+      out.set_int_or_keep(path, "train." + key, int_or_auto(value, path));
     } else if (key == "cuda_aware") {
       // How DeepSpeed's compressed all-reduce reaches its transport (MPI, CUDA-aware MPI,
       // NCCL): shardtrain compresses over its own process group (Gloo on the CPU, NCCL on CUDA).
@@ -174,15 +179,17 @@ std::optional<double> import_ds_optimizer(const Json& section, Overrides& out) {
                                                          {"adamw", "adamw"},
                                                          {"lamb", "lamb"},
                                                          {"onebitadam", "onebit_adam"},
-                                                         {"onebitlamb", "onebit_lamb"}};
+                                                         {"onebitlamb", "onebit_lamb"},
+                                                         {"zerooneadam", "zero_one_adam"}};
   if (!optimizers.count(kind)) {
     bad_value("optimizer.type", section.at("type"),
-              "shardtrain has Adam, AdamW, Lamb, OneBitAdam and OneBitLamb; " + type +
+              "shardtrain has Adam, AdamW, Lamb, OneBitAdam, OneBitLamb and ZeroOneAdam; " + type +
                   " is not available (docs/deepspeed.md, \"What is refused\")");
   }
   out.set_string("train.optimizer", optimizers.at(kind));
-  const bool onebit = kind == "onebitadam" || kind == "onebitlamb";
-  // DeepSpeed's OneBitAdam and OneBitLamb read no bias_correction: their updates have none.
+  const bool onebit = kind == "onebitadam" || kind == "onebitlamb" || kind == "zerooneadam";
+  // DeepSpeed's OneBitAdam, OneBitLamb and ZeroOneAdam read no bias_correction: their updates
+  // have none.
   if (onebit) out.set_bool("train.bias_correction", false);
   std::optional<double> lr;
   for (const auto& [key, value] : section.items()) {

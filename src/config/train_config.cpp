@@ -238,6 +238,10 @@ const std::map<std::string, Setter>& known_keys() {
                   {"train.lamb_max_coeff", field(&TrainSection::lamb_max_coeff)},
                   {"train.freeze_step", field(&TrainSection::freeze_step)},
                   {"train.lamb_coeff_beta", field(&TrainSection::lamb_coeff_beta)},
+                  {"train.var_freeze_step", field(&TrainSection::var_freeze_step)},
+                  {"train.var_update_scaler", field(&TrainSection::var_update_scaler)},
+                  {"train.local_step_scaler", field(&TrainSection::local_step_scaler)},
+                  {"train.local_step_clipper", field(&TrainSection::local_step_clipper)},
                   {"train.lamb_factor_min", field(&TrainSection::lamb_factor_min)},
                   {"train.lamb_factor_max", field(&TrainSection::lamb_factor_max)},
                   {"train.lamb_factor_threshold", field(&TrainSection::lamb_factor_threshold)},
@@ -579,19 +583,21 @@ bool zero_offloads_to_files(const ZeroSection& zero) {
 void validate_optimizer(const TrainConfig& c) {
   const TrainSection& train = c.train;
   require(train.optimizer == "adamw" || train.optimizer == "lamb" ||
-              train.optimizer == "onebit_adam" || train.optimizer == "onebit_lamb",
-          "train.optimizer must be \"adamw\", \"lamb\", \"onebit_adam\" or \"onebit_lamb\", "
-          "got \"" +
+              train.optimizer == "onebit_adam" || train.optimizer == "onebit_lamb" ||
+              train.optimizer == "zero_one_adam",
+          "train.optimizer must be \"adamw\", \"lamb\", \"onebit_adam\", \"onebit_lamb\" or "
+          "\"zero_one_adam\", got \"" +
               train.optimizer + "\"");
   if (train.optimizer == "adamw") return;
   const std::string name = "train.optimizer = \"" + train.optimizer + "\"";
   const auto strategy = c.parallel.strategy;
-  require(strategy == ParallelStrategy::kNone || strategy == ParallelStrategy::kDdp,
-          name + " with parallel.strategy = \"" + to_string(strategy) + "\": " +
-              (train.optimizer == "lamb" ? "LAMB scales each tensor by its own norms"
-                                         : "1-bit Adam and LAMB average the momentum") +
-              ", which needs every parameter whole on every rank; use parallel.strategy = "
-              "\"ddp\" (DeepSpeed runs it without ZeRO too)");
+  require(
+      strategy == ParallelStrategy::kNone || strategy == ParallelStrategy::kDdp,
+      name + " with parallel.strategy = \"" + to_string(strategy) + "\": " +
+          (train.optimizer == "lamb" ? "LAMB scales each tensor by its own norms"
+                                     : "1-bit Adam, 1-bit LAMB and 0/1 Adam average the momentum") +
+          ", which needs every parameter whole on every rank; use parallel.strategy = "
+          "\"ddp\" (DeepSpeed runs it without ZeRO too)");
   require(c.parallel.tp == 1 && c.parallel.cp == 1 && c.parallel.ep == 1,
           name +
               " with tensor, context or expert parallelism: this version runs it with "
@@ -600,6 +606,11 @@ void validate_optimizer(const TrainConfig& c) {
           "train.lamb_min_coeff must be positive and at most train.lamb_max_coeff");
   if (train.optimizer == "lamb") return;
   require(train.freeze_step >= 0, "train.freeze_step must be >= 0");
+  require(train.var_freeze_step >= 0, "train.var_freeze_step must be >= 0");
+  require(
+      train.var_update_scaler >= 1 && train.local_step_scaler >= 1 && train.local_step_clipper >= 1,
+      "train.var_update_scaler, train.local_step_scaler and train.local_step_clipper must be "
+      ">= 1");
   require(!train.bias_correction,
           name + " applies no bias correction (as DeepSpeed's): set train.bias_correction = false");
   require(c.parallel.pp == 1 && c.run.fault_tolerance == "none",

@@ -280,6 +280,11 @@ void Trainer::build_optimizer() {
     lamb.factor_max = train.lamb_factor_max;
     lamb.factor_threshold = train.lamb_factor_threshold;
     optimizer_ = std::make_unique<OneBitLamb>(std::move(groups), options, lamb);
+  } else if (train.optimizer == "zero_one_adam") {
+    optimizer_ = std::make_unique<ZeroOneAdam>(
+        std::move(groups), options,
+        ZeroOneAdamOptions{train.var_freeze_step, train.var_update_scaler, train.local_step_scaler,
+                           train.local_step_clipper});
   } else {
     // The fused kernel gives LibTorch's AdamW results bit for bit, in one pass over memory.
     auto fused = std::make_unique<FusedAdamW>(std::move(groups), options);

@@ -113,6 +113,15 @@ void expect_as_the_file_says(const Json& ds, const TrainConfig& c, int world,
         ds.at("scheduler").value("type", "") != "WarmupCosineLR")) {
     EXPECT_DOUBLE_EQ(c.train.lr, ds.at("optimizer").at("params").at("lr").get<double>());
   }
+  if (ds.contains("progressive_layer_drop")) {
+    const Json& pld = ds.at("progressive_layer_drop");
+    const bool on = pld.value("enabled", false);
+    EXPECT_EQ(c.train.layer_drop, on ? "progressive" : "none");
+    if (on) {
+      EXPECT_EQ(c.train.layer_drop_theta, pld.value("theta", 1.0));
+      EXPECT_EQ(c.train.layer_drop_gamma, pld.value("gamma", 0.001));
+    }
+  }
   if (!ds.contains("optimizer")) return;
   const Json& optimizer = ds.at("optimizer");
   std::string type = optimizer.value("type", "");
@@ -122,12 +131,13 @@ void expect_as_the_file_says(const Json& ds, const TrainConfig& c, int world,
                                                          {"adamw", "adamw"},
                                                          {"lamb", "lamb"},
                                                          {"onebitadam", "onebit_adam"},
-                                                         {"onebitlamb", "onebit_lamb"}};
+                                                         {"onebitlamb", "onebit_lamb"},
+                                                         {"zerooneadam", "zero_one_adam"}};
   ASSERT_TRUE(optimizers.count(type)) << type;
   EXPECT_EQ(c.train.optimizer, optimizers.at(type));
   const Json params = optimizer.value("params", Json::object());
-  // DeepSpeed's OneBitAdam has no bias correction, whatever its params say.
-  if (type == "onebitadam" || type == "onebitlamb") {
+  // DeepSpeed's 1-bit and 0/1 optimizers have no bias correction, whatever their params say.
+  if (type == "onebitadam" || type == "onebitlamb" || type == "zerooneadam") {
     EXPECT_FALSE(c.train.bias_correction);
   } else if (params.contains("bias_correction")) {
     EXPECT_EQ(c.train.bias_correction, params.at("bias_correction").get<bool>());
@@ -141,6 +151,12 @@ void expect_as_the_file_says(const Json& ds, const TrainConfig& c, int world,
   }
   if (params.contains("freeze_step")) {
     EXPECT_EQ(c.train.freeze_step, number(params.at("freeze_step")));
+  }
+  if (params.contains("var_freeze_step")) {
+    EXPECT_EQ(c.train.var_freeze_step, number(params.at("var_freeze_step")));
+  }
+  if (params.contains("local_step_scaler")) {
+    EXPECT_EQ(c.train.local_step_scaler, number(params.at("local_step_scaler")));
   }
 }
 

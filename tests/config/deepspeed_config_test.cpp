@@ -115,6 +115,23 @@ TEST(DeepSpeedConfigTest, InconsistentBatchSizesNameAllThree) {
   EXPECT_NE(d.find("not divisible"), std::string::npos) << d;
 }
 
+TEST(DeepSpeedConfigTest, ZeroOneAdamTakesItsIntervals) {
+  const TrainConfig c = with_tiny(deepspeed_overrides_from_json(
+      R"({"train_micro_batch_size_per_gpu": 1,
+          "optimizer": {"type": "ZeroOneAdam",
+                        "params": {"lr": 1e-3, "bias_correction": true, "var_freeze_step": 50,
+                                   "var_update_scaler": 8, "local_step_scaler": 100,
+                                   "local_step_clipper": 4, "cuda_aware": false,
+                                   "comm_backend_name": "nccl"}}})",
+      "ds.json", 1));
+  EXPECT_EQ(c.train.optimizer, "zero_one_adam");
+  EXPECT_FALSE(c.train.bias_correction);  // DeepSpeed's ZeroOneAdam applies none
+  EXPECT_EQ(c.train.var_freeze_step, 50);
+  EXPECT_EQ(c.train.var_update_scaler, 8);
+  EXPECT_EQ(c.train.local_step_scaler, 100);
+  EXPECT_EQ(c.train.local_step_clipper, 4);
+}
+
 TEST(DeepSpeedConfigTest, ProgressiveLayerDropBecomesTrainLayerDrop) {
   const TrainConfig pld = with_tiny(deepspeed_overrides_from_json(
       R"({"train_micro_batch_size_per_gpu": 1,
@@ -196,8 +213,10 @@ TEST(DeepSpeedConfigTest, UnsupportedValuesNameKeyAndValue) {
   EXPECT_NE(e.find("'fp16.hysteresis' = 0"), std::string::npos) << e;
   e = error_of(R"({"optimizer": {"type": "Lamb", "params": {"max_grad_norm": 1.0}}})");
   EXPECT_NE(e.find("'optimizer.params.max_grad_norm' = 1.0"), std::string::npos) << e;
-  e = error_of(R"({"optimizer": {"type": "ZeroOneAdam", "params": {}}})");
-  EXPECT_NE(e.find("'optimizer.type' = \"ZeroOneAdam\""), std::string::npos) << e;
+  e = error_of(R"({"optimizer": {"type": "Adagrad", "params": {}}})");
+  EXPECT_NE(e.find("'optimizer.type' = \"Adagrad\""), std::string::npos) << e;
+  e = error_of(R"({"optimizer": {"type": "ZeroOneAdam", "params": {"freeze_step": 10}}})");
+  EXPECT_NE(e.find("'optimizer.params.freeze_step'"), std::string::npos) << e;
   e = error_of(R"({"scheduler": {"type": "OneCycle", "params": {}}})");
   EXPECT_NE(e.find("'scheduler.type' = \"OneCycle\""), std::string::npos) << e;
   e = error_of(R"({"scheduler": {"type": "WarmupLR", "params": {"warmup_type": "cubic"}}})");

@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <mutex>
 #include <vector>
@@ -274,6 +275,113 @@ TEST(OneBitAdam, CompressedMomentumKeepsReplicasEqual) {
     params[group.rank()] = values_of(p);
   });
   EXPECT_EQ(params[0], params[1]);
+}
+
+// 0/1 Adam on one rank, as the header's formula says (one rank averages nothing, so the
+// compressed averages are the values themselves). `interval` is the variance interval,
+// `local` the local-step one.
+struct ZeroOneState {
+  Values m, v, buffer;
+  int var_interval = 1, var_counter = 0, local_interval = 1, local_counter = 0;
+  double lr_sum = 0;
+};
+
+void zero_one_reference(Values& p, ZeroOneState& s, const Values& g, int t,
+                        const ZeroOneAdamOptions& o, double lr, double wd) {
+  const double b1 = 0.9, b2 = 0.999, eps = 1e-8;
+  if (t == 1) return;
+  const bool frozen = t - 1 > o.var_freeze_step;
+  const bool variance = !frozen && t % s.var_interval == 0;
+  if (frozen) s.lr_sum += lr;
+  for (size_t i = 0; i < p.size(); ++i) {
+    s.m[i] = b1 * s.m[i] + (1 - b1) * g[i];
+    if (variance) s.v[i] = b2 * s.v[i] + (1 - b2) * g[i] * g[i];
+    if (!variance && !frozen && s.v[i] == 0) s.m[i] = 0;
+    const double u = lr * (s.m[i] / (std::sqrt(s.v[i]) + eps) + wd * p[i]);
+    p[i] -= u;
+    if (frozen) s.buffer[i] -= u;
+  }
+  if (frozen && t % s.local_interval == 0) {
+    for (size_t i = 0; i < p.size(); ++i) {
+      const double d = std::sqrt(s.v[i]) + eps;
+      p[i] -= s.buffer[i];
+      const double exchanged = s.v[i] == 0 ? 0 : s.buffer[i] * d;
+      s.m[i] = exchanged / -s.lr_sum;
+      p[i] += exchanged / d;
+      s.buffer[i] = 0;
+    }
+    s.lr_sum = 0;
+  }
+  if (variance && ++s.var_counter == o.var_update_scaler) {
+    s.var_counter = 0;
+    s.var_interval *= 2;
+  }
+  if (frozen && ++s.local_counter == o.local_step_scaler) {
+    s.local_counter = 0;
+    s.local_interval = std::min<int>(static_cast<int>(o.local_step_clipper), 2 * s.local_interval);
+  }
+}
+
+TEST(ZeroOneAdam, AveragesAtDoublingVarianceIntervalsThenTakesLocalSteps) {
+  const ZeroOneAdamOptions o{/*var_freeze_step=*/9, /*var_update_scaler=*/2,
+                             /*local_step_scaler=*/2, /*local_step_clipper=*/4};
+  Values w = {0.3, -0.2, 0.5, 0.1};
+  at::Tensor tw = tensor_of(w, {4}).requires_grad_();
+  const Values start = values_of(tw);
+  const double lr = 0.01, wd = 0.1;
+  ZeroOneAdam adam({torch::optim::OptimizerParamGroup({tw})},
+                   torch::optim::AdamWOptions(lr).betas({0.9, 0.999}).eps(1e-8).weight_decay(wd),
+                   o);
+  ZeroOneState s{Values(4), Values(4), Values(4)};
+  // Averaged gradients at steps 1 (DeepSpeed's initialization step), 2, 3 (interval 1), 4, 6
+  // (interval 2), 8 (interval 4); none after the variance's last update (step 10 at most).
+  const std::vector<int> averaged = {1, 2, 3, 4, 6, 8};
+  for (int t = 1; t <= 20; ++t) {
+    const bool expect_averaged = std::count(averaged.begin(), averaged.end(), t) > 0;
+    EXPECT_EQ(adam.compressing(), !expect_averaged) << "before step " << t;
+    const Values g = gradient(0, t, 4);
+    tw.mutable_grad() = tensor_of(g, {4});
+    adam.step();
+    zero_one_reference(w, s, g, t, o, lr, wd);
+    if (t == 1) EXPECT_EQ(values_of(tw), start) << "the initialization step moved the parameter";
+    expect_near(values_of(tw), w, 1e-5);
+  }
+  // The local-step interval doubled twice (after 2 and 4 local steps) and stopped at 4.
+  EXPECT_EQ(s.local_interval, 4);
+  const auto extra = adam.extra_state(tw);
+  ASSERT_EQ(extra.size(), 2u);
+  EXPECT_EQ(extra[1].second[2].item<double>(), 4.0);  // the local-step interval, checkpointed
+}
+
+TEST(ZeroOneAdam, CompressedAveragesAndExchangesKeepReplicasEqual) {
+  // Gradients differ per rank except at the variance updates (which the trainer averages).
+  // Every local step is exchanged (clipper 1), so the replicas agree after every step.
+  const ZeroOneAdamOptions o{/*var_freeze_step=*/4, /*var_update_scaler=*/1,
+                             /*local_step_scaler=*/100, /*local_step_clipper=*/1};
+  std::mutex mutex;
+  std::vector<Values> params(2);
+  run_local_ranks(2, [&](ProcessGroup& group) {
+    at::Tensor p =
+        tensor_of({0.3, -0.2, 0.5, 0.1, 0.7, -0.6, 0.2, 0.05, -0.3}, {9}).requires_grad_();
+    ZeroOneAdam adam({torch::optim::OptimizerParamGroup({p})},
+                     torch::optim::AdamWOptions(0.01).weight_decay(0.01), o);
+    adam.set_group(&group);
+    for (int t = 1; t <= 9; ++t) {
+      const bool averaged = !adam.compressing();
+      p.mutable_grad() = tensor_of(gradient(averaged ? 0 : group.rank(), t, 9), {9});
+      adam.step();
+    }
+    std::lock_guard<std::mutex> lock(mutex);
+    params[group.rank()] = values_of(p);
+  });
+  EXPECT_EQ(params[0], params[1]);
+}
+
+TEST(ZeroOneAdam, RefusesIntervalsBelowOne) {
+  at::Tensor p = at::zeros({2}).requires_grad_();
+  EXPECT_THROW(ZeroOneAdam({torch::optim::OptimizerParamGroup({p})},
+                           torch::optim::AdamWOptions(0.01), ZeroOneAdamOptions{10, 0, 1, 1}),
+               std::invalid_argument);
 }
 
 struct LambState {

@@ -1,6 +1,7 @@
-// train.optimizer = "lamb" and "onebit_adam" in the trainer: data parallelism trains as one
-// process does on the same global batch, 1-bit Adam's compression keeps the replicas equal while
-// sending less, a LAMB run resumes exactly, and the strategies that shard are refused.
+// train.optimizer = "lamb", "onebit_adam", "onebit_lamb" and "zero_one_adam" in the trainer: data
+// parallelism trains as one process does on the same global batch, 1-bit Adam's and 0/1 Adam's
+// compression keeps the replicas equal while sending less, runs resume exactly, and the
+// strategies that shard are refused.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -147,6 +148,56 @@ TEST_F(OptimizersTrainerTest, OneBitLambResumesPastItsWarmupExactly) {
   testing::expect_same_losses(resumed, {whole[3], whole[4]}, 1e-6);
 }
 
+const std::vector<std::string> kZeroOne = {"train.optimizer=\"zero_one_adam\"",
+                                           "train.bias_correction=false"};
+
+TEST_F(OptimizersTrainerTest, ZeroOneAdamAveragingEveryStepUnderDdpTrainsAsOneProcess) {
+  // Variance updated every step and never frozen: every step's gradients are averaged.
+  std::vector<std::string> averaged = kZeroOne;
+  averaged.push_back("train.var_update_scaler=1000");
+  averaged.push_back("train.var_freeze_step=1000");
+  const auto one = testing::train_on_ranks(1, config("one", averaged, false), 4);
+  testing::expect_same_losses(testing::train_on_ranks(2, config("ddp", averaged, true), 4), one,
+                              1e-5);
+}
+
+TEST_F(OptimizersTrainerTest, ZeroOneAdamCompressionAndLocalStepsKeepReplicasEqual) {
+  // Variance updates at steps 1, 2 and 4, compressed averages at 3 and 5, then local steps
+  // exchanged every step (clipper 1).
+  std::vector<std::string> zero_one = kZeroOne;
+  zero_one.push_back("train.var_update_scaler=1");
+  zero_one.push_back("train.var_freeze_step=4");
+  zero_one.push_back("train.local_step_clipper=1");
+  const TwoRanks run = train_two_ranks(config("zero_one", zero_one, true, {"train.steps=8"}), 8);
+  ASSERT_EQ(run.steps.size(), 8u);
+  for (const auto& step : run.steps) EXPECT_TRUE(std::isfinite(step.loss)) << "step " << step.step;
+  // A variance update all-reduces fp32 gradients; a compressed step sends about 2 bits each.
+  const double full = static_cast<double>(run.steps[3].comm_bytes);
+  for (size_t i : {2, 4, 6, 7}) {
+    EXPECT_LT(static_cast<double>(run.steps[i].comm_bytes), full / 8) << "step " << i + 1;
+  }
+  expect_equal_replicas(run);
+}
+
+TEST_F(OptimizersTrainerTest, ZeroOneAdamResumesBetweenExchangesExactly) {
+  // One process: no compression error; the counters, the learning-rate sum and the parameters
+  // at the last exchange come back from the checkpoint, mid-way between two exchanges.
+  std::vector<std::string> zero_one = kZeroOne;
+  zero_one.push_back("train.var_update_scaler=1");
+  zero_one.push_back("train.var_freeze_step=2");
+  zero_one.push_back("train.local_step_scaler=1");
+  zero_one.push_back("train.local_step_clipper=4");
+  const auto whole =
+      testing::train_on_ranks(1, config("whole", zero_one, false, {"train.steps=9"}), 9);
+  std::string saved;
+  testing::train_on_ranks(1, config("first", zero_one, false, {"train.steps=9"}), 6, &saved);
+  ASSERT_NE(ShardedCheckpointReader(saved).find("optim.blocks.0.mlp.fc.weight.local_start"),
+            nullptr);
+  const auto resumed = testing::train_on_ranks(
+      1, config("resumed", zero_one, false, {"train.steps=9", "run.resume=\"" + saved + "\""}), 3);
+  testing::expect_same_losses(resumed, {whole[6], whole[7], whole[8]}, 1e-6);
+}
+
 TEST_F(OptimizersTrainerTest, ShardingStrategiesAndBadSettingsAreRefused) {
   testing::expect_refused(
       2, [&] { return config("fsdp", kLamb, true, {"parallel.strategy=\"fsdp\""}); },
@@ -163,8 +214,16 @@ TEST_F(OptimizersTrainerTest, ShardingStrategiesAndBadSettingsAreRefused) {
       "set train.bias_correction = false");
   testing::expect_refused(
       1, [&] { return config("sgd", {"train.optimizer=\"sgd\""}, false); },
-      "train.optimizer must be \"adamw\", \"lamb\", \"onebit_adam\" or \"onebit_lamb\", got "
-      "\"sgd\"");
+      "train.optimizer must be \"adamw\", \"lamb\", \"onebit_adam\", \"onebit_lamb\" or "
+      "\"zero_one_adam\", got \"sgd\"");
+  testing::expect_refused(
+      1,
+      [&] {
+        std::vector<std::string> bad = kZeroOne;
+        bad.push_back("train.local_step_clipper=0");
+        return config("clipper", bad, false);
+      },
+      "train.local_step_clipper must be >= 1");
   testing::expect_refused(
       1,
       [&] {
