@@ -1,12 +1,39 @@
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <iostream>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "commands.h"
 #include "shardtrain/rendezvous.h"
 #include "shardtrain/train.h"
 
 namespace shardtrain::cli {
+namespace {
+
+// A refusal that begins with a config key (the config's checks, the model's, the trainer's) of a
+// key an imported file set, and --set did not, names that file.
+std::invalid_argument naming_its_file(
+    const std::invalid_argument& error, const std::vector<std::string>& set_on_command_line,
+    const std::vector<std::pair<std::string, std::vector<std::string>>>& imported) {
+  const std::string text = error.what();
+  const std::string key = text.substr(0, text.find_first_of(": "));
+  auto sets = [&](const std::vector<std::string>& overrides) {
+    return std::any_of(overrides.begin(), overrides.end(),
+                       [&](const std::string& o) { return o.rfind(key + "=", 0) == 0; });
+  };
+  if (key.find('.') == std::string::npos || sets(set_on_command_line)) return error;
+  for (const auto& [file, overrides] : imported) {
+    if (!file.empty() && sets(overrides)) {
+      return std::invalid_argument(file + ": " + text + " (" + key + " is this file's setting)");
+    }
+  }
+  return error;
+}
+
+}  // namespace
 
 void add_train_command(CLI::App& app) {
   auto* cmd = app.add_subcommand(
@@ -44,17 +71,30 @@ void add_train_command(CLI::App& app) {
     std::vector<std::string> all;
     std::vector<ImportNote> ds_notes;
     std::vector<ImportNote> accelerate_notes;
-    if (!a->deepspeed.empty()) all = deepspeed_overrides(a->deepspeed, world_size, &ds_notes);
-    if (!a->accelerate.empty()) {
-      const auto imported = accelerate_overrides(a->accelerate, world_size, &accelerate_notes);
-      all.insert(all.end(), imported.begin(), imported.end());
+    std::vector<std::pair<std::string, std::vector<std::string>>> imported;
+    if (!a->deepspeed.empty()) {
+      imported.emplace_back(a->deepspeed, deepspeed_overrides(a->deepspeed, world_size, &ds_notes));
     }
+    if (!a->accelerate.empty()) {
+      imported.emplace_back(a->accelerate,
+                            accelerate_overrides(a->accelerate, world_size, &accelerate_notes));
+    }
+    for (const auto& [file, overrides] : imported)
+      all.insert(all.end(), overrides.begin(), overrides.end());
     // `shardtrain launch --timeout` reaches every rank through the environment; --set wins.
     if (const char* timeout = std::getenv("SHARDTRAIN_TIMEOUT")) {
       all.push_back(std::string("run.timeout=") + timeout);
     }
     all.insert(all.end(), a->overrides.begin(), a->overrides.end());
-    TrainConfig config = load_train_config(a->config, all);
+    auto from_file = [&](const std::invalid_argument& error) {
+      return naming_its_file(error, a->overrides, imported);
+    };
+    TrainConfig config;
+    try {
+      config = load_train_config(a->config, all);
+    } catch (const std::invalid_argument& error) {
+      throw from_file(error);
+    }
     // What the imported files left to the TOML or took from their tools' defaults, once.
     if (launched.rank == 0) {
       for (const auto& [file, notes] :
@@ -79,8 +119,12 @@ void add_train_command(CLI::App& app) {
       if (launched.restart_count > 0) chosen = micro_batch_of_run(config);
       config = chosen ? *chosen : autotune_micro_batch(config, world);
     }
-    Trainer trainer(std::move(config), world, launched.restart_count);
-    trainer.fit();
+    try {
+      Trainer trainer(std::move(config), world, launched.restart_count);
+      trainer.fit();
+    } catch (const std::invalid_argument& error) {
+      throw from_file(error);
+    }
   });
 }
 

@@ -135,5 +135,38 @@ TEST_F(ImportCliTest, BadImportedFilesExitWithOneClearMessage) {
   EXPECT_NE(r.output.find("1 rank(s)"), std::string::npos) << r.output;
 }
 
+TEST_F(ImportCliTest, ARefusalOfAnImportedSettingNamesTheFile) {
+  // The model refuses the quantization groups the file names (a BERT layer this model lacks),
+  // and the config's check refuses layer dropping with ZeRO-3: both messages start with the file.
+  const fs::path ds = dir_ / "bert_groups.json";
+  std::ofstream(ds) << R"({"train_micro_batch_size_per_gpu": 1, "compression_training": {
+      "weight_quantization": {"shared_parameters": {"enabled": true,
+                                                    "quantize_weight_in_forward": true},
+        "different_groups": {"wq1": {"params": {"start_bits": 8, "target_bits": 8},
+                                     "modules": ["attention.self"]}}}}})";
+  auto r = train(1, "groups", "--deepspeed " + ds.string());
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find(ds.string() + ": compression.weight_modules: 'attention.self' matches "
+                                        "no linear layer"),
+            std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("(compression.weight_modules is this file's setting)"), std::string::npos)
+      << r.output;
+  const fs::path pld = dir_ / "pld_zero3.json";
+  std::ofstream(pld) << R"({"train_micro_batch_size_per_gpu": 1,
+      "zero_optimization": {"stage": 3}, "progressive_layer_drop": {"enabled": true}})";
+  r = train(1, "pld", "--deepspeed " + pld.string());
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find(pld.string() + ": train.layer_drop = \"progressive\" runs"),
+            std::string::npos)
+      << r.output;
+  // A key --set gives is the command line's: the message is the config's own.
+  r = train(1, "set", "--deepspeed " + pld.string() + " --set train.layer_drop=\"progressive\"");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_EQ(r.output.find(pld.string() + ": train.layer_drop"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("train.layer_drop = \"progressive\" runs"), std::string::npos)
+      << r.output;
+}
+
 }  // namespace import_cli_test
 }  // namespace shardtrain
