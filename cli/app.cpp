@@ -7,6 +7,7 @@
 #include <filesystem>
 
 #include "commands.h"
+#include "shardtrain/threads.h"
 
 namespace shardtrain::cli {
 
@@ -39,6 +40,8 @@ int run(std::vector<std::string> args, std::ostream& out, std::ostream& err) {
   add_trace_command(app);
   add_report_command(app);
   try {
+    // bf16 products of every subcommand in fp32 where LibTorch's own are slow (threads.h).
+    use_fp32_gemm_for_cpu_bf16();
     app.parse(args);
   } catch (const CLI::ParseError& e) {
     // --help and --version exit 0; every usage error exits 2, as getopt tools do, with one line

@@ -6,7 +6,6 @@
 #include <iostream>
 
 #include "app.h"
-#include "shardtrain/threads.h"
 
 int main(int argc, char** argv) {
   // LibTorch's own log lines (c10d's connection retries, glog's "Logging before
@@ -28,7 +27,6 @@ int main(int argc, char** argv) {
     mallopt(M_MMAP_MAX, 0);
     mallopt(M_TRIM_THRESHOLD, 1 << 30);
   }
-  shardtrain::use_fp32_gemm_for_cpu_bf16();
   return shardtrain::cli::run(std::vector<std::string>(argv + 1, argv + argc), std::cout,
                               std::cerr);
 }

@@ -21,7 +21,8 @@ int blas_num_threads();
 // has no fast bf16 GEMM (no oneDNN, or a CPU without AVX-512: LibTorch 1.13 then runs scalar
 // loops, about 10x slower than fp32); elsewhere nothing changes. Once per process, for the whole
 // process; returns whether the kernels were replaced. The trainer and the shardtrain binary call
-// it; SHARDTRAIN_CPU_BF16_GEMM=libtorch in the environment keeps LibTorch's kernels.
+// it; SHARDTRAIN_CPU_BF16_GEMM=libtorch in the environment keeps LibTorch's kernels ("shardtrain",
+// the default, replaces them; another value throws std::invalid_argument naming it).
 bool use_fp32_gemm_for_cpu_bf16();
 
 }  // namespace shardtrain

@@ -6,6 +6,7 @@
 #include <torch/version.h>
 
 #include <cstdlib>
+#include <stdexcept>
 #include <string>
 
 #include "shardtrain/threads.h"
@@ -54,11 +55,17 @@ at::Tensor baddbmm(const at::Tensor& c, const at::Tensor& a, const at::Tensor& b
 }
 
 // Replaces the four GEMM operators' CPU kernels, once per process, unless
-// SHARDTRAIN_CPU_BF16_GEMM=libtorch keeps LibTorch's. The dispatcher warns when a
-// kernel replaces another; that warning is the intended effect here and is not shown.
+// SHARDTRAIN_CPU_BF16_GEMM=libtorch keeps LibTorch's (another value than those two is refused). The
+// dispatcher warns when a kernel replaces another; that warning is the intended effect here and is
+// not shown.
 bool install() {
   const char* choice = std::getenv("SHARDTRAIN_CPU_BF16_GEMM");
   if (choice && std::string(choice) == "libtorch") return false;
+  if (choice && std::string(choice) != "shardtrain") {
+    throw std::invalid_argument(
+        std::string("SHARDTRAIN_CPU_BF16_GEMM must be \"shardtrain\" (the ") +
+        "default) or \"libtorch\", got \"" + choice + "\"");
+  }
   if (libtorch_has_fast_bf16_gemm()) return false;
   struct Quiet : c10::WarningHandler {
 #if TORCH_VERSION_MAJOR >= 2

@@ -3,7 +3,8 @@
 // rounding of the exact product of its bf16 operands, over 4,096-term sums of positive values
 // that a bf16 accumulator would get wrong by far more; transposed operands, a broadcast bias and
 // alpha/beta included. Other dtypes get LibTorch's own kernels, bit for bit. Autocast's linear
-// layer, forward and backward, matches fp32 within bf16's precision.
+// layer, forward and backward, matches fp32 within bf16's precision. SHARDTRAIN_CPU_BF16_GEMM
+// takes "shardtrain" or "libtorch"; another value is refused.
 #include <ATen/ATen.h>
 #include <ATen/CPUFunctions.h>
 #include <ATen/autocast_mode.h>
@@ -11,6 +12,7 @@
 
 #include "model/autocast.h"
 #include "shardtrain/threads.h"
+#include "support.h"
 
 namespace shardtrain {
 namespace cpu_matmul_test {
@@ -99,6 +101,20 @@ TEST(CpuBf16Matmul, AutocastLinearForwardAndBackwardMatchFp32) {
     const double scale = full[i].abs().max().item<double>();
     EXPECT_LT((low[i] - full[i]).abs().max().item<double>(), 0.02 * scale) << "tensor " << i;
   }
+}
+
+TEST(CpuBf16Matmul, TheEnvironmentChoosesTheKernelsOrIsRefused) {
+  auto with = [](const std::string& value) {
+    return testing::run_command("SHARDTRAIN_CPU_BF16_GEMM=" + value + " " + testing::cli() +
+                                " --version");
+  };
+  for (const char* good : {"shardtrain", "libtorch"}) EXPECT_EQ(with(good).exit_code, 0) << good;
+  const auto bad = with("fast");
+  EXPECT_EQ(bad.exit_code, 2) << bad.output;
+  EXPECT_NE(bad.output.find("shardtrain: error: SHARDTRAIN_CPU_BF16_GEMM must be \"shardtrain\" "
+                            "(the default) or \"libtorch\", got \"fast\""),
+            std::string::npos)
+      << bad.output;
 }
 
 }  // namespace cpu_matmul_test
