@@ -69,6 +69,10 @@ struct StepResult {
   // in the step, over the global batch: the least, the mean and the most. NaN otherwise.
   double aux_loss = NAN;
   double expert_tokens_min = NAN, expert_tokens_mean = NAN, expert_tokens_max = NAN;
+  // Progressive layer dropping (train.layer_drop): the step's share kept (theta) and the blocks
+  // it ran. NaN and -1 otherwise.
+  double layer_drop_theta = NAN;
+  int64_t blocks_run = -1;
 };
 
 class Trainer {

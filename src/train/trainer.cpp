@@ -1,6 +1,7 @@
 #include <torch/cuda.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <csignal>
@@ -395,7 +396,8 @@ bool Trainer::step_on_replicas(StepResult& result, std::optional<detail::TraceSp
 bool Trainer::step_body(StepResult& result, std::optional<detail::TraceSpan>& update_span) {
   parallel_->zero_grad(*optimizer_);
   if (compression_) compression_->set_step(step_);
-  // Past their warmup, 1-bit Adam and LAMB average the momentum in place of the gradients.
+  // 1-bit Adam and LAMB past their warmup, and 0/1 Adam between its variance updates, leave the
+  // gradients unaveraged.
   if (auto* onebit = dynamic_cast<CompressedMomentumOptimizer*>(optimizer_.get()))
     onebit->set_group(parallel_->keep_gradients_local(onebit->compressing()));
   // Everything above the bytes held now (parameters, optimizer state) that forward and
@@ -407,6 +409,12 @@ bool Trainer::step_body(StepResult& result, std::optional<detail::TraceSpan>& up
   result.step = step_ + 1;
   result.loss = loss_sum / static_cast<double>(config_.train.grad_accum);
   if (config_.model.moe()) add_routing(result);
+  if (config_.train.layer_drop != "none") {
+    const auto scales =
+        detail::layer_drop_scales(config_.train, step_, config_.model.n_layers, config_.train.seed);
+    result.layer_drop_theta = detail::layer_drop_theta(config_.train, step_);
+    result.blocks_run = std::count_if(scales.begin(), scales.end(), [](double s) { return s > 0; });
+  }
   result.activations_peak = cpu_memory_stats().peak_bytes - before;
   if (after_backward_) after_backward_(step_);
 

@@ -326,6 +326,9 @@ void Trainer::write_metrics(const StepResult& result, double eval_loss) {
     line["state_crc32"] = crc;
   }
   if (!std::isnan(result.aux_loss)) line["aux_loss"] = result.aux_loss;
+  if (result.blocks_run >= 0) {
+    line["layer_drop"] = {{"theta", result.layer_drop_theta}, {"blocks_run", result.blocks_run}};
+  }
   if (!std::isnan(result.expert_tokens_mean)) {
     line["expert_tokens"] = {{"min", result.expert_tokens_min},
                              {"mean", result.expert_tokens_mean},

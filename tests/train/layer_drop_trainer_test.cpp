@@ -1,7 +1,8 @@
 // train.layer_drop = "progressive" in the trainer: the first two steps are the plain run's, the
 // later ones not; DDP over 2 ranks trains as one process does (every rank drops the same
-// blocks, and the skipped blocks' zero gradients join the all-reduce); a resumed run drops what
-// the whole run did; the layouts that gather or split blocks as they run are refused.
+// blocks, and the skipped blocks' zero gradients join the all-reduce), and so does a run with
+// activation checkpointing; a resumed run drops what the whole run did; the layouts that gather or
+// split blocks as they run are refused.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -51,6 +52,31 @@ TEST_F(LayerDropTrainerTest, DropsFromTheThirdStepAndTrainsUnderDdpAsOneProcess)
   for (double loss : dropped) EXPECT_TRUE(std::isfinite(loss));
   testing::expect_same_losses(testing::train_on_ranks(2, config("ddp", kDrop, "ddp"), 6), dropped,
                               1e-5);
+  // Recomputed blocks see the scales their forward saw.
+  std::vector<std::string> checkpointed = kDrop;
+  checkpointed.push_back("train.activation_checkpointing=true");
+  testing::expect_same_losses(testing::train_on_ranks(1, config("ac", checkpointed), 6), dropped,
+                              1e-6);
+}
+
+TEST_F(LayerDropTrainerTest, EachStepReportsItsThetaAndTheBlocksItRan) {
+  Trainer trainer(config("fields", kDrop), nullptr);
+  std::vector<StepResult> steps;
+  for (int i = 0; i < 6; ++i) steps.push_back(trainer.train_step());
+  EXPECT_EQ(steps[0].layer_drop_theta, 1.0);
+  EXPECT_EQ(steps[0].blocks_run, 2);
+  EXPECT_EQ(steps[1].blocks_run, 2);
+  int64_t run = 0;
+  for (size_t i = 2; i < steps.size(); ++i) {
+    EXPECT_NEAR(steps[i].layer_drop_theta, 0.3, 1e-12);
+    EXPECT_GE(steps[i].blocks_run, 0);
+    EXPECT_LE(steps[i].blocks_run, 2);
+    run += steps[i].blocks_run;
+  }
+  EXPECT_LT(run, 8) << "no block was skipped in 4 steps";
+  const StepResult plain = Trainer(config("plain", {}), nullptr).train_step();
+  EXPECT_TRUE(std::isnan(plain.layer_drop_theta));
+  EXPECT_EQ(plain.blocks_run, -1);
 }
 
 TEST_F(LayerDropTrainerTest, AResumedRunDropsWhatTheWholeRunDid) {
