@@ -343,7 +343,9 @@ TEST(ZeroOneAdam, AveragesAtDoublingVarianceIntervalsThenTakesLocalSteps) {
     tw.mutable_grad() = tensor_of(g, {4});
     adam.step();
     zero_one_reference(w, s, g, t, o, lr, wd);
-    if (t == 1) EXPECT_EQ(values_of(tw), start) << "the initialization step moved the parameter";
+    if (t == 1) {
+      EXPECT_EQ(values_of(tw), start) << "the initialization step moved the parameter";
+    }
     expect_near(values_of(tw), w, 1e-5);
   }
   // The local-step interval doubled twice (after 2 and 4 local steps) and stopped at 4.
