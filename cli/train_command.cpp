@@ -57,7 +57,7 @@ void add_train_command(CLI::App& app) {
       ->take_all();
   cmd->add_option("--deepspeed", a->deepspeed,
                   "DeepSpeed ds_config.json: its ZeRO, precision, batch, optimizer, scheduler, "
-                  "quantization and autotuning settings override the TOML (see "
+                  "quantization, layer-dropping and autotuning settings override the TOML (see "
                   "docs/deepspeed.md)")
       ->check(CLI::ExistingFile);
   cmd->add_option("--accelerate-config", a->accelerate,
