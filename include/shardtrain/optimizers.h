@@ -233,7 +233,6 @@ class ZeroOneAdam : public CompressedMomentumOptimizer {
   ZeroOneAdamOptions options_;
   mutable std::map<StateKey, Local> local_;
   std::map<StateKey, CompressionErrors> errors_;
-  bool errors_reset_ = false;
 };
 
 }  // namespace shardtrain

@@ -74,10 +74,8 @@ at::Tensor ZeroOneAdam::step(LossClosure closure) {
   const at::Tensor loss = detail::run_closure(closure);
   const int64_t done = updates();
   const bool frozen = done > options_.var_freeze_step;
-  if (frozen && !errors_reset_) {
-    errors_.clear();  // the exchanges of updates start without the warmup's errors
-    errors_reset_ = true;
-  }
+  // The exchanges of updates start without the warmup's errors (a resume starts without any).
+  if (done == options_.var_freeze_step + 1) errors_.clear();
   for (auto& group : param_groups_) {
     const auto& options = static_cast<torch::optim::AdamWOptions&>(group.options());
     const auto [beta1, beta2] = options.betas();

@@ -404,16 +404,21 @@ bool Trainer::step_body(StepResult& result, std::optional<detail::TraceSpan>& up
   // backward add at their peak: activations, gradients and temporaries.
   const int64_t before = cpu_memory_stats().live_bytes;
   reset_peak_cpu_memory();
+  // Progressive layer dropping: the blocks this step runs, drawn once for its forwards.
+  std::vector<double> drop;
+  if (config_.train.layer_drop != "none") {
+    drop =
+        detail::layer_drop_scales(config_.train, step_, config_.model.n_layers, config_.train.seed);
+    model_->set_layer_drop(drop);
+  }
   const double loss_sum = forward_backward();
   result = StepResult();
   result.step = step_ + 1;
   result.loss = loss_sum / static_cast<double>(config_.train.grad_accum);
   if (config_.model.moe()) add_routing(result);
-  if (config_.train.layer_drop != "none") {
-    const auto scales =
-        detail::layer_drop_scales(config_.train, step_, config_.model.n_layers, config_.train.seed);
+  if (!drop.empty()) {
     result.layer_drop_theta = detail::layer_drop_theta(config_.train, step_);
-    result.blocks_run = std::count_if(scales.begin(), scales.end(), [](double s) { return s > 0; });
+    result.blocks_run = std::count_if(drop.begin(), drop.end(), [](double s) { return s > 0; });
   }
   result.activations_peak = cpu_memory_stats().peak_bytes - before;
   if (after_backward_) after_backward_(step_);
@@ -440,10 +445,6 @@ double Trainer::forward_backward() {
   step.length = config_.data.seq_len;
   // The load-balancing loss's gradient is scaled as the training loss's is.
   model_->set_aux_loss_weight(step.loss_scale / static_cast<double>(step.micro_batches));
-  if (config_.train.layer_drop != "none") {
-    model_->set_layer_drop(detail::layer_drop_scales(config_.train, step_, config_.model.n_layers,
-                                                     config_.train.seed));
-  }
   return parallel_->forward_backward(step);
 }
 
