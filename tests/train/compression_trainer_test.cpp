@@ -33,15 +33,9 @@ class CompressionTrainerTest : public ::testing::Test {
   }
   void TearDown() override { fs::remove_all(dir_); }
 
-  // Two micro-batches of 2 sequences per step on one process; `strategy` splits each over 2.
-  TrainConfig config(const std::string& run, std::vector<std::string> more,
+  TrainConfig config(const std::string& run, const std::vector<std::string>& more,
                      const std::string& strategy = "none") const {
-    std::vector<std::string> all = {
-        "train.grad_accum=2", "train.steps=4", "train.lr=3e-3",
-        "parallel.strategy=\"" + strategy + "\"",
-        strategy == "none" ? "train.micro_batch=2" : "train.micro_batch=1"};
-    all.insert(all.end(), more.begin(), more.end());
-    return testing::tiny_run_config(dir_ / "corpus.txt", dir_ / run, all);
+    return testing::two_micro_batch_config(dir_ / "corpus.txt", dir_ / run, 4, strategy, more);
   }
 
   fs::path dir_;

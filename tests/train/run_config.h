@@ -43,4 +43,19 @@ inline TrainConfig tiny_run_config(const std::filesystem::path& corpus,
   return parse_train_config("[model]\npreset = \"tiny\"\n", "test.toml", all);
 }
 
+// `steps` steps of two micro-batches of 2 sequences on one process (strategy "none"), or of 1
+// sequence on each of 2 ranks under another strategy: the same global batches either way.
+// `settings` follow.
+inline TrainConfig two_micro_batch_config(const std::filesystem::path& corpus,
+                                          const std::filesystem::path& run, int64_t steps,
+                                          const std::string& strategy,
+                                          const std::vector<std::string>& settings) {
+  std::vector<std::string> all = {
+      "train.grad_accum=2", "train.steps=" + std::to_string(steps), "train.lr=3e-3",
+      "parallel.strategy=\"" + strategy + "\"",
+      strategy == "none" ? "train.micro_batch=2" : "train.micro_batch=1"};
+  all.insert(all.end(), settings.begin(), settings.end());
+  return tiny_run_config(corpus, run, all);
+}
+
 }  // namespace shardtrain::testing
