@@ -399,6 +399,25 @@ elif [ "$rc" -ne 0 ]; then
   fail build "the build failed (errors above)"
 fi
 note "built in $((SECONDS - started)) s"
+
+# A wheel's libtorch exports its own std::filesystem; a program whose libraries list libtorch
+# before libstdc++ calls that copy, and its remove_all crashes (CMakeLists.txt). Say where
+# libstdc++ stands among each program's libraries, and which linker made them.
+cxx_used="$(sed -n 's/^CMAKE_CXX_COMPILER:[A-Z]*=//p' "$build_dir/CMakeCache.txt" | head -n 1)"
+note "linker: $("${cxx_used:-c++}" -Wl,--version 2>/dev/null | head -n 1 || echo unknown) (through ${cxx_used:-c++})"
+grep -m 1 -o 'shardtrain: /.* first among each program.s libraries' "$build_log" | tee -a "$summary" || true
+for program in "$build_dir/shardtrain" "$build_dir/tests/shardtrain_tests"; do
+  [ -x "$program" ] || continue
+  needed="$(readelf -d "$program" 2>/dev/null | sed -n 's/.*(NEEDED).*\[\(.*\)\]/\1/p')"
+  stdcxx="$(grep -n '^libstdc++' <<<"$needed" | head -n 1 | cut -d: -f1)"
+  torch="$(grep -n '^libtorch' <<<"$needed" | head -n 1 | cut -d: -f1)"
+  order="libstdc++ at ${stdcxx:-none}, libtorch at ${torch:-none} of $(wc -l <<<"$needed") libraries"
+  if [ -n "$torch" ] && { [ -z "$stdcxx" ] || [ "$stdcxx" -gt "$torch" ]; }; then
+    note "${program#"$root"/}: $order: LIBTORCH BEFORE LIBSTDC++ (with a wheel's LibTorch, std::filesystem::remove_all then crashes)"
+  else
+    note "${program#"$root"/}: $order"
+  fi
+done
 [ "$run_tests" -eq 1 ] || exit 0
 
 ctest_cmd=(ctest --test-dir "$build_dir" --output-on-failure

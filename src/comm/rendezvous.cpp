@@ -1,6 +1,7 @@
 #include "shardtrain/rendezvous.h"
 
 #include <arpa/inet.h>
+#include <c10/util/Exception.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -273,13 +274,16 @@ std::shared_ptr<ProcessGroup> init_from_environment(const RendezvousInfo& info,
         try {
           store = c10::make_intrusive<c10d::TCPStore>(info.master_addr, store_options);
         } catch (const std::exception& e) {
+          // LibTorch 2.x's c10::Error::what() carries its C++ stack; the message needs one line.
+          const auto* torch_error = dynamic_cast<const c10::Error*>(&e);
+          const char* why = torch_error ? torch_error->what_without_backtrace() : e.what();
           throw std::runtime_error(
               std::string(info.rank == 0
                               ? "rank 0 could not host"
                               : "rank " + std::to_string(info.rank) + " could not reach") +
               " the rendezvous store at " + info.master_addr + ":" +
               std::to_string(info.master_port) + (info.rank == 0 ? "" : " (is rank 0 running?)") +
-              ": " + e.what());
+              ": " + why);
         }
         return init_process_group(std::move(store), info.rank, info.world_size, options);
       });

@@ -84,14 +84,16 @@ TEST_F(AutotuneTest, EveryRankChoosesTheSameMicroBatch) {
 }
 
 TEST_F(AutotuneTest, ARangeThatCannotRunSaysWhy) {
+  // Ten million sequences need terabytes: refused on any machine (a machine of 126 GiB ran
+  // 100000 of them, slowly, instead of refusing).
   try {
-    autotune_micro_batch(
-        config({"train.autotune_min_micro_batch=100000", "train.autotune_max_micro_batch=100000"}),
-        nullptr);
+    autotune_micro_batch(config({"train.autotune_min_micro_batch=10000000",
+                                 "train.autotune_max_micro_batch=10000000"}),
+                         nullptr);
     ADD_FAILURE() << "accepted";
   } catch (const std::invalid_argument& e) {
     EXPECT_NE(std::string(e.what()).find(
-                  "train.autotune: the smallest micro-batch (100000) cannot run: "),
+                  "train.autotune: the smallest micro-batch (10000000) cannot run: "),
               std::string::npos)
         << e.what();
   }
