@@ -70,6 +70,18 @@ for other, (other_repo, other_path) in rows.items():
 print(path)
 PY
 }
+# A random-LTD file names blocks of a model of total_layer_num blocks: the tiny model gets that
+# many (the same as ConfigCorpusTest).
+layers_of() {
+  python3 - "$1" <<'PY'
+import json, sys
+try:
+    ltd = json.load(open(sys.argv[1]))["data_efficiency"]["data_routing"]["random_ltd"]
+    print("--set model.n_layers=%d" % ltd["total_layer_num"])
+except (ValueError, KeyError, TypeError):
+    pass
+PY
+}
 declare -A count
 files=("$@")
 if [[ ${#files[@]} -eq 0 ]]; then
@@ -81,18 +93,20 @@ for file in "${files[@]}"; do
   [[ "$file" == *.yaml ]] && flag=--accelerate-config
   n="$(world_of "$file")"
   [[ "$file" == *.yaml ]] && file="$(as_in_its_repository "$file")"
+  # shellcheck disable=SC2207  # words on purpose: none or "--set model.n_layers=N"
+  layers=($( [[ "$file" == *.json ]] && layers_of "$file"))
   out="$work/out.txt"
   rm -rf "$work/run"
   timeout "${STEP_TIMEOUT:-120}" "$bin" launch --nproc "$n" -- "$bin" train --config "$root/configs/zero_tiny.toml" \
     "$flag" "$file" --set train.steps=1 --set train.sample_tokens=0 --set run.threads=1 --set model.vocab_size=320 \
-    --set "run.dir=\"$work/run\"" >"$out" 2>&1
+    "${layers[@]}" --set "run.dir=\"$work/run\"" >"$out" 2>&1
   rc=$?
   if [[ $rc -ne 0 ]] && grep -q -e 'needs a CUDA device' -e 'autocast = "fp16" is not supported' "$out"; then
     # fp16 autocast needs CUDA: on a CPU machine the same file trains its step in bf16.
     rm -rf "$work/run"
     timeout "${STEP_TIMEOUT:-120}" "$bin" launch --nproc "$n" -- "$bin" train --config "$root/configs/zero_tiny.toml" \
       "$flag" "$file" --set train.steps=1 --set train.sample_tokens=0 --set run.threads=1 --set model.vocab_size=320 \
-      --set precision.autocast=bf16 --set "run.dir=\"$work/run\"" >"$out" 2>&1
+      "${layers[@]}" --set precision.autocast=bf16 --set "run.dir=\"$work/run\"" >"$out" 2>&1
     rc=$?
     [[ $rc -eq 0 ]] && rc=200
   fi

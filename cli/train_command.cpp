@@ -55,10 +55,11 @@ void add_train_command(CLI::App& app) {
                   "Override one key: --set section.key=value (repeatable; values are TOML, bare "
                   "words are strings)")
       ->take_all();
-  cmd->add_option("--deepspeed", a->deepspeed,
-                  "DeepSpeed ds_config.json: its ZeRO, precision, batch, optimizer, scheduler, "
-                  "quantization, layer-dropping and autotuning settings override the TOML (see "
-                  "docs/deepspeed.md)")
+  cmd->add_option(
+         "--deepspeed", a->deepspeed,
+         "DeepSpeed ds_config.json: its ZeRO, precision, batch, optimizer, scheduler, "
+         "quantization, layer- and token-dropping and autotuning settings override the TOML (see "
+         "docs/deepspeed.md)")
       ->check(CLI::ExistingFile);
   cmd->add_option("--accelerate-config", a->accelerate,
                   "accelerate config YAML with distributed_type FSDP: its FSDP and precision "

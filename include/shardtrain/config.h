@@ -94,6 +94,20 @@ struct TrainSection {
   std::string layer_drop = "none";
   double layer_drop_theta = 0.5;
   double layer_drop_gamma = 0.001;
+  // Random layer-token dropping (random-LTD; DeepSpeed's data_efficiency.data_routing.random_ltd
+  // for decoder models): each block listed (0-based) runs on n_k of a sequence's tokens at step k,
+  // drawn uniformly without replacement for each sample, block and forward and kept in their
+  // order; the other tokens pass that block unchanged. n_1 = random_ltd_min; after k completed
+  // steps, n = min(random_ltd_max, m - m mod random_ltd_step) with m = floor(random_ltd_min +
+  // (random_ltd_max - random_ltd_min) min(1, k / random_ltd_steps)). A sequence of no more than
+  // n tokens runs whole. Empty: every block sees every token. random_ltd_model_layers > 0: the
+  // block count the listed ids were written for, which must be model.n_layers.
+  std::vector<int64_t> random_ltd_layers;
+  int64_t random_ltd_min = 128;
+  int64_t random_ltd_max = 1024;
+  int64_t random_ltd_steps = 1000;
+  int64_t random_ltd_step = 8;
+  int64_t random_ltd_model_layers = 0;
   double weight_decay = 0.1;
   double beta1 = 0.9;
   double beta2 = 0.95;

@@ -402,6 +402,18 @@ class TransformerImpl : public torch::nn::Module {
   // branches are multiplied by (1 / the block's keep probability). Empty: every block runs as
   // it is.
   void set_layer_drop(std::vector<double> scales);
+  // Random layer-token dropping (TrainConfig's train.random_ltd_*) for the forwards that follow
+  // while the model is in training mode: each block whose entry in `layers` is true runs on
+  // `tokens` of each sequence's tokens, drawn uniformly without replacement for each sample and
+  // block and kept in their order (attention among them stays causal, at their own positions);
+  // the other tokens pass that block unchanged. A sequence of no more than `tokens` runs whole.
+  // The n-th forward after the call draws from `key` and n alone. Empty `layers`: none.
+  struct TokenDrop {
+    std::vector<bool> layers;
+    int64_t tokens = 0;
+    uint64_t key = 0;
+  };
+  void set_token_drop(TokenDrop drop);
 
   const ModelConfig& config() const { return config_; }
   // The transformer blocks, in order (the units FSDP wraps).
@@ -445,6 +457,8 @@ class TransformerImpl : public torch::nn::Module {
   ModelParts parts_;
   torch::nn::ModuleList blocks_;
   std::vector<double> layer_drop_;  // set_layer_drop's scales; empty: none
+  TokenDrop token_drop_;            // set_token_drop's; no layers: none
+  int64_t token_drop_forwards_ = 0;  // the training forwards since set_token_drop
   // Embeddings, final norm and head are registered by the implementation (src/model/), held as
   // base pointers so that this header needs no module headers. pos_emb_ is null in the Llama
   // family, lm_head_ when the head is tied to the token embedding.

@@ -73,6 +73,9 @@ struct StepResult {
   // it ran. NaN and -1 otherwise.
   double layer_drop_theta = NAN;
   int64_t blocks_run = -1;
+  // Random layer-token dropping (train.random_ltd_layers): the tokens of a sequence that each
+  // of its blocks ran on in the step (all of them where the sequence was no longer). -1 otherwise.
+  int64_t random_ltd_tokens = -1;
 };
 
 class Trainer {

@@ -338,7 +338,6 @@ void import_zero(const Json& section, int world_size, Overrides& out) {
 // Sections of DeepSpeed features shardtrain does not have, with what they are.
 const std::map<std::string, std::string>& unavailable_features() {
   static const std::map<std::string, std::string> features = {
-      {"data_efficiency", "DeepSpeed's data-efficiency pipeline (curriculum, random-LTD)"},
       {"curriculum_learning", "DeepSpeed's curriculum learning"},
       {"sparse_attention", "DeepSpeed's sparse attention"},
       {"quantize_training", "quantization-aware training"},
@@ -374,6 +373,149 @@ void import_layer_drop(const Json& value, Overrides& out) {
   if (!enabled) out.keep(name + ".enabled", "train.layer_drop");
   out.set_float_or_keep(name + ".theta", "train.layer_drop_theta", theta);
   out.set_float_or_keep(name + ".gamma", "train.layer_drop_gamma", gamma);
+}
+
+bool switched_on(const Json& section);
+
+// data_efficiency: its data_routing's random-LTD for decoder models as train.random_ltd_*
+// (DeepSpeed's switches default to off; the parts shardtrain lacks are refused by name).
+void import_data_efficiency(const Json& value, Overrides& out) {
+  const std::string name = "data_efficiency";
+  const Json& section = detail::object_at(value, name);
+  auto switch_at = [](const Json& part, const std::string& path) {
+    return part.contains("enabled") && bool_or_auto(part.at("enabled"), path + ".enabled") == true;
+  };
+  for (const auto& [key, item] : section.items()) {
+    const std::string path = name + "." + key;
+    if (key == "data_sampling") {
+      if (switch_at(section, name) && switched_on(item)) {
+        throw std::invalid_argument("ds_config key '" + path +
+                                    "': DeepSpeed's curriculum learning and data sampling "
+                                    "are not available in shardtrain");
+      }
+    } else if (key == "seed") {
+      int_or_auto(item, path);
+      out.decide(path, "random-LTD draws from train.seed (each step, rank and forward its own)");
+    } else if (key != "enabled" && key != "data_routing") {
+      detail::unknown_key(path);
+    }
+  }
+  if (!switch_at(section, name) || !section.contains("data_routing")) return;
+  const std::string routing_name = name + ".data_routing";
+  const Json& routing = detail::object_at(section.at("data_routing"), routing_name);
+  for (const auto& [key, item] : routing.items()) {
+    if (key != "enabled" && key != "random_ltd") detail::unknown_key(routing_name + "." + key);
+  }
+  if (!switch_at(routing, routing_name) || !routing.contains("random_ltd")) return;
+  const std::string ltd_name = routing_name + ".random_ltd";
+  const Json& ltd = detail::object_at(routing.at("random_ltd"), ltd_name);
+  if (!switch_at(ltd, ltd_name)) return;
+  std::vector<int64_t> ids;
+  std::optional<int64_t> layer_num, total, min_value, max_value, require_steps, per_step;
+  for (const auto& [key, item] : ltd.items()) {
+    const std::string path = ltd_name + "." + key;
+    if (key == "enabled" || key == "model_mask_name") {
+      continue;  // the keyword DeepSpeed hands a model's attention mask under
+    } else if (key == "total_layer_num") {
+      total = int_or_auto(item, path);
+    } else if (key == "random_ltd_layer_num") {
+      layer_num = int_or_auto(item, path);
+    } else if (key == "random_ltd_layer_id") {
+      if (!item.is_array()) detail::bad_value(path, item, "expected a list of block numbers");
+      for (const Json& id : item) {
+        const auto number = int_or_auto(id, path);
+        if (!number) detail::bad_value(path, item, "expected block numbers");
+        ids.push_back(*number);
+      }
+    } else if (key == "model_type") {
+      detail::require_value(item, path, "decoder",
+                            "random-LTD for encoder (bidirectional) models is not available in "
+                            "shardtrain, whose models are decoders");
+    } else if (key == "hidden_state_order") {
+      const std::string order = detail::string_at(item, path);
+      if (order != "batch_seq_dim" && order != "seq_batch_dim") {
+        detail::bad_value(path, item, "expected \"batch_seq_dim\" or \"seq_batch_dim\"");
+      }
+    } else if (key == "layer_token_lr_schedule") {
+      if (switch_at(detail::object_at(item, path), path)) {
+        throw std::invalid_argument("ds_config key '" + path +
+                                    "': the learning rate by layer tokens is not available in "
+                                    "shardtrain (nor implemented in DeepSpeed)");
+      }
+    } else if (key == "random_ltd_schedule") {
+      for (const auto& [skey, sitem] : detail::object_at(item, path).items()) {
+        const std::string spath = path + "." + skey;
+        if (skey == "min_value") {
+          min_value = int_or_auto(sitem, spath);
+        } else if (skey == "max_value") {
+          max_value = int_or_auto(sitem, spath);
+        } else if (skey == "schedule_type") {
+          detail::require_value(sitem, spath, "fixed_linear",
+                                "the one schedule DeepSpeed runs is \"fixed_linear\"");
+        } else if (skey == "schedule_config") {
+          for (const auto& [ckey, citem] : detail::object_at(sitem, spath).items()) {
+            if (ckey == "require_steps") {
+              require_steps = int_or_auto(citem, spath + "." + ckey);
+            } else if (ckey == "seq_per_step") {
+              per_step = int_or_auto(citem, spath + "." + ckey);
+            } else {
+              detail::unknown_key(spath + "." + ckey);
+            }
+          }
+        } else {
+          detail::unknown_key(spath);
+        }
+      }
+    } else {
+      detail::unknown_key(path);
+    }
+  }
+  if (ids.empty()) {
+    throw std::invalid_argument("ds_config key '" + ltd_name +
+                                "': enabled without random_ltd_layer_id (the blocks it drops "
+                                "tokens in)");
+  }
+  if (layer_num && *layer_num != static_cast<int64_t>(ids.size())) {
+    throw std::invalid_argument(
+        "ds_config key '" + ltd_name + ".random_ltd_layer_num' = " + std::to_string(*layer_num) +
+        " but random_ltd_layer_id lists " + std::to_string(ids.size()) + " blocks");
+  }
+  // DeepSpeed reads these without defaults.
+  std::set<std::string> given;
+  for (const auto& [key, item] : ltd.items()) given.insert(key);
+  if (ltd.contains("random_ltd_schedule") && ltd.at("random_ltd_schedule").is_object()) {
+    const Json& sched = ltd.at("random_ltd_schedule");
+    for (const char* key : {"min_value", "max_value"}) {
+      if (sched.contains(key)) given.insert(std::string("random_ltd_schedule.") + key);
+    }
+    if (sched.contains("schedule_config") && sched.at("schedule_config").is_object()) {
+      for (const char* key : {"require_steps", "seq_per_step"}) {
+        if (sched.at("schedule_config").contains(key)) {
+          given.insert(std::string("random_ltd_schedule.schedule_config.") + key);
+        }
+      }
+    }
+  }
+  for (const char* key :
+       {"total_layer_num", "random_ltd_schedule.min_value", "random_ltd_schedule.max_value",
+        "random_ltd_schedule.schedule_config.require_steps",
+        "random_ltd_schedule.schedule_config.seq_per_step"}) {
+    if (!given.count(key)) {
+      throw std::invalid_argument("ds_config key '" + ltd_name + "." + key +
+                                  "' is missing: DeepSpeed's random-LTD needs it");
+    }
+  }
+  std::string list = "[";
+  for (size_t i = 0; i < ids.size(); ++i) list += (i ? ", " : "") + std::to_string(ids[i]);
+  out.set("train.random_ltd_layers", list + "]");
+  const std::string schedule = ltd_name + ".random_ltd_schedule";
+  out.set_int_or_keep(schedule + ".min_value", "train.random_ltd_min", min_value);
+  out.set_int_or_keep(schedule + ".max_value", "train.random_ltd_max", max_value);
+  out.set_int_or_keep(schedule + ".schedule_config.require_steps", "train.random_ltd_steps",
+                      require_steps);
+  out.set_int_or_keep(schedule + ".schedule_config.seq_per_step", "train.random_ltd_step",
+                      per_step);
+  out.set_int_or_keep(ltd_name + ".total_layer_num", "train.random_ltd_model_layers", total);
 }
 
 // Whether a feature's section does anything: its own "enabled" when it has one, else whether
@@ -477,6 +619,8 @@ std::vector<std::string> deepspeed_overrides_from_json(const std::string& json_t
         import_tensor_parallel(value, out);
       } else if (key == "progressive_layer_drop") {
         import_layer_drop(value, out);
+      } else if (key == "data_efficiency") {
+        import_data_efficiency(value, out);
       } else if (key == "seq_parallel_communication_data_type" ||
                  key == "seq_parallel_comm_data_type") {
         detail::ulysses_dtype_note(detail::string_at(value, key), key, out);

@@ -248,6 +248,12 @@ const std::map<std::string, Setter>& known_keys() {
                   {"train.layer_drop", field(&TrainSection::layer_drop)},
                   {"train.layer_drop_theta", field(&TrainSection::layer_drop_theta)},
                   {"train.layer_drop_gamma", field(&TrainSection::layer_drop_gamma)},
+                  {"train.random_ltd_layers", field(&TrainSection::random_ltd_layers)},
+                  {"train.random_ltd_min", field(&TrainSection::random_ltd_min)},
+                  {"train.random_ltd_max", field(&TrainSection::random_ltd_max)},
+                  {"train.random_ltd_steps", field(&TrainSection::random_ltd_steps)},
+                  {"train.random_ltd_step", field(&TrainSection::random_ltd_step)},
+                  {"train.random_ltd_model_layers", field(&TrainSection::random_ltd_model_layers)},
                   {"train.weight_decay", field(&TrainSection::weight_decay)},
                   {"train.beta1", field(&TrainSection::beta1)},
                   {"train.beta2", field(&TrainSection::beta2)},
@@ -645,6 +651,41 @@ void validate_layer_drop(const TrainConfig& c) {
           "parallelism (parallel.tp, pp, cp and ep must be 1)");
 }
 
+// Random layer-token dropping: its schedule, the blocks it names, and the layouts that run it
+// (each rank's whole sequences through blocks that are not split).
+void validate_random_ltd(const TrainConfig& c) {
+  const TrainSection& train = c.train;
+  if (train.random_ltd_layers.empty()) return;
+  const int64_t n_layers = c.model.n_layers;
+  require(train.random_ltd_model_layers == 0 || train.random_ltd_model_layers == n_layers,
+          "train.random_ltd_model_layers = " + std::to_string(train.random_ltd_model_layers) +
+              " (the blocks train.random_ltd_layers was written for) but model.n_layers = " +
+              std::to_string(n_layers));
+  std::vector<int64_t> seen;
+  for (int64_t id : train.random_ltd_layers) {
+    require(id >= 0 && id < n_layers, "train.random_ltd_layers: block " + std::to_string(id) +
+                                          " is not one of the model's blocks 0.." +
+                                          std::to_string(n_layers - 1));
+    require(std::find(seen.begin(), seen.end(), id) == seen.end(),
+            "train.random_ltd_layers names block " + std::to_string(id) + " twice");
+    seen.push_back(id);
+  }
+  require(train.random_ltd_min >= 1, "train.random_ltd_min must be >= 1 (tokens)");
+  require(train.random_ltd_max >= train.random_ltd_min,
+          "train.random_ltd_max must be >= train.random_ltd_min");
+  require(train.random_ltd_steps >= 1, "train.random_ltd_steps must be >= 1");
+  require(train.random_ltd_step >= 1, "train.random_ltd_step must be >= 1 (tokens)");
+  require(train.layer_drop == "none", "train.random_ltd_layers with train.layer_drop = \"" +
+                                          train.layer_drop + "\": use one of the two");
+  require(!c.model.moe(),
+          "train.random_ltd_layers with a mixture-of-experts model: this version "
+          "drops tokens in dense blocks only");
+  require(c.parallel.tp == 1 && c.parallel.pp == 1 && c.parallel.cp == 1 && c.parallel.ep == 1,
+          "train.random_ltd_layers with tensor, pipeline, context or expert parallelism "
+          "(parallel.tp, pp, cp and ep must be 1): a block's tokens are drawn from the whole "
+          "sequence a rank holds");
+}
+
 // The micro-batch search's range and timing.
 void validate_autotune(const TrainConfig& c) {
   const TrainSection& t = c.train;
@@ -929,6 +970,7 @@ void TrainConfig::validate() const {
           "parallelism without dropout");
   validate_optimizer(*this);
   validate_layer_drop(*this);
+  validate_random_ltd(*this);
   validate_compression(*this);
   validate_autotune(*this);
   validate_pipeline(*this);

@@ -57,7 +57,17 @@ struct BlockContext {
   // What the block multiplies its residual branches by (progressive layer dropping: 1 / the
   // probability that it was kept).
   double residual_scale = 1.0;
+  // The tokens' positions and samples (undefined: one sample, positions 0..T-1), and the number
+  // of the training forward that random layer-token dropping draws for (-1: none).
+  SequenceLayout layout;
+  int64_t token_drop_forward = -1;
 };
+
+// Random layer-token dropping (Transformer::set_token_drop): the `keep` of `length` tokens that
+// one block runs on for each of `batch` samples, [batch, keep] int64 in ascending order, drawn
+// without replacement from the key, the forward's number and the block alone.
+at::Tensor draw_kept_tokens(int64_t batch, int64_t length, int64_t keep, uint64_t key,
+                            int64_t forward, int64_t block);
 
 // softmax(q k^T / sqrt(head_dim) with the future masked) v through the kernel ctx names.
 // q [B, heads, T, head_dim]; k, v [B, kv_heads, T, head_dim], heads a multiple of kv_heads.

@@ -2,9 +2,12 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/nn/modules/linear.h>
 
+#include <algorithm>
 #include <cmath>
 #include <mutex>
+#include <numeric>
 #include <optional>
+#include <random>
 #include <sstream>
 #include <stdexcept>
 
@@ -95,6 +98,30 @@ at::Tensor split_positions(const std::shared_ptr<detail::ContextSplit>& cp, int6
 }
 
 }  // namespace
+
+// Random layer-token dropping: the `keep` of `length` tokens that one block runs on for each of
+// `batch` samples, [batch, keep] in ascending order, drawn without replacement from the key, the
+// forward's number, the block and the sample alone.
+at::Tensor detail::draw_kept_tokens(int64_t batch, int64_t length, int64_t keep, uint64_t key,
+                                    int64_t forward, int64_t block) {
+  at::Tensor kept = at::empty({batch, keep}, at::kLong);
+  int64_t* out = kept.data_ptr<int64_t>();
+  std::vector<int64_t> order(static_cast<size_t>(length));
+  for (int64_t b = 0; b < batch; ++b) {
+    std::seed_seq seeds{static_cast<uint32_t>(key),     static_cast<uint32_t>(key >> 32),
+                        static_cast<uint32_t>(forward), static_cast<uint32_t>(block),
+                        static_cast<uint32_t>(b),       0x4c5444u};  // "LTD"
+    std::mt19937_64 draw(seeds);
+    std::iota(order.begin(), order.end(), int64_t{0});
+    for (int64_t i = 0; i < keep; ++i) {  // the first `keep` of a random permutation
+      const auto j = i + static_cast<int64_t>(draw() % static_cast<uint64_t>(length - i));
+      std::swap(order[static_cast<size_t>(i)], order[static_cast<size_t>(j)]);
+    }
+    std::sort(order.begin(), order.begin() + keep);
+    std::copy(order.begin(), order.begin() + keep, out + b * keep);
+  }
+  return kept;
+}
 
 TransformerImpl::TransformerImpl(ModelConfig config, ModelInit init) : config_(std::move(config)) {
   config_.validate();
@@ -220,6 +247,7 @@ at::Tensor TransformerImpl::whole_forward(const at::Tensor& tokens, const Sequen
   if (hooks) hooks->pre_forward(*this);
   detail::BlockContext ctx;
   at::Tensor x = embed(tokens, tokens.size(1), layout, ctx);
+  if (is_training() && !token_drop_.layers.empty()) ctx.token_drop_forward = token_drop_forwards_++;
   x = end(run_blocks(x, 0, static_cast<int64_t>(blocks_->size()), ctx));
   return hooks ? hooks->post_forward(*this, x) : x;
 }
@@ -246,6 +274,7 @@ void TransformerImpl::prepare_context(const at::Tensor& x, int64_t length,
                                       const SequenceLayout& layout, detail::BlockContext& ctx) {
   ctx.attention = attention_;
   ctx.moe = moe_.get();
+  ctx.layout = layout;
   // This rank's chunks of sequences split by context parallelism: their positions in the whole.
   const at::Tensor split = split_positions(cp_, length, x.device());
   if (split.defined()) {
@@ -370,22 +399,46 @@ at::Tensor TransformerImpl::run_blocks(at::Tensor x, int64_t begin, int64_t end,
       continue;
     }
     detail::BlockContext block_ctx = ctx;
+    // Random layer-token dropping: the block runs on the tokens drawn for it, gathered in order
+    // at their own positions; the others pass it unchanged (scattered back around them).
+    at::Tensor kept;
+    at::Tensor input = x;
+    if (ctx.token_drop_forward >= 0 && token_drop_.layers[static_cast<size_t>(index)] &&
+        x.size(1) > token_drop_.tokens) {
+      const int64_t batch = x.size(0), keep = token_drop_.tokens;
+      kept = detail::draw_kept_tokens(batch, x.size(1), keep, token_drop_.key,
+                                      ctx.token_drop_forward, index)
+                 .to(x.device())
+                 .unsqueeze(-1)
+                 .expand({batch, keep, x.size(2)});
+      input = x.gather(1, kept);
+      const at::Tensor rows = kept.select(2, 0);
+      SequenceLayout part;
+      part.positions =
+          ctx.layout.defined() ? ctx.layout.positions.to(x.device()).gather(1, rows) : rows;
+      part.segments = ctx.layout.defined() ? ctx.layout.segments.to(x.device()).gather(1, rows)
+                                           : at::zeros_like(rows);
+      block_ctx = detail::BlockContext();
+      prepare_context(input, keep, part, block_ctx);
+    }
     block_ctx.residual_scale = drop_scale;
     const std::shared_ptr<ForwardHooks> block_hooks = module_hooks(*block);
+    at::Tensor out;
     if (checkpoint) {
       // The hooks go inside, so that the recomputation in backward finds the parameters too.
-      x = detail::checkpoint(
+      out = detail::checkpoint(
           [block, block_ctx, block_hooks](const at::Tensor& in) {
             if (block_hooks) block_hooks->pre_forward(*block);
             at::Tensor out = block->forward(in, block_ctx);
             return block_hooks ? block_hooks->post_forward(*block, out) : out;
           },
-          x, block->parameters());
+          input, block->parameters());
     } else {
       if (block_hooks) block_hooks->pre_forward(*block);
-      x = block->forward(x, block_ctx);
-      if (block_hooks) x = block_hooks->post_forward(*block, x);
+      out = block->forward(input, block_ctx);
+      if (block_hooks) out = block_hooks->post_forward(*block, out);
     }
+    x = kept.defined() ? x.scatter(1, kept, out) : out;
   }
   if (backward_spans) {
     detail::BackwardSpans::mark(backward_spans, x, static_cast<size_t>(end - begin));
@@ -429,6 +482,19 @@ void TransformerImpl::set_layer_drop(std::vector<double> scales) {
                                 " scales for " + std::to_string(config_.n_layers) + " blocks");
   }
   layer_drop_ = std::move(scales);
+}
+
+void TransformerImpl::set_token_drop(TokenDrop drop) {
+  if (!drop.layers.empty() && drop.layers.size() != static_cast<size_t>(config_.n_layers)) {
+    throw std::invalid_argument(
+        "Transformer::set_token_drop: " + std::to_string(drop.layers.size()) + " entries for " +
+        std::to_string(config_.n_layers) + " blocks");
+  }
+  if (!drop.layers.empty() && drop.tokens < 1) {
+    throw std::invalid_argument("Transformer::set_token_drop: tokens must be >= 1");
+  }
+  token_drop_ = std::move(drop);
+  token_drop_forwards_ = 0;
 }
 
 void TransformerImpl::set_aux_loss_weight(double weight) {

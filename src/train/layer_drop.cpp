@@ -29,4 +29,15 @@ std::vector<double> layer_drop_scales(const TrainSection& train, int64_t complet
   return scales;
 }
 
+int64_t random_ltd_tokens(const TrainSection& train, int64_t completed) {
+  if (completed <= 0) return train.random_ltd_min;
+  const double share =
+      std::min(1.0, static_cast<double>(completed) / static_cast<double>(train.random_ltd_steps));
+  auto tokens = static_cast<int64_t>(
+      std::floor(share * static_cast<double>(train.random_ltd_max - train.random_ltd_min) +
+                 static_cast<double>(train.random_ltd_min)));
+  tokens -= tokens % train.random_ltd_step;
+  return std::max<int64_t>(1, std::min(tokens, train.random_ltd_max));
+}
+
 }  // namespace shardtrain::detail

@@ -20,4 +20,9 @@ double layer_drop_theta(const TrainSection& train, int64_t completed);
 std::vector<double> layer_drop_scales(const TrainSection& train, int64_t completed,
                                       int64_t n_layers, int64_t seed);
 
+// Random layer-token dropping (train.random_ltd_layers): the tokens each listed block runs on at
+// the step after `completed` steps. DeepSpeed's fixed_linear schedule, which its engine updates
+// at the end of each step from the count of steps so far: random_ltd_min at the first step.
+int64_t random_ltd_tokens(const TrainSection& train, int64_t completed);
+
 }  // namespace shardtrain::detail

@@ -329,6 +329,7 @@ void Trainer::write_metrics(const StepResult& result, double eval_loss) {
   if (result.blocks_run >= 0) {
     line["layer_drop"] = {{"theta", result.layer_drop_theta}, {"blocks_run", result.blocks_run}};
   }
+  if (result.random_ltd_tokens >= 0) line["random_ltd"] = {{"tokens", result.random_ltd_tokens}};
   if (!std::isnan(result.expert_tokens_mean)) {
     line["expert_tokens"] = {{"min", result.expert_tokens_min},
                              {"mean", result.expert_tokens_mean},

@@ -237,6 +237,29 @@ void expect_compression_as_the_file_says(const Json& ds, const TrainConfig& c) {
         "bits");
 }
 
+// The file's data_efficiency.data_routing.random_ltd section, or null.
+const Json* random_ltd_of(const Json& ds) {
+  if (!ds.is_object() || !ds.contains("data_efficiency")) return nullptr;
+  const Json& efficiency = ds.at("data_efficiency");
+  if (!efficiency.contains("data_routing")) return nullptr;
+  const Json& routing = efficiency.at("data_routing");
+  return routing.contains("random_ltd") ? &routing.at("random_ltd") : nullptr;
+}
+
+void expect_random_ltd_as_the_file_says(const Json* ltd, const TrainConfig& c) {
+  if (!ltd || ltd->value("enabled", false) != true) {
+    EXPECT_TRUE(c.train.random_ltd_layers.empty());
+    return;
+  }
+  EXPECT_EQ(c.train.random_ltd_layers, ltd->at("random_ltd_layer_id").get<std::vector<int64_t>>());
+  const Json& schedule = ltd->at("random_ltd_schedule");
+  EXPECT_EQ(c.train.random_ltd_min, number(schedule.at("min_value")));
+  EXPECT_EQ(c.train.random_ltd_max, number(schedule.at("max_value")));
+  EXPECT_EQ(c.train.random_ltd_steps, number(schedule.at("schedule_config").at("require_steps")));
+  EXPECT_EQ(c.train.random_ltd_step, number(schedule.at("schedule_config").at("seq_per_step")));
+  EXPECT_EQ(c.train.random_ltd_model_layers, number(ltd->at("total_layer_num")));
+}
+
 struct Outcome {
   bool accepted = false;
   std::string message;
@@ -262,8 +285,17 @@ TEST(ConfigCorpusTest, EveryFileRunsAsItSaysOrIsRefusedForItsListedReason) {
           } catch (const Json::exception&) {
           }
           const int world = ds.is_object() ? ds_world(ds) : 1;
-          const TrainConfig c = load_train_config(kToml, deepspeed_overrides(path.string(), world));
+          std::vector<std::string> overrides = deepspeed_overrides(path.string(), world);
+          // A random-LTD file names blocks of a model of total_layer_num blocks: the tiny model
+          // gets that many.
+          const Json* ltd = random_ltd_of(ds);
+          if (ltd && ltd->contains("total_layer_num")) {
+            overrides.push_back("model.n_layers=" +
+                                std::to_string(number(ltd->at("total_layer_num"))));
+          }
+          const TrainConfig c = load_train_config(kToml, overrides);
           expect_as_the_file_says(ds, c, world, name);
+          expect_random_ltd_as_the_file_says(ltd, c);
           expect_compression_as_the_file_says(ds, c);
           // An enabled autotuning block tunes a micro-batch the file leaves open.
           const Json tuning = ds.value("autotuning", Json::object());

@@ -132,6 +132,74 @@ TEST(DeepSpeedConfigTest, ZeroOneAdamTakesItsIntervals) {
   EXPECT_EQ(c.train.local_step_clipper, 4);
 }
 
+// A DeepSpeedExamples random-LTD block for a model of `total` blocks, with `extra` inside it.
+std::string random_ltd(int total, const std::string& extra = "") {
+  return R"({"train_micro_batch_size_per_gpu": 1, "data_efficiency": {"enabled": true, "seed": 1,
+    "data_routing": {"enabled": true, "random_ltd": {"enabled": true, "total_layer_num": )" +
+         std::to_string(total) + R"(, "random_ltd_layer_num": 1, "random_ltd_layer_id": [1],
+      "model_mask_name": "attention_mask", "model_type": "decoder",
+      "hidden_state_order": "batch_seq_dim", )" +
+         extra + R"(
+      "random_ltd_schedule": {"min_value": 16, "max_value": 64, "schedule_type": "fixed_linear",
+        "schedule_config": {"require_steps": 40, "seq_per_step": 8}}}}}})";
+}
+
+TEST(DeepSpeedConfigTest, RandomLtdBecomesTrainRandomLtd) {
+  const TrainConfig ltd = with_tiny(deepspeed_overrides_from_json(random_ltd(2), "ds.json", 1));
+  EXPECT_EQ(ltd.train.random_ltd_layers, std::vector<int64_t>{1});
+  EXPECT_EQ(ltd.train.random_ltd_min, 16);
+  EXPECT_EQ(ltd.train.random_ltd_max, 64);
+  EXPECT_EQ(ltd.train.random_ltd_steps, 40);
+  EXPECT_EQ(ltd.train.random_ltd_step, 8);
+  EXPECT_EQ(ltd.train.random_ltd_model_layers, 2);
+  // Switched off at any level (DeepSpeed's switches default to off): nothing.
+  for (
+      const std::string off :
+      {R"({"data_efficiency": {"data_routing": {"enabled": true, "random_ltd": {"enabled": true}}}})",
+       R"({"data_efficiency": {"enabled": true, "data_routing": {"random_ltd": {"enabled": true}}}})",
+       R"({"data_efficiency": {"enabled": true, "data_routing": {"enabled": true,
+              "random_ltd": {"enabled": false, "random_ltd_layer_id": [5]}}}})"}) {
+    EXPECT_TRUE(
+        with_tiny(deepspeed_overrides_from_json(off, "ds.json", 1)).train.random_ltd_layers.empty())
+        << off;
+  }
+  // A model of another block count is refused by the config check, naming both counts.
+  try {
+    with_tiny(deepspeed_overrides_from_json(random_ltd(12), "ds.json", 1));
+    ADD_FAILURE() << "12 blocks accepted for the 2-block model";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("train.random_ltd_model_layers = 12"), std::string::npos)
+        << e.what();
+  }
+  auto e = error_of(random_ltd(2, R"("model_type": "encoder",)"), 1);
+  EXPECT_NE(e.find("random-LTD for encoder (bidirectional) models is not available"),
+            std::string::npos)
+      << e;
+  e = error_of(random_ltd(2, R"("layer_token_lr_schedule": {"enabled": true},)"), 1);
+  EXPECT_NE(e.find("'data_efficiency.data_routing.random_ltd.layer_token_lr_schedule'"),
+            std::string::npos)
+      << e;
+  EXPECT_EQ(error_of(random_ltd(2, R"("layer_token_lr_schedule": {"enabled": false},)"), 1), "");
+  e = error_of(random_ltd(2, R"("random_ltd_layer_num": 3,)"), 1);
+  EXPECT_NE(e.find("random_ltd_layer_num' = 3 but random_ltd_layer_id lists 1 blocks"),
+            std::string::npos)
+      << e;
+  e = error_of(R"({"data_efficiency": {"enabled": true, "data_routing": {"enabled": true,
+      "random_ltd": {"enabled": true, "random_ltd_layer_id": [1], "total_layer_num": 2}}}})",
+               1);
+  EXPECT_NE(e.find("'data_efficiency.data_routing.random_ltd.random_ltd_schedule.min_value' is "
+                   "missing"),
+            std::string::npos)
+      << e;
+  e = error_of(R"({"data_efficiency": {"enabled": true, "data_sampling": {"enabled": true}}})", 1);
+  EXPECT_NE(e.find("curriculum learning"), std::string::npos) << e;
+  e = error_of(random_ltd(2, R"("random_ltd_layer_idx": [1],)"), 1);
+  EXPECT_NE(
+      e.find("'data_efficiency.data_routing.random_ltd.random_ltd_layer_idx' is not supported"),
+      std::string::npos)
+      << e;
+}
+
 TEST(DeepSpeedConfigTest, ProgressiveLayerDropBecomesTrainLayerDrop) {
   const TrainConfig pld = with_tiny(deepspeed_overrides_from_json(
       R"({"train_micro_batch_size_per_gpu": 1,
