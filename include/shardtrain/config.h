@@ -166,6 +166,15 @@ struct PrecisionSection {
   std::string param_dtype = "fp32";   // gathered parameters the model computes with
   std::string reduce_dtype = "fp32";  // gradient reduction
   std::string buffer_dtype = "fp32";
+  // fp8 training, emulated (Transformer Engine's delayed scaling): "none", "e4m3" (inputs,
+  // weights and gradients of the blocks' linear layers rounded to E4M3) or "hybrid" (E4M3 in
+  // forward, E5M2 gradients). Each tensor's scale is fp8 max / amax / 2^fp8_margin, amax the
+  // largest magnitude over the last fp8_amax_history steps (fp8_amax_algo "max") or the last
+  // step's alone ("most_recent"), over every rank.
+  std::string fp8 = "none";
+  int64_t fp8_amax_history = 1024;
+  std::string fp8_amax_algo = "max";
+  int64_t fp8_margin = 0;
 };
 
 // [parallel.ddp]

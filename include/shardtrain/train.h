@@ -31,6 +31,7 @@ class ParallelModel;
 class ReplicaWorld;
 namespace detail {
 class Compression;
+struct Fp8Scaling;
 class RunDirLock;
 class TraceSpan;
 struct SwapIoTotals;
@@ -254,6 +255,8 @@ class Trainer {
   std::unique_ptr<ParallelModel> parallel_;
   std::unique_ptr<torch::optim::AdamW> optimizer_;
   std::unique_ptr<detail::Compression> compression_;  // [compression]'s quantizers, or null
+  // precision.fp8: each of the blocks' linear layers' scaling state, in order; empty: none.
+  std::vector<std::shared_ptr<detail::Fp8Scaling>> fp8_layers_;
   LrSchedule schedule_;
   LossScaler scaler_;
   int64_t step_ = 0;

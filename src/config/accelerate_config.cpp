@@ -366,12 +366,77 @@ void import_mixed_precision(const std::string& value, bool bf16_weights, Overrid
     out.set_string("precision.autocast", "fp16");
     out.set_string("precision.loss_scale", "dynamic");
   } else if (value == "fp8") {
-    bad_value("mixed_precision", value,
-              "fp8 training (Transformer Engine, MS-AMP, torchao) is not available in shardtrain: "
-              "use bf16");
+    // accelerate runs fp8 layers under bf16 autocast; the recipe is fp8_config's.
+    out.set_string("precision.autocast", "bf16");
   } else {
     bad_value("mixed_precision", value, "expected no, bf16 or fp16");
   }
+}
+
+// fp8_config (with mixed_precision: fp8; `given` false: absent): Transformer Engine's delayed
+// scaling as precision.fp8, with accelerate's defaults (TERecipeKwargs: HYBRID, a history of
+// 1024, most_recent, margin 0, interval 1).
+void import_fp8_config(const YAML::Node* given, Overrides& out) {
+  std::string format = "HYBRID", algo = "most_recent";
+  int64_t history = 1024, margin = 0;
+  if (given) {
+    if (!given->IsMap()) bad_value("fp8_config", "...", "expected a mapping");
+    for (const auto& item : *given) {
+      const std::string key = "fp8_config." + item.first.as<std::string>();
+      const YAML::Node& node = item.second;
+      const std::string name = item.first.as<std::string>();
+      if (name == "backend") {
+        const std::string backend = scalar(node, key);
+        if (backend != "TE" && backend != "te") {
+          bad_value(key, backend,
+                    "only Transformer Engine's delayed scaling (TE) is available in shardtrain; "
+                    "MS-AMP and torchao are not");
+        }
+      } else if (name == "fp8_format") {
+        format = scalar(node, key);
+        if (format != "HYBRID" && format != "E4M3") {
+          bad_value(key, format, "expected HYBRID or E4M3");
+        }
+      } else if (name == "amax_history_len") {
+        history = integer(node, key);
+      } else if (name == "amax_compute_algo") {
+        algo = scalar(node, key);
+      } else if (name == "margin") {
+        margin = integer(node, key);
+      } else if (name == "interval") {
+        if (integer(node, key) != 1) {
+          bad_value(key, scalar(node, key), "the scales are updated after every step (1)");
+        }
+      } else if (name == "override_linear_precision") {
+        // Three switches (forward, input gradient, weight gradient in higher precision), as a
+        // list or as accelerate writes a tuple: "(false, false, false)".
+        std::string text;
+        if (node.IsSequence()) {
+          for (const auto& flag : node) text += flag.as<std::string>() + ",";
+        } else {
+          text = scalar(node, key);
+        }
+        for (const std::string word : {"true", "True"}) {
+          if (text.find(word) != std::string::npos) {
+            bad_value(key, text, "every fp8 product runs in fp8 here: (false, false, false)");
+          }
+        }
+      } else if (name == "use_autocast_during_eval") {
+        if (boolean(node, key)) {
+          bad_value(key, scalar(node, key),
+                    "evaluation runs in the training's higher precision here (false)");
+        }
+      } else if (name == "opt_level") {
+        bad_value(key, scalar(node, key), "an MS-AMP setting; MS-AMP is not available");
+      } else {
+        unknown_key(key);
+      }
+    }
+  }
+  out.set_string("precision.fp8", format == "E4M3" ? "e4m3" : "hybrid");
+  out.set_int("precision.fp8_amax_history", history);
+  out.set_string("precision.fp8_amax_algo", algo);
+  out.set_int("precision.fp8_margin", margin);
 }
 
 }  // namespace
@@ -419,7 +484,7 @@ std::vector<std::string> accelerate_overrides_from_yaml(const std::string& yaml_
           "accelerate config with distributed_type DEEPSPEED has no 'deepspeed_config' (or pass "
           "the ds_config.json itself with --deepspeed)");
     }
-    std::optional<YAML::Node> parallelism;
+    std::optional<YAML::Node> parallelism, fp8_config;
     for (const auto& item : doc) {
       const std::string key = item.first.as<std::string>();
       const YAML::Node& node = item.second;
@@ -459,14 +524,19 @@ std::vector<std::string> accelerate_overrides_from_yaml(const std::string& yaml_
         if (!off)
           bad_value(key, "...", "torch.compile backends are not supported (dynamo_backend: NO)");
       } else if (key == "fp8_config") {
-        throw std::invalid_argument(
-            "accelerate config key 'fp8_config': fp8 training (Transformer Engine, MS-AMP, "
-            "torchao) is not available in shardtrain: use bf16");
+        fp8_config = node;  // read with mixed_precision, after the loop
       } else {
         unknown_key(key);
       }
     }
     if (parallelism) import_parallelism(*parallelism, type, world_size, out);
+    const bool fp8 = doc["mixed_precision"] && doc["mixed_precision"].IsScalar() &&
+                     doc["mixed_precision"].Scalar() == "fp8";
+    if (fp8) {
+      import_fp8_config(fp8_config ? &*fp8_config : nullptr, out);
+    } else if (fp8_config) {
+      out.decide("fp8_config", "ignored, as accelerate does: mixed_precision is not fp8");
+    }
     if (notes) *notes = out.notes();
     return out.list();
   } catch (const std::invalid_argument& e) {

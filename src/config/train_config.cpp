@@ -291,6 +291,10 @@ const std::map<std::string, Setter>& known_keys() {
                   {"precision.hysteresis", field(&PrecisionSection::hysteresis)},
                   {"precision.consecutive_hysteresis",
                    field(&PrecisionSection::consecutive_hysteresis)},
+                  {"precision.fp8", field(&PrecisionSection::fp8)},
+                  {"precision.fp8_amax_history", field(&PrecisionSection::fp8_amax_history)},
+                  {"precision.fp8_amax_algo", field(&PrecisionSection::fp8_amax_algo)},
+                  {"precision.fp8_margin", field(&PrecisionSection::fp8_margin)},
                   {"parallel.strategy", field(&ParallelSection::strategy)},
                   {"parallel.tp", field(&ParallelSection::tp)},
                   {"parallel.cp", field(&ParallelSection::cp)},
@@ -686,6 +690,34 @@ void validate_random_ltd(const TrainConfig& c) {
           "sequence a rank holds");
 }
 
+// fp8 training: its recipe, and what it runs with (the blocks' own, whole linear layers).
+void validate_fp8(const TrainConfig& c) {
+  const PrecisionSection& p = c.precision;
+  require(p.fp8 == "none" || p.fp8 == "e4m3" || p.fp8 == "hybrid",
+          "precision.fp8 must be \"none\", \"e4m3\" or \"hybrid\", got \"" + p.fp8 + "\"");
+  require(p.fp8_amax_history >= 1 && p.fp8_amax_history <= 1000000,
+          "precision.fp8_amax_history must be between 1 and 1000000 (steps)");
+  require(p.fp8_amax_algo == "max" || p.fp8_amax_algo == "most_recent",
+          "precision.fp8_amax_algo must be \"max\" or \"most_recent\", got \"" + p.fp8_amax_algo +
+              "\"");
+  require(p.fp8_margin >= 0 && p.fp8_margin <= 30, "precision.fp8_margin must be between 0 and 30");
+  if (p.fp8 == "none") return;
+  require(c.parallel.tp == 1 && c.parallel.pp == 1 && c.parallel.cp == 1 && c.parallel.ep == 1,
+          "precision.fp8 with tensor, pipeline, context or expert parallelism (parallel.tp, pp, "
+          "cp and ep must be 1)");
+  require(c.lora.rank == 0,
+          "precision.fp8 with LoRA adapters (lora.rank > 0): this version "
+          "computes fp8 with whole, trained linear layers");
+  require(!c.compression.enabled(),
+          "precision.fp8 with [compression]'s quantization: use one of the two");
+  require(!c.model.moe(),
+          "precision.fp8 with a mixture-of-experts model: this version rounds "
+          "the dense blocks' linear layers only");
+  require(p.autocast != "fp16",
+          "precision.fp8 with precision.autocast = \"fp16\": use \"bf16\" "
+          "(what accelerate's fp8 runs beside) or \"none\"");
+}
+
 // The micro-batch search's range and timing.
 void validate_autotune(const TrainConfig& c) {
   const TrainSection& t = c.train;
@@ -971,6 +1003,7 @@ void TrainConfig::validate() const {
   validate_optimizer(*this);
   validate_layer_drop(*this);
   validate_random_ltd(*this);
+  validate_fp8(*this);
   validate_compression(*this);
   validate_autotune(*this);
   validate_pipeline(*this);

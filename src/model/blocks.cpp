@@ -20,6 +20,7 @@ LinearImpl::LinearImpl(int64_t in, int64_t out, bool bias, bool deferred) {
 }
 
 at::Tensor LinearImpl::forward(const at::Tensor& x) {
+  if (fp8 && is_training()) return fp8_linear(x, weight, bias, *fp8);
   if (compression) return quantized_forward(x);
   if (tp) return tensor_parallel_forward(x);
   // Packed NF4 always, and outside autocast (under it the product runs in the autocast dtype

@@ -16,6 +16,7 @@
 #include "model/context_split.h"
 #include "model/expert_split.h"
 #include "model/fake_quant.h"
+#include "model/fp8.h"
 #include "model/layer_split.h"
 #include "shardtrain/model.h"
 
@@ -115,6 +116,9 @@ class LinearImpl : public torch::nn::Module {
   // weight and input quantizers, applied while `compression` says the technique has started.
   Quantizer weight_quant, input_quant;
   std::shared_ptr<const CompressionSwitches> compression;
+  // Set by enable_fp8 (precision.fp8): the layer's scaling state; in training, forward then
+  // computes through fp8_linear.
+  std::shared_ptr<Fp8Scaling> fp8;
 
  private:
   at::Tensor tensor_parallel_forward(const at::Tensor& x);

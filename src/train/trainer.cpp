@@ -18,6 +18,7 @@
 #include "comm/replica_world.h"
 #include "model/autocast.h"
 #include "model/compression.h"
+#include "model/fp8.h"
 #include "model/layers.h"
 #include "optim/swap_file.h"
 #include "parallel/parallelize.h"
@@ -246,6 +247,14 @@ void Trainer::build_model() {
       compression_ =
           std::make_unique<detail::Compression>(*model_, config_.model, config_.compression);
     }
+    if (config_.precision.fp8 != "none") {
+      auto recipe = std::make_shared<detail::Fp8Recipe>();
+      recipe->hybrid = config_.precision.fp8 == "hybrid";
+      recipe->history = config_.precision.fp8_amax_history;
+      recipe->most_recent = config_.precision.fp8_amax_algo == "most_recent";
+      recipe->margin = config_.precision.fp8_margin;
+      fp8_layers_ = detail::enable_fp8(*model_->blocks(), std::move(recipe));
+    }
   }
   const bool give_back = detail::apply_freed_memory(config_);
   parallel_ = parallelize(model_, config_, world_, mesh_.get());
@@ -430,6 +439,12 @@ bool Trainer::step_body(StepResult& result, std::optional<detail::TraceSpan>& up
     model_->set_token_drop(std::move(token_drop));
   }
   const double loss_sum = forward_backward();
+  if (!fp8_layers_.empty()) {
+    // The step's largest magnitudes of every rank: the next step's scales.
+    std::vector<detail::Fp8Scaling*> layers;
+    for (const auto& layer : fp8_layers_) layers.push_back(layer.get());
+    detail::update_fp8_scales(layers, world_.get());
+  }
   result = StepResult();
   result.random_ltd_tokens = ltd_tokens;
   result.step = step_ + 1;

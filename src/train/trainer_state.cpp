@@ -16,6 +16,7 @@
 #include "comm/join.h"
 #include "comm/replica_world.h"
 #include "common/file_error.h"
+#include "model/fp8.h"
 #include "parallel/parallel_model.h"
 #include "shardtrain/checkpoint.h"
 #include "shardtrain/sharded_checkpoint.h"
@@ -159,6 +160,16 @@ std::string Trainer::save_checkpoint() {
   if (device_.is_cuda()) {
     rng.emplace_back("rng.cuda", at::globalContext().defaultGenerator(device_).get_state());
   }
+  // precision.fp8's scaling state (the same on every rank): the next step's scales and history.
+  if (!fp8_layers_.empty()) {
+    std::vector<at::Tensor> histories, scales;
+    for (const auto& layer : fp8_layers_) {
+      histories.push_back(layer->history.cpu());
+      scales.push_back(layer->scale.cpu());
+    }
+    rng.emplace_back("fp8.history", at::stack(histories));
+    rng.emplace_back("fp8.scale", at::stack(scales));
+  }
   auto options = ShardedSaveOptions()
                      .strategy(to_string(config_.parallel.strategy))
                      .keep(static_cast<int>(config_.train.keep_checkpoints))
@@ -245,6 +256,24 @@ void Trainer::restore_training_state(const ShardedCheckpointReader& reader,
     at::Generator generator = at::globalContext().defaultGenerator(device_);
     std::lock_guard<std::mutex> lock(generator.mutex());
     generator.set_state(rank_state.at("rng.cuda"));
+  }
+  // fp8 scaling state; a checkpoint of a run without it starts the scales afresh.
+  if (!fp8_layers_.empty() && rank_state.count("fp8.history")) {
+    const at::Tensor& histories = rank_state.at("fp8.history");
+    const at::Tensor& scales = rank_state.at("fp8.scale");
+    const auto layers = static_cast<int64_t>(fp8_layers_.size());
+    if (histories.dim() != 3 || histories.size(0) != layers ||
+        histories.size(1) != fp8_layers_[0]->history.size(0) || scales.size(0) != layers) {
+      throw std::invalid_argument("checkpoint '" + dir + "': its fp8 state holds " +
+                                  c10::str(histories.sizes()) + " amax histories, this run [" +
+                                  std::to_string(layers) + ", " +
+                                  std::to_string(fp8_layers_[0]->history.size(0)) +
+                                  ", 3] (precision.fp8_amax_history must be the saving run's)");
+    }
+    for (int64_t i = 0; i < layers; ++i) {
+      fp8_layers_[static_cast<size_t>(i)]->history.copy_(histories[i]);
+      fp8_layers_[static_cast<size_t>(i)]->scale.copy_(scales[i]);
+    }
   }
   try {
     step_ = training.at("step").get<int64_t>();

@@ -318,7 +318,19 @@ TEST(ConfigCorpusTest, EveryFileRunsAsItSaysOrIsRefusedForItsListedReason) {
           }
           if (one_process) world = 1;
           const fs::path staged = as_in_its_repository(name, staging);
-          load_train_config(kToml, accelerate_overrides(staged.string(), world));
+          const TrainConfig c =
+              load_train_config(kToml, accelerate_overrides(staged.string(), world));
+          // mixed_precision fp8: Transformer Engine's recipe (accelerate's default HYBRID).
+          const std::string yaml = read(path);
+          if (yaml.find("mixed_precision: fp8") != std::string::npos ||
+              yaml.find("mixed_precision: \"fp8\"") != std::string::npos) {
+            EXPECT_EQ(c.precision.fp8,
+                      yaml.find("fp8_format: E4M3") != std::string::npos ? "e4m3" : "hybrid")
+                << name;
+            EXPECT_EQ(c.precision.autocast, "bf16") << name;
+          } else {
+            EXPECT_EQ(c.precision.fp8, "none") << name;
+          }
         }
         outcome.accepted = true;
       } catch (const std::exception& e) {

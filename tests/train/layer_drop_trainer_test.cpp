@@ -6,36 +6,20 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <filesystem>
 
 #include "shardtrain/train.h"
-#include "support.h"
-#include "train/local_training.h"
-#include "train/run_config.h"
+#include "train/trainer_run_test.h"
 
 namespace shardtrain {
 namespace layer_drop_trainer_test {
-
-namespace fs = std::filesystem;
 
 // theta 0.3 from the third step on (gamma large): the 2 blocks kept with probability 0.65 and 0.3.
 const std::vector<std::string> kDrop = {"train.layer_drop=\"progressive\"",
                                         "train.layer_drop_theta=0.3", "train.layer_drop_gamma=1e6"};
 
-class LayerDropTrainerTest : public ::testing::Test {
+class LayerDropTrainerTest : public testing::TrainerRunTest {
  protected:
-  void SetUp() override {
-    dir_ = testing::fresh_test_dir("shardtrain_layer_drop");
-    testing::write_trainer_corpus(dir_ / "corpus.txt");
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-
-  TrainConfig config(const std::string& run, const std::vector<std::string>& more,
-                     const std::string& strategy = "none") const {
-    return testing::two_micro_batch_config(dir_ / "corpus.txt", dir_ / run, 6, strategy, more);
-  }
-
-  fs::path dir_;
+  LayerDropTrainerTest() : TrainerRunTest(6) {}
 };
 
 TEST_F(LayerDropTrainerTest, DropsFromTheThirdStepAndTrainsUnderDdpAsOneProcess) {
@@ -74,13 +58,7 @@ TEST_F(LayerDropTrainerTest, EachStepReportsItsThetaAndTheBlocksItRan) {
 }
 
 TEST_F(LayerDropTrainerTest, AResumedRunDropsWhatTheWholeRunDid) {
-  const auto whole = testing::train_on_ranks(1, config("whole", kDrop), 6);
-  std::string saved;
-  testing::train_on_ranks(1, config("first", kDrop), 3, &saved);
-  std::vector<std::string> resume = kDrop;
-  resume.push_back("run.resume=\"" + saved + "\"");
-  const auto resumed = testing::train_on_ranks(1, config("resumed", resume), 3);
-  testing::expect_same_losses(resumed, {whole[3], whole[4], whole[5]}, 1e-9);
+  expect_exact_resume(kDrop, 3, 6);
 }
 
 TEST_F(LayerDropTrainerTest, LayoutsThatGatherOrSplitBlocksAreRefused) {

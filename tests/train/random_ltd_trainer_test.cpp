@@ -6,32 +6,16 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <filesystem>
 
 #include "shardtrain/train.h"
-#include "support.h"
-#include "train/local_training.h"
-#include "train/run_config.h"
+#include "train/trainer_run_test.h"
 
 namespace shardtrain {
 namespace random_ltd_trainer_test {
 
-namespace fs = std::filesystem;
-
-class RandomLtdTrainerTest : public ::testing::Test {
+class RandomLtdTrainerTest : public testing::TrainerRunTest {
  protected:
-  void SetUp() override {
-    dir_ = testing::fresh_test_dir("shardtrain_random_ltd");
-    testing::write_trainer_corpus(dir_ / "corpus.txt");
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-
-  TrainConfig config(const std::string& run, const std::vector<std::string>& more,
-                     const std::string& strategy = "none") const {
-    return testing::two_micro_batch_config(dir_ / "corpus.txt", dir_ / run, 5, strategy, more);
-  }
-
-  fs::path dir_;
+  RandomLtdTrainerTest() : TrainerRunTest(5) {}
 };
 
 TEST_F(RandomLtdTrainerTest, RunsWholeSequencesUntilTheScheduleKeepsFewerTokens) {
@@ -73,13 +57,7 @@ TEST_F(RandomLtdTrainerTest, DataParallelFsdpAndZeroTrainAlike) {
 }
 
 TEST_F(RandomLtdTrainerTest, AResumedRunDrawsWhatTheWholeRunDid) {
-  const auto whole = testing::train_on_ranks(1, config("whole", kSixteen), 5);
-  std::string saved;
-  testing::train_on_ranks(1, config("first", kSixteen), 2, &saved);
-  std::vector<std::string> resume = kSixteen;
-  resume.push_back("run.resume=\"" + saved + "\"");
-  const auto resumed = testing::train_on_ranks(1, config("resumed", resume), 3);
-  testing::expect_same_losses(resumed, {whole[2], whole[3], whole[4]}, 1e-9);
+  expect_exact_resume(kSixteen, 2, 5);
 }
 
 TEST_F(RandomLtdTrainerTest, EachStepReportsItsTokens) {
