@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <functional>
@@ -143,7 +144,26 @@ void check_memory_fits(const TrainConfig& config, int world_size, const MemoryBu
       config.run.checkpoint_async
           ? 12.0 * static_cast<double>(config.model.num_parameters()) / world_size
           : 0.0;
-  const double needed = held + m.total() + checkpoint_copy;
+  // precision.fp8's emulation keeps, for each block linear layer's backward, fp32 copies of its
+  // rounded weight (the blocks' linear weights again, whole under any sharding) and of its
+  // rounded input (per token about 6 d_model + ffn_hidden floats a block; one block's at a time
+  // under activation checkpointing, which recomputes them).
+  double fp8_copies = 0.0;
+  if (config.precision.fp8 != "none") {
+    const ModelConfig& model = config.model;
+    const double d = static_cast<double>(model.d_model);
+    const double embeddings =
+        d * static_cast<double>(model.vocab_size) * (model.tie_embeddings ? 1.0 : 2.0);
+    const double block_weights =
+        std::max(0.0, static_cast<double>(model.num_parameters()) - embeddings);
+    const double tokens =
+        static_cast<double>(config.train.micro_batch) * static_cast<double>(config.data.seq_len);
+    const double blocks =
+        config.train.activation_checkpointing ? 1.0 : static_cast<double>(model.n_layers);
+    fp8_copies = 4.0 * block_weights +
+                 4.0 * tokens * (6.0 * d + static_cast<double>(model.ffn_hidden)) * blocks;
+  }
+  const double needed = held + m.total() + checkpoint_copy + fp8_copies;
   if (needed <= limit) return;
   std::string message =
       "out of memory before the start: " +
@@ -156,18 +176,20 @@ void check_memory_fits(const TrainConfig& config, int world_size, const MemoryBu
       gb(m.activations + m.temporary) +
       (checkpoint_copy > 0 ? ", the asynchronous checkpoint's copy " + gb(checkpoint_copy)
                            : std::string()) +
+      (fp8_copies > 0 ? ", precision.fp8's fp32 copies " + gb(fp8_copies) : std::string()) +
       "; plus " + gb(held) + " the process holds already), but each rank here may use " +
       gb(limit) + " (" + budget.source + "). ";
   const Candidate* fits = nullptr;
   for (const auto& c : estimate.alternatives) {
-    if (held + c.memory.total() + checkpoint_copy <= limit) {
+    if (held + c.memory.total() + checkpoint_copy + fp8_copies <= limit) {
       fits = &c;
       break;
     }
   }
   if (fits) {
-    message += fits->label() + " fits (about " + gb(held + fits->memory.total() + checkpoint_copy) +
-               " per rank): set " + config_setting(*fits) + ". ";
+    message += fits->label() + " fits (about " +
+               gb(held + fits->memory.total() + checkpoint_copy + fp8_copies) + " per rank): set " +
+               config_setting(*fits) + ". ";
   } else {
     message += "No data-parallel strategy fits on " + std::to_string(world_size) +
                (world_size == 1 ? " rank" : " ranks") + ": use more ranks or hosts. ";

@@ -6,7 +6,11 @@
 
 #include <cmath>
 
+#include "plan/run_estimate.h"
+#include "shardtrain/plan.h"
 #include "shardtrain/train.h"
+#include "train/memory_check.h"
+#include "train/run_manifest.h"
 #include "train/trainer_run_test.h"
 
 namespace shardtrain {
@@ -62,6 +66,24 @@ TEST_F(Fp8TrainerTest, AResumedRunContinuesWithTheSavedScales) {
   other.push_back("precision.fp8_amax_history=8");
   testing::expect_refused(
       1, [&] { return config("other", other); }, "precision.fp8_amax_history must be the saving");
+}
+
+// The memory check counts the emulation's fp32 copies: a budget that the same run without fp8
+// just fits refuses it, naming them.
+TEST_F(Fp8TrainerTest, TheMemoryCheckCountsTheEmulationsCopies) {
+  const TrainConfig plain = config("plain", {});
+  const double needed =
+      detail::estimate_run(detail::run_manifest(plain, 1), hardware_spec("cpu"), "plain")
+          .run.memory.total();
+  const detail::MemoryBudget budget{static_cast<int64_t>(needed) + 1, "a test budget"};
+  EXPECT_NO_THROW(detail::check_memory_fits(plain, 1, budget, 0));
+  try {
+    detail::check_memory_fits(config("fp8", kFp8), 1, budget, 0);
+    ADD_FAILURE() << "fp8 passed the memory check";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("precision.fp8's fp32 copies"), std::string::npos)
+        << e.what();
+  }
 }
 
 TEST_F(Fp8TrainerTest, LayoutsAndSettingsItDoesNotRunWithAreRefused) {
