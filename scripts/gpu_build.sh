@@ -410,8 +410,8 @@ libstdcxx_order_ok=1
 for program in "$build_dir/shardtrain" "$build_dir/tests/shardtrain_tests"; do
   [ -x "$program" ] || continue
   needed="$(readelf -d "$program" 2>/dev/null | sed -n 's/.*(NEEDED).*\[\(.*\)\]/\1/p')"
-  stdcxx="$(grep -n '^libstdc++' <<<"$needed" | head -n 1 | cut -d: -f1)"
-  torch="$(grep -n '^libtorch' <<<"$needed" | head -n 1 | cut -d: -f1)"
+  stdcxx="$(grep -n '^libstdc++' <<<"$needed" | head -n 1 | cut -d: -f1 || true)"
+  torch="$(grep -n '^libtorch' <<<"$needed" | head -n 1 | cut -d: -f1 || true)"
   order="libstdc++ at ${stdcxx:-none}, libtorch at ${torch:-none} of $(wc -l <<<"$needed") libraries"
   if [ -n "$torch" ] && { [ -z "$stdcxx" ] || [ "$stdcxx" -gt "$torch" ]; }; then
     note "${program#"$root"/}: $order: LIBTORCH BEFORE LIBSTDC++ (with a wheel's LibTorch, std::filesystem::remove_all then crashes)"

@@ -99,7 +99,7 @@ struct TrainSection {
   // drawn uniformly without replacement for each sample, block and forward and kept in their
   // order; the other tokens pass that block unchanged. n_1 = random_ltd_min; after k completed
   // steps, n = min(random_ltd_max, m - m mod random_ltd_step) with m = floor(random_ltd_min +
-  // (random_ltd_max - random_ltd_min) min(1, k / random_ltd_steps)). A sequence of no more than
+  // (random_ltd_max - random_ltd_min) k / random_ltd_steps). A sequence of no more than
   // n tokens runs whole. Empty: every block sees every token. random_ltd_model_layers > 0: the
   // block count the listed ids were written for, which must be model.n_layers.
   std::vector<int64_t> random_ltd_layers;

@@ -6,6 +6,7 @@
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
+#include <cctype>
 #include <filesystem>
 #include <map>
 #include <optional>
@@ -394,13 +395,16 @@ void import_fp8_config(const YAML::Node* given, Overrides& out) {
         }
       } else if (name == "fp8_format") {
         format = scalar(node, key);
+        for (char& c : format) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
         if (format != "HYBRID" && format != "E4M3") {
           bad_value(key, format, "expected HYBRID or E4M3");
         }
-      } else if (name == "amax_history_len") {
+      } else if (name == "amax_history_len" || name == "amax_history_length") {
+        // `accelerate config` writes the longer spellings.
         history = integer(node, key);
-      } else if (name == "amax_compute_algo") {
+      } else if (name == "amax_compute_algo" || name == "amax_compute_algorithm") {
         algo = scalar(node, key);
+        for (char& c : algo) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
       } else if (name == "margin") {
         margin = integer(node, key);
       } else if (name == "interval") {

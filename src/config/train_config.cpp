@@ -716,6 +716,9 @@ void validate_fp8(const TrainConfig& c) {
   require(p.autocast != "fp16",
           "precision.fp8 with precision.autocast = \"fp16\": use \"bf16\" "
           "(what accelerate's fp8 runs beside) or \"none\"");
+  require(c.run.fault_tolerance == "none",
+          "precision.fp8 with run.fault_tolerance = \"" + c.run.fault_tolerance +
+              "\": a replica that rejoins would not take the others' fp8 scales");
 }
 
 // The micro-batch search's range and timing.

@@ -105,13 +105,15 @@ Fp8Scaling::Fp8Scaling(std::shared_ptr<const Fp8Recipe> recipe_in) : recipe(std:
   scale = at::ones({3}, at::kFloat);  // Transformer Engine's before any amax
 }
 
+void Fp8Scaling::to(const at::Device& device) {
+  amax = amax.to(device);
+  history = history.to(device);
+  scale = scale.to(device);
+}
+
 at::Tensor fp8_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
                       Fp8Scaling& scaling) {
-  if (scaling.amax.device() != x.device()) {
-    scaling.amax = scaling.amax.to(x.device());
-    scaling.history = scaling.history.to(x.device());
-    scaling.scale = scaling.scale.to(x.device());
-  }
+  if (scaling.amax.device() != x.device()) scaling.to(x.device());
   const AutocastState autocast = autocast_state();
   at::ScalarType dtype = x.scalar_type();
   if (autocast.cpu && x.device().is_cpu()) dtype = autocast.cpu_dtype;

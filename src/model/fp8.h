@@ -46,6 +46,8 @@ struct Fp8Scaling {
   at::Tensor scale;    // [3] fp32: what the values are multiplied by before rounding
 
   explicit Fp8Scaling(std::shared_ptr<const Fp8Recipe> recipe);
+  // The three tensors on `device` (the model's).
+  void to(const at::Device& device);
 };
 
 // x W^T + b with x, W rounded to E4M3 at the layer's scales (and the output gradient, in

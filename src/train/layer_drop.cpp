@@ -31,8 +31,9 @@ std::vector<double> layer_drop_scales(const TrainSection& train, int64_t complet
 
 int64_t random_ltd_tokens(const TrainSection& train, int64_t completed) {
   if (completed <= 0) return train.random_ltd_min;
-  const double share =
-      std::min(1.0, static_cast<double>(completed) / static_cast<double>(train.random_ltd_steps));
+  // Not capped at 1: past random_ltd_steps the count keeps rising until random_ltd_max caps
+  // it, so a maximum that is not a multiple of random_ltd_step is reached too (as DeepSpeed).
+  const double share = static_cast<double>(completed) / static_cast<double>(train.random_ltd_steps);
   auto tokens = static_cast<int64_t>(
       std::floor(share * static_cast<double>(train.random_ltd_max - train.random_ltd_min) +
                  static_cast<double>(train.random_ltd_min)));

@@ -146,8 +146,7 @@ void check_memory_fits(const TrainConfig& config, int world_size, const MemoryBu
           : 0.0;
   // precision.fp8's emulation keeps, for each block linear layer's backward, fp32 copies of its
   // rounded weight (the blocks' linear weights again, whole under any sharding) and of its
-  // rounded input (per token about 6 d_model + ffn_hidden floats a block; one block's at a time
-  // under activation checkpointing, which recomputes them).
+  // rounded input (per token about 6 d_model + ffn_hidden floats a block).
   double fp8_copies = 0.0;
   if (config.precision.fp8 != "none") {
     const ModelConfig& model = config.model;
@@ -158,9 +157,11 @@ void check_memory_fits(const TrainConfig& config, int world_size, const MemoryBu
         std::max(0.0, static_cast<double>(model.num_parameters()) - embeddings);
     const double tokens =
         static_cast<double>(config.train.micro_batch) * static_cast<double>(config.data.seq_len);
-    const double blocks =
-        config.train.activation_checkpointing ? 1.0 : static_cast<double>(model.n_layers);
-    fp8_copies = 4.0 * block_weights +
+    // Under activation checkpointing the forward keeps nothing; the recomputation keeps one
+    // block's copies at a time.
+    const double layers = static_cast<double>(model.n_layers);
+    const double blocks = config.train.activation_checkpointing ? 1.0 : layers;
+    fp8_copies = 4.0 * block_weights * blocks / layers +
                  4.0 * tokens * (6.0 * d + static_cast<double>(model.ffn_hidden)) * blocks;
   }
   const double needed = held + m.total() + checkpoint_copy + fp8_copies;

@@ -120,6 +120,13 @@ TEST(AccelerateConfigTest, Fp8IsTransformerEnginesDelayedScalingUnderBf16Autocas
   EXPECT_EQ(c.precision.fp8_amax_history, 16);
   EXPECT_EQ(c.precision.fp8_amax_algo, "max");
   EXPECT_EQ(c.precision.fp8_margin, 2);
+  // `accelerate config` writes the longer key names, and the values in other cases.
+  c = resolve(std::string(kBase) +
+              "mixed_precision: fp8\nfp8_config:\n  fp8_format: e4m3\n"
+              "  amax_history_length: 32\n  amax_compute_algorithm: MAX\n");
+  EXPECT_EQ(c.precision.fp8, "e4m3");
+  EXPECT_EQ(c.precision.fp8_amax_history, 32);
+  EXPECT_EQ(c.precision.fp8_amax_algo, "max");
   // fp8_config without mixed_precision fp8 is ignored, as accelerate ignores it.
   EXPECT_EQ(resolve(std::string(kBase) + "fp8_config:\n  fp8_format: E4M3\n").precision.fp8,
             "none");

@@ -28,6 +28,16 @@ TEST(RandomLtdSchedule, FollowsDeepSpeedsFixedLinearFromItsMinimum) {
     EXPECT_EQ(detail::random_ltd_tokens(train, completed), want[static_cast<size_t>(completed)])
         << completed;
   }
+  // Past random_ltd_steps the count keeps rising until the maximum caps it: a maximum that is
+  // not a multiple of the step is reached (1000 = 128 + 872 k / 10 at k = 10 rounds to 992).
+  TrainSection wide;
+  wide.random_ltd_min = 128;
+  wide.random_ltd_max = 1000;
+  wide.random_ltd_steps = 10;
+  wide.random_ltd_step = 16;
+  EXPECT_EQ(detail::random_ltd_tokens(wide, 10), 992);
+  EXPECT_EQ(detail::random_ltd_tokens(wide, 11), 1000);
+  EXPECT_EQ(detail::random_ltd_tokens(wide, 500), 1000);
   train.random_ltd_min = 5;  // DeepSpeed starts at min_value itself, rounded only later
   EXPECT_EQ(detail::random_ltd_tokens(train, 0), 5);
   EXPECT_EQ(detail::random_ltd_tokens(train, 1), 4);  // floor(5 + 11 / 4) = 7, down to 4

@@ -100,6 +100,11 @@ TEST_F(Fp8TrainerTest, LayoutsAndSettingsItDoesNotRunWithAreRefused) {
   fp16.push_back("precision.autocast=\"fp16\"");
   testing::expect_refused(
       1, [&] { return config("fp16", fp16); }, "precision.fp8 with precision.autocast = \"fp16\"");
+  std::vector<std::string> replicas = kFp8;
+  replicas.push_back("run.fault_tolerance=\"replicas\"");
+  testing::expect_refused(
+      1, [&] { return config("replicas", replicas, "ddp"); },
+      "precision.fp8 with run.fault_tolerance = \"replicas\"");
   testing::expect_refused(
       1, [&] { return config("kind", {"precision.fp8=\"e5m2\""}); },
       "precision.fp8 must be \"none\", \"e4m3\" or \"hybrid\", got \"e5m2\"");
