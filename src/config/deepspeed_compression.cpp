@@ -60,12 +60,6 @@ std::string toml_groups(const std::vector<std::vector<std::string>>& groups) {
   return text + "]";
 }
 
-std::string toml_ints(const std::vector<int64_t>& values) {
-  std::string text = "[";
-  for (size_t i = 0; i < values.size(); ++i) text += (i ? ", " : "") + std::to_string(values[i]);
-  return text + "]";
-}
-
 int64_t bits_at(const Json& params, const std::string& path, const char* key) {
   if (!params.contains(key)) bad_value(path, params, std::string("has no ") + key);
   const auto bits = int_or_auto(params.at(key), path + "." + key);

@@ -1,5 +1,6 @@
 // DeepSpeed's ds_config.json as TrainConfig overrides: batch sizes, precision, gradient clipping
 // and zero_optimization here; the optimizer and scheduler sections in deepspeed_optimizer.cpp.
+#include <algorithm>
 #include <functional>
 #include <map>
 #include <set>
@@ -17,6 +18,7 @@ using detail::is_auto;
 using detail::Json;
 using detail::number_or_auto;
 using detail::Overrides;
+using detail::toml_ints;
 
 // train_batch_size = micro × accumulation × data-parallel ranks. A missing or "auto" size is
 // derived from the other two; with only the global batch given, DeepSpeed's rule applies
@@ -480,34 +482,20 @@ void import_data_efficiency(const Json& value, Overrides& out) {
         "ds_config key '" + ltd_name + ".random_ltd_layer_num' = " + std::to_string(*layer_num) +
         " but random_ltd_layer_id lists " + std::to_string(ids.size()) + " blocks");
   }
-  // DeepSpeed reads these without defaults.
-  std::set<std::string> given;
-  for (const auto& [key, item] : ltd.items()) given.insert(key);
-  if (ltd.contains("random_ltd_schedule") && ltd.at("random_ltd_schedule").is_object()) {
-    const Json& sched = ltd.at("random_ltd_schedule");
-    for (const char* key : {"min_value", "max_value"}) {
-      if (sched.contains(key)) given.insert(std::string("random_ltd_schedule.") + key);
-    }
-    if (sched.contains("schedule_config") && sched.at("schedule_config").is_object()) {
-      for (const char* key : {"require_steps", "seq_per_step"}) {
-        if (sched.at("schedule_config").contains(key)) {
-          given.insert(std::string("random_ltd_schedule.schedule_config.") + key);
-        }
-      }
-    }
-  }
+  // DeepSpeed reads these without defaults (the sections on their paths are objects: checked
+  // above).
   for (const char* key :
        {"total_layer_num", "random_ltd_schedule.min_value", "random_ltd_schedule.max_value",
         "random_ltd_schedule.schedule_config.require_steps",
         "random_ltd_schedule.schedule_config.seq_per_step"}) {
-    if (!given.count(key)) {
+    std::string pointer = std::string("/") + key;
+    std::replace(pointer.begin(), pointer.end(), '.', '/');
+    if (!ltd.contains(Json::json_pointer(pointer))) {
       throw std::invalid_argument("ds_config key '" + ltd_name + "." + key +
                                   "' is missing: DeepSpeed's random-LTD needs it");
     }
   }
-  std::string list = "[";
-  for (size_t i = 0; i < ids.size(); ++i) list += (i ? ", " : "") + std::to_string(ids[i]);
-  out.set("train.random_ltd_layers", list + "]");
+  out.set("train.random_ltd_layers", toml_ints(ids));
   const std::string schedule = ltd_name + ".random_ltd_schedule";
   out.set_int_or_keep(schedule + ".min_value", "train.random_ltd_min", min_value);
   out.set_int_or_keep(schedule + ".max_value", "train.random_ltd_max", max_value);

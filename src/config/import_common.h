@@ -35,6 +35,13 @@ inline std::string toml_string(const std::string& text) {
   return quoted + "\"";
 }
 
+// A TOML array of integers.
+inline std::string toml_ints(const std::vector<int64_t>& values) {
+  std::string text = "[";
+  for (size_t i = 0; i < values.size(); ++i) text += (i ? ", " : "") + std::to_string(values[i]);
+  return text + "]";
+}
+
 // A TOML float that reads back to the same double (always with a '.' or an exponent, so a
 // float key never sees an integer that could be mistaken for one).
 inline std::string toml_float(double value) {

@@ -635,6 +635,12 @@ void validate_optimizer(const TrainConfig& c) {
           "train.lamb_factor_threshold >= 0");
 }
 
+// Whether each rank holds whole blocks and whole sequences: no tensor, pipeline, context or
+// expert parallelism.
+bool whole_blocks_and_sequences(const ParallelSection& p) {
+  return p.tp == 1 && p.pp == 1 && p.cp == 1 && p.ep == 1;
+}
+
 // Progressive layer dropping: its schedule, and the layouts that run it (data parallelism, whose
 // gradients of a block that did not run are zeros in the all-reduce).
 void validate_layer_drop(const TrainConfig& c) {
@@ -650,7 +656,7 @@ void validate_layer_drop(const TrainConfig& c) {
           "train.layer_drop = \"progressive\" runs with parallel.strategy \"none\" or \"ddp\" "
           "(DeepSpeed's ZeRO stage 0): FSDP's and ZeRO's hooks gather and reduce each block "
           "as it runs");
-  require(c.parallel.tp == 1 && c.parallel.pp == 1 && c.parallel.cp == 1 && c.parallel.ep == 1,
+  require(whole_blocks_and_sequences(c.parallel),
           "train.layer_drop = \"progressive\" with tensor, pipeline, context or expert "
           "parallelism (parallel.tp, pp, cp and ep must be 1)");
 }
@@ -684,7 +690,7 @@ void validate_random_ltd(const TrainConfig& c) {
   require(!c.model.moe(),
           "train.random_ltd_layers with a mixture-of-experts model: this version "
           "drops tokens in dense blocks only");
-  require(c.parallel.tp == 1 && c.parallel.pp == 1 && c.parallel.cp == 1 && c.parallel.ep == 1,
+  require(whole_blocks_and_sequences(c.parallel),
           "train.random_ltd_layers with tensor, pipeline, context or expert parallelism "
           "(parallel.tp, pp, cp and ep must be 1): a block's tokens are drawn from the whole "
           "sequence a rank holds");
@@ -702,7 +708,7 @@ void validate_fp8(const TrainConfig& c) {
               "\"");
   require(p.fp8_margin >= 0 && p.fp8_margin <= 30, "precision.fp8_margin must be between 0 and 30");
   if (p.fp8 == "none") return;
-  require(c.parallel.tp == 1 && c.parallel.pp == 1 && c.parallel.cp == 1 && c.parallel.ep == 1,
+  require(whole_blocks_and_sequences(c.parallel),
           "precision.fp8 with tensor, pipeline, context or expert parallelism (parallel.tp, pp, "
           "cp and ep must be 1)");
   require(c.lora.rank == 0,
@@ -1127,7 +1133,7 @@ void TrainConfig::validate() const {
             "run.device = \"cuda\" trains with parallel.strategy \"none\" (one process) for "
             "now, got \"" +
                 to_string(parallel.strategy) + "\"");
-    require(parallel.tp == 1 && parallel.pp == 1 && parallel.cp == 1 && parallel.ep == 1,
+    require(whole_blocks_and_sequences(parallel),
             "run.device = \"cuda\" trains without tp, pp, cp or ep for now (each must be 1)");
     require(lora.base_dtype == "fp32",
             "run.device = \"cuda\": lora.base_dtype \"" + lora.base_dtype +

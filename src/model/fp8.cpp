@@ -137,10 +137,11 @@ std::vector<std::shared_ptr<Fp8Scaling>> enable_fp8(torch::nn::Module& blocks,
   return layers;
 }
 
-void update_fp8_scales(const std::vector<Fp8Scaling*>& layers, ProcessGroup* group) {
+void update_fp8_scales(const std::vector<std::shared_ptr<Fp8Scaling>>& layers,
+                       ProcessGroup* group) {
   if (layers.empty()) return;
   std::vector<at::Tensor> amaxes;
-  for (const Fp8Scaling* layer : layers) amaxes.push_back(layer->amax);
+  for (const auto& layer : layers) amaxes.push_back(layer->amax);
   at::Tensor all = at::stack(amaxes);  // [layers, 3]
   if (group && group->size() > 1) group->all_reduce(all, ReduceOp::kMax)->wait();
   for (size_t i = 0; i < layers.size(); ++i) {

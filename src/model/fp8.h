@@ -65,6 +65,6 @@ std::vector<std::shared_ptr<Fp8Scaling>> enable_fp8(torch::nn::Module& blocks,
 // After each step's backward: every rank's largest magnitudes combined (max over `group`, when
 // given), pushed into each layer's history, and the scales for the next step computed from it
 // (a magnitude of 0 or not finite keeps the scale as it was). The step's amax starts again at 0.
-void update_fp8_scales(const std::vector<Fp8Scaling*>& layers, ProcessGroup* group);
+void update_fp8_scales(const std::vector<std::shared_ptr<Fp8Scaling>>& layers, ProcessGroup* group);
 
 }  // namespace shardtrain::detail

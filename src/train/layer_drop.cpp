@@ -41,4 +41,18 @@ int64_t random_ltd_tokens(const TrainSection& train, int64_t completed) {
   return std::max<int64_t>(1, std::min(tokens, train.random_ltd_max));
 }
 
+TransformerImpl::TokenDrop random_ltd_drop(const TrainSection& train, int64_t completed,
+                                           int64_t n_layers, int rank) {
+  TransformerImpl::TokenDrop drop;
+  drop.layers.assign(static_cast<size_t>(n_layers), false);
+  for (int64_t id : train.random_ltd_layers) drop.layers[static_cast<size_t>(id)] = true;
+  drop.tokens = random_ltd_tokens(train, completed);
+  const auto seed = static_cast<uint64_t>(train.seed);
+  std::seed_seq seeds{static_cast<uint32_t>(seed),      static_cast<uint32_t>(seed >> 32),
+                      static_cast<uint32_t>(completed), static_cast<uint32_t>(completed >> 32),
+                      static_cast<uint32_t>(rank),      0x4c5444u};  // "LTD"
+  drop.key = std::mt19937_64(seeds)();
+  return drop;
+}
+
 }  // namespace shardtrain::detail

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "shardtrain/config.h"
+#include "shardtrain/model.h"
 
 namespace shardtrain::detail {
 
@@ -24,5 +25,10 @@ std::vector<double> layer_drop_scales(const TrainSection& train, int64_t complet
 // the step after `completed` steps. DeepSpeed's fixed_linear schedule, which its engine updates
 // at the end of each step from the count of steps so far: random_ltd_min at the first step.
 int64_t random_ltd_tokens(const TrainSection& train, int64_t completed);
+
+// That step's Transformer::set_token_drop for `n_layers` blocks on `rank`: the listed blocks, the
+// tokens above, and a key from train.seed, the step and the rank alone.
+TransformerImpl::TokenDrop random_ltd_drop(const TrainSection& train, int64_t completed,
+                                           int64_t n_layers, int rank);
 
 }  // namespace shardtrain::detail

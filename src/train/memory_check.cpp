@@ -164,7 +164,9 @@ void check_memory_fits(const TrainConfig& config, int world_size, const MemoryBu
     fp8_copies = 4.0 * block_weights * blocks / layers +
                  4.0 * tokens * (6.0 * d + static_cast<double>(model.ffn_hidden)) * blocks;
   }
-  const double needed = held + m.total() + checkpoint_copy + fp8_copies;
+  // What the process needs beside the planner's estimate of a layout.
+  const double beside = held + checkpoint_copy + fp8_copies;
+  const double needed = beside + m.total();
   if (needed <= limit) return;
   std::string message =
       "out of memory before the start: " +
@@ -182,15 +184,14 @@ void check_memory_fits(const TrainConfig& config, int world_size, const MemoryBu
       gb(limit) + " (" + budget.source + "). ";
   const Candidate* fits = nullptr;
   for (const auto& c : estimate.alternatives) {
-    if (held + c.memory.total() + checkpoint_copy + fp8_copies <= limit) {
+    if (beside + c.memory.total() <= limit) {
       fits = &c;
       break;
     }
   }
   if (fits) {
-    message += fits->label() + " fits (about " +
-               gb(held + fits->memory.total() + checkpoint_copy + fp8_copies) + " per rank): set " +
-               config_setting(*fits) + ". ";
+    message += fits->label() + " fits (about " + gb(beside + fits->memory.total()) +
+               " per rank): set " + config_setting(*fits) + ". ";
   } else {
     message += "No data-parallel strategy fits on " + std::to_string(world_size) +
                (world_size == 1 ? " rank" : " ranks") + ": use more ranks or hosts. ";

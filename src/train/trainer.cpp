@@ -11,7 +11,6 @@
 #include <mutex>
 #include <numeric>
 #include <optional>
-#include <random>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 
 #include "comm/join.h"
@@ -426,27 +425,14 @@ bool Trainer::step_body(StepResult& result, std::optional<detail::TraceSpan>& up
   // Random layer-token dropping: the step's token count; each rank and forward draws its own.
   int64_t ltd_tokens = -1;
   if (!config_.train.random_ltd_layers.empty()) {
-    TransformerImpl::TokenDrop token_drop;
-    token_drop.layers.assign(static_cast<size_t>(config_.model.n_layers), false);
-    for (int64_t id : config_.train.random_ltd_layers)
-      token_drop.layers[static_cast<size_t>(id)] = true;
-    ltd_tokens = token_drop.tokens = detail::random_ltd_tokens(config_.train, step_);
-    std::seed_seq seeds{static_cast<uint32_t>(config_.train.seed),
-                        static_cast<uint32_t>(static_cast<uint64_t>(config_.train.seed) >> 32),
-                        static_cast<uint32_t>(step_),
-                        static_cast<uint32_t>(step_ >> 32),
-                        static_cast<uint32_t>(rank()),
-                        0x4c5444u};
-    token_drop.key = std::mt19937_64(seeds)();
+    TransformerImpl::TokenDrop token_drop =
+        detail::random_ltd_drop(config_.train, step_, config_.model.n_layers, rank());
+    ltd_tokens = token_drop.tokens;
     model_->set_token_drop(std::move(token_drop));
   }
   const double loss_sum = forward_backward();
-  if (!fp8_layers_.empty()) {
-    // The step's largest magnitudes of every rank: the next step's scales.
-    std::vector<detail::Fp8Scaling*> layers;
-    for (const auto& layer : fp8_layers_) layers.push_back(layer.get());
-    detail::update_fp8_scales(layers, world_.get());
-  }
+  // precision.fp8: the step's largest magnitudes of every rank make the next step's scales.
+  detail::update_fp8_scales(fp8_layers_, world_.get());
   result = StepResult();
   result.random_ltd_tokens = ltd_tokens;
   result.step = step_ + 1;

@@ -147,9 +147,11 @@ TEST(Fp8Linear, RunsUnderAutocastToTheAutocastDtypeAndOnlyInTraining) {
 }
 
 TEST(Fp8Scaling, ScalesFollowTheHistoryTheMarginAndKeepTheirValueWithoutAnAmax) {
-  detail::Fp8Scaling most_recent(recipe(true, 3, true));
-  detail::Fp8Scaling history_max(recipe(false, 2, false, 1));
-  const std::vector<detail::Fp8Scaling*> layers = {&most_recent, &history_max};
+  const std::vector<std::shared_ptr<detail::Fp8Scaling>> layers = {
+      std::make_shared<detail::Fp8Scaling>(recipe(true, 3, true)),
+      std::make_shared<detail::Fp8Scaling>(recipe(false, 2, false, 1))};
+  detail::Fp8Scaling& most_recent = *layers[0];
+  detail::Fp8Scaling& history_max = *layers[1];
   auto step = [&](std::vector<float> a, std::vector<float> b) {
     most_recent.amax.copy_(torch::tensor(a));
     history_max.amax.copy_(torch::tensor(b));
