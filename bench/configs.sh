@@ -10,7 +10,10 @@
 # autocast needs a CUDA device: on a CPU machine a file that asks for it is run again with
 # precision.autocast = "bf16" and counted apart. model.vocab_size is 320 (the byte tokenizer's 257
 # tokens padded to a multiple of 64, as the tensor-parallel check advises) so that the files
-# asking for tensor parallelism can split it.
+# asking for tensor parallelism can split it. A file that names BERT's own modules (its
+# compression groups' "attention.self", accelerate's BertLayer wrap class) runs on the tiny BERT
+# model (model.preset = "tiny-bert") instead of the tiny GPT-2: the model its repository trains
+# with it.
 # Usage: bash bench/configs.sh [FILE...]  (from the repository root, after a build; the files
 # given, or the whole corpus)
 set -uo pipefail
@@ -82,6 +85,10 @@ except (ValueError, KeyError, TypeError):
     pass
 PY
 }
+# The tiny BERT for a file that names BERT's modules.
+model_of() {
+  if grep -q -e 'attention\.self' -e 'BertLayer' "$1"; then echo '--set model.preset="tiny-bert"'; fi
+}
 declare -A count
 files=("$@")
 if [[ ${#files[@]} -eq 0 ]]; then
@@ -94,7 +101,7 @@ for file in "${files[@]}"; do
   n="$(world_of "$file")"
   [[ "$file" == *.yaml ]] && file="$(as_in_its_repository "$file")"
   # shellcheck disable=SC2207  # words on purpose: none or "--set model.n_layers=N"
-  layers=($( [[ "$file" == *.json ]] && layers_of "$file"))
+  layers=($( [[ "$file" == *.json ]] && layers_of "$file") $(model_of "$file"))
   out="$work/out.txt"
   rm -rf "$work/run"
   timeout "${STEP_TIMEOUT:-120}" "$bin" launch --nproc "$n" -- "$bin" train --config "$root/configs/zero_tiny.toml" \

@@ -108,6 +108,11 @@ struct TrainSection {
   int64_t random_ltd_steps = 1000;
   int64_t random_ltd_step = 8;
   int64_t random_ltd_model_layers = 0;
+  // A bidirectional model (BERT) is trained on masked tokens: this share of each sequence's
+  // positions is chosen (each independently), and of those 80% are replaced by the mask token,
+  // 10% by a random token and 10% kept; the loss is over the chosen positions (Hugging Face's
+  // DataCollatorForLanguageModeling, BERT's recipe).
+  double mlm_probability = 0.15;
   double weight_decay = 0.1;
   double beta1 = 0.9;
   double beta2 = 0.95;

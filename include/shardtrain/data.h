@@ -110,6 +110,23 @@ struct DataLoaderOptions {
     return *this;
   }
 
+  // Masked-language-model batches (a bidirectional model, over a token shard): each sequence's
+  // inputs are its own seq_len tokens, of which every position is chosen with `probability`,
+  // and a chosen one becomes `mask_id` (80%), a random id in [0, random_ids) (10%) or stays
+  // (10%); targets are the original tokens at the chosen positions and kIgnoreIndex elsewhere.
+  // The draws are a function of (seed, the sample's position in training) alone, so any rank,
+  // world size or resume masks a sequence alike; the loss divisor makes a step's loss the mean
+  // over the global batch's chosen positions. probability 0: next-token batches.
+  struct MaskedLm {
+    double probability = 0.0;
+    int64_t mask_id = -1;
+    int64_t random_ids = 0;
+  };
+  DataLoaderOptions& masked_lm(MaskedLm v) {
+    masked_lm_ = v;
+    return *this;
+  }
+
   int64_t seq_len_ = 128;
   int64_t micro_batch_ = 8;
   int64_t grad_accum_ = 1;
@@ -118,12 +135,13 @@ struct DataLoaderOptions {
   bool packing_ = true;
   bool drop_overlong_ = false;
   int64_t pad_id_ = 0;
+  MaskedLm masked_lm_;
 };
 
 struct Batch {
   at::Tensor inputs;  // [micro_batch, seq_len] int64
   // Inputs shifted by one token; kIgnoreIndex (model.h) where no loss is taken (a prompt token,
-  // padding).
+  // padding). Masked-language-model batches: the original tokens at the chosen positions.
   at::Tensor targets;
   // Packed instruction samples: each token's position in its sample and its sample (undefined
   // for a plain corpus and for one sample per row).

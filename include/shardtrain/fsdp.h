@@ -22,8 +22,8 @@ namespace shardtrain {
 // Which submodules become units. kBlocks: every transformer block (the model's hook points);
 // kSize: consecutive blocks grouped until each unit holds at least min_params parameters (a
 // last group below it joins the one before); kClassName: blocks whose class is one of
-// `class_names` ("Block", "GPT2Block", "LlamaDecoderLayer", ...). The parameters outside every
-// unit form the root unit. A policy that makes no unit is an error.
+// `class_names` ("Block", "GPT2Block", "BertLayer", "LlamaDecoderLayer", ...). The parameters
+// outside every unit form the root unit. A policy that makes no unit is an error.
 struct WrapPolicy {
   enum class Kind { kBlocks, kSize, kClassName };
   static WrapPolicy blocks() { return {}; }

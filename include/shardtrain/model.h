@@ -1,5 +1,8 @@
-// Reference decoder models: the GPT-2 family (learned positions, LayerNorm, GELU MLP, tied
-// embeddings) and the Llama family (RMSNorm, RoPE, SwiGLU, grouped-query attention).
+// Reference models: the GPT-2 family (learned positions, LayerNorm, GELU MLP, tied
+// embeddings) and the Llama family (RMSNorm, RoPE, SwiGLU, grouped-query attention), decoders
+// trained to predict the next token; and the BERT family (bidirectional attention, LayerNorm
+// after each residual sum, a masked-language-model head), an encoder trained to predict masked
+// tokens.
 #pragma once
 
 #include <torch/nn/module.h>
@@ -17,7 +20,7 @@
 
 namespace shardtrain {
 
-enum class ModelFamily { kGpt2, kLlama };
+enum class ModelFamily { kGpt2, kLlama, kBert };
 std::string to_string(ModelFamily family);
 
 // One parameter tensor of the model, described without allocating it.
@@ -51,6 +54,9 @@ struct ModelConfig {
   double rope_theta = 500000.0;  // Llama only
   double dropout = 0.0;          // attention-probability and residual dropout
   bool tie_embeddings = true;    // output projection shares the token embedding
+  // BERT: the rows of the token-type (segment) embedding (Hugging Face's type_vocab_size, 2);
+  // every token is of type 0 here. 0 in the other families.
+  int64_t type_vocab_size = 0;
 
   // The models built on the Llama decoder differ in these (all off for Llama itself):
   // Hugging Face's model_type the model is exported as: "llama", "mistral", "qwen2" or "qwen3"
@@ -82,6 +88,9 @@ struct ModelConfig {
   double capacity_factor = 0.0;
 
   bool moe() const { return n_experts > 0; }
+  // A token attends to every token of its sequence (BERT), not only to earlier ones; the model
+  // is then trained on masked tokens (DataLoaderOptions::masked_lm) instead of the next one.
+  bool bidirectional() const { return family == ModelFamily::kBert; }
   int64_t head_size() const { return head_dim > 0 ? head_dim : d_model / n_heads; }
   // hf_model_type, or the family's name ("mixtral" for a mixture-of-experts model).
   std::string model_type() const;
@@ -98,17 +107,18 @@ struct ModelConfig {
   void validate() const;
 };
 
-// Presets: "tiny" (tests; GPT-2 family), "tiny-llama", "tiny-llama3.2", "tiny-qwen2",
-// "tiny-qwen3", "tiny-mistral", "tiny-moe", "tiny-qwen3-moe" (tests; each Llama-family variant),
-// "gpt2-124m", "gpt2-350m", "llama3-8b", "llama3-70b", "llama3-405b", "llama3.1-8b",
-// "llama3.2-1b", "llama3.2-3b", "qwen2.5-0.5b", "qwen2.5-1.5b", "qwen3-0.6b", "qwen3-1.7b",
-// "mistral-7b", "mixtral-8x7b", "qwen3-30b-a3b" (docs/models.md).
-// Throws std::invalid_argument listing the valid names for an unknown one.
+// Presets: "tiny" (tests; GPT-2 family), "tiny-bert" (tests; BERT family), "tiny-llama",
+// "tiny-llama3.2", "tiny-qwen2", "tiny-qwen3", "tiny-mistral", "tiny-moe", "tiny-qwen3-moe" (tests;
+// each Llama-family variant), "gpt2-124m", "gpt2-350m", "bert-base", "bert-large", "llama3-8b",
+// "llama3-70b", "llama3-405b", "llama3.1-8b", "llama3.2-1b", "llama3.2-3b", "qwen2.5-0.5b",
+// "qwen2.5-1.5b", "qwen3-0.6b", "qwen3-1.7b", "mistral-7b", "mixtral-8x7b", "qwen3-30b-a3b"
+// (docs/models.md). Throws std::invalid_argument listing the valid names for an unknown one.
 ModelConfig model_preset(const std::string& name);
 std::vector<std::string> model_preset_names();
 
-// Reads a Hugging Face config.json of a GPT-2 ("model_type": "gpt2"), Llama ("llama": Llama 2,
-// 3, 3.1, 3.2, 3.3), Mistral ("mistral"), Qwen2/2.5 ("qwen2"), Qwen3 ("qwen3"), Mixtral
+// Reads a Hugging Face config.json of a GPT-2 ("model_type": "gpt2"), BERT ("bert"), Llama
+// ("llama": Llama 2, 3, 3.1, 3.2, 3.3), Mistral ("mistral"), Qwen2/2.5 ("qwen2"), Qwen3 ("qwen3"),
+// Mixtral
 // ("mixtral") or Qwen3-MoE ("qwen3_moe") model. Throws std::invalid_argument naming the file and
 // the missing or unsupported key.
 ModelConfig model_config_from_hf_json(const std::string& path);
@@ -316,7 +326,7 @@ struct LossTargets {
   int64_t chunk = 0;
 };
 
-// The decoder. forward(tokens [B, T] int64) -> logits [B, T, vocab] in the parameters' dtype;
+// The model. forward(tokens [B, T] int64) -> logits [B, T, vocab] in the parameters' dtype;
 // split by tensor parallelism (parallelize_module), this rank's slice of the vocabulary
 // [B, T, vocab / tp]. T must not exceed context_length (throws naming both).
 class TransformerImpl : public torch::nn::Module {
@@ -329,7 +339,8 @@ class TransformerImpl : public torch::nn::Module {
   // forward's cross-entropy (a scalar) without ever holding the whole [B, T, vocab] logits: the
   // head's matmul, the softmax and their gradient run over chunks of tokens
   // (src/model/chunked_loss.h), tied embeddings and a vocabulary split by tensor parallelism
-  // included. Equals the loss of forward's logits, and its gradients theirs, to rounding.
+  // included; BERT's head runs on the positions that carry a target only. Equals the loss of
+  // forward's logits, and its gradients theirs, to rounding.
   at::Tensor forward_loss(const at::Tensor& tokens, const SequenceLayout& layout,
                           const LossTargets& targets);
   // One pipeline stage's share of forward, blocks [begin, end): `input` is the tokens [B, T] when
@@ -351,8 +362,8 @@ class TransformerImpl : public torch::nn::Module {
   // The initialization of every parameter (see ParameterInitializer): ModelInit's values, or
   // the random one, a copy that stays valid after the model is gone. GPT-2's scheme: N(0, 0.02)
   // for matrices, 0.02 / sqrt(2 n_layers) for the projections that write into the residual
-  // stream, norm weights one, biases zero. LoRA adapters (add_lora) present when it is called
-  // are initialized as lora.h says.
+  // stream (BERT's: 0.02 too), norm weights one, biases zero. LoRA adapters (add_lora) present
+  // when it is called are initialized as lora.h says.
   ParameterInitializer initializer() const;
   uint64_t seed() const { return seed_; }
   // Whether every parameter has memory; materialize() allocates and initializes the ones that
@@ -461,8 +472,12 @@ class TransformerImpl : public torch::nn::Module {
   int64_t token_drop_forwards_ = 0;  // the training forwards since set_token_drop
   // Embeddings, final norm and head are registered by the implementation (src/model/), held as
   // base pointers so that this header needs no module headers. pos_emb_ is null in the Llama
-  // family, lm_head_ when the head is tied to the token embedding.
+  // family, lm_head_ when the head is tied to the token embedding. BERT has a token-type
+  // embedding and a norm after the embeddings, no final norm, and a masked-language-model head
+  // (a dense layer, GELU and norm before the tied projection, which has a bias); the others
+  // have none of these.
   std::shared_ptr<torch::nn::Module> tok_emb_, pos_emb_, final_norm_, lm_head_;
+  std::shared_ptr<torch::nn::Module> type_emb_, emb_norm_, mlm_head_;
   // Rotary tables for the whole context (Llama), kept for the device and dtype last used so that
   // forward does not rebuild them and copy them to the device each call.
   at::Tensor rope_cos_, rope_sin_;

@@ -21,7 +21,31 @@ namespace {
 bool is_ignored_buffer(const std::string& name) {
   using detail::ends_with;
   return ends_with(name, ".attn.bias") || ends_with(name, ".attn.masked_bias") ||
-         ends_with(name, "rotary_emb.inv_freq");
+         ends_with(name, "rotary_emb.inv_freq") || ends_with(name, "embeddings.position_ids") ||
+         ends_with(name, "embeddings.token_type_ids");
+}
+
+// A BERT checkpoint's name as BertForMaskedLM's: BertModel files lack the "bert." prefix, and
+// older ones call LayerNorm's weight and bias gamma and beta.
+std::string bert_name(std::string key) {
+  for (const char* part : {"embeddings.", "encoder.", "pooler."}) {
+    if (key.rfind(part, 0) == 0) key = "bert." + key;
+  }
+  for (const auto& [old_name, name] : {std::pair<std::string, std::string>{".gamma", ".weight"},
+                                       std::pair<std::string, std::string>{".beta", ".bias"}}) {
+    if (detail::ends_with(key, "LayerNorm" + old_name)) {
+      key = key.substr(0, key.size() - old_name.size()) + name;
+    }
+  }
+  return key;
+}
+
+// What a BERT checkpoint may hold besides the masked-language model: the pooler and the
+// next-sentence head (BertForPreTraining), not trained here, and the decoder tied to the word
+// embeddings and to cls.predictions.bias.
+bool is_outside_mlm(const std::string& name) {
+  return name.rfind("bert.pooler.", 0) == 0 || name.rfind("cls.seq_relationship.", 0) == 0 ||
+         name == "cls.predictions.decoder.weight" || name == "cls.predictions.decoder.bias";
 }
 
 }  // namespace
@@ -77,6 +101,7 @@ void read_range(const std::string& path, int64_t offset, int64_t bytes, void* ou
 
 ParameterInitializer hf_initializer(const ModelConfig& config, const std::string& path) {
   const bool gpt2 = config.family == ModelFamily::kGpt2;
+  const bool bert = config.family == ModelFamily::kBert;
   struct Source {
     std::string file;
     int64_t data_start = 0;
@@ -92,6 +117,7 @@ ParameterInitializer hf_initializer(const ModelConfig& config, const std::string
       if (gpt2 && key.rfind("transformer.", 0) != 0 && key != "lm_head.weight") {
         key = "transformer." + key;
       }
+      if (bert) key = bert_name(key);
       found[key] = {file, header.data_start, entry, false};
     }
   }
@@ -119,7 +145,7 @@ ParameterInitializer hf_initializer(const ModelConfig& config, const std::string
     used.insert(n.hf_name);
   }
   for (const auto& [name, source] : found) {
-    if (used.count(name) || is_ignored_buffer(name)) continue;
+    if (used.count(name) || is_ignored_buffer(name) || (bert && is_outside_mlm(name))) continue;
     // A tied head: HF files may still carry lm_head.weight, equal to the embedding.
     if (name == "lm_head.weight" && config.tie_embeddings) continue;
     throw std::invalid_argument("Hugging Face weights '" + path + "' have tensor '" + name +

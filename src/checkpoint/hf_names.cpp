@@ -1,5 +1,5 @@
 // Our parameter names against Hugging Face's, the model description kept in checkpoints, and
-// the config.json of both families.
+// the config.json of the three families.
 #include <map>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
@@ -46,6 +46,28 @@ std::string moe_block_name(const std::string& rest, const std::string& type) {
       {"down.weight", {"w2.weight", "down_proj.weight"}}};
   const auto& both = names.at(layer);
   return block + "experts." + expert + "." + (mixtral ? both.first : both.second);
+}
+
+// BertForMaskedLM's names inside bert.encoder.layer.N.
+std::string bert_block_name(const std::string& rest) {
+  static const std::map<std::string, std::string> names = {
+      {"attn.q.weight", "attention.self.query.weight"},
+      {"attn.q.bias", "attention.self.query.bias"},
+      {"attn.k.weight", "attention.self.key.weight"},
+      {"attn.k.bias", "attention.self.key.bias"},
+      {"attn.v.weight", "attention.self.value.weight"},
+      {"attn.v.bias", "attention.self.value.bias"},
+      {"attn.o.weight", "attention.output.dense.weight"},
+      {"attn.o.bias", "attention.output.dense.bias"},
+      {"attn_norm.weight", "attention.output.LayerNorm.weight"},
+      {"attn_norm.bias", "attention.output.LayerNorm.bias"},
+      {"mlp.fc.weight", "intermediate.dense.weight"},
+      {"mlp.fc.bias", "intermediate.dense.bias"},
+      {"mlp.proj.weight", "output.dense.weight"},
+      {"mlp.proj.bias", "output.dense.bias"},
+      {"mlp_norm.weight", "output.LayerNorm.weight"},
+      {"mlp_norm.bias", "output.LayerNorm.bias"}};
+  return names.at(rest);
 }
 
 std::string llama_block_name(const std::string& rest) {
@@ -133,6 +155,7 @@ nlohmann::json llama_config_json(const ModelConfig& c) {
 
 std::vector<HfParameterName> hf_parameter_names(const ModelConfig& config) {
   const bool gpt2 = config.family == ModelFamily::kGpt2;
+  const bool bert = config.family == ModelFamily::kBert;
   if (config.n_shared_experts > 0) {
     throw std::invalid_argument(
         "a model with shared experts (n_shared_experts " +
@@ -145,6 +168,17 @@ std::vector<HfParameterName> hf_parameter_names(const ModelConfig& config) {
       {"ln_f.weight", "transformer.ln_f.weight"},
       {"ln_f.bias", "transformer.ln_f.bias"},
       {"lm_head.weight", "lm_head.weight"}};
+  static const std::map<std::string, std::string> bert_top = {
+      {"tok_emb.weight", "bert.embeddings.word_embeddings.weight"},
+      {"pos_emb.weight", "bert.embeddings.position_embeddings.weight"},
+      {"type_emb.weight", "bert.embeddings.token_type_embeddings.weight"},
+      {"emb_norm.weight", "bert.embeddings.LayerNorm.weight"},
+      {"emb_norm.bias", "bert.embeddings.LayerNorm.bias"},
+      {"mlm.bias", "cls.predictions.bias"},
+      {"mlm.dense.weight", "cls.predictions.transform.dense.weight"},
+      {"mlm.dense.bias", "cls.predictions.transform.dense.bias"},
+      {"mlm.norm.weight", "cls.predictions.transform.LayerNorm.weight"},
+      {"mlm.norm.bias", "cls.predictions.transform.LayerNorm.bias"}};
   static const std::map<std::string, std::string> llama_top = {
       {"tok_emb.weight", "model.embed_tokens.weight"},
       {"norm.weight", "model.norm.weight"},
@@ -156,7 +190,9 @@ std::vector<HfParameterName> hf_parameter_names(const ModelConfig& config) {
       const size_t dot = p.name.find('.', 7);
       const std::string layer = p.name.substr(7, dot - 7);
       const std::string rest = p.name.substr(dot + 1);
-      if (gpt2) {
+      if (bert) {
+        entry.hf_name = "bert.encoder.layer." + layer + "." + bert_block_name(rest);
+      } else if (gpt2) {
         const auto [name, conv] = gpt2_block_name(rest);
         entry.hf_name = "transformer.h." + layer + "." + name;
         entry.transposed = conv;
@@ -166,7 +202,7 @@ std::vector<HfParameterName> hf_parameter_names(const ModelConfig& config) {
                                                     : llama_block_name(rest));
       }
     } else {
-      entry.hf_name = (gpt2 ? gpt2_top : llama_top).at(p.name);
+      entry.hf_name = (bert ? bert_top : gpt2 ? gpt2_top : llama_top).at(p.name);
     }
     out.push_back(entry);
   }
@@ -191,6 +227,22 @@ std::string hf_config_json(const ModelConfig& c, at::ScalarType dtype) {
          {"embd_pdrop", c.dropout},
          {"attn_pdrop", c.dropout},
          {"tie_word_embeddings", c.tie_embeddings}};
+  } else if (c.family == ModelFamily::kBert) {
+    j = {{"architectures", {"BertForMaskedLM"}},
+         {"model_type", "bert"},
+         {"vocab_size", c.vocab_size},
+         {"max_position_embeddings", c.context_length},
+         {"hidden_size", c.d_model},
+         {"num_hidden_layers", c.n_layers},
+         {"num_attention_heads", c.n_heads},
+         {"intermediate_size", c.ffn_hidden},
+         {"type_vocab_size", c.type_vocab_size},
+         {"hidden_act", "gelu"},
+         {"layer_norm_eps", c.norm_eps},
+         {"hidden_dropout_prob", c.dropout},
+         {"attention_probs_dropout_prob", c.dropout},
+         {"position_embedding_type", "absolute"},
+         {"tie_word_embeddings", true}};
   } else {
     j = llama_config_json(c);
   }
@@ -217,6 +269,7 @@ nlohmann::json describe_model(const ModelConfig& m) {
           {"rope_theta", m.rope_theta},
           {"dropout", m.dropout},
           {"tie_embeddings", m.tie_embeddings},
+          {"type_vocab_size", m.type_vocab_size},
           {"hf_model_type", m.hf_model_type},
           {"head_dim", m.head_dim},
           {"attention_bias", m.attention_bias},
@@ -239,10 +292,12 @@ ModelConfig model_from_description(const nlohmann::json& j, const std::string& s
   ModelConfig m;
   try {
     const std::string family = j.at("family").get<std::string>();
-    if (family != "gpt2" && family != "llama") {
+    if (family != "gpt2" && family != "llama" && family != "bert") {
       throw std::invalid_argument(source + ": unknown model family '" + family + "'");
     }
-    m.family = family == "gpt2" ? ModelFamily::kGpt2 : ModelFamily::kLlama;
+    m.family = family == "gpt2"   ? ModelFamily::kGpt2
+               : family == "bert" ? ModelFamily::kBert
+                                  : ModelFamily::kLlama;
     m.name = j.value("name", "custom");
     m.vocab_size = detail::json_int64(j.at("vocab_size"), source + ": vocab_size");
     m.context_length = detail::json_int64(j.at("context_length"), source + ": context_length");
@@ -255,6 +310,8 @@ ModelConfig model_from_description(const nlohmann::json& j, const std::string& s
     m.rope_theta = j.at("rope_theta").get<double>();
     m.dropout = j.at("dropout").get<double>();
     m.tie_embeddings = j.at("tie_embeddings").get<bool>();
+    // Written since the BERT family: a description without it has no token types.
+    m.type_vocab_size = j.value("type_vocab_size", int64_t{0});
     // Written since the Llama-family variants: a description without them is plain Llama.
     m.hf_model_type = j.value("hf_model_type", std::string());
     m.head_dim = j.value("head_dim", int64_t{0});

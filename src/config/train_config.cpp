@@ -205,6 +205,7 @@ const std::map<std::string, Setter>& known_keys() {
                   {"model.norm_topk_prob", model_field(&ModelConfig::norm_topk_prob)},
                   {"model.router_aux_loss_coef", model_field(&ModelConfig::router_aux_loss_coef)},
                   {"model.capacity_factor", model_field(&ModelConfig::capacity_factor)},
+                  {"model.type_vocab_size", model_field(&ModelConfig::type_vocab_size)},
                   {"data.corpus",
                    [](TrainConfig& c, const toml::node& n, const std::string& name) {
                      c.data.corpus.clear();
@@ -254,6 +255,7 @@ const std::map<std::string, Setter>& known_keys() {
                   {"train.random_ltd_steps", field(&TrainSection::random_ltd_steps)},
                   {"train.random_ltd_step", field(&TrainSection::random_ltd_step)},
                   {"train.random_ltd_model_layers", field(&TrainSection::random_ltd_model_layers)},
+                  {"train.mlm_probability", field(&TrainSection::mlm_probability)},
                   {"train.weight_decay", field(&TrainSection::weight_decay)},
                   {"train.beta1", field(&TrainSection::beta1)},
                   {"train.beta2", field(&TrainSection::beta2)},
@@ -697,6 +699,27 @@ void validate_random_ltd(const TrainConfig& c) {
 }
 
 // fp8 training: its recipe, and what it runs with (the blocks' own, whole linear layers).
+// A bidirectional model (BERT) trains on masked tokens of a plain corpus, split by data
+// parallelism only: its layers have no tensor-parallel plan, and the pipeline, context and
+// expert splits and random layer-token dropping assume causal attention or decoder blocks.
+void validate_masked_lm(const TrainConfig& c) {
+  require(
+      std::isfinite(c.train.mlm_probability) && c.train.mlm_probability > 0.0 &&
+          c.train.mlm_probability <= 1.0,
+      "train.mlm_probability must be in (0, 1], got " + std::to_string(c.train.mlm_probability));
+  if (!c.model.bidirectional()) return;
+  const std::string model =
+      "the " + to_string(c.model.family) + " family (a masked-language model)";
+  require(c.parallel.tp == 1 && c.parallel.pp == 1 && c.parallel.cp == 1 && c.parallel.ep == 1,
+          "parallel.tp, pp, cp and ep must be 1 for " + model +
+              ": this version splits it by data parallelism only (none, ddp, fsdp, zero)");
+  require(c.data.format == "text", "data.format = \"" + c.data.format + "\" with " + model +
+                                       ": it trains on masked tokens of a plain corpus (\"text\")");
+  require(c.train.random_ltd_layers.empty(),
+          "train.random_ltd_layers with " + model +
+              ": random layer-token dropping is implemented for decoders");
+}
+
 void validate_fp8(const TrainConfig& c) {
   const PrecisionSection& p = c.precision;
   require(p.fp8 == "none" || p.fp8 == "e4m3" || p.fp8 == "hybrid",
@@ -1012,6 +1035,7 @@ void TrainConfig::validate() const {
   validate_optimizer(*this);
   validate_layer_drop(*this);
   validate_random_ltd(*this);
+  validate_masked_lm(*this);
   validate_fp8(*this);
   validate_compression(*this);
   validate_autotune(*this);

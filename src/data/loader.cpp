@@ -14,7 +14,73 @@ void check_options(const DataLoaderOptions& o, int dp_rank, int dp_size) {
   }
   TORCH_CHECK(dp_rank >= 0 && dp_rank < dp_size, "data loader: rank ", dp_rank,
               " outside data-parallel size ", dp_size);
+  const DataLoaderOptions::MaskedLm& mlm = o.masked_lm_;
+  if (!(mlm.probability >= 0.0 && mlm.probability <= 1.0)) {
+    throw std::invalid_argument("data loader: the masking probability must be in [0, 1]");
+  }
+  if (mlm.probability > 0.0 && (mlm.mask_id < 0 || mlm.random_ids < 1)) {
+    throw std::invalid_argument(
+        "data loader: masked-language-model batches need a mask id and "
+        "a vocabulary to draw random tokens from");
+  }
 }
+
+// What masking does to one position of a masked-language-model sequence.
+enum class MaskAction { kNone, kMask, kRandom, kKeep };
+
+// The masking of one sequence of `length` tokens, drawn from (seed, key) alone: each position
+// chosen with `probability`, then masked (8 in 10), replaced by a random id (1 in 10) or kept.
+// `random` receives the random ids, in order of their positions.
+std::vector<MaskAction> draw_masking(const DataLoaderOptions::MaskedLm& mlm, uint64_t seed,
+                                     uint64_t key, int64_t length,
+                                     std::vector<int64_t>* random = nullptr) {
+  std::seed_seq seeds{static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32),
+                      static_cast<uint32_t>(key), static_cast<uint32_t>(key >> 32),
+                      0x4d4c4du};  // "MLM"
+  std::mt19937_64 draw(seeds);
+  std::vector<MaskAction> actions(static_cast<size_t>(length), MaskAction::kNone);
+  for (auto& action : actions) {
+    const double u = static_cast<double>(draw() >> 11) * 0x1.0p-53;  // uniform in [0, 1)
+    if (u >= mlm.probability) continue;
+    const uint64_t kind = draw() % 10;
+    const uint64_t id = draw() % static_cast<uint64_t>(mlm.random_ids);
+    action = kind < 8 ? MaskAction::kMask : kind == 8 ? MaskAction::kRandom : MaskAction::kKeep;
+    if (action == MaskAction::kRandom && random) random->push_back(static_cast<int64_t>(id));
+  }
+  return actions;
+}
+
+int64_t chosen_positions(const std::vector<MaskAction>& actions) {
+  return static_cast<int64_t>(std::count_if(actions.begin(), actions.end(),
+                                            [](MaskAction a) { return a != MaskAction::kNone; }));
+}
+
+// Row i of `batch` masked by the draws of keys[i]: inputs changed, targets the original tokens at
+// the chosen positions and kIgnoreIndex elsewhere.
+void mask_batch(Batch& batch, const DataLoaderOptions& options, const std::vector<uint64_t>& keys) {
+  const DataLoaderOptions::MaskedLm& mlm = options.masked_lm_;
+  const int64_t length = batch.inputs.size(1);
+  batch.inputs = batch.inputs.contiguous();
+  batch.targets = at::full(batch.inputs.sizes(), kIgnoreIndex, at::kLong);
+  int64_t* in = batch.inputs.data_ptr<int64_t>();
+  int64_t* out = batch.targets.data_ptr<int64_t>();
+  for (size_t row = 0; row < keys.size(); ++row) {
+    std::vector<int64_t> random;
+    const auto actions = draw_masking(mlm, options.seed_, keys[row], length, &random);
+    auto next_random = random.begin();
+    for (int64_t t = 0; t < length; ++t) {
+      const int64_t at = static_cast<int64_t>(row) * length + t;
+      const MaskAction action = actions[static_cast<size_t>(t)];
+      if (action == MaskAction::kNone) continue;
+      out[at] = in[at];
+      if (action == MaskAction::kMask) in[at] = mlm.mask_id;
+      if (action == MaskAction::kRandom) in[at] = *next_random++;
+    }
+  }
+}
+
+// The masking key of a held-out sequence: apart from every training position's.
+uint64_t eval_key(int64_t sequence) { return ~static_cast<uint64_t>(sequence); }
 
 }  // namespace
 
@@ -32,6 +98,11 @@ DataLoader::DataLoader(std::shared_ptr<SampleShard> samples, DataLoaderOptions o
                        int dp_size)
     : samples_(std::move(samples)), options_(options), dp_rank_(dp_rank), dp_size_(dp_size) {
   check_options(options_, dp_rank, dp_size);
+  if (options_.masked_lm_.probability > 0.0) {
+    throw std::invalid_argument(
+        "data loader: masked-language-model batches are made of a plain corpus, not of "
+        "instruction samples");
+  }
   pack_rows();
   set_train_sequences(packing_.rows, "data '" + samples_->path() + "' is too small: " +
                                          std::to_string(packing_.samples) + " samples (" +
@@ -90,6 +161,20 @@ Batch DataLoader::micro_batch(int64_t samples_before_step, int micro_step) const
   std::vector<int64_t> sequences;
   for (int64_t i = 0; i < m; ++i) sequences.push_back(sequence_at(first + i));
   Batch batch = gather(sequences);
+  if (options_.masked_lm_.probability > 0.0) {
+    // Each row masked by its position in training; the loss the mean over the global batch's
+    // chosen positions, however they fall on ranks and micro-batches.
+    std::vector<uint64_t> keys;
+    for (int64_t i = 0; i < m; ++i) keys.push_back(static_cast<uint64_t>(first + i));
+    mask_batch(batch, options_, keys);
+    int64_t global = 0;
+    for (int64_t p = samples_before_step; p < samples_before_step + global_batch_size(); ++p) {
+      global += chosen_positions(draw_masking(options_.masked_lm_, options_.seed_,
+                                              static_cast<uint64_t>(p), options_.seq_len_));
+    }
+    batch.loss_divisor = static_cast<double>(std::max<int64_t>(global, 1)) /
+                         static_cast<double>(options_.grad_accum_ * dp_size_);
+  }
   if (samples_) {
     // The global batch's loss tokens, shared by its grad_accum x dp micro-batches (at least one
     // token, so that a batch of prompts alone gives loss 0 rather than 0 / 0).
@@ -120,6 +205,17 @@ Batch DataLoader::eval_batch(int64_t index) const {
   }
   Batch batch = gather(sequences);
   if (samples_) batch.loss_divisor = static_cast<double>(std::max<int64_t>(loss_tokens, 1));
+  if (options_.masked_lm_.probability > 0.0) {
+    std::vector<uint64_t> keys;
+    for (const int64_t sequence : sequences) keys.push_back(eval_key(sequence));
+    mask_batch(batch, options_, keys);
+    int64_t chosen = 0;
+    for (const uint64_t key : keys) {
+      chosen += chosen_positions(
+          draw_masking(options_.masked_lm_, options_.seed_, key, options_.seq_len_));
+    }
+    batch.loss_divisor = static_cast<double>(std::max<int64_t>(chosen, 1));
+  }
   return batch;
 }
 

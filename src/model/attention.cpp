@@ -1,6 +1,6 @@
-// Causal self-attention of both families: the shared attention core (blockwise, fused or
-// reference), rotary embeddings, and the GPT-2 (fused qkv) and Llama (grouped-query) projections
-// around it.
+// Self-attention of the three families: the shared attention core (blockwise, fused or
+// reference; causal in the decoders), rotary embeddings, and the GPT-2 (fused qkv), Llama
+// (grouped-query) and BERT projections around it.
 #include <torch/version.h>
 
 #include <cmath>
@@ -47,8 +47,8 @@ at::Tensor repeat_kv(const at::Tensor& t, int64_t group) {
 
 }  // namespace
 
-at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k_heads,
-                            const at::Tensor& v_heads, double dropout_p, const BlockContext& ctx) {
+at::Tensor self_attention(const at::Tensor& q, const at::Tensor& k_heads, const at::Tensor& v_heads,
+                          double dropout_p, const BlockContext& ctx) {
   if (ctx.attention == AttentionKernel::kBlockwise) {
     if (dropout_p > 0.0) {
       throw std::invalid_argument(
@@ -65,19 +65,22 @@ at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k_heads,
   if (use_sdpa) {
 #if TORCH_VERSION_MAJOR >= 2
     return at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, dropout_p,
-                                            /*is_causal=*/true);
+                                            /*is_causal=*/ctx.causal);
 #else
     // 1.13 exposes the kernel only under its private name, returning (output, weights).
-    return std::get<0>(at::_scaled_dot_product_attention(
-        q, k, v, /*attn_mask=*/{}, dropout_p, /*need_attn_weights=*/false, /*is_causal=*/true));
+    return std::get<0>(at::_scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, dropout_p,
+                                                         /*need_attn_weights=*/false,
+                                                         /*is_causal=*/ctx.causal));
 #endif
   }
   const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(-1)));
-  const at::Tensor scores = at::matmul(q, k.transpose(-2, -1)) * scale;
-  const at::Tensor future =
-      at::ones({q.size(-2), k.size(-2)}, q.options().dtype(at::kBool)).triu(/*diagonal=*/1);
-  at::Tensor probs =
-      at::softmax(scores.masked_fill(future, -std::numeric_limits<double>::infinity()), -1);
+  at::Tensor scores = at::matmul(q, k.transpose(-2, -1)) * scale;
+  if (ctx.causal) {
+    const at::Tensor future =
+        at::ones({q.size(-2), k.size(-2)}, q.options().dtype(at::kBool)).triu(/*diagonal=*/1);
+    scores = scores.masked_fill(future, -std::numeric_limits<double>::infinity());
+  }
+  at::Tensor probs = at::softmax(scores, -1);
   if (dropout_p > 0.0) probs = at::dropout(probs, dropout_p, /*train=*/true);
   return at::matmul(probs, v);
 }
@@ -144,8 +147,8 @@ Gpt2AttentionImpl::Gpt2AttentionImpl(const ModelConfig& config, bool deferred)
 at::Tensor Gpt2AttentionImpl::forward(const at::Tensor& x, const BlockContext& ctx) {
   const auto parts = qkv->forward(x).chunk(3, -1);
   const at::Tensor out =
-      causal_attention(split_heads(parts[0], head_dim_), split_heads(parts[1], head_dim_),
-                       split_heads(parts[2], head_dim_), is_training() ? dropout_ : 0.0, ctx);
+      self_attention(split_heads(parts[0], head_dim_), split_heads(parts[1], head_dim_),
+                     split_heads(parts[2], head_dim_), is_training() ? dropout_ : 0.0, ctx);
   return proj->forward(merge_heads(out));
 }
 
@@ -186,8 +189,23 @@ at::Tensor LlamaAttentionImpl::forward(const at::Tensor& x, const BlockContext& 
   queries = apply_rope(queries, ctx.rope_cos, ctx.rope_sin);
   keys = apply_rope(keys, ctx.rope_cos, ctx.rope_sin);
   at::Tensor values = split_heads(v->forward(x), head_dim_);
+  const at::Tensor out = self_attention(queries, keys, values, is_training() ? dropout_ : 0.0, ctx);
+  return o->forward(merge_heads(out));
+}
+
+BertAttentionImpl::BertAttentionImpl(const ModelConfig& config, bool deferred)
+    : head_dim_(config.head_size()), dropout_(config.dropout) {
+  const int64_t d = config.d_model;
+  q = register_module("q", Linear(d, d, true, deferred));
+  k = register_module("k", Linear(d, d, true, deferred));
+  v = register_module("v", Linear(d, d, true, deferred));
+  o = register_module("o", Linear(d, d, true, deferred));
+}
+
+at::Tensor BertAttentionImpl::forward(const at::Tensor& x, const BlockContext& ctx) {
   const at::Tensor out =
-      causal_attention(queries, keys, values, is_training() ? dropout_ : 0.0, ctx);
+      self_attention(split_heads(q->forward(x), head_dim_), split_heads(k->forward(x), head_dim_),
+                     split_heads(v->forward(x), head_dim_), is_training() ? dropout_ : 0.0, ctx);
   return o->forward(merge_heads(out));
 }
 

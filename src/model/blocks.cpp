@@ -1,4 +1,4 @@
-// Norms, MLPs and the pre-norm blocks of both families.
+// Norms, MLPs, the pre-norm blocks of the decoders, BERT's post-norm block and its head.
 #include "model/autocast.h"
 #include "model/init.h"
 #include "model/layers.h"
@@ -86,6 +86,9 @@ EmbeddingImpl::EmbeddingImpl(int64_t count, int64_t dim, bool deferred) {
 }
 
 at::Tensor EmbeddingImpl::forward(const at::Tensor& ids) {
+  if (compression && compression->weights && weight_quant.bits > 0) {
+    return at::embedding(fake_quantize(weight, weight_quant), ids);  // never split (no tp)
+  }
   if (!tp) return at::embedding(weight, ids);
   // This rank holds rows [start, start + rows): other ids look up row 0 and are zeroed, so the
   // sum across the group holds each id's one row.
@@ -113,13 +116,14 @@ at::Tensor RMSNormImpl::forward(const at::Tensor& x) {
   return rms_norm(x, sequence_parallel_weight(weight, tp), eps_);
 }
 
-Gpt2MlpImpl::Gpt2MlpImpl(const ModelConfig& config, bool deferred) {
+Gpt2MlpImpl::Gpt2MlpImpl(const ModelConfig& config, bool deferred)
+    : approximate_(config.family == ModelFamily::kBert ? "none" : "tanh") {
   fc = register_module("fc", Linear(config.d_model, config.ffn_hidden, true, deferred));
   proj = register_module("proj", Linear(config.ffn_hidden, config.d_model, true, deferred));
 }
 
 at::Tensor Gpt2MlpImpl::forward(const at::Tensor& x) {
-  return proj->forward(at::gelu(fc->forward(x), /*approximate=*/"tanh"));
+  return proj->forward(at::gelu(fc->forward(x), approximate_));
 }
 
 LlamaMlpImpl::LlamaMlpImpl(const ModelConfig& config, bool deferred)
@@ -163,6 +167,33 @@ at::Tensor Gpt2BlockImpl::forward(const at::Tensor& x, const BlockContext& ctx) 
   return h + scaled(residual_dropout(mlp->forward(ln2->forward(h)), dropout_, is_training()), ctx);
 }
 
+BertBlockImpl::BertBlockImpl(const ModelConfig& config, bool deferred) : dropout_(config.dropout) {
+  attn = register_module("attn", BertAttention(config, deferred));
+  attn_norm = register_module("attn_norm", LayerNorm(config.d_model, config.norm_eps, deferred));
+  mlp = register_module("mlp", Gpt2Mlp(config, deferred));
+  mlp_norm = register_module("mlp_norm", LayerNorm(config.d_model, config.norm_eps, deferred));
+}
+
+at::Tensor BertBlockImpl::forward(const at::Tensor& x, const BlockContext& ctx) {
+  const at::Tensor h = attn_norm->forward(
+      x + scaled(residual_dropout(attn->forward(x, ctx), dropout_, is_training()), ctx));
+  return mlp_norm->forward(h +
+                           scaled(residual_dropout(mlp->forward(h), dropout_, is_training()), ctx));
+}
+
+MlmHeadImpl::MlmHeadImpl(const ModelConfig& config, bool deferred) {
+  bias = register_parameter("bias", new_parameter({config.vocab_size}, deferred));
+  dense = register_module("dense", Linear(config.d_model, config.d_model, true, deferred));
+  norm = register_module("norm", LayerNorm(config.d_model, config.norm_eps, deferred));
+}
+
+at::Tensor MlmHeadImpl::forward(const at::Tensor& x) {
+  // Under autocast the dense layer computes in bf16; the norm takes its input in the weights'
+  // dtype (CPU autocast has no LayerNorm policy; CUDA's computes it in fp32).
+  const at::Tensor h = at::gelu(dense->forward(x), "none");
+  return norm->forward(h.to(norm->weight.scalar_type()));
+}
+
 LlamaBlockImpl::LlamaBlockImpl(const ModelConfig& config, int64_t layer, bool deferred,
                                int64_t first_expert, int64_t experts)
     : dropout_(config.dropout) {
@@ -190,6 +221,7 @@ std::shared_ptr<BlockImpl> make_block(const ModelConfig& config, int64_t layer, 
   if (config.family == ModelFamily::kGpt2) {
     return std::make_shared<Gpt2BlockImpl>(config, deferred);
   }
+  if (config.family == ModelFamily::kBert) return std::make_shared<BertBlockImpl>(config, deferred);
   return std::make_shared<LlamaBlockImpl>(config, layer, deferred, parts.first_expert,
                                           parts.experts);
 }

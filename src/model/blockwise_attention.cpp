@@ -25,6 +25,7 @@ struct BlockPlan {
   std::vector<int64_t> query_positions, key_positions;
   int64_t query_block = 0, key_block = 0;
   bool packed = false;
+  bool causal = true;
 
   BlockPlan(const at::Tensor& q, const at::Tensor& k, const AttentionMask& mask,
             AttentionBlocks blocks) {
@@ -43,6 +44,7 @@ struct BlockPlan {
                                   std::to_string(key_positions.size()) + " positions");
     }
     packed = mask.query_segments.defined();
+    causal = mask.is_causal;
     const int64_t tq = q.size(2), tk = k.size(2);
     key_block = blocks.keys > 0 ? blocks.keys : std::min(tk, kMaxBlock);
     const int64_t rows = q.size(0) * q.size(1);
@@ -57,6 +59,7 @@ struct BlockPlan {
   // 0: no query of the block may read a key of the other; 1: every one may (before samples);
   // 2: some may.
   int coverage(int64_t q0, int64_t qn, int64_t k0, int64_t kn) const {
+    if (!causal) return 1;
     const auto [qmin, qmax] =
         std::minmax_element(query_positions.begin() + q0, query_positions.begin() + q0 + qn);
     const auto [kmin, kmax] =

@@ -12,14 +12,16 @@
 
 namespace shardtrain::detail {
 
-// Which keys a query may read: those at a position no later than its own and, for packed
-// samples, of the same sample. Positions are in the whole sequence, so a rank holding chunks of
-// it (context parallelism) describes its queries and another rank's keys alike.
+// Which keys a query may read: those at a position no later than its own (every one when not
+// `is_causal`) and, for packed samples, of the same sample. Positions are in the whole
+// sequence, so a rank holding chunks of it (context parallelism) describes its queries and
+// another rank's keys alike.
 struct AttentionMask {
   at::Tensor query_positions;  // [Tq] int64
   at::Tensor key_positions;    // [Tk] int64
   at::Tensor query_segments;   // [B, Tq] int64 for packed samples; undefined: one sample per row
   at::Tensor key_segments;     // [B, Tk] int64, defined with query_segments
+  bool is_causal = true;
   // Plain causality over [0, length).
   static AttentionMask causal(int64_t length);
 };

@@ -14,9 +14,15 @@
 namespace shardtrain::detail {
 namespace {
 
+// A layer a group may name: a linear layer, or the token embedding (weights only).
 struct Layer {
   std::string name, hf_name;  // hf_name empty where the model has no Hugging Face layout
-  LinearImpl* linear;
+  LinearImpl* linear = nullptr;
+  EmbeddingImpl* embedding = nullptr;
+  const void* key() const {
+    return linear ? static_cast<const void*>(linear) : static_cast<const void*>(embedding);
+  }
+  const at::Tensor& weight() const { return linear ? linear->weight : embedding->weight; }
 };
 
 std::string described(const Layer& layer) {
@@ -54,9 +60,10 @@ std::regex compiled(const std::string& pattern, const std::string& key) {
 // Each group's layers for one technique; every pattern must match, and no layer twice.
 std::vector<std::vector<const Layer*>> match_groups(
     const std::vector<Layer>& layers, const std::vector<std::vector<std::string>>& groups,
-    const std::string& key, const std::vector<std::string>& other_names) {
+    const std::string& key, const std::vector<std::string>& other_names, const std::string& what,
+    const std::string& quantized) {
   std::vector<std::vector<const Layer*>> chosen(groups.size());
-  std::map<const LinearImpl*, std::string> claimed;  // layer -> the pattern that took it
+  std::map<const void*, std::string> claimed;  // layer -> the pattern that took it
   for (size_t g = 0; g < groups.size(); ++g) {
     for (const auto& pattern : groups[g]) {
       const std::regex re = compiled(pattern, key);
@@ -67,7 +74,7 @@ std::vector<std::vector<const Layer*>> match_groups(
           continue;
         }
         matched = true;
-        const auto [it, fresh] = claimed.emplace(layer.linear, pattern);
+        const auto [it, fresh] = claimed.emplace(layer.key(), pattern);
         if (!fresh) {
           throw std::invalid_argument(key + ": layer " + described(layer) +
                                       " is matched by both '" + it->second + "' and '" + pattern +
@@ -84,13 +91,12 @@ std::vector<std::vector<const Layer*>> match_groups(
       std::string elsewhere;
       for (const auto& name : other_names) {
         if (std::regex_search(name, re)) {
-          elsewhere =
-              " ('" + name + "' is not quantized: only the linear layers of the blocks are)";
+          elsewhere = " ('" + name + "' is not quantized: only " + quantized + " are)";
           break;
         }
       }
-      throw std::invalid_argument(key + ": '" + pattern + "' matches no linear layer" + elsewhere +
-                                  "; the linear layers are " +
+      throw std::invalid_argument(key + ": '" + pattern + "' matches no " + what + elsewhere +
+                                  "; the candidates are " +
                                   (listed.empty() ? std::string("(none)") : listed));
     }
   }
@@ -105,36 +111,53 @@ Compression::Compression(torch::nn::Module& model, const ModelConfig& config,
       weight_offset_(section.weight_offset),
       activation_offset_(section.activation_offset) {
   const std::map<std::string, std::string> hf_names = hf_module_names(config);
-  std::vector<Layer> layers;
-  std::vector<std::string> other_names;  // modules that are not linear layers, both namings
+  std::vector<Layer> linears, weighted;   // weighted: the linear layers and the token embedding
+  std::vector<std::string> other_names;   // modules no group may name, both namings
+  std::vector<std::string> other_inputs;  // and those no activation group may name
   for (const auto& item : model.named_modules("", /*include_self=*/false)) {
     const auto found = hf_names.find(item.key());
     const std::string hf_name = found == hf_names.end() ? "" : found->second;
     auto* linear = dynamic_cast<LinearImpl*>(item.value().get());
-    // The output head's weight reaches the loss directly, not through its forward.
+    // The token embedding's lookups go through its forward; the other embeddings' rows are read
+    // directly (positions, token types), and the output head's weight reaches the loss directly.
+    auto* embedding =
+        item.key() == "tok_emb" ? dynamic_cast<EmbeddingImpl*>(item.value().get()) : nullptr;
     if (linear && !is_adapter_layer(item.key()) && !is_output_head(item.key())) {
-      layers.push_back(Layer{item.key(), hf_name, linear});
+      linears.push_back(Layer{item.key(), hf_name, linear, nullptr});
+      weighted.push_back(linears.back());
+    } else if (embedding) {
+      weighted.push_back(Layer{item.key(), hf_name, nullptr, embedding});
+      other_inputs.push_back(item.key());
+      if (!hf_name.empty()) other_inputs.push_back(hf_name);
     } else {
       other_names.push_back(item.key());
       if (!hf_name.empty()) other_names.push_back(hf_name);
     }
   }
+  other_inputs.insert(other_inputs.end(), other_names.begin(), other_names.end());
   const auto weights =
-      match_groups(layers, section.weight_modules, "compression.weight_modules", other_names);
-  const auto inputs = match_groups(layers, section.activation_modules,
-                                   "compression.activation_modules", other_names);
+      match_groups(weighted, section.weight_modules, "compression.weight_modules", other_names,
+                   "linear layer or token embedding", "the linear layers and the token embedding");
+  const auto inputs =
+      match_groups(linears, section.activation_modules, "compression.activation_modules",
+                   other_inputs, "linear layer", "the inputs of linear layers");
   for (size_t g = 0; g < weights.size(); ++g) {
     for (const Layer* matched : weights[g]) {
-      LinearImpl* layer = matched->linear;
-      if (layer->weight.numel() % section.weight_groups != 0) {
+      if (matched->weight().numel() % section.weight_groups != 0) {
         throw std::invalid_argument(
             "compression.weight_groups = " + std::to_string(section.weight_groups) +
-            " does not divide the " + std::to_string(layer->weight.numel()) +
+            " does not divide the " + std::to_string(matched->weight().numel()) +
             " elements of layer " + described(*matched));
       }
-      layer->weight_quant = Quantizer{section.weight_bits[g], section.weight_groups,
-                                      section.weight_type == "symmetric"};
-      layer->compression = switches_;
+      const Quantizer quantizer{section.weight_bits[g], section.weight_groups,
+                                section.weight_type == "symmetric"};
+      if (matched->linear) {
+        matched->linear->weight_quant = quantizer;
+        matched->linear->compression = switches_;
+      } else {
+        matched->embedding->weight_quant = quantizer;
+        matched->embedding->compression = switches_;
+      }
       ++weight_layers_;
     }
   }

@@ -1,4 +1,4 @@
-// ModelConfig: the parameter inventory of both families, computed without allocating, and the
+// ModelConfig: the parameter inventory of the three families, computed without allocating, and the
 // consistency checks every other component relies on.
 #include <stdexcept>
 #include <string>
@@ -42,7 +42,8 @@ void validate_llama_variant(const ModelConfig& c) {
                  c.sliding_window != 0)) {
     fail(c,
          "head_dim, attention_bias, qk_norm, rope_scaling and sliding_window belong to the "
-         "llama family, not gpt2");
+         "llama family, not " +
+             to_string(c.family));
   }
   if (c.head_dim < 0) fail(c, "head_dim must be positive, got " + std::to_string(c.head_dim));
   if (c.sliding_window < 0) {
@@ -60,7 +61,7 @@ void validate_llama_variant(const ModelConfig& c) {
   if (!type.empty() && type != to_string(c.family) &&
       !(llama && (type == "mistral" || type == "qwen2" || type == "qwen3" || moe_type))) {
     fail(c, "hf_model_type \"" + type + "\" is not one of " +
-                (llama ? "llama, mistral, qwen2, qwen3, mixtral, qwen3_moe" : "gpt2"));
+                (llama ? "llama, mistral, qwen2, qwen3, mixtral, qwen3_moe" : to_string(c.family)));
   }
   const RopeScaling& r = c.rope_scaling;
   if (r.enabled() && !(r.factor >= 1.0 && r.low_freq_factor > 0.0 &&
@@ -83,7 +84,8 @@ void validate_experts(const ModelConfig& c) {
     return;
   }
   if (c.family != ModelFamily::kLlama) {
-    fail(c, "n_experts: mixture-of-experts blocks belong to the llama family, not gpt2");
+    fail(c, "n_experts: mixture-of-experts blocks belong to the llama family, not " +
+                to_string(c.family));
   }
   if (c.experts_per_token < 1) {
     fail(c, "experts_per_token must be at least 1 with n_experts " + std::to_string(c.n_experts) +
@@ -118,6 +120,8 @@ std::string to_string(ModelFamily family) {
       return "gpt2";
     case ModelFamily::kLlama:
       return "llama";
+    case ModelFamily::kBert:
+      return "bert";
   }
   return "unknown";
 }
@@ -134,8 +138,9 @@ int64_t ParameterShape::numel() const {
 }
 
 void ModelConfig::validate() const {
-  if (family != ModelFamily::kGpt2 && family != ModelFamily::kLlama) {
-    fail(*this, "family must be gpt2 or llama");
+  if (family != ModelFamily::kGpt2 && family != ModelFamily::kLlama &&
+      family != ModelFamily::kBert) {
+    fail(*this, "family must be gpt2, llama or bert");
   }
   require_positive(*this, "vocab_size", vocab_size);
   require_positive(*this, "context_length", context_length);
@@ -152,10 +157,22 @@ void ModelConfig::validate() const {
     fail(*this, "n_heads " + std::to_string(n_heads) + " is not divisible by n_kv_heads " +
                     std::to_string(n_kv_heads));
   }
-  // The fused qkv projection of GPT-2 has one key/value head per query head.
-  if (family == ModelFamily::kGpt2 && n_kv_heads != n_heads) {
+  // The fused qkv projection of GPT-2, and BERT's attention, have one key/value head per query
+  // head.
+  if (family != ModelFamily::kLlama && n_kv_heads != n_heads) {
     fail(*this, "n_kv_heads " + std::to_string(n_kv_heads) + " must equal n_heads " +
-                    std::to_string(n_heads) + " in the gpt2 family (no grouped-query attention)");
+                    std::to_string(n_heads) + " in the " + to_string(family) +
+                    " family (no grouped-query attention)");
+  }
+  if (family == ModelFamily::kBert) {
+    if (type_vocab_size < 1) {
+      fail(*this, "type_vocab_size must be positive in the bert family, got " +
+                      std::to_string(type_vocab_size));
+    }
+    // Hugging Face's BertForMaskedLM always ties its decoder to the word embeddings.
+    if (!tie_embeddings) fail(*this, "the bert family's head is tied to the token embedding");
+  } else if (type_vocab_size != 0) {
+    fail(*this, "type_vocab_size belongs to the bert family, not " + to_string(family));
   }
   // rotate_half pairs the first and second half of each head: the head size must split evenly.
   if (family == ModelFamily::kLlama && head_size() % 2 != 0) {
@@ -179,11 +196,30 @@ std::vector<ParameterShape> ModelConfig::parameter_shapes() const {
   const int64_t q_width = n_heads * head_size();
   const int64_t kv_width = n_kv_heads * head_size();
   std::vector<ParameterShape> shapes;
+  const bool bert = family == ModelFamily::kBert;
   add(shapes, "tok_emb.weight", {vocab_size, d});
-  if (family == ModelFamily::kGpt2) add(shapes, "pos_emb.weight", {context_length, d});
+  if (family != ModelFamily::kLlama) add(shapes, "pos_emb.weight", {context_length, d});
+  if (bert) {
+    add(shapes, "type_emb.weight", {type_vocab_size, d});
+    add(shapes, "emb_norm.weight", {d});
+    add(shapes, "emb_norm.bias", {d});
+  }
   for (int64_t i = 0; i < n_layers; ++i) {
     const std::string p = "blocks." + std::to_string(i) + ".";
-    if (family == ModelFamily::kGpt2) {
+    if (bert) {
+      for (const char* layer : {"attn.q.", "attn.k.", "attn.v.", "attn.o."}) {
+        add(shapes, p + layer + "weight", {d, d});
+        add(shapes, p + layer + "bias", {d});
+      }
+      add(shapes, p + "attn_norm.weight", {d});
+      add(shapes, p + "attn_norm.bias", {d});
+      add(shapes, p + "mlp.fc.weight", {ffn_hidden, d});
+      add(shapes, p + "mlp.fc.bias", {ffn_hidden});
+      add(shapes, p + "mlp.proj.weight", {d, ffn_hidden});
+      add(shapes, p + "mlp.proj.bias", {d});
+      add(shapes, p + "mlp_norm.weight", {d});
+      add(shapes, p + "mlp_norm.bias", {d});
+    } else if (family == ModelFamily::kGpt2) {
       add(shapes, p + "ln1.weight", {d});
       add(shapes, p + "ln1.bias", {d});
       add(shapes, p + "attn.qkv.weight", {3 * d, d});
@@ -224,7 +260,14 @@ std::vector<ParameterShape> ModelConfig::parameter_shapes() const {
       }
     }
   }
-  if (family == ModelFamily::kGpt2) {
+  if (bert) {
+    // The head's own parameter (the projection's bias) comes before its layers'.
+    add(shapes, "mlm.bias", {vocab_size});
+    add(shapes, "mlm.dense.weight", {d, d});
+    add(shapes, "mlm.dense.bias", {d});
+    add(shapes, "mlm.norm.weight", {d});
+    add(shapes, "mlm.norm.bias", {d});
+  } else if (family == ModelFamily::kGpt2) {
     add(shapes, "ln_f.weight", {d});
     add(shapes, "ln_f.bias", {d});
   } else {

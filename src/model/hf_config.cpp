@@ -85,6 +85,35 @@ ModelConfig read_gpt2(const JsonReader& in) {
   return c;
 }
 
+// BertForMaskedLM's (and BertModel's) config.json: absolute positions, exact GELU. The two
+// dropout rates must agree (one rate serves both here).
+ModelConfig read_bert(const JsonReader& in) {
+  ModelConfig c;
+  c.family = ModelFamily::kBert;
+  c.vocab_size = in.integer("vocab_size");
+  c.context_length = in.integer_or("max_position_embeddings", 512);
+  c.d_model = in.integer("hidden_size");
+  c.n_layers = in.integer("num_hidden_layers");
+  c.n_heads = in.integer("num_attention_heads");
+  c.n_kv_heads = c.n_heads;
+  c.ffn_hidden = in.integer("intermediate_size");
+  c.type_vocab_size = in.integer_or("type_vocab_size", 2);
+  c.norm_eps = in.number_or("layer_norm_eps", 1e-12);
+  c.dropout = in.number_or("hidden_dropout_prob", 0.1);
+  if (in.number_or("attention_probs_dropout_prob", c.dropout) != c.dropout) {
+    in.fail(
+        "hidden_dropout_prob and attention_probs_dropout_prob differ; one dropout rate "
+        "serves both here");
+  }
+  c.tie_embeddings = true;
+  in.refuse_unless(in.boolean_or("tie_word_embeddings", true), "tie_word_embeddings");
+  in.refuse_unless(in.string_or("hidden_act", "gelu") == "gelu", "hidden_act");
+  in.refuse_unless(in.string_or("position_embedding_type", "absolute") == "absolute",
+                   "position_embedding_type");
+  in.refuse_unless(!in.boolean_or("is_decoder", false), "is_decoder");
+  return c;
+}
+
 // rope_scaling: null, or Llama 3.1's "llama3" type; the other kinds (linear, dynamic, yarn, ...)
 // would change every angle differently and are refused.
 RopeScaling read_rope_scaling(const JsonReader& in, const nlohmann::json& json) {
@@ -198,12 +227,14 @@ ModelConfig model_config_from_hf_json(const std::string& path) {
   ModelConfig config;
   if (type == "gpt2") {
     config = read_gpt2(in);
+  } else if (type == "bert") {
+    config = read_bert(in);
   } else if (type == "llama" || type == "mistral" || type == "qwen2" || type == "qwen3" ||
              type == "mixtral" || type == "qwen3_moe") {
     config = read_llama(in, json, type);
   } else {
     in.fail("unsupported model_type \"" + type +
-            "\" (supported: gpt2, llama, mistral, qwen2, qwen3, mixtral, qwen3_moe)");
+            "\" (supported: gpt2, bert, llama, mistral, qwen2, qwen3, mixtral, qwen3_moe)");
   }
   config.name = "custom";
   try {

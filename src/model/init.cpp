@@ -214,7 +214,10 @@ ParameterInitializer TransformerImpl::base_initializer() const {
   for (const auto& shape : config_.parameter_shapes()) {
     described[shape.name] = {shape.numel(), shape.shape.size()};
   }
-  const double residual_std = 0.02 / std::sqrt(2.0 * static_cast<double>(config_.n_layers));
+  // BERT's initialization (Hugging Face's) keeps 0.02 for the residual projections too.
+  const double residual_std = config_.family == ModelFamily::kBert
+                                  ? 0.02
+                                  : 0.02 / std::sqrt(2.0 * static_cast<double>(config_.n_layers));
   return [described = std::move(described), residual_std, seed = seed_](
              const std::string& name, int64_t begin, at::Tensor out) {
     auto it = described.find(name);

@@ -44,8 +44,11 @@ struct BlockContext {
   at::Tensor rope_cos;
   at::Tensor rope_sin;
   AttentionKernel attention = AttentionKernel::kBlockwise;
+  // A query reads only keys at its position or before (decoders), or every key (BERT).
+  bool causal = true;
   // Packed samples, for the fused and reference kernels: [B, 1, T, T], true where query t may
-  // attend to key s (s <= t, same sample); undefined: plain causal attention.
+  // attend to key s (s <= t when causal, same sample); undefined: plain causal attention, or
+  // none without causality.
   at::Tensor allowed;
   // For the blockwise kernel: the same rule as positions and samples, on the activations' device.
   AttentionMask mask;
@@ -70,12 +73,12 @@ struct BlockContext {
 at::Tensor draw_kept_tokens(int64_t batch, int64_t length, int64_t keep, uint64_t key,
                             int64_t forward, int64_t block);
 
-// softmax(q k^T / sqrt(head_dim) with the future masked) v through the kernel ctx names.
-// q [B, heads, T, head_dim]; k, v [B, kv_heads, T, head_dim], heads a multiple of kv_heads.
-// With ctx.allowed (ctx.mask's segments for the blockwise kernel) defined, what it forbids is
-// masked instead of the future alone. The blockwise kernel takes no dropout.
-at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                            double dropout_p, const BlockContext& ctx);
+// softmax(q k^T / sqrt(head_dim) with the future masked) v through the kernel ctx names; without
+// ctx.causal, nothing masked. q [B, heads, T, head_dim]; k, v [B, kv_heads, T, head_dim], heads a
+// multiple of kv_heads. With ctx.allowed (ctx.mask's segments for the blockwise kernel) defined,
+// what it forbids is masked instead. The blockwise kernel takes no dropout.
+at::Tensor self_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                          double dropout_p, const BlockContext& ctx);
 
 // The rotary frequencies theta^(-2j/head_dim), j < head_dim/2, in double; with `scaling`
 // enabled, Llama 3.1's rescaling of them (Hugging Face's _compute_llama3_parameters).
@@ -176,6 +179,11 @@ class EmbeddingImpl : public torch::nn::Module {
   at::Tensor forward(const at::Tensor& ids);
   at::Tensor weight;  // [count, dim]
   std::shared_ptr<LayerSplit> tp;
+  // Set by quantization-aware training on the token embedding a weight group names (DeepSpeed's
+  // "word_embeddings"): the rows are looked up in the quantized weight once `compression` says
+  // weight quantization has started.
+  Quantizer weight_quant;
+  std::shared_ptr<const CompressionSwitches> compression;
 };
 TORCH_MODULE(Embedding);
 
@@ -237,11 +245,29 @@ class LlamaAttentionImpl : public torch::nn::Module {
 };
 TORCH_MODULE(LlamaAttention);
 
+// BERT's attention: q, k, v and the output projection o, each with a bias, every token reading
+// every token of its sequence.
+class BertAttentionImpl : public torch::nn::Module {
+ public:
+  BertAttentionImpl(const ModelConfig& config, bool deferred);
+  at::Tensor forward(const at::Tensor& x, const BlockContext& ctx);
+  Linear q{nullptr}, k{nullptr}, v{nullptr}, o{nullptr};
+
+ private:
+  int64_t head_dim_;
+  double dropout_;
+};
+TORCH_MODULE(BertAttention);
+
+// fc, GELU, proj: GPT-2's tanh approximation of GELU, BERT's exact one.
 class Gpt2MlpImpl : public torch::nn::Module {
  public:
   Gpt2MlpImpl(const ModelConfig& config, bool deferred);
   at::Tensor forward(const at::Tensor& x);
   Linear fc{nullptr}, proj{nullptr};
+
+ private:
+  const char* approximate_;  // at::gelu's "tanh" or "none"
 };
 TORCH_MODULE(Gpt2Mlp);
 
@@ -300,7 +326,7 @@ class MoeImpl : public torch::nn::Module {
 };
 TORCH_MODULE(Moe);
 
-// A pre-norm transformer block; the unit of activation checkpointing and of FSDP wrapping.
+// A transformer block; the unit of activation checkpointing and of FSDP wrapping.
 class BlockImpl : public torch::nn::Module {
  public:
   virtual at::Tensor forward(const at::Tensor& x, const BlockContext& ctx) = 0;
@@ -317,6 +343,32 @@ class Gpt2BlockImpl : public BlockImpl {
  private:
   double dropout_;
 };
+
+// BERT's post-norm block: LayerNorm after each residual sum (attn_norm after attention, mlp_norm
+// after the MLP), the MLP's GELU exact.
+class BertBlockImpl : public BlockImpl {
+ public:
+  BertBlockImpl(const ModelConfig& config, bool deferred);
+  at::Tensor forward(const at::Tensor& x, const BlockContext& ctx) override;
+  BertAttention attn{nullptr};
+  LayerNorm attn_norm{nullptr}, mlp_norm{nullptr};
+  Gpt2Mlp mlp{nullptr};
+
+ private:
+  double dropout_;
+};
+
+// BERT's masked-language-model head before its projection: dense, GELU, LayerNorm; `bias` is
+// the projection's (onto the tied token embedding).
+class MlmHeadImpl : public torch::nn::Module {
+ public:
+  MlmHeadImpl(const ModelConfig& config, bool deferred);
+  at::Tensor forward(const at::Tensor& x);  // the transform; the projection is the model's
+  at::Tensor bias;                          // [vocab]
+  Linear dense{nullptr};
+  LayerNorm norm{nullptr};
+};
+TORCH_MODULE(MlmHead);
 
 class LlamaBlockImpl : public BlockImpl {
  public:

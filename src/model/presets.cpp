@@ -1,5 +1,5 @@
 // Named model configurations. The large presets exist for the planner (parameter_shapes() needs no
-// allocation); their sizes follow the published GPT-2, Llama 3/3.1/3.2, Qwen2.5, Qwen3 and
+// allocation); their sizes follow the published GPT-2, BERT, Llama 3/3.1/3.2, Qwen2.5, Qwen3 and
 // Mistral configurations (config.json of each model).
 #include <functional>
 #include <stdexcept>
@@ -43,6 +43,20 @@ ModelConfig llama3(std::string name, int64_t d_model, int64_t n_layers, int64_t 
   c.rope_theta = 500000.0;
   c.dropout = 0.0;
   c.tie_embeddings = false;
+  return c;
+}
+
+// BERT (Devlin et al. 2019) as Hugging Face's bert-base-uncased and bert-large-uncased:
+// WordPiece vocabulary of 30,522, 512 positions, two token types, exact GELU, LayerNorm eps 1e-12,
+// dropout 0.1.
+ModelConfig bert(std::string name, int64_t d_model, int64_t n_layers, int64_t n_heads) {
+  ModelConfig c = gpt2(std::move(name), d_model, n_layers, n_heads);
+  c.family = ModelFamily::kBert;
+  c.vocab_size = 30522;
+  c.context_length = 512;
+  c.type_vocab_size = 2;
+  c.norm_eps = 1e-12;
+  c.dropout = 0.1;
   return c;
 }
 
@@ -189,6 +203,19 @@ const std::vector<std::pair<std::string, std::function<ModelConfig()>>>& presets
   static const std::vector<std::pair<std::string, std::function<ModelConfig()>>> table = {
       {"tiny", tiny},
       {"tiny-llama", tiny_llama},
+      {"tiny-bert",
+       [] {
+         // d_model 96: its matrices split into the 48 or 64 quantization groups of
+         // DeepSpeedExamples' BERT compression files.
+         ModelConfig c = bert("tiny-bert", 96, 2, 4);
+         c.vocab_size = 258;  // bytes, end-of-text and a mask token
+         c.context_length = 64;
+         c.ffn_hidden = 384;
+         c.dropout = 0.0;
+         return c;
+       }},
+      {"bert-base", [] { return bert("bert-base", 768, 12, 12); }},
+      {"bert-large", [] { return bert("bert-large", 1024, 24, 16); }},
       {"gpt2-124m", [] { return gpt2("gpt2-124m", 768, 12, 12); }},
       {"gpt2-350m", [] { return gpt2("gpt2-350m", 1024, 24, 16); }},
       {"llama3-8b", [] { return llama3("llama3-8b", 4096, 32, 32, 14336); }},

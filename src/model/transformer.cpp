@@ -1,4 +1,4 @@
-// The decoder: embeddings, the stack of blocks (optionally checkpointed), final norm and head.
+// The model: embeddings, the stack of blocks (optionally checkpointed), final norm and head.
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/nn/modules/linear.h>
 
@@ -157,12 +157,18 @@ TransformerImpl::TransformerImpl(ModelConfig config, ModelInit init) : config_(s
   }
   const int64_t d = config_.d_model;
   const bool gpt2 = config_.family == ModelFamily::kGpt2;
+  const bool bert = config_.family == ModelFamily::kBert;
   // Registration order is the parameter order ModelConfig::parameter_shapes() promises.
   if (parts_.embedding || (parts_.head && config_.tie_embeddings)) {
     tok_emb_ = register_module("tok_emb", detail::Embedding(config_.vocab_size, d, deferred));
   }
-  if (gpt2 && parts_.embedding) {
+  if ((gpt2 || bert) && parts_.embedding) {
     pos_emb_ = register_module("pos_emb", detail::Embedding(config_.context_length, d, deferred));
+  }
+  if (bert && parts_.embedding) {
+    type_emb_ =
+        register_module("type_emb", detail::Embedding(config_.type_vocab_size, d, deferred));
+    emb_norm_ = register_module("emb_norm", detail::LayerNorm(d, config_.norm_eps, deferred));
   }
   if (config_.moe()) {
     moe_ = std::make_shared<detail::MoeState>();
@@ -176,7 +182,9 @@ TransformerImpl::TransformerImpl(ModelConfig config, ModelInit init) : config_(s
       blocks_->push_back(torch::nn::Identity());  // another pipeline stage's block
     }
   }
-  if (parts_.head) {
+  if (parts_.head && bert) {
+    mlm_head_ = register_module("mlm", detail::MlmHead(config_, deferred));
+  } else if (parts_.head) {
     if (gpt2) {
       final_norm_ = register_module("ln_f", detail::LayerNorm(d, config_.norm_eps, deferred));
     } else {
@@ -223,6 +231,17 @@ at::Tensor TransformerImpl::forward_loss(const at::Tensor& tokens, const Sequenc
 }
 
 at::Tensor TransformerImpl::head_loss(const at::Tensor& output, const LossTargets& targets) {
+  if (mlm_head_) {
+    // A masked-language model's targets are a few of the positions: the head runs on those.
+    const at::Tensor flat = output.reshape({-1, output.size(-1)});
+    const at::Tensor all = targets.targets.reshape({-1}).to(flat.device());
+    const at::Tensor rows = (all != kIgnoreIndex).nonzero().squeeze(1);
+    const at::Tensor logits = head(flat.index_select(0, rows)).to(at::kFloat);
+    const at::Tensor sum = at::cross_entropy_loss(logits, all.index_select(0, rows), {},
+                                                  at::Reduction::Sum, kIgnoreIndex);
+    // No divisor: the mean over the targets (0 / 0 when there are none, as cross_entropy's).
+    return sum / (targets.divisor > 0 ? targets.divisor : static_cast<double>(rows.size(0)));
+  }
   const at::Tensor x = head_input(output);
   const at::Tensor weight = head_weight();
   const int64_t chunk =
@@ -273,6 +292,8 @@ at::Tensor TransformerImpl::forward_stage(const at::Tensor& input, int64_t begin
 void TransformerImpl::prepare_context(const at::Tensor& x, int64_t length,
                                       const SequenceLayout& layout, detail::BlockContext& ctx) {
   ctx.attention = attention_;
+  ctx.causal = !config_.bidirectional();
+  ctx.mask.is_causal = ctx.causal;
   ctx.moe = moe_.get();
   ctx.layout = layout;
   // This rank's chunks of sequences split by context parallelism: their positions in the whole.
@@ -290,6 +311,7 @@ void TransformerImpl::prepare_context(const at::Tensor& x, int64_t length,
     }
   } else if (attention_ == AttentionKernel::kBlockwise) {
     ctx.mask = detail::AttentionMask::causal(length);
+    ctx.mask.is_causal = ctx.causal;
     ctx.mask.query_positions = ctx.mask.query_positions.to(x.device());
     ctx.mask.key_positions = ctx.mask.query_positions;
     if (layout.defined()) {
@@ -301,9 +323,9 @@ void TransformerImpl::prepare_context(const at::Tensor& x, int64_t length,
     const at::Tensor same = segments.unsqueeze(2) == segments.unsqueeze(1);  // [B, T, T]
     const at::Tensor causal =
         at::ones({length, length}, segments.options().dtype(at::kBool)).tril();
-    ctx.allowed = (same & causal).unsqueeze(1);
+    ctx.allowed = (ctx.causal ? same & causal : same).unsqueeze(1);
   }
-  if (config_.family == ModelFamily::kGpt2) return;
+  if (config_.family != ModelFamily::kLlama) return;  // no rotary embeddings
   if (!rope_cos_.defined() || rope_cos_.device() != x.device() ||
       rope_cos_.scalar_type() != x.scalar_type()) {
     std::tie(rope_cos_, rope_sin_) =
@@ -335,7 +357,7 @@ at::Tensor TransformerImpl::embed(const at::Tensor& tokens, int64_t length,
   if (!parts_.embedding) {
     throw std::logic_error("Transformer: this pipeline stage does not hold the embeddings");
   }
-  const bool gpt2 = config_.family == ModelFamily::kGpt2;
+  const bool learned_positions = config_.family != ModelFamily::kLlama;
   const double dropout = is_training() ? config_.dropout : 0.0;
   // Under sequence parallelism a rank carries length / tp positions between the layers that
   // need the whole sequence (which gather it); a length that does not divide runs without.
@@ -347,7 +369,7 @@ at::Tensor TransformerImpl::embed(const at::Tensor& tokens, int64_t length,
   at::Tensor x = sink && at::GradMode::is_enabled()
                      ? detail::embedding_into_sink(tok_emb.weight, tokens, *sink)
                      : tok_emb.forward(tokens);
-  if (gpt2) {
+  if (learned_positions) {
     const int64_t local = length / (sequence_parallel ? tp_size : 1);
     const int64_t first = sequence_parallel ? tp_->rank() * local : 0;
     auto& pos_emb = dynamic_cast<detail::EmbeddingImpl&>(*pos_emb_);
@@ -359,7 +381,11 @@ at::Tensor TransformerImpl::embed(const at::Tensor& tokens, int64_t length,
         : split.defined() ? split.narrow(0, first, local)
                           : at::arange(first, first + local, tokens.options());
     x = x + at::embedding(detail::sequence_parallel_weight(pos_emb.weight, tp_), positions);
-    if (dropout > 0.0) x = at::dropout(x, dropout, /*train=*/true);  // GPT-2's embedding dropout
+    if (type_emb_) {  // BERT: every token of type 0, then the embeddings' norm
+      x = x + dynamic_cast<detail::EmbeddingImpl&>(*type_emb_).weight[0];
+      x = dynamic_cast<detail::LayerNormImpl&>(*emb_norm_).forward(x);
+    }
+    if (dropout > 0.0) x = at::dropout(x, dropout, /*train=*/true);  // the embeddings' dropout
   }
   prepare_context(x, length, layout, ctx);
   return x;
@@ -446,13 +472,19 @@ at::Tensor TransformerImpl::run_blocks(at::Tensor x, int64_t begin, int64_t end,
   return x;
 }
 
-at::Tensor TransformerImpl::head(at::Tensor x) { return at::linear(head_input(x), head_weight()); }
+at::Tensor TransformerImpl::head(at::Tensor x) {
+  const at::Tensor bias =
+      mlm_head_ ? dynamic_cast<detail::MlmHeadImpl&>(*mlm_head_).bias : at::Tensor();
+  return at::linear(head_input(x), head_weight(), bias);
+}
 
 const detail::TiedGradientSink* TransformerImpl::tied_sink() const {
-  // Only where the weight is one whole, trained tensor that both ends use.
-  if (!tied_sink_ || !config_.tie_embeddings || tp_) return nullptr;
+  // Only where the weight is one whole, trained tensor that both ends use, and the head's
+  // chunked loss computes its gradient (not BERT's, which autograd differentiates).
+  if (!tied_sink_ || !config_.tie_embeddings || tp_ || mlm_head_) return nullptr;
   const auto& tok_emb = dynamic_cast<const detail::EmbeddingImpl&>(*tok_emb_);
-  return tok_emb.weight.requires_grad() ? tied_sink_.get() : nullptr;
+  // A quantized lookup (quantization-aware training) goes through the embedding's forward.
+  return tok_emb.weight.requires_grad() && !tok_emb.compression ? tied_sink_.get() : nullptr;
 }
 
 at::Tensor TransformerImpl::head_weight() const {
@@ -465,7 +497,9 @@ at::Tensor TransformerImpl::head_input(at::Tensor x) {
     throw std::logic_error("Transformer: this pipeline stage does not hold the head");
   }
   // Module is a virtual base of LibTorch's modules, hence dynamic_cast.
-  if (config_.family == ModelFamily::kGpt2) {
+  if (mlm_head_) {
+    x = dynamic_cast<detail::MlmHeadImpl&>(*mlm_head_).forward(x);
+  } else if (config_.family == ModelFamily::kGpt2) {
     x = dynamic_cast<detail::LayerNormImpl&>(*final_norm_).forward(x);
   } else {
     x = dynamic_cast<detail::RMSNormImpl&>(*final_norm_).forward(x);

@@ -115,6 +115,11 @@ Candidate evaluate_candidate(Candidate c, const PlanModel& model, const Hardware
     return invalid(c, "cp=" + std::to_string(c.cp) +
                           " needs a sequence length divisible by 2 x cp, and no hybrid_shard");
   }
+  if (model.data_parallel_only && (c.tp > 1 || c.pp > 1 || c.cp > 1 || c.ep > 1)) {
+    return invalid(c,
+                   "a masked-language model (BERT) trains under data parallelism only in this "
+                   "version");
+  }
   if (model.n_experts > 0 && c.cp > 1) {
     return invalid(c, "a mixture-of-experts model trains with cp = 1 in this version");
   }

@@ -18,6 +18,7 @@ PlanModel PlanModel::from_config(const ModelConfig& config) {
   m.ffn_hidden = config.ffn_hidden;
   m.vocab_size = config.vocab_size;
   m.gated_mlp = config.family == ModelFamily::kLlama;
+  m.data_parallel_only = config.bidirectional();
   m.dropout = config.dropout;
   for (const auto& p : config.parameter_shapes()) {
     m.num_parameters += p.numel();

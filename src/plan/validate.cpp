@@ -154,7 +154,10 @@ RunEstimate estimate_run(const nlohmann::json& run, const HardwareSpec& host,
   const json jm = required<json>(run, "model", run_file);
   ModelConfig mc;
   const std::string family = required<std::string>(jm, "family", run_file);
-  mc.family = family == "llama" ? ModelFamily::kLlama : ModelFamily::kGpt2;
+  mc.family = family == "llama"  ? ModelFamily::kLlama
+              : family == "bert" ? ModelFamily::kBert
+                                 : ModelFamily::kGpt2;
+  mc.type_vocab_size = field<int64_t>(jm, "type_vocab_size", family == "bert" ? 2 : 0);
   mc.name = field<std::string>(jm, "name", "custom");
   mc.vocab_size = required<int64_t>(jm, "vocab_size", run_file);
   mc.context_length = required<int64_t>(jm, "context_length", run_file);

@@ -223,9 +223,24 @@ void check_resume_tokenizer(const std::string& checkpoint, const Tokenizer& toke
                               "back, or start a new run (another run.dir, or run.overwrite)");
 }
 
+int64_t mask_token_id(const Tokenizer& tokenizer) {
+  for (const char* token : {"[MASK]", "<mask>"}) {
+    const int32_t id = tokenizer.token_id(token);
+    if (id >= 0) return id;
+  }
+  return tokenizer.vocab_size();
+}
+
 std::unique_ptr<DataLoader> make_loader(const TrainConfig& config, const TrainingData& data,
-                                        int64_t pad_id, int dp_rank, int dp_size) {
+                                        const Tokenizer& tokenizer, int dp_rank, int dp_size) {
+  DataLoaderOptions::MaskedLm masked;
+  if (config.model.bidirectional()) {
+    masked.probability = config.train.mlm_probability;
+    masked.mask_id = mask_token_id(tokenizer);
+    masked.random_ids = tokenizer.vocab_size();
+  }
   const DataLoaderOptions options = DataLoaderOptions()
+                                        .masked_lm(masked)
                                         .seq_len(config.data.seq_len)
                                         .micro_batch(config.train.micro_batch)
                                         .grad_accum(config.train.grad_accum)
@@ -233,7 +248,7 @@ std::unique_ptr<DataLoader> make_loader(const TrainConfig& config, const Trainin
                                         .eval_sequences(config.data.eval_sequences)
                                         .packing(config.data.packing)
                                         .drop_overlong(config.data.overlong == "drop")
-                                        .pad_id(pad_id);
+                                        .pad_id(tokenizer.eos_id());
   if (data.tokens) return std::make_unique<DataLoader>(data.tokens, options, dp_rank, dp_size);
   return std::make_unique<DataLoader>(data.samples, options, dp_rank, dp_size);
 }

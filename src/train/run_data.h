@@ -67,8 +67,15 @@ TrainingData open_data(const TrainConfig& config);
 // std::invalid_argument naming both otherwise. Checkpoints that name none pass.
 void check_resume_tokenizer(const std::string& checkpoint, const Tokenizer& tokenizer);
 
-// The loader over the data with the run's batch settings; padding is the end-of-text id.
+// The mask token of a masked-language model trained with `tokenizer`: its "[MASK]" (BERT's
+// WordPiece) or "<mask>" (RoBERTa's) token, else the first id past its vocabulary (the model's
+// vocabulary then has one more row).
+int64_t mask_token_id(const Tokenizer& tokenizer);
+
+// The loader over the data with the run's batch settings; padding is the end-of-text id. A
+// bidirectional model's batches are masked (train.mlm_probability), random replacements drawn
+// from the tokenizer's ids.
 std::unique_ptr<DataLoader> make_loader(const TrainConfig& config, const TrainingData& data,
-                                        int64_t pad_id, int dp_rank, int dp_size);
+                                        const Tokenizer& tokenizer, int dp_rank, int dp_size);
 
 }  // namespace shardtrain::detail

@@ -30,6 +30,7 @@ nlohmann::ordered_json run_manifest(const TrainConfig& config, int world_size) {
                   {"experts_per_token", m.experts_per_token},
                   {"n_shared_experts", m.n_shared_experts},
                   {"num_parameters", m.num_parameters()}};
+  if (m.type_vocab_size > 0) run["model"]["type_vocab_size"] = m.type_vocab_size;
   if (m.moe()) run["model"]["active_parameters"] = m.active_parameters();
   run["train"] = {{"micro_batch", config.train.micro_batch},
                   {"grad_accum", config.train.grad_accum},

@@ -135,13 +135,20 @@ void Trainer::set_up_tokenizer() {
   // corpus have been checked and every rank has decided how the run starts.
   tokenizer_ = detail::make_tokenizer(config_);
   chat_template_ = detail::make_chat_template(config_);
+  // A masked-language model's mask token may be one past the tokenizer's ids.
+  const int64_t needed =
+      config_.model.bidirectional()
+          ? std::max<int64_t>(tokenizer_->vocab_size(), detail::mask_token_id(*tokenizer_) + 1)
+          : tokenizer_->vocab_size();
   if (!config_.model.vocab_size_set) {
-    config_.model.vocab_size = tokenizer_->vocab_size();
-  } else if (config_.model.vocab_size < tokenizer_->vocab_size()) {
-    throw std::invalid_argument("model.vocab_size " + std::to_string(config_.model.vocab_size) +
-                                " is smaller than the " + tokenizer_->name() +
-                                " tokenizer's vocabulary of " +
-                                std::to_string(tokenizer_->vocab_size()));
+    config_.model.vocab_size = needed;
+  } else if (config_.model.vocab_size < needed) {
+    throw std::invalid_argument(
+        "model.vocab_size " + std::to_string(config_.model.vocab_size) + " is smaller than the " +
+        tokenizer_->name() + " tokenizer's vocabulary of " +
+        std::to_string(tokenizer_->vocab_size()) +
+        (needed > tokenizer_->vocab_size() ? " plus the mask token the bert family trains with"
+                                           : ""));
   }
   // The sizes tensor parallelism splits, before the run directory is touched.
   check_tp_sizes(config_, config_.model.vocab_size_set
@@ -214,7 +221,7 @@ std::string Trainer::prepare_data() {
     if (rank() != 0 || joins) *data_ = detail::open_data(config_);
   }
   check_vocabulary();
-  loader_ = detail::make_loader(config_, *data_, tokenizer_->eos_id(), dp_rank(), dp_size());
+  loader_ = detail::make_loader(config_, *data_, *tokenizer_, dp_rank(), dp_size());
   return joins ? std::string() : start.checkpoint;
 }
 
@@ -751,8 +758,10 @@ void Trainer::fit() {
     if (talk && !dir.empty()) std::printf("checkpoint: %s\n", dir.c_str());
   }
   wait_for_checkpoint();  // the last save is on disk before the run ends
-  // Where every rank takes part in the forward passes, every rank generates.
-  if ((talk || parallel_->forward_is_collective()) && config_.train.sample_tokens > 0) {
+  // Where every rank takes part in the forward passes, every rank generates. A masked-language
+  // model does not continue text: no sample.
+  if ((talk || parallel_->forward_is_collective()) && config_.train.sample_tokens > 0 &&
+      !config_.model.bidirectional()) {
     const std::string sample = generate(config_.train.sample_prompt, config_.train.sample_tokens);
     if (talk) std::printf("sample: %s\n", sample.c_str());
   }

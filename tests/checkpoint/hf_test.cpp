@@ -66,6 +66,19 @@ TEST_P(HfTest, ExportedCheckpointStartsARunWithTheSameOutputs) {
     EXPECT_TRUE(
         at::equal(hf.at("transformer.h.0.mlp.c_fc.weight"), params["blocks.0.mlp.fc.weight"].t()));
     EXPECT_TRUE(at::equal(hf.at("transformer.wte.weight"), params["tok_emb.weight"]));
+  } else if (c.family == ModelFamily::kBert) {
+    // BertForMaskedLM's names, every tensor unchanged; the decoder tied (no tensor of its own).
+    EXPECT_EQ(hf.size(), c.parameter_shapes().size());
+    for (const HfParameterName& name : hf_parameter_names(c)) {
+      ASSERT_EQ(hf.count(name.hf_name), 1u) << name.hf_name;
+      EXPECT_TRUE(at::equal(hf.at(name.hf_name), params[name.name])) << name.hf_name;
+    }
+    EXPECT_TRUE(at::equal(hf.at("bert.encoder.layer.1.attention.self.key.weight"),
+                          params["blocks.1.attn.k.weight"]));
+    EXPECT_TRUE(at::equal(hf.at("bert.encoder.layer.0.output.LayerNorm.bias"),
+                          params["blocks.0.mlp_norm.bias"]));
+    EXPECT_TRUE(at::equal(hf.at("cls.predictions.bias"), params["mlm.bias"]));
+    EXPECT_EQ(hf.count("cls.predictions.decoder.weight"), 0u);
   } else {
     // Every tensor under its Hugging Face name, unchanged (a tied head has no lm_head).
     EXPECT_EQ(hf.size(), c.parameter_shapes().size());
@@ -95,6 +108,8 @@ TEST_P(HfTest, ExportedCheckpointStartsARunWithTheSameOutputs) {
   EXPECT_EQ(read_back.sliding_window, c.sliding_window);
   EXPECT_DOUBLE_EQ(read_back.rope_scaling.factor, c.rope_scaling.factor);
   EXPECT_EQ(read_back.rope_scaling.original_context_length, c.rope_scaling.original_context_length);
+  EXPECT_EQ(read_back.type_vocab_size, c.type_vocab_size);
+  EXPECT_EQ(read_back.family, c.family);
 
   auto overrides = base("imported");
   overrides.push_back("model.hf_config=\"" + out + "/config.json\"");
@@ -118,8 +133,8 @@ TEST_P(HfTest, ExportedCheckpointStartsARunWithTheSameOutputs) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, HfTest,
-                         ::testing::Values("tiny", "tiny-llama", "tiny-llama3.2", "tiny-qwen2",
-                                           "tiny-qwen3", "tiny-mistral", "tiny-moe",
+                         ::testing::Values("tiny", "tiny-bert", "tiny-llama", "tiny-llama3.2",
+                                           "tiny-qwen2", "tiny-qwen3", "tiny-mistral", "tiny-moe",
                                            "tiny-qwen3-moe"),
                          [](const ::testing::TestParamInfo<std::string>& info) {
                            std::string name = info.param;
@@ -171,6 +186,40 @@ TEST(HfImportTest, ShardedRanksStreamTheirSlicesFromSplitFiles) {
       }
     });
     EXPECT_TRUE(wrong.empty()) << wrong.front();
+  }
+  fs::remove_all(dir);
+}
+
+// BERT checkpoints as Hugging Face keeps them: BertForPreTraining's pooler and next-sentence head
+// and the tied decoder beside the masked-language model, and older files' LayerNorm gamma and
+// beta. The model's parameters come back; the pooler and the next-sentence head are left out.
+TEST(HfImportTest, BertCheckpointsWithPoolerAndOldNormNamesImport) {
+  const fs::path dir = testing::fresh_test_dir("shardtrain_hf_bert");
+  const ModelConfig config = model_preset("tiny-bert");
+  Transformer model(config, ModelInit().seed(9));
+  NamedTensors tensors;
+  for (const auto& n : hf_parameter_names(config)) {
+    std::string name = n.hf_name;
+    for (const auto& [from, to] :
+         {std::pair<std::string, std::string>{"LayerNorm.weight", "LayerNorm.gamma"},
+          {"LayerNorm.bias", "LayerNorm.beta"}}) {
+      if (name.size() > from.size() &&
+          name.compare(name.size() - from.size(), from.size(), from) == 0) {
+        name = name.substr(0, name.size() - from.size()) + to;
+      }
+    }
+    tensors.emplace_back(name, model->named_parameters()[n.name].detach());
+  }
+  tensors.emplace_back("bert.pooler.dense.weight", at::zeros({config.d_model, config.d_model}));
+  tensors.emplace_back("cls.seq_relationship.weight", at::zeros({2, config.d_model}));
+  tensors.emplace_back("cls.predictions.decoder.weight",
+                       model->named_parameters()["tok_emb.weight"].detach());
+  tensors.emplace_back("bert.embeddings.position_ids", at::arange(config.context_length));
+  save_safetensors((dir / "model.safetensors").string(), tensors);
+  Transformer imported(config, ModelInit().seed(10));
+  load_hf_weights(imported, (dir / "model.safetensors").string());
+  for (const auto& item : model->named_parameters()) {
+    EXPECT_TRUE(at::equal(imported->named_parameters()[item.key()], item.value())) << item.key();
   }
   fs::remove_all(dir);
 }

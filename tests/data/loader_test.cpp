@@ -171,5 +171,70 @@ TEST_F(LoaderTest, EvaluationSequencesAreHeldOut) {
                std::invalid_argument);
 }
 
+// Masked-language-model batches: each position chosen with the probability, 8 in 10 of the
+// chosen masked, 1 in 10 replaced by a random id, 1 kept; targets the original tokens at the
+// chosen positions alone; the same sequences masked alike at any data-parallel size, and the
+// divisor the global batch's chosen positions over the micro-batches.
+TEST_F(LoaderTest, MaskedLmBatchesChooseMaskAndReplaceAtBertsRates) {
+  auto shard = counting_shard(128 * 100 + 1);
+  const int64_t mask_id = 60000;
+  auto options = [&](int64_t micro_batch) {
+    return DataLoaderOptions()
+        .seq_len(128)
+        .micro_batch(micro_batch)
+        .seed(5)
+        .masked_lm({0.15, mask_id, 1000});
+  };
+  const DataLoader plain(shard, DataLoaderOptions().seq_len(128).micro_batch(64).seed(5));
+  const DataLoader masked(shard, options(64));
+  const Batch original = plain.micro_batch(0, 0);
+  const Batch batch = masked.micro_batch(0, 0);
+  int64_t chosen = 0, as_mask = 0, as_random = 0, kept = 0;
+  for (int64_t i = 0; i < 64; ++i) {
+    for (int64_t t = 0; t < 128; ++t) {
+      const int64_t in = batch.inputs[i][t].item<int64_t>();
+      const int64_t target = batch.targets[i][t].item<int64_t>();
+      const int64_t was = original.inputs[i][t].item<int64_t>();
+      if (target == kIgnoreIndex) {
+        ASSERT_EQ(in, was) << "an unchosen position changed";
+        continue;
+      }
+      ASSERT_EQ(target, was) << "a target is not the original token";
+      ++chosen;
+      if (in == mask_id) {
+        ++as_mask;
+      } else if (in == was) {
+        ++kept;
+      } else {
+        ASSERT_LT(in, 1000) << "a random replacement outside the ids it is drawn from";
+        ++as_random;
+      }
+    }
+  }
+  const double positions = 64.0 * 128.0;
+  EXPECT_NEAR(chosen / positions, 0.15, 0.015);
+  EXPECT_NEAR(static_cast<double>(as_mask) / chosen, 0.8, 0.04);
+  EXPECT_NEAR(static_cast<double>(as_random) / chosen, 0.1, 0.03);
+  EXPECT_NEAR(static_cast<double>(kept) / chosen, 0.1, 0.03);
+  EXPECT_DOUBLE_EQ(batch.loss_divisor, static_cast<double>(chosen));
+
+  // Two ranks of 32 sequences: the same rows, masked alike; each divisor half the global count.
+  const DataLoader rank0(shard, options(32), 0, 2), rank1(shard, options(32), 1, 2);
+  const Batch a = rank0.micro_batch(0, 0), b = rank1.micro_batch(0, 0);
+  EXPECT_TRUE(at::equal(at::cat({a.inputs, b.inputs}), batch.inputs));
+  EXPECT_TRUE(at::equal(at::cat({a.targets, b.targets}), batch.targets));
+  EXPECT_DOUBLE_EQ(a.loss_divisor, chosen / 2.0);
+  EXPECT_DOUBLE_EQ(b.loss_divisor, chosen / 2.0);
+
+  // Another step masks its sequences afresh; held-out batches are masked the same each time.
+  EXPECT_FALSE(at::equal(masked.micro_batch(64, 0).targets, batch.targets));
+  const DataLoader with_eval(shard, options(4).eval_sequences(8));
+  const Batch eval = with_eval.eval_batch(0);
+  EXPECT_TRUE(at::equal(eval.targets, with_eval.eval_batch(0).targets));
+  EXPECT_DOUBLE_EQ(eval.loss_divisor, (eval.targets != kIgnoreIndex).sum().item<double>());
+  EXPECT_THROW(DataLoader(shard, DataLoaderOptions().masked_lm({0.15, -1, 1000})),
+               std::invalid_argument);
+}
+
 }  // namespace loader_test
 }  // namespace shardtrain

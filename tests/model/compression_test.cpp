@@ -95,13 +95,20 @@ TEST(Compression, BadGroupsAreRefusedNamingThePattern) {
     return message_of([&] { detail::Compression(*model, config, section); });
   };
   EXPECT_NE(refused(weights({{"attn.c_attn", "attention.self"}}))
-                .find("compression.weight_modules: 'attention.self' matches no linear layer; the "
-                      "linear layers are 'blocks.0.attn.qkv' (transformer.h.0.attn.c_attn)"),
+                .find("compression.weight_modules: 'attention.self' matches no linear layer or "
+                      "token embedding; the candidates are 'tok_emb' (transformer.wte), "
+                      "'blocks.0.attn.qkv' (transformer.h.0.attn.c_attn)"),
             std::string::npos);
-  EXPECT_NE(
-      refused(weights({{"wte"}}))
-          .find("'transformer.wte' is not quantized: only the linear layers of the blocks are"),
-      std::string::npos);
+  EXPECT_NE(refused(weights({{"wpe"}}))
+                .find("'transformer.wpe' is not quantized: only the linear layers and the token "
+                      "embedding are"),
+            std::string::npos);
+  CompressionSection inputs = weights({{"c_fc"}});
+  inputs.activation_bits = {8};
+  inputs.activation_modules = {{"wte"}};
+  EXPECT_NE(refused(inputs).find("'transformer.wte' is not quantized: only the inputs of linear "
+                                 "layers are"),
+            std::string::npos);
   EXPECT_NE(refused(weights({{"attn"}, {"c_attn"}}))
                 .find("layer 'blocks.0.attn.qkv' (transformer.h.0.attn.c_attn) is matched by "
                       "both 'attn' and 'c_attn'"),

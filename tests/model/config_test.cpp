@@ -35,6 +35,7 @@ void expect_shapes_match_module(const ModelConfig& config) {
 TEST(ModelConfig, ParameterShapesMatchNamedParameters) {
   expect_shapes_match_module(model_preset("tiny"));
   expect_shapes_match_module(model_preset("tiny-llama"));
+  expect_shapes_match_module(model_preset("tiny-bert"));
   for (const char* variant : {"tiny-llama3.2", "tiny-qwen2", "tiny-qwen3", "tiny-mistral",
                               "tiny-moe", "tiny-qwen3-moe"}) {
     expect_shapes_match_module(model_preset(variant));
@@ -58,6 +59,9 @@ TEST(ModelConfig, PresetParameterCountsArePublishedOnes) {
   EXPECT_EQ(model_preset("tiny-llama").num_parameters(), 125376);
   EXPECT_EQ(model_preset("gpt2-124m").num_parameters(), 124439808);
   EXPECT_EQ(model_preset("gpt2-350m").num_parameters(), 354823168);
+  // BertForMaskedLM's (no pooler; the decoder tied, its bias counted).
+  EXPECT_EQ(model_preset("bert-base").num_parameters(), 109514298);
+  EXPECT_EQ(model_preset("bert-large").num_parameters(), 335174458);
   EXPECT_EQ(model_preset("llama3-8b").num_parameters(), 8030261248);
   EXPECT_EQ(model_preset("llama3-70b").num_parameters(), 70553706496);
   EXPECT_EQ(model_preset("llama3-405b").num_parameters(), 405853388800);
@@ -98,7 +102,7 @@ TEST(ModelConfig, FamilyPresetsHaveThePublishedParameterCounts) {
 
 TEST(ModelConfig, PresetsAreValidAndNamed) {
   const auto names = model_preset_names();
-  ASSERT_EQ(names.size(), 23u);
+  ASSERT_EQ(names.size(), 26u);
   for (const auto& name : names) {
     const ModelConfig config = model_preset(name);
     EXPECT_EQ(config.name, name);
@@ -106,6 +110,7 @@ TEST(ModelConfig, PresetsAreValidAndNamed) {
   }
   EXPECT_EQ(model_preset("tiny").family, ModelFamily::kGpt2);
   EXPECT_EQ(model_preset("tiny-llama").family, ModelFamily::kLlama);
+  EXPECT_EQ(model_preset("tiny-bert").family, ModelFamily::kBert);
   EXPECT_EQ(model_preset("tiny-llama").n_kv_heads, 2);
   EXPECT_FALSE(model_preset("tiny-llama").tie_embeddings);
   EXPECT_EQ(model_preset("llama3-405b").parameter_shapes().size(), 1u + 126u * 9u + 2u);
@@ -126,6 +131,7 @@ TEST(ModelConfig, UnknownPresetListsValidNames) {
 TEST(ModelConfig, FamilyNames) {
   EXPECT_EQ(to_string(ModelFamily::kGpt2), "gpt2");
   EXPECT_EQ(to_string(ModelFamily::kLlama), "llama");
+  EXPECT_EQ(to_string(ModelFamily::kBert), "bert");
 }
 
 TEST(ModelConfig, ValidateNamesTheInconsistentField) {
@@ -159,6 +165,18 @@ TEST(ModelConfig, ValidateNamesTheInconsistentField) {
   c.d_model = 36;  // head size 9
   c.n_heads = 4;
   EXPECT_NE(validate_error(c).find("even"), std::string::npos) << validate_error(c);
+
+  c = model_preset("tiny-bert");
+  c.type_vocab_size = 0;
+  EXPECT_NE(validate_error(c).find("type_vocab_size must be positive in the bert family"),
+            std::string::npos);
+  c = model_preset("tiny-bert");
+  c.tie_embeddings = false;
+  EXPECT_NE(validate_error(c).find("the bert family's head is tied"), std::string::npos);
+  c = model_preset("tiny");
+  c.type_vocab_size = 2;
+  EXPECT_NE(validate_error(c).find("type_vocab_size belongs to the bert family, not gpt2"),
+            std::string::npos);
 
   c = model_preset("tiny-llama");
   c.norm_eps = 0.0;

@@ -186,6 +186,25 @@ TEST(PlanDecision, InvalidShapesAreMarkedNotDropped) {
       << ddp.note;
 }
 
+// BERT trains under data parallelism only: its tensor, pipeline and context candidates are
+// marked invalid, and the recommendation is a data-parallel one.
+TEST(PlanDecision, AMaskedLanguageModelGetsDataParallelCandidatesOnly) {
+  const Plan plan = make_plan(PlanModel::from_config(model_preset("bert-large")),
+                              ClusterOptions().gpu("h100-80gb").gpus_per_node(8),
+                              WorkloadOptions().seq_len(512).micro_batch(8));
+  ASSERT_NE(plan.recommendation(), nullptr);
+  int split = 0;
+  for (const auto& c : plan.candidates) {
+    if (c.tp == 1 && c.pp == 1 && c.cp == 1 && c.ep == 1) continue;
+    ++split;
+    EXPECT_FALSE(c.valid) << c.label();
+    EXPECT_NE(c.note.find("trains under data parallelism only"), std::string::npos) << c.note;
+  }
+  EXPECT_GT(split, 0);
+  const Candidate* best = plan.recommendation();
+  EXPECT_EQ(best->tp * best->pp * best->cp * best->ep, 1) << best->label();
+}
+
 TEST(PlanDecision, BadInputsNameTheCause) {
   const PlanModel m = PlanModel::from_config(model_preset("tiny"));
   EXPECT_THROW(make_plan(m, ClusterOptions().gpu("tpu-v5"), WorkloadOptions()),

@@ -17,6 +17,9 @@ std::vector<std::string> class_aliases(const torch::nn::Module& module) {
   if (name.find("Gpt2Block") != std::string::npos) {
     aliases.insert(aliases.end(), {"GPT2Block", "Gpt2Block"});
   }
+  if (name.find("BertBlock") != std::string::npos) {
+    aliases.insert(aliases.end(), {"BertLayer", "BertBlock"});
+  }
   if (name.find("LlamaBlock") != std::string::npos) {
     aliases.insert(aliases.end(), {"LlamaDecoderLayer", "MistralDecoderLayer", "Qwen2DecoderLayer",
                                    "Qwen3DecoderLayer", "MixtralDecoderLayer",
