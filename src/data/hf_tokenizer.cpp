@@ -2,7 +2,8 @@
 // encode pipeline of the `tokenizers` library (TokenizerImpl::encode_single_sequence):
 //   1. added tokens whose "normalized" is false are split out of the raw text;
 //   2. each remaining segment is normalized, then the normalized added tokens are split out;
-//   3. each remaining segment is pre-tokenized, and each piece goes through the BPE model;
+//   3. each remaining segment is pre-tokenized, and each piece goes through the model (BPE, or
+//      WordPiece);
 //   4. with add_special, the post-processor's (or tokenizer_config.json's) tokens go around.
 //
 // Text that is not valid UTF-8 (which `tokenizers` cannot be given) goes through the same steps:
@@ -47,7 +48,14 @@ class HfTokenizer final : public Tokenizer {
     normalizer_ = HfNormalizer::from_json(part("normalizer"), json_path);
     pre_tokenizer_ = HfPreTokenizer::from_json(part("pre_tokenizer"), json_path);
     const bool byte_level = pre_tokenizer_ && pre_tokenizer_->byte_level();
-    model_ = std::make_unique<HfBpeModel>(json, byte_level, json_path);
+    const std::string model_type =
+        rest.contains("model") ? json_string(rest["model"], "type", "BPE", json_path, "model")
+                               : "BPE";
+    if (model_type == "WordPiece") {
+      model_ = std::make_unique<HfWordPieceModel>(json, json_path);
+    } else {
+      model_ = std::make_unique<HfBpeModel>(json, byte_level, json_path);
+    }
     decoder_ = HfDecoder::from_json(part("decoder"), json_path);
     post_ = parse_post_processor(part("post_processor"), json_path);
     // (truncation and padding are ignored, as transformers ignores them unless a call asks.)
@@ -75,11 +83,8 @@ class HfTokenizer final : public Tokenizer {
     std::error_code error;
     char digest[17];
     std::snprintf(digest, sizeof(digest), "%016llx", static_cast<unsigned long long>(hash));
-    name_ = std::string("tokenizer.json BPE (") +
-            (byte_level                ? "byte-level"
-             : model_->byte_fallback() ? "byte fallback"
-                                       : "characters") +
-            ") from " + fs::absolute(json_path, error).parent_path().string() + " [" + digest + "]";
+    name_ = "tokenizer.json " + model_->kind() + " from " +
+            fs::absolute(json_path, error).parent_path().string() + " [" + digest + "]";
   }
 
   std::vector<int32_t> encode(const std::string& text) const override {
@@ -184,7 +189,8 @@ class HfTokenizer final : public Tokenizer {
     if (!eos.empty()) {
       eos_ = id_of(eos, "eos_token");
     } else {
-      for (const char* name : {"</s>", "<|endoftext|>", "<|end_of_text|>", "<eos>"}) {
+      // BERT's [SEP] ends its sequences.
+      for (const char* name : {"</s>", "<|endoftext|>", "<|end_of_text|>", "<eos>", "[SEP]"}) {
         const auto it = added_.find(name);
         if (it != added_.end() && special_[it->second]) {
           eos_ = it->second;
@@ -196,7 +202,7 @@ class HfTokenizer final : public Tokenizer {
                 "no end-of-text token: " +
                     (config_file.empty() ? std::string("no tokenizer_config.json beside it")
                                          : "'" + config_file + "' sets no eos_token") +
-                    ", and none of </s>, <|endoftext|>, <|end_of_text|>, <eos> is a "
+                    ", and none of </s>, <|endoftext|>, <|end_of_text|>, <eos>, [SEP] is a "
                     "special token of the file");
       }
     }
@@ -277,7 +283,7 @@ class HfTokenizer final : public Tokenizer {
 
   std::unique_ptr<HfNormalizer> normalizer_;
   std::unique_ptr<HfPreTokenizer> pre_tokenizer_;
-  std::unique_ptr<HfBpeModel> model_;
+  std::unique_ptr<HfModel> model_;
   std::unique_ptr<HfDecoder> decoder_;
   HfPostProcessor post_;
   HfAddedTokenMatcher raw_tokens_, normalized_tokens_;

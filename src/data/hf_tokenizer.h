@@ -1,6 +1,7 @@
 // The parts of a Hugging Face tokenizer.json tokenizer, each built from its JSON object and
 // applied in the `tokenizers` library's order: added tokens are split out of the raw text, the
-// rest is normalized, pre-tokenized into pieces, and each piece goes through the BPE model; the
+// rest is normalized, pre-tokenized into pieces, and each piece goes through the model (BPE or
+// WordPiece); the
 // post-processor adds what encode(text, true) adds, and decoding runs the decoder chain.
 //
 // Every parser throws std::invalid_argument through hf_fail(), naming the file and the problem.
@@ -42,6 +43,9 @@ size_t utf8_length(std::string_view text, size_t pos);
 uint32_t utf8_decode(std::string_view text, size_t pos, size_t length);
 void utf8_append(uint32_t code_point, std::string& out);
 bool utf8_valid(std::string_view text);
+// Unicode's White_Space: Rust's char::is_whitespace and the `regex` crate's \s, which lstrip,
+// rstrip, BertNormalizer and BertPreTokenizer use.
+bool is_white_space(uint32_t cp);
 
 // One piece of text on its way to the model. `at_start`: it begins at offset 0 of the text passed
 // to encode(), which Metaspace's prepend_scheme "first" asks about.
@@ -75,11 +79,14 @@ class HfNormalizer {
   std::string normalize(std::string_view text) const;
 
  private:
-  enum class Kind { kNfc, kNfd, kNfkc, kNfkd, kLowercase, kPrepend, kReplace };
+  enum class Kind { kNfc, kNfd, kNfkc, kNfkd, kLowercase, kPrepend, kReplace, kBert };
   struct Step {
     Kind kind;
     std::string text;                    // Prepend's prefix, Replace's content
     std::shared_ptr<HfPattern> pattern;  // Replace's
+    // BertNormalizer's switches: drop control characters and make whitespace a space, put
+    // spaces around CJK ideographs, strip accents (NFD, then no nonspacing marks), lowercase.
+    bool clean_text = true, chinese_chars = true, strip_accents = true, lowercase = true;
   };
   void add(const Json& json, const std::string& file);
   std::vector<Step> steps_;
@@ -119,7 +126,8 @@ class HfPreTokenizer {
   void split(HfPiece piece, const HfPieceSink& sink, std::deque<std::string>& storage) const;
 
  private:
-  enum class Kind { kSplit, kByteLevel, kMetaspace, kDigits };
+  // kBert: BertPreTokenizer, split at whitespace (removed) and punctuation (each mark alone).
+  enum class Kind { kSplit, kByteLevel, kMetaspace, kDigits, kBert };
   struct Step {
     Kind kind;
     std::shared_ptr<HfPattern> pattern;  // Split's, or ByteLevel's GPT-2 pattern with use_regex
@@ -138,24 +146,36 @@ class HfPreTokenizer {
   bool byte_level_ = false;
 };
 
-// ---- the BPE model (hf_tokenizer_model.cpp) ----
+// ---- the models: BPE (hf_tokenizer_model.cpp), WordPiece (hf_tokenizer_wordpiece.cpp) ----
+class HfModel {
+ public:
+  virtual ~HfModel() = default;
+  // Appends the ids of one pre-token. `maybe_invalid`: the text had bytes that are not UTF-8.
+  virtual void encode(std::string_view piece, bool maybe_invalid,
+                      std::vector<int32_t>& out) const = 0;
+  // The vocabulary as spelled in the file, by id ("" where an id is unused).
+  virtual const std::vector<std::string>& spellings() const = 0;
+  virtual const std::vector<bool>& present() const = 0;       // ids the vocab uses
+  virtual int32_t id_of(std::string_view spelled) const = 0;  // -1 if not in the vocabulary
+  // What the tokenizer's name says of the model: "BPE (byte-level)", "WordPiece", ...
+  virtual std::string kind() const = 0;
+};
+
 class HfTokenTable;
 class HfPieceCache;
 
-class HfBpeModel {
+class HfBpeModel final : public HfModel {
  public:
   // Builds the model from the file's vocab, merges and model options. `byte_level`: pieces arrive
   // as raw bytes (ByteLevel pre-tokenizer), so tokens are matched by the bytes they stand for.
   // Takes (empties) the vocab and merges of `file_json`.
   HfBpeModel(HfJsonFile& file_json, bool byte_level, const std::string& file);
-  ~HfBpeModel();
-  // Appends the ids of one pre-token. `maybe_invalid`: the text had bytes that are not UTF-8.
-  void encode(std::string_view piece, bool maybe_invalid, std::vector<int32_t>& out) const;
-
-  // The vocabulary as spelled in the file, by id ("" where an id is unused).
-  const std::vector<std::string>& spellings() const { return id_to_spelled_; }
-  const std::vector<bool>& present() const { return id_present_; }  // ids the vocab uses
-  int32_t id_of(std::string_view spelled) const;                    // -1 if not in the vocabulary
+  ~HfBpeModel() override;
+  void encode(std::string_view piece, bool maybe_invalid, std::vector<int32_t>& out) const override;
+  const std::vector<std::string>& spellings() const override { return id_to_spelled_; }
+  const std::vector<bool>& present() const override { return id_present_; }
+  int32_t id_of(std::string_view spelled) const override;
+  std::string kind() const override;
   bool byte_level() const { return byte_level_; }
   bool byte_fallback() const { return byte_fallback_; }
 
@@ -176,6 +196,27 @@ class HfBpeModel {
   std::vector<int32_t> bmp_char_to_id_;    // code point < 0x10000 -> id of that one character
   std::unordered_map<uint32_t, int32_t> astral_char_to_id_;
   std::unique_ptr<HfPieceCache> cache_;
+};
+
+// BERT's WordPiece: greedy longest-match-first pieces, "##" before those inside a word.
+class HfWordPieceModel final : public HfModel {
+ public:
+  // From the file's model object (its vocab, unk_token, continuing_subword_prefix,
+  // max_input_chars_per_word).
+  HfWordPieceModel(const HfJsonFile& file_json, const std::string& file);
+  void encode(std::string_view piece, bool maybe_invalid, std::vector<int32_t>& out) const override;
+  const std::vector<std::string>& spellings() const override { return id_to_spelled_; }
+  const std::vector<bool>& present() const override { return id_present_; }
+  int32_t id_of(std::string_view spelled) const override;
+  std::string kind() const override { return "WordPiece"; }
+
+ private:
+  std::vector<std::string> id_to_spelled_;
+  std::vector<bool> id_present_;
+  std::unordered_map<std::string_view, int32_t> spelled_to_id_;  // views into id_to_spelled_
+  std::string prefix_ = "##";
+  size_t max_chars_ = 100;
+  int32_t unk_id_ = -1;
 };
 
 // ---- added tokens (hf_tokenizer_added.cpp) ----
@@ -216,13 +257,15 @@ class HfDecoder {
   std::string decode(std::vector<std::string> tokens) const;
 
  private:
-  enum class Kind { kByteLevel, kReplace, kByteFallback, kFuse, kStrip, kMetaspace };
+  enum class Kind { kByteLevel, kReplace, kByteFallback, kFuse, kStrip, kMetaspace, kWordPiece };
   struct Step {
     Kind kind;
     std::shared_ptr<HfPattern> pattern;  // Replace
-    std::string content;                 // Replace's content, Strip's character, Metaspace's
+    // Replace's content, Strip's character, Metaspace's replacement, WordPiece's prefix
+    std::string content;
     size_t start = 0, stop = 0;          // Strip
     bool strip_first = true;             // Metaspace: prepend_scheme is not "never"
+    bool cleanup = true;                 // WordPiece: join punctuation and contractions
   };
   void add(const Json& json, const std::string& file);
   std::vector<Step> steps_;

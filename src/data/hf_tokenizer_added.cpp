@@ -7,13 +7,6 @@
 namespace shardtrain::detail {
 namespace {
 
-// The Rust `regex` crate's \s, which `tokenizers` strips for lstrip/rstrip: White_Space.
-bool is_white_space(uint32_t cp) {
-  return (cp >= 0x09 && cp <= 0x0D) || cp == 0x20 || cp == 0x85 || cp == 0xA0 || cp == 0x1680 ||
-         (cp >= 0x2000 && cp <= 0x200A) || cp == 0x2028 || cp == 0x2029 || cp == 0x202F ||
-         cp == 0x205F || cp == 0x3000;
-}
-
 // The Rust `regex` crate's \w, which single_word tests: alphabetic characters, marks, decimal
 // digits, connector punctuation and the joiners (approximated by general categories).
 bool is_word(uint32_t cp) {

@@ -1,4 +1,5 @@
-// tokenizer.json decoders (ByteLevel, Replace, ByteFallback, Fuse, Strip, Metaspace, Sequence) and
+// tokenizer.json decoders (ByteLevel, Replace, ByteFallback, Fuse, Strip, Metaspace, WordPiece,
+// Sequence) and
 // post-processors (TemplateProcessing, RobertaProcessing, BertProcessing, ByteLevel, Sequence).
 #include "data/hf_tokenizer.h"
 
@@ -37,6 +38,28 @@ int byte_fallback_value(const std::string& token) {
     value = value * 16 + digit;
   }
   return value;
+}
+
+// The `tokenizers` library's WordPiece cleanup: the spaces a join puts before punctuation and
+// inside English contractions taken out again.
+std::string wordpiece_cleanup(std::string text) {
+  static const std::pair<const char*, const char*> kReplacements[] = {
+      {" .", "."},   {" ?", "?"},     {" !", "!"},    {" ,", ","},
+      {" ' ", "'"},  {" n't", "n't"}, {" 'm", "'m"},  {" do not", " don't"},
+      {" 's", "'s"}, {" 've", "'ve"}, {" 're", "'re"}};
+  for (const auto& [from, to] : kReplacements) {
+    const std::string needle = from;
+    std::string out;
+    size_t last = 0;
+    for (size_t at = text.find(needle); at != std::string::npos; at = text.find(needle, last)) {
+      out.append(text, last, at - last);
+      out += to;
+      last = at + needle.size();
+    }
+    out.append(text, last, std::string::npos);
+    text = std::move(out);
+  }
+  return text;
 }
 
 }  // namespace
@@ -82,10 +105,14 @@ void HfDecoder::add(const Json& json, const std::string& file) {
     step.content = json_string(json, "replacement", "\xE2\x96\x81", file, where);
     step.strip_first = json_string(json, "prepend_scheme", "always", file, where) != "never" &&
                        json_bool(json, "add_prefix_space", true, file, where);
+  } else if (type == "WordPiece") {
+    step.kind = Kind::kWordPiece;
+    step.content = json_string(json, "prefix", "##", file, where);
+    step.cleanup = json_bool(json, "cleanup", true, file, where);
   } else {
     hf_fail(file, "unsupported decoder type '" + type +
                       "' (supported: Sequence, ByteLevel, Replace, ByteFallback, Fuse, Strip, "
-                      "Metaspace)");
+                      "Metaspace, WordPiece)");
   }
   steps_.push_back(std::move(step));
 }
@@ -171,6 +198,20 @@ std::string HfDecoder::decode(std::vector<std::string> tokens) const {
             }
           }
           tokens[i] = std::move(out);
+        }
+        break;
+      case Kind::kWordPiece:
+        // A piece inside a word loses its prefix; any other token after the first gets a space.
+        for (size_t i = 0; i < tokens.size(); ++i) {
+          std::string& token = tokens[i];
+          if (i > 0) {
+            if (token.compare(0, step.content.size(), step.content) == 0) {
+              token.erase(0, step.content.size());
+            } else {
+              token.insert(0, " ");
+            }
+          }
+          if (step.cleanup) token = wordpiece_cleanup(std::move(token));
         }
         break;
     }

@@ -26,11 +26,20 @@ std::string byte_token(int byte) {
 
 HfBpeModel::~HfBpeModel() = default;
 
+std::string HfBpeModel::kind() const {
+  return std::string("BPE (") +
+         (byte_level_      ? "byte-level"
+          : byte_fallback_ ? "byte fallback"
+                           : "characters") +
+         ")";
+}
+
 HfBpeModel::HfBpeModel(HfJsonFile& json, bool byte_level, const std::string& file)
     : byte_level_(byte_level), cache_(std::make_unique<HfPieceCache>()) {
   const Json& model = json.rest.contains("model") ? json.rest["model"] : Json();
   const std::string type = json_type(model, file, "model");
-  if (type != "BPE") hf_fail(file, "unsupported model type '" + type + "' (supported: BPE)");
+  if (type != "BPE")
+    hf_fail(file, "unsupported model type '" + type + "' (supported: BPE, WordPiece)");
   if (!json.has_vocab) hf_fail(file, "model.vocab is missing");
   const auto dropout = model.find("dropout");
   if (dropout != model.end() && !dropout->is_null() &&

@@ -1,5 +1,5 @@
-// tokenizer.json normalizers (NFC, NFD, NFKC, NFKD, Lowercase, Prepend, Replace, Sequence) and
-// the UTF-8 helpers the other parts share.
+// tokenizer.json normalizers (NFC, NFD, NFKC, NFKD, Lowercase, Prepend, Replace, BertNormalizer,
+// Sequence) and the UTF-8 helpers the other parts share.
 #include <utf8proc.h>
 
 #include <cstdlib>
@@ -67,6 +67,12 @@ void utf8_append(uint32_t cp, std::string& out) {
     out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
     out += static_cast<char>(0x80 | (cp & 0x3F));
   }
+}
+
+bool is_white_space(uint32_t cp) {
+  return (cp >= 0x09 && cp <= 0x0D) || cp == 0x20 || cp == 0x85 || cp == 0xA0 || cp == 0x1680 ||
+         (cp >= 0x2000 && cp <= 0x200A) || cp == 0x2028 || cp == 0x2029 || cp == 0x202F ||
+         cp == 0x205F || cp == 0x3000;
 }
 
 bool utf8_valid(std::string_view text) {
@@ -185,6 +191,87 @@ bool lowercase(std::string_view text, std::string& out) {
   return true;
 }
 
+// The CJK ideograph blocks around which BERT puts spaces (the `tokenizers` library's list).
+bool is_cjk_ideograph(uint32_t cp) {
+  return (cp >= 0x4E00 && cp <= 0x9FFF) || (cp >= 0x3400 && cp <= 0x4DBF) ||
+         (cp >= 0x20000 && cp <= 0x2A6DF) || (cp >= 0x2A700 && cp <= 0x2B73F) ||
+         (cp >= 0x2B740 && cp <= 0x2B81F) || (cp >= 0x2B920 && cp <= 0x2CEAF) ||
+         (cp >= 0xF900 && cp <= 0xFAFF) || (cp >= 0x2F800 && cp <= 0x2FA1F);
+}
+
+// BertNormalizer's clean_text and handle_chinese_chars: U+0000, U+FFFD and the "other" characters
+// (general category C, but tab, newline and carriage return) dropped, whitespace made a space,
+// spaces put around CJK ideographs. Bytes that are not UTF-8 stay.
+bool bert_clean(std::string_view text, bool clean, bool chinese, std::string& out) {
+  std::string result;
+  result.reserve(text.size() + 8);
+  bool changed = false;
+  for (size_t i = 0; i < text.size();) {
+    const size_t length = utf8_length(text, i);
+    if (length == 0) {
+      result += text[i++];
+      continue;
+    }
+    const uint32_t cp = utf8_decode(text, i, length);
+    const std::string_view ch = text.substr(i, length);
+    i += length;
+    if (clean) {
+      const auto category = utf8proc_category(static_cast<utf8proc_int32_t>(cp));
+      const bool other = category == UTF8PROC_CATEGORY_CC || category == UTF8PROC_CATEGORY_CF ||
+                         category == UTF8PROC_CATEGORY_CS || category == UTF8PROC_CATEGORY_CO ||
+                         category == UTF8PROC_CATEGORY_CN;
+      if (cp == 0 || cp == 0xFFFD || (other && cp != '\t' && cp != '\n' && cp != '\r')) {
+        changed = true;
+        continue;
+      }
+      if (is_white_space(cp)) {
+        changed |= cp != ' ';
+        result += ' ';
+        continue;
+      }
+    }
+    if (chinese && is_cjk_ideograph(cp)) {
+      changed = true;
+      result += ' ';
+      result.append(ch);
+      result += ' ';
+      continue;
+    }
+    result.append(ch);
+  }
+  if (!changed) return false;
+  out = std::move(result);
+  return true;
+}
+
+// BertNormalizer's strip_accents: NFD, then the nonspacing marks (Mn) dropped.
+bool strip_accents(std::string_view text, std::string& out) {
+  std::string decomposed;
+  const bool decomposes =
+      unicode_normalize(text, UTF8PROC_STABLE | UTF8PROC_DECOMPOSE, false, decomposed);
+  const std::string_view source = decomposes ? std::string_view(decomposed) : text;
+  std::string result;
+  result.reserve(source.size());
+  bool dropped = false;
+  for (size_t i = 0; i < source.size();) {
+    const size_t length = utf8_length(source, i);
+    if (length == 0) {
+      result += source[i++];
+      continue;
+    }
+    const uint32_t cp = utf8_decode(source, i, length);
+    if (utf8proc_category(static_cast<utf8proc_int32_t>(cp)) == UTF8PROC_CATEGORY_MN) {
+      dropped = true;
+    } else {
+      result.append(source, i, length);
+    }
+    i += length;
+  }
+  if (!decomposes && !dropped) return false;
+  out = std::move(result);
+  return true;
+}
+
 }  // namespace
 
 std::unique_ptr<HfNormalizer> HfNormalizer::from_json(const Json& json, const std::string& file) {
@@ -218,9 +305,19 @@ void HfNormalizer::add(const Json& json, const std::string& file) {
     if (!json.contains("pattern")) hf_fail(file, "normalizer Replace has no 'pattern'");
     steps_.push_back({Kind::kReplace, json_string(json, "content", "", file, "normalizer Replace"),
                       HfPattern::from_json(json["pattern"], file, "normalizer Replace")});
+  } else if (type == "BertNormalizer") {
+    const std::string where = "normalizer BertNormalizer";
+    Step step{Kind::kBert, "", nullptr};
+    step.clean_text = json_bool(json, "clean_text", true, file, where);
+    step.chinese_chars = json_bool(json, "handle_chinese_chars", true, file, where);
+    step.lowercase = json_bool(json, "lowercase", true, file, where);
+    // strip_accents null follows lowercase.
+    step.strip_accents = json_bool(json, "strip_accents", step.lowercase, file, where);
+    steps_.push_back(std::move(step));
   } else {
     hf_fail(file, "unsupported normalizer type '" + type +
-                      "' (supported: Sequence, NFC, NFD, NFKC, NFKD, Lowercase, Prepend, Replace)");
+                      "' (supported: Sequence, NFC, NFD, NFKC, NFKD, Lowercase, Prepend, Replace, "
+                      "BertNormalizer)");
   }
 }
 
@@ -260,6 +357,30 @@ std::string_view HfNormalizer::normalize(std::string_view text, std::string& buf
           changed = true;
         }
         break;
+      case Kind::kBert: {
+        // The `tokenizers` library's order: clean, CJK, accents, then lowercase.
+        std::string work;
+        std::string_view now = current;
+        if ((step.clean_text || step.chinese_chars) &&
+            bert_clean(now, step.clean_text, step.chinese_chars, work)) {
+          changed = true;
+          now = work;
+        }
+        std::string stripped;
+        if (step.strip_accents && strip_accents(now, stripped)) {
+          changed = true;
+          work = std::move(stripped);
+          now = work;
+        }
+        std::string lowered;
+        if (step.lowercase && lowercase(now, lowered)) {
+          changed = true;
+          work = std::move(lowered);
+          now = work;
+        }
+        if (changed) next = std::string(now);
+        break;
+      }
       case Kind::kReplace: {
         std::string out;
         size_t last = 0;

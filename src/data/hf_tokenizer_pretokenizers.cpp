@@ -1,5 +1,5 @@
-// tokenizer.json pre-tokenizers: Split, ByteLevel, Metaspace, Digits and Sequence, with the five
-// split behaviors of the `tokenizers` library (NormalizedString::split).
+// tokenizer.json pre-tokenizers: Split, ByteLevel, Metaspace, Digits, BertPreTokenizer and
+// Sequence, with the five split behaviors of the `tokenizers` library (NormalizedString::split).
 #include <utf8proc.h>
 
 #include <algorithm>
@@ -101,6 +101,27 @@ void char_spans(std::string_view text, IsMatch&& is_match, std::vector<Span>& sp
   if (previous < text.size()) spans.push_back({previous, text.size(), false});
 }
 
+// BertPreTokenizer's punctuation: ASCII punctuation (symbols such as $ + < = > ^ ` | ~ too) and
+// Unicode's punctuation categories (Pc, Pd, Ps, Pe, Pi, Pf, Po).
+bool is_bert_punctuation(uint32_t cp) {
+  if (cp < 0x80) {
+    return (cp >= 0x21 && cp <= 0x2F) || (cp >= 0x3A && cp <= 0x40) || (cp >= 0x5B && cp <= 0x60) ||
+           (cp >= 0x7B && cp <= 0x7E);
+  }
+  switch (utf8proc_category(static_cast<utf8proc_int32_t>(cp))) {
+    case UTF8PROC_CATEGORY_PC:
+    case UTF8PROC_CATEGORY_PD:
+    case UTF8PROC_CATEGORY_PS:
+    case UTF8PROC_CATEGORY_PE:
+    case UTF8PROC_CATEGORY_PI:
+    case UTF8PROC_CATEGORY_PF:
+    case UTF8PROC_CATEGORY_PO:
+      return true;
+    default:
+      return false;
+  }
+}
+
 HfSplitBehavior parse_behavior(const std::string& name, const std::string& file) {
   if (name == "Removed") return HfSplitBehavior::kRemoved;
   if (name == "Isolated") return HfSplitBehavior::kIsolated;
@@ -178,9 +199,12 @@ void HfPreTokenizer::add(const Json& json, const std::string& file) {
   } else if (type == "Digits") {
     step.kind = Kind::kDigits;
     step.individual_digits = json_bool(json, "individual_digits", false, file, where);
+  } else if (type == "BertPreTokenizer") {
+    step.kind = Kind::kBert;
   } else {
     hf_fail(file, "unsupported pre-tokenizer type '" + type +
-                      "' (supported: Sequence, Split, ByteLevel, Metaspace, Digits)");
+                      "' (supported: Sequence, Split, ByteLevel, Metaspace, Digits, "
+                      "BertPreTokenizer)");
   }
   steps_.push_back(std::move(step));
 }
@@ -254,6 +278,19 @@ void HfPreTokenizer::apply(size_t index, HfPiece piece, const HfPieceSink& sink,
       char_spans(
           piece.text, [&](uint32_t cp) { return cp == replacement; }, spans);
       return emit_spans(piece, spans, HfSplitBehavior::kMergedWithNext, next);
+    }
+    case Kind::kBert: {
+      // Whitespace removed, then each punctuation mark a piece of its own.
+      std::vector<Span> words;
+      char_spans(piece.text, is_white_space, words);
+      for (const Span& word : words) {
+        if (word.is_match) continue;
+        const HfPiece part{piece.text.substr(word.start, word.end - word.start),
+                           piece.at_start && word.start == 0};
+        char_spans(part.text, is_bert_punctuation, spans);
+        emit_spans(part, spans, HfSplitBehavior::kIsolated, next);
+      }
+      return;
     }
     case Kind::kDigits: {
       // Rust's char::is_numeric: general categories Nd, Nl and No.

@@ -294,6 +294,34 @@ const Model kModels[] = {
 
 void PrintTo(const Model& model, std::ostream* out) { *out << model.name; }
 
+// What tests/data/tokenizer_reference.js gives for `texts` with the tokenizer in `dir` (one node
+// process for all of them; every 20th also with add_special_tokens); fails the test if node does.
+std::string reference_ids(const fs::path& dir, const std::vector<std::string>& texts) {
+  char temp[] = "/tmp/shardtrain_hf_tokenizer_XXXXXX";
+  if (mkdtemp(temp) == nullptr) {
+    ADD_FAILURE() << "mkdtemp failed";
+    return "";
+  }
+  const fs::path work = temp;
+  {
+    std::ofstream in(work / "in.jsonl", std::ios::binary);
+    for (size_t i = 0; i < texts.size(); ++i) {
+      in << json{{"t", texts[i]}, {"s", i % 20 == 0 ? 1 : 0}}.dump() << "\n";
+    }
+  }
+  const fs::path script = fs::path(SHARDTRAIN_SOURCE_DIR) / "tests/data/tokenizer_reference.js";
+  const std::string command = "node '" + script.string() + "' '" + dir.string() + "' '" +
+                              (work / "in.jsonl").string() + "' '" + (work / "out.jsonl").string() +
+                              "' 2>&1";
+  const int status = std::system(command.c_str());
+  const std::string reference = read_file(work / "out.jsonl");
+  fs::remove_all(work);
+  if (status != 0) {
+    ADD_FAILURE() << "the reference failed (is `node` on PATH? " << kSetupHint << "): " << command;
+  }
+  return reference;
+}
+
 class HfTokenizerReference : public ::testing::TestWithParam<Model> {};
 
 TEST_P(HfTokenizerReference, MatchesJavaScriptReference) {
@@ -334,24 +362,8 @@ TEST_P(HfTokenizerReference, MatchesJavaScriptReference) {
   }
   ASSERT_GE(texts.size(), 20000u);
 
-  // Reference ids from node, one process for all strings.
-  char temp[] = "/tmp/shardtrain_hf_tokenizer_XXXXXX";
-  ASSERT_NE(mkdtemp(temp), nullptr);
-  const fs::path work = temp;
-  {
-    std::ofstream in(work / "in.jsonl", std::ios::binary);
-    for (size_t i = 0; i < texts.size(); ++i) {
-      in << json{{"t", texts[i]}, {"s", i % 20 == 0 ? 1 : 0}}.dump() << "\n";
-    }
-  }
-  const std::string command = "node '" + (source / "tests/data/tokenizer_reference.js").string() +
-                              "' '" + dir.string() + "' '" + (work / "in.jsonl").string() + "' '" +
-                              (work / "out.jsonl").string() + "' 2>&1";
-  const int status = std::system(command.c_str());
-  const std::string reference = read_file(work / "out.jsonl");
-  fs::remove_all(work);
-  ASSERT_EQ(status, 0) << "the reference failed (is `node` on PATH? " << kSetupHint
-                       << "): " << command;
+  const std::string reference = reference_ids(dir, texts);
+  ASSERT_FALSE(reference.empty());
   std::istringstream lines(reference);
   std::string line;
   ASSERT_TRUE(std::getline(lines, line));
@@ -471,6 +483,182 @@ TEST_P(HfTokenizerReference, MatchesJavaScriptReference) {
 
 INSTANTIATE_TEST_SUITE_P(Models, HfTokenizerReference, ::testing::ValuesIn(kModels),
                          [](const auto& info) { return std::string(info.param.name); });
+
+// ---- BERT's WordPiece tokenizer.json, against the same reference ----
+
+// A WordPiece tokenizer.json in BERT's layout (BertNormalizer lowercasing and stripping accents,
+// BertPreTokenizer, WordPiece with "##" pieces, [CLS] ... [SEP] around a sequence), with a
+// vocabulary written here: the special tokens, single characters of several scripts with and
+// without "##", common English words and suffixes. A word it cannot cut becomes [UNK].
+json bert_tokenizer_json() {
+  std::vector<std::string> vocab = {"[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"};
+  std::vector<std::string> singles;
+  for (uint32_t c = 0x21; c < 0x7F; ++c) {
+    if (c < 'A' || c > 'Z') singles.push_back(utf8(c));
+  }
+  for (const Range& r : std::vector<Range>{{0x3B1, 0x3C9},
+                                           {0x430, 0x44F},
+                                           {0x5D0, 0x5EA},
+                                           {0x4E00, 0x4E80},
+                                           {0x3041, 0x3096},
+                                           {0x2018, 0x201D},
+                                           {0x0660, 0x0669},
+                                           {0x00DF, 0x00DF}}) {
+    for (uint32_t c = r.lo; c <= r.hi; ++c) singles.push_back(utf8(c));
+  }
+  for (const std::string& s : singles) vocab.push_back(s);
+  for (const std::string& s : singles) vocab.push_back("##" + s);
+  for (const char* word :
+       {"the",  "of",    "and",    "to",     "in",     "is",     "you",  "that",  "it",     "he",
+        "was",  "for",   "on",     "are",    "as",     "with",   "his",  "they",  "at",     "be",
+        "this", "have",  "from",   "or",     "one",    "had",    "by",   "but",   "not",    "what",
+        "all",  "were",  "we",     "when",   "your",   "can",    "said", "there", "an",     "which",
+        "she",  "do",    "how",    "their",  "if",     "will",   "up",   "about", "out",    "then",
+        "them", "so",    "some",   "her",    "would",  "make",   "like", "him",   "into",   "time",
+        "has",  "two",   "more",   "go",     "see",    "no",     "way",  "could", "people", "my",
+        "than", "first", "been",   "who",    "now",    "long",   "day",  "did",   "get",    "come",
+        "made", "may",   "hello",  "world",  "don",    "quick",  "##s",  "##ed",  "##ing",  "##ly",
+        "##er", "##est", "##tion", "##ness", "##ment", "##able", "##al", "##ful", "##less", "##y",
+        "##es", "##en",  "##ic",   "##ll",   "##re",   "##ve",   "##th", "##ou",  "##an",   "##in",
+        "##on", "##at",  "##or",   "##ar",   "##st",   "##nd",   "##te"}) {
+    vocab.push_back(word);
+  }
+  json ids = json::object();
+  for (size_t i = 0; i < vocab.size(); ++i) {
+    if (!ids.contains(vocab[i])) ids[vocab[i]] = ids.size();
+  }
+  json added = json::array();
+  for (int i = 0; i < 5; ++i) {
+    added.push_back({{"id", i},
+                     {"content", vocab[static_cast<size_t>(i)]},
+                     {"single_word", false},
+                     {"lstrip", false},
+                     {"rstrip", false},
+                     {"normalized", false},
+                     {"special", true}});
+  }
+  const auto special = [](const char* token, int id) {
+    return json{{"id", token}, {"ids", {id}}, {"tokens", {token}}};
+  };
+  return {{"version", "1.0"},
+          {"truncation", nullptr},
+          {"padding", nullptr},
+          {"added_tokens", added},
+          {"normalizer",
+           {{"type", "BertNormalizer"},
+            {"clean_text", true},
+            {"handle_chinese_chars", true},
+            {"strip_accents", nullptr},
+            {"lowercase", true}}},
+          {"pre_tokenizer", {{"type", "BertPreTokenizer"}}},
+          {"post_processor",
+           {{"type", "TemplateProcessing"},
+            {"single",
+             {{{"SpecialToken", {{"id", "[CLS]"}, {"type_id", 0}}}},
+              {{"Sequence", {{"id", "A"}, {"type_id", 0}}}},
+              {{"SpecialToken", {{"id", "[SEP]"}, {"type_id", 0}}}}}},
+            {"pair",
+             {{{"SpecialToken", {{"id", "[CLS]"}, {"type_id", 0}}}},
+              {{"Sequence", {{"id", "A"}, {"type_id", 0}}}},
+              {{"SpecialToken", {{"id", "[SEP]"}, {"type_id", 0}}}},
+              {{"Sequence", {{"id", "B"}, {"type_id", 1}}}},
+              {{"SpecialToken", {{"id", "[SEP]"}, {"type_id", 1}}}}}},
+            {"special_tokens", {{"[CLS]", special("[CLS]", 2)}, {"[SEP]", special("[SEP]", 3)}}}}},
+          {"decoder", {{"type", "WordPiece"}, {"prefix", "##"}, {"cleanup", true}}},
+          {"model",
+           {{"type", "WordPiece"},
+            {"unk_token", "[UNK]"},
+            {"continuing_subword_prefix", "##"},
+            {"max_input_chars_per_word", 100},
+            {"vocab", ids}}}};
+}
+
+// Kept out besides has_excluded()'s: a capital sigma, which JavaScript's toLowerCase turns into
+// a final sigma at the end of a word where Rust's char::to_lowercase (and we) do not.
+bool has_capital_sigma(const std::string& text) {
+  return text.find("\xCE\xA3") != std::string::npos;
+}
+
+TEST(HfTokenizerWordPiece, MatchesJavaScriptReference) {
+  const fs::path source = SHARDTRAIN_SOURCE_DIR;
+  const fs::path modules = source / ".deps/npm-ref/node_modules";
+  ASSERT_TRUE(fs::exists(modules / "@lenml/tokenizers/dist/main.js"))
+      << "@lenml/tokenizers missing under " << modules << ": " << kSetupHint;
+  ASSERT_TRUE(fs::is_directory("/usr/share/games/fortunes"))
+      << "Debian's fortunes package is missing: " << kSetupHint;
+  // The tokenizer beside the reference's node_modules, so that node resolves it from there.
+  const fs::path dir = modules / ".shardtrain_wordpiece_test";
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  std::ofstream(dir / "tokenizer.json") << bert_tokenizer_json().dump();
+  std::ofstream(dir / "tokenizer_config.json") << json{
+      {"tokenizer_class", "BertTokenizer"},
+      {"do_lower_case", true},
+      {"cls_token", "[CLS]"},
+      {"sep_token", "[SEP]"},
+      {"mask_token", "[MASK]"},
+      {"pad_token", "[PAD]"},
+      {"unk_token", "[UNK]"},
+      {"model_max_length", 512}}.dump();
+  const auto tokenizer = shardtrain::load_hf_tokenizer(dir.string());
+  EXPECT_NE(tokenizer->name().find("tokenizer.json WordPiece"), std::string::npos);
+  EXPECT_EQ(tokenizer->eos_id(), 3);  // [SEP] ends a sequence
+  EXPECT_EQ(tokenizer->bos_id(), 2);  // [CLS] starts one
+  EXPECT_EQ(tokenizer->token_id("[MASK]"), 4);
+
+  const std::vector<std::string> added = {"[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"};
+  Rng rng{0x5EEDBE27u};
+  std::vector<std::string> texts = {"",
+                                    " ",
+                                    "Hello, World!",
+                                    "Don't stop the quickest people.",
+                                    "naïve café ÀÉÎ",
+                                    "中文字 and Ελληνικά",
+                                    std::string(120, 'a'),
+                                    "[MASK] the [SEP]"};
+  while (texts.size() < 17000) {
+    std::string text = generate(rng, added);
+    if (!has_excluded(text) && !has_capital_sigma(text)) texts.push_back(std::move(text));
+  }
+  for (std::string& text : fortunes()) {
+    if (!has_excluded(text) && !has_capital_sigma(text)) texts.push_back(std::move(text));
+  }
+  const std::string reference = reference_ids(dir, texts);
+  fs::remove_all(dir);
+  ASSERT_FALSE(reference.empty());
+  std::istringstream lines(reference);
+  std::string line;
+  ASSERT_TRUE(std::getline(lines, line));  // its eos: transformers.js's BertTokenizer has none
+  size_t mismatches = 0, special_checked = 0, unknown = 0;
+  for (size_t i = 0; i < texts.size(); ++i) {
+    ASSERT_TRUE(std::getline(lines, line)) << "the reference gave " << i << " results";
+    const json expected = json::parse(line);
+    const std::vector<int32_t> ids = tokenizer->encode(texts[i]);
+    unknown += static_cast<size_t>(std::count(ids.begin(), ids.end(), 1));
+    if (ids != expected["ids"].get<std::vector<int32_t>>()) {
+      if (++mismatches <= 5) {
+        ADD_FAILURE() << "string " << i << ": " << escaped(texts[i])
+                      << "\n  ours:      " << ids_text(ids)
+                      << "\n  reference: " << ids_text(expected["ids"].get<std::vector<int32_t>>());
+      }
+      continue;
+    }
+    if (expected.contains("special")) {
+      EXPECT_EQ(tokenizer->encode(texts[i], true), expected["special"].get<std::vector<int32_t>>())
+          << escaped(texts[i]);
+      ++special_checked;
+    }
+  }
+  EXPECT_EQ(mismatches, 0u) << mismatches << " of " << texts.size()
+                            << " strings differ from the reference";
+  EXPECT_GT(unknown, 0u);  // the [UNK] path is exercised too
+  std::printf("WordPiece: %zu strings compared (%zu with add_special_tokens), %zu [UNK]\n",
+              texts.size(), special_checked, unknown);
+  // Decoding joins pieces and words as the `tokenizers` library's WordPiece decoder does.
+  EXPECT_EQ(tokenizer->decode(tokenizer->encode("Hello, world! Don't go.")),
+            "hello, world! don ' t go.");
+  EXPECT_EQ(tokenizer->decode(tokenizer->encode("quickest", true)), "[CLS] quickest [SEP]");
+}
 
 // ---- the parts, against what the `tokenizers` library (its Rust code) does ----
 
@@ -701,12 +889,11 @@ TEST_F(HfTokenizerErrors, NameTheFileAndTheProblem) {
     j[key] = value;
     return j.dump();
   };
-  expect_refused(with("normalizer", {{"type", "BertNormalizer"}}),
-                 {"unsupported normalizer type 'BertNormalizer'"});
+  expect_refused(with("normalizer", {{"type", "Precompiled"}}),
+                 {"unsupported normalizer type 'Precompiled'"});
   expect_refused(with("pre_tokenizer", {{"type", "Whitespace"}}),
                  {"unsupported pre-tokenizer type 'Whitespace'"});
-  expect_refused(with("decoder", {{"type", "WordPiece"}}),
-                 {"unsupported decoder type 'WordPiece'"});
+  expect_refused(with("decoder", {{"type", "CTC"}}), {"unsupported decoder type 'CTC'"});
   expect_refused(with("post_processor", {{"type", "Odd"}}),
                  {"unsupported post-processor type 'Odd'"});
   // The ids a post-processor adds must be tokens (its special_tokens map holds ids of its own).
@@ -719,8 +906,14 @@ TEST_F(HfTokenizerErrors, NameTheFileAndTheProblem) {
                      "single": [{"SpecialToken": {"id": 7, "type_id": 0}}]})")),
                  {"post-processor TemplateProcessing single item.id: expected a string, found 7"});
   json model = tiny_tokenizer();
-  model["model"]["type"] = "WordPiece";
-  expect_refused(model.dump(), {"unsupported model type 'WordPiece'"});
+  model["model"]["type"] = "Unigram";
+  expect_refused(model.dump(), {"unsupported model type 'Unigram'"});
+  model = bert_tokenizer_json();
+  model["model"]["unk_token"] = "<unk>";
+  expect_refused(model.dump(), {"model.unk_token '<unk>' is not in model.vocab"});
+  model = bert_tokenizer_json();
+  model["model"]["vocab"]["[UNK]"] = -1;
+  expect_refused(model.dump(), {"model.vocab: token '[UNK]' needs a non-negative integer id"});
   model = tiny_tokenizer();
   model["model"]["merges"] = {"a z"};
   expect_refused(model.dump(), {"model.merges[0]", "token 'z' is not in model.vocab"});

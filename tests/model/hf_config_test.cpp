@@ -116,7 +116,10 @@ TEST_F(ModelHfConfig, ErrorsNameFileAndKey) {
   EXPECT_THROW(model_config_from_hf_json((dir_ / "absent.json").string()), std::invalid_argument);
   EXPECT_NE(import_error("{ not json").find("not valid JSON"), std::string::npos);
   EXPECT_NE(import_error(R"({"vocab_size": 5})").find("model_type"), std::string::npos);
-  EXPECT_NE(import_error(R"({"model_type": "bert"})").find("\"bert\""), std::string::npos);
+  EXPECT_NE(import_error(R"({"model_type": "t5"})").find("unsupported model_type \"t5\""),
+            std::string::npos);
+  EXPECT_NE(import_error(R"({"model_type": "bert"})").find("missing key \"vocab_size\""),
+            std::string::npos);
 
   std::string gpt2 = kGpt2Json;
   gpt2.replace(gpt2.find("\"n_layer\": 12,"), 14, "");
