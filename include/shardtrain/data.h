@@ -111,16 +111,18 @@ struct DataLoaderOptions {
   }
 
   // Masked-language-model batches (a bidirectional model, over a token shard): each sequence's
-  // inputs are its own seq_len tokens, of which every position is chosen with `probability`,
-  // and a chosen one becomes `mask_id` (80%), a random id in [0, random_ids) (10%) or stays
-  // (10%); targets are the original tokens at the chosen positions and kIgnoreIndex elsewhere.
-  // The draws are a function of (seed, the sample's position in training) alone, so any rank,
-  // world size or resume masks a sequence alike; the loss divisor makes a step's loss the mean
-  // over the global batch's chosen positions. probability 0: next-token batches.
+  // inputs are its own seq_len tokens, of which every position is chosen with `probability`
+  // (never one holding an id of `unmasked`, the tokenizer's special tokens), and a chosen one
+  // becomes `mask_id` (80%), a random id in [0, random_ids) (10%) or stays (10%); targets are
+  // the original tokens at the chosen positions and kIgnoreIndex elsewhere. The draws are a
+  // function of (seed, the sample's position in training) alone, so any rank, world size or
+  // resume masks a sequence alike; the loss divisor makes a step's loss the mean over the global
+  // batch's chosen positions. probability 0: next-token batches.
   struct MaskedLm {
     double probability = 0.0;
     int64_t mask_id = -1;
     int64_t random_ids = 0;
+    std::vector<int64_t> unmasked;  // ascending
   };
   DataLoaderOptions& masked_lm(MaskedLm v) {
     masked_lm_ = v;
@@ -218,6 +220,10 @@ class DataLoader {
   std::vector<RowPiece> pieces_;    // every row's samples, row after row
   std::vector<int64_t> row_begin_;  // row r's pieces: [row_begin_[r], row_begin_[r + 1])
   std::vector<int64_t> row_loss_;   // loss tokens of each row
+  // Masked-language-model batches: the global batch's chosen positions, counted once per step
+  // (the step's first sample position; -1: none yet).
+  mutable int64_t masked_step_ = -1;
+  mutable int64_t masked_total_ = 0;
   PackingStats packing_;
   DataLoaderOptions options_;
   int dp_rank_;

@@ -21,9 +21,10 @@ struct HfParameterName {
 
 // Every parameter of `config`, in parameter order, with its Hugging Face name: GPT2LMHeadModel
 // ("transformer.wte.weight", "transformer.h.N.attn.c_attn.weight", ...) or LlamaForCausalLM
-// ("model.embed_tokens.weight", "model.layers.N.self_attn.q_proj.weight", ...). A tied output
-// head has no entry of its own (HF ties "lm_head.weight" to the token embedding too). A
-// mixture-of-experts model's experts are named as MixtralForCausalLM's
+// ("model.embed_tokens.weight", "model.layers.N.self_attn.q_proj.weight", ...) or
+// BertForMaskedLM ("bert.encoder.layer.N.attention.self.query.weight", "cls.predictions.bias",
+// ...). A tied output head has no entry of its own (HF ties "lm_head.weight" to the token embedding
+// too). A mixture-of-experts model's experts are named as MixtralForCausalLM's
 // ("model.layers.N.block_sparse_moe.experts.E.w1.weight") or Qwen3MoeForCausalLM's
 // ("model.layers.N.mlp.experts.E.gate_proj.weight"); one with shared experts throws
 // std::invalid_argument (neither layout has them).

@@ -60,7 +60,7 @@ struct ModelConfig {
 
   // The models built on the Llama decoder differ in these (all off for Llama itself):
   // Hugging Face's model_type the model is exported as: "llama", "mistral", "qwen2" or "qwen3"
-  // (empty: the family's own, "gpt2" or "llama").
+  // (empty: the family's own, "gpt2", "llama" or "bert").
   std::string hf_model_type;
   int64_t head_dim = 0;         // width of one attention head; 0: d_model / n_heads (Qwen3: 128)
   bool attention_bias = false;  // q, k and v projections have biases (Qwen2, Qwen2.5)

@@ -69,8 +69,8 @@ struct PlanModel {
   int64_t vocab_size = 0;
   bool gated_mlp = false;  // SwiGLU (Llama) rather than GELU (GPT-2)
   double dropout = 0.0;
-  // A masked-language model (BERT), which this version splits by data parallelism only: no
-  // tensor, pipeline, context or expert parallelism candidates.
+  // A masked-language model (BERT), which this version splits by data parallelism only: its
+  // tensor, pipeline, context and expert parallelism candidates are marked invalid.
   bool data_parallel_only = false;
   // A mixture-of-experts model: the experts each token passes (experts_per_token, plus the
   // shared ones as multiples of ffn_hidden), and the parameters one token computes with, in one

@@ -74,10 +74,11 @@ void parallelize_module(Transformer& model, std::shared_ptr<ProcessGroup> group,
 void parallelize_module(torch::nn::Module& module, const std::shared_ptr<ProcessGroup>& group,
                         const TpPlan& plan);
 
-// The plan for either model family: attention split by heads (q/k/v column-parallel, the output
-// projection row-parallel), the MLP column- then row-parallel (gated too), vocabulary-parallel
-// embedding and head, norms sequence-parallel. Throws std::invalid_argument when heads, key/value
-// heads, the FFN width or the vocabulary do not divide by `tp`, naming which.
+// The plan for the GPT-2 and Llama families: attention split by heads (q/k/v column-parallel,
+// the output projection row-parallel), the MLP column- then row-parallel (gated too),
+// vocabulary-parallel embedding and head, norms sequence-parallel. Throws std::invalid_argument
+// when heads, key/value heads, the FFN width or the vocabulary do not divide by `tp`, naming
+// which, and for the BERT family, which has no plan in this version.
 TpPlan transformer_tp_plan(const ModelConfig& config, int tp);
 
 // Every parameter of a split model as the whole tensor (split ones gathered from the group,

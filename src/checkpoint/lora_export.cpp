@@ -75,7 +75,10 @@ void export_lora_checkpoint(const std::string& checkpoint_dir, const std::string
     for (const auto& layer : layers) {
       const auto [module, transposed] = hf_module(layer);
       fan_in_fan_out = fan_in_fan_out || transposed;
-      targets.insert(module.substr(module.rfind('.') + 1));
+      // PEFT adapts a module whose name is a target or ends with "." and one. The decoders'
+      // layers have names of their own (q_proj, c_attn); BERT's share "dense" among four
+      // kinds and "output.dense" between two, so its targets are the full module names.
+      targets.insert(config.bidirectional() ? module : module.substr(module.rfind('.') + 1));
       for (const std::string& suffix : {kA, kB}) {
         const TensorSpec* spec = reader.find(layer + suffix);
         if (!spec) throw std::invalid_argument(source + " has no tensor '" + layer + suffix + "'");
@@ -84,7 +87,7 @@ void export_lora_checkpoint(const std::string& checkpoint_dir, const std::string
              [&reader, name = layer + suffix] { return reader.read(name).to(at::kFloat); }});
       }
     }
-    const nlohmann::json adapter_config = {
+    nlohmann::json adapter_config = {
         {"peft_type", "LORA"},
         {"task_type", "CAUSAL_LM"},
         {"r", rank},
@@ -95,6 +98,8 @@ void export_lora_checkpoint(const std::string& checkpoint_dir, const std::string
         {"bias", "none"},
         {"inference_mode", true},
         {"base_model_name_or_path", lora.value("init_from", std::string())}};
+    // PEFT has no masked-language-model task: a BERT adapter names none (PeftModel).
+    if (config.bidirectional()) adapter_config.erase("task_type");
     detail::write_export(out_dir, overwrite, "adapter_model.safetensors", tensors,
                          "adapter_config.json", adapter_config.dump(2) + "\n");
     // As PEFT saves a fine-tune: the adapters with the tokenizer they were trained with.

@@ -554,9 +554,9 @@ TrainConfig parse_train_config(const std::string& toml_text, const std::string& 
       }
     }
   }
-  // GPT-2 has no grouped-query attention: its key/value heads are its heads, whatever
-  // model.n_heads was changed to (an explicit model.n_kv_heads is still checked).
-  if (config.model.family == ModelFamily::kGpt2 && !kv_heads_given) {
+  // GPT-2 and BERT have no grouped-query attention: their key/value heads are their heads,
+  // whatever model.n_heads was changed to (an explicit model.n_kv_heads is still checked).
+  if (config.model.family != ModelFamily::kLlama && !kv_heads_given) {
     config.model.n_kv_heads = config.model.n_heads;
   }
   config.validate();

@@ -23,27 +23,33 @@ void check_options(const DataLoaderOptions& o, int dp_rank, int dp_size) {
         "data loader: masked-language-model batches need a mask id and "
         "a vocabulary to draw random tokens from");
   }
+  if (!std::is_sorted(mlm.unmasked.begin(), mlm.unmasked.end())) {
+    throw std::invalid_argument("data loader: the ids never masked must be in ascending order");
+  }
 }
 
 // What masking does to one position of a masked-language-model sequence.
 enum class MaskAction { kNone, kMask, kRandom, kKeep };
 
 // The masking of one sequence of `length` tokens, drawn from (seed, key) alone: each position
-// chosen with `probability`, then masked (8 in 10), replaced by a random id (1 in 10) or kept.
-// `random` receives the random ids, in order of their positions.
+// chosen with `probability`, then masked (8 in 10), replaced by a random id (1 in 10) or kept;
+// a position holding one of the ids never masked is not chosen (its draws are made all the
+// same). `random` receives the random ids, in order of their positions.
 std::vector<MaskAction> draw_masking(const DataLoaderOptions::MaskedLm& mlm, uint64_t seed,
-                                     uint64_t key, int64_t length,
+                                     uint64_t key, const int64_t* tokens, int64_t length,
                                      std::vector<int64_t>* random = nullptr) {
   std::seed_seq seeds{static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32),
                       static_cast<uint32_t>(key), static_cast<uint32_t>(key >> 32),
                       0x4d4c4du};  // "MLM"
   std::mt19937_64 draw(seeds);
   std::vector<MaskAction> actions(static_cast<size_t>(length), MaskAction::kNone);
-  for (auto& action : actions) {
+  for (int64_t t = 0; t < length; ++t) {
     const double u = static_cast<double>(draw() >> 11) * 0x1.0p-53;  // uniform in [0, 1)
     if (u >= mlm.probability) continue;
     const uint64_t kind = draw() % 10;
     const uint64_t id = draw() % static_cast<uint64_t>(mlm.random_ids);
+    if (std::binary_search(mlm.unmasked.begin(), mlm.unmasked.end(), tokens[t])) continue;
+    MaskAction& action = actions[static_cast<size_t>(t)];
     action = kind < 8 ? MaskAction::kMask : kind == 8 ? MaskAction::kRandom : MaskAction::kKeep;
     if (action == MaskAction::kRandom && random) random->push_back(static_cast<int64_t>(id));
   }
@@ -56,27 +62,31 @@ int64_t chosen_positions(const std::vector<MaskAction>& actions) {
 }
 
 // Row i of `batch` masked by the draws of keys[i]: inputs changed, targets the original tokens at
-// the chosen positions and kIgnoreIndex elsewhere.
-void mask_batch(Batch& batch, const DataLoaderOptions& options, const std::vector<uint64_t>& keys) {
+// the chosen positions and kIgnoreIndex elsewhere. Returns the positions chosen.
+int64_t mask_batch(Batch& batch, const DataLoaderOptions& options,
+                   const std::vector<uint64_t>& keys) {
   const DataLoaderOptions::MaskedLm& mlm = options.masked_lm_;
   const int64_t length = batch.inputs.size(1);
   batch.inputs = batch.inputs.contiguous();
   batch.targets = at::full(batch.inputs.sizes(), kIgnoreIndex, at::kLong);
   int64_t* in = batch.inputs.data_ptr<int64_t>();
   int64_t* out = batch.targets.data_ptr<int64_t>();
+  int64_t chosen = 0;
   for (size_t row = 0; row < keys.size(); ++row) {
+    int64_t* row_in = in + static_cast<int64_t>(row) * length;
     std::vector<int64_t> random;
-    const auto actions = draw_masking(mlm, options.seed_, keys[row], length, &random);
+    const auto actions = draw_masking(mlm, options.seed_, keys[row], row_in, length, &random);
+    chosen += chosen_positions(actions);
     auto next_random = random.begin();
     for (int64_t t = 0; t < length; ++t) {
-      const int64_t at = static_cast<int64_t>(row) * length + t;
       const MaskAction action = actions[static_cast<size_t>(t)];
       if (action == MaskAction::kNone) continue;
-      out[at] = in[at];
-      if (action == MaskAction::kMask) in[at] = mlm.mask_id;
-      if (action == MaskAction::kRandom) in[at] = *next_random++;
+      out[static_cast<int64_t>(row) * length + t] = row_in[t];
+      if (action == MaskAction::kMask) row_in[t] = mlm.mask_id;
+      if (action == MaskAction::kRandom) row_in[t] = *next_random++;
     }
   }
+  return chosen;
 }
 
 // The masking key of a held-out sequence: apart from every training position's.
@@ -167,12 +177,18 @@ Batch DataLoader::micro_batch(int64_t samples_before_step, int micro_step) const
     std::vector<uint64_t> keys;
     for (int64_t i = 0; i < m; ++i) keys.push_back(static_cast<uint64_t>(first + i));
     mask_batch(batch, options_, keys);
-    int64_t global = 0;
-    for (int64_t p = samples_before_step; p < samples_before_step + global_batch_size(); ++p) {
-      global += chosen_positions(draw_masking(options_.masked_lm_, options_.seed_,
-                                              static_cast<uint64_t>(p), options_.seq_len_));
+    if (masked_step_ != samples_before_step) {  // once per step, not per micro-batch
+      masked_total_ = 0;
+      const int64_t len = options_.seq_len_;
+      for (int64_t p = samples_before_step; p < samples_before_step + global_batch_size(); ++p) {
+        const at::Tensor tokens = shard_->read(sequence_at(p) * len, len).contiguous();
+        masked_total_ += chosen_positions(draw_masking(options_.masked_lm_, options_.seed_,
+                                                       static_cast<uint64_t>(p),
+                                                       tokens.data_ptr<int64_t>(), len));
+      }
+      masked_step_ = samples_before_step;
     }
-    batch.loss_divisor = static_cast<double>(std::max<int64_t>(global, 1)) /
+    batch.loss_divisor = static_cast<double>(std::max<int64_t>(masked_total_, 1)) /
                          static_cast<double>(options_.grad_accum_ * dp_size_);
   }
   if (samples_) {
@@ -208,12 +224,7 @@ Batch DataLoader::eval_batch(int64_t index) const {
   if (options_.masked_lm_.probability > 0.0) {
     std::vector<uint64_t> keys;
     for (const int64_t sequence : sequences) keys.push_back(eval_key(sequence));
-    mask_batch(batch, options_, keys);
-    int64_t chosen = 0;
-    for (const uint64_t key : keys) {
-      chosen += chosen_positions(
-          draw_masking(options_.masked_lm_, options_.seed_, key, options_.seq_len_));
-    }
+    const int64_t chosen = mask_batch(batch, options_, keys);
     batch.loss_divisor = static_cast<double>(std::max<int64_t>(chosen, 1));
   }
   return batch;

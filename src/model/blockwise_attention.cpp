@@ -236,6 +236,7 @@ class BlockwiseAttentionFunction : public torch::autograd::Function<BlockwiseAtt
                             mask.query_segments, mask.key_segments});
     ctx->saved_data["query_block"] = blocks.queries;
     ctx->saved_data["key_block"] = blocks.keys;
+    ctx->saved_data["causal"] = mask.is_causal;
     return out;
   }
 
@@ -247,6 +248,7 @@ class BlockwiseAttentionFunction : public torch::autograd::Function<BlockwiseAtt
     mask.key_positions = saved[6];
     mask.query_segments = saved[7];
     mask.key_segments = saved[8];
+    mask.is_causal = ctx->saved_data["causal"].toBool();
     const AttentionBlocks blocks{ctx->saved_data["query_block"].toInt(),
                                  ctx->saved_data["key_block"].toInt()};
     const at::Tensor dout = grad_outputs[0];

@@ -238,6 +238,10 @@ std::unique_ptr<DataLoader> make_loader(const TrainConfig& config, const Trainin
     masked.probability = config.train.mlm_probability;
     masked.mask_id = mask_token_id(tokenizer);
     masked.random_ids = tokenizer.vocab_size();
+    // As Hugging Face's collator: special tokens (end of text, [CLS], [SEP], ...) are not chosen.
+    for (int64_t id = 0; id < tokenizer.vocab_size(); ++id) {
+      if (tokenizer.is_special(static_cast<int32_t>(id))) masked.unmasked.push_back(id);
+    }
   }
   const DataLoaderOptions options = DataLoaderOptions()
                                         .masked_lm(masked)

@@ -183,7 +183,7 @@ TEST_F(LoaderTest, MaskedLmBatchesChooseMaskAndReplaceAtBertsRates) {
         .seq_len(128)
         .micro_batch(micro_batch)
         .seed(5)
-        .masked_lm({0.15, mask_id, 1000});
+        .masked_lm({0.15, mask_id, 1000, {}});
   };
   const DataLoader plain(shard, DataLoaderOptions().seq_len(128).micro_batch(64).seed(5));
   const DataLoader masked(shard, options(64));
@@ -232,8 +232,32 @@ TEST_F(LoaderTest, MaskedLmBatchesChooseMaskAndReplaceAtBertsRates) {
   const Batch eval = with_eval.eval_batch(0);
   EXPECT_TRUE(at::equal(eval.targets, with_eval.eval_batch(0).targets));
   EXPECT_DOUBLE_EQ(eval.loss_divisor, (eval.targets != kIgnoreIndex).sum().item<double>());
-  EXPECT_THROW(DataLoader(shard, DataLoaderOptions().masked_lm({0.15, -1, 1000})),
+  EXPECT_THROW(DataLoader(shard, DataLoaderOptions().masked_lm({0.15, -1, 1000, {}})),
                std::invalid_argument);
+
+  // Special tokens (here every multiple of 3) are never chosen; the others at the same rate, and
+  // the divisor counts what was chosen, over every micro-batch of the step.
+  DataLoaderOptions::MaskedLm special{0.15, mask_id, 1000, {}};
+  for (int64_t id = 0; id < 60000; id += 3) special.unmasked.push_back(id);
+  const DataLoader skipping(shard, options(16).masked_lm(special).grad_accum(4));
+  const DataLoader unmasked(shard,
+                            DataLoaderOptions().seq_len(128).micro_batch(16).seed(5).grad_accum(4));
+  int64_t chosen_in_step = 0, others = 0;
+  std::vector<double> divisors;
+  for (int micro = 0; micro < 4; ++micro) {
+    const Batch part = skipping.micro_batch(0, micro);
+    const at::Tensor picked = part.targets != kIgnoreIndex;
+    EXPECT_EQ((part.targets.masked_select(picked) % 3 == 0).sum().item<int64_t>(), 0);
+    chosen_in_step += picked.sum().item<int64_t>();
+    others += (unmasked.micro_batch(0, micro).inputs % 3 != 0).sum().item<int64_t>();
+    divisors.push_back(part.loss_divisor);
+  }
+  EXPECT_NEAR(static_cast<double>(chosen_in_step) / others, 0.15, 0.015);
+  for (const double divisor : divisors) {
+    EXPECT_DOUBLE_EQ(divisor * 4, static_cast<double>(chosen_in_step));
+  }
+  special.unmasked = {5, 3};
+  EXPECT_THROW(DataLoader(shard, options(4).masked_lm(special)), std::invalid_argument);
 }
 
 }  // namespace loader_test

@@ -92,6 +92,34 @@ TEST(BertModel, ForwardMatchesTheReferenceThroughEveryKernel) {
   }
 }
 
+// The gradients too: every kernel's equal those of the reference kernel (attention written out
+// and differentiated by autograd), in double precision.
+TEST(BertModel, EveryKernelsGradientsEqualTheReferenceKernels) {
+  torch::manual_seed(3);
+  const ModelConfig c = model_preset("tiny-bert");
+  Transformer model(c);
+  model->to(at::kDouble);
+  const at::Tensor tokens = at::randint(c.vocab_size, {2, 19}, at::kLong);
+  const at::Tensor weights = at::randn({2, 19, c.vocab_size}, at::kDouble);
+  auto gradients = [&](AttentionKernel kernel) {
+    model->set_attention(kernel);
+    model->zero_grad();
+    (model->forward(tokens) * weights).sum().backward();
+    std::map<std::string, at::Tensor> grads;
+    for (const auto& item : model->named_parameters())
+      grads[item.key()] = item.value().grad().clone();
+    return grads;
+  };
+  const auto want = gradients(AttentionKernel::kReference);
+  for (AttentionKernel kernel : {AttentionKernel::kBlockwise, AttentionKernel::kFused}) {
+    const auto got = gradients(kernel);
+    for (const auto& [name, grad] : want) {
+      EXPECT_LT(max_diff(got.at(name), grad), 1e-9)
+          << name << " kernel " << static_cast<int>(kernel);
+    }
+  }
+}
+
 TEST(BertModel, EveryPositionReadsTheWholeSequence) {
   torch::manual_seed(1);
   const ModelConfig c = model_preset("tiny-bert");
@@ -136,6 +164,26 @@ TEST(BertModel, LossOverTargetedPositionsEqualsTheLogitsCrossEntropy) {
       EXPECT_LT(max_diff(grads[item.key()], item.value().grad()), 1e-5) << item.key();
     }
   }
+}
+
+// A micro-batch whose positions none was chosen in: with the global batch's divisor its loss
+// is 0 and its gradients are zero (other micro-batches carry the step); without one, 0 / 0.
+TEST(BertModel, AMicroBatchWithoutTargetsAddsNothing) {
+  const ModelConfig c = model_preset("tiny-bert");
+  Transformer model(c, ModelInit().seed(7));
+  const at::Tensor tokens = at::randint(c.vocab_size, {2, 8}, at::kLong);
+  const at::Tensor none = at::full({2, 8}, kIgnoreIndex, at::kLong);
+  const at::Tensor loss = model->forward_loss(tokens, SequenceLayout(), {none, 4.0, 0});
+  EXPECT_EQ(loss.item<double>(), 0.0);
+  loss.backward();
+  for (const auto& item : model->named_parameters()) {
+    EXPECT_TRUE(!item.value().grad().defined() ||
+                item.value().grad().abs().max().item<double>() == 0)
+        << item.key();
+  }
+  torch::NoGradGuard no_grad;
+  EXPECT_TRUE(
+      std::isnan(model->forward_loss(tokens, SequenceLayout(), {none, 0.0, 0}).item<double>()));
 }
 
 TEST(BertModel, HuggingFaceConfigRoundTripsAndRefusesWhatItCannotReproduce) {

@@ -35,7 +35,10 @@ Inputs random_inputs(int64_t batch, int64_t heads, int64_t kv_heads, int64_t len
 
 // [B, 1, Tq, Tk] (or [Tq, Tk]) true where the query may read the key.
 at::Tensor allowed_matrix(const AttentionMask& mask) {
-  at::Tensor allowed = mask.key_positions.unsqueeze(0) <= mask.query_positions.unsqueeze(1);
+  at::Tensor allowed =
+      mask.is_causal
+          ? mask.key_positions.unsqueeze(0) <= mask.query_positions.unsqueeze(1)
+          : at::ones({mask.query_positions.size(0), mask.key_positions.size(0)}, at::kBool);
   if (!mask.query_segments.defined()) return allowed;
   const at::Tensor same = mask.query_segments.unsqueeze(2) == mask.key_segments.unsqueeze(1);
   return (same & allowed).unsqueeze(1);
@@ -94,6 +97,25 @@ TEST(BlockwiseAttention, GroupedQueryHeadsEqualTheReference) {
       expect_equal_to_reference(in, AttentionMask::causal(29), blocks,
                                 "kv heads " + std::to_string(in.k.size(1)));
     }
+  }
+}
+
+// BERT's attention: every key of the sequence (of the sample, when packed), over several blocks.
+TEST(BlockwiseAttention, BidirectionalEqualsTheReference) {
+  torch::manual_seed(5);
+  const int64_t length = 31;
+  const Inputs in = random_inputs(2, 4, 4, length, 8);
+  AttentionMask mask = AttentionMask::causal(length);
+  mask.is_causal = false;
+  for (const AttentionBlocks& blocks : kBlockChoices) {
+    expect_equal_to_reference(in, mask, blocks, "bidirectional");
+  }
+  std::vector<int64_t> row0(12, 0);
+  row0.insert(row0.end(), 19, 1);
+  mask.query_segments = at::stack({at::tensor(row0), at::zeros({length}, at::kLong)});
+  mask.key_segments = mask.query_segments;
+  for (const AttentionBlocks& blocks : kBlockChoices) {
+    expect_equal_to_reference(in, mask, blocks, "bidirectional, packed");
   }
 }
 

@@ -4,7 +4,13 @@
 // FSDP's BertLayer wrap too; an exact resume; the layouts and data it does not train are refused.
 #include <gtest/gtest.h>
 
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
 #include "shardtrain/generate.h"
+#include "shardtrain/hf.h"
+#include "shardtrain/tensor_parallel.h"
 #include "shardtrain/train.h"
 #include "support.h"
 #include "train/trainer_run_test.h"
@@ -53,6 +59,30 @@ TEST_F(BertTrainerTest, ResumesExactly) {
             std::string::npos);
 }
 
+// LoRA on every linear layer: two ranks train as one process, and the PEFT export names its
+// layers by their whole Hugging Face names (BERT's "dense" layers are of four kinds) and no
+// causal-LM task.
+TEST_F(BertTrainerTest, LoraTrainsAsOneProcessAndExportsForPeft) {
+  const auto lora = with(kBert, {"lora.rank=4", "lora.alpha=8"});
+  std::string saved;
+  const auto one = testing::train_on_ranks(1, config("lora_one", lora), 4, &saved);
+  testing::expect_same_losses(testing::train_on_ranks(2, config("lora_ddp", lora, "ddp"), 4), one,
+                              1e-5);
+  const auto out = dir_ / "adapters";
+  export_lora_checkpoint(saved, out.string(), LoraExport::kAdapters);
+  nlohmann::json adapter;
+  std::ifstream(out / "adapter_config.json") >> adapter;
+  EXPECT_FALSE(adapter.contains("task_type"));
+  const auto targets = adapter.at("target_modules").get<std::vector<std::string>>();
+  for (const char* name :
+       {"bert.encoder.layer.0.attention.output.dense", "bert.encoder.layer.1.output.dense",
+        "bert.encoder.layer.1.intermediate.dense", "bert.encoder.layer.0.attention.self.query",
+        "cls.predictions.transform.dense"}) {
+    EXPECT_NE(std::find(targets.begin(), targets.end(), name), targets.end()) << name;
+  }
+  EXPECT_EQ(std::find(targets.begin(), targets.end(), "dense"), targets.end());
+}
+
 TEST_F(BertTrainerTest, WhatItDoesNotTrainIsRefused) {
   for (const auto& [setting, words] : std::vector<std::pair<std::string, std::string>>{
            {"parallel.tp=2", "parallel.tp, pp, cp and ep must be 1 for the bert family"},
@@ -65,6 +95,13 @@ TEST_F(BertTrainerTest, WhatItDoesNotTrainIsRefused) {
               }).find(words),
               std::string::npos);
   }
+  // Its heads are its key/value heads, as GPT-2's: a head count set alone changes both.
+  EXPECT_EQ(config("heads", with(kBert, {"model.n_heads=8"})).model.n_kv_heads, 8);
+  // No tensor-parallel plan for it, from the library either.
+  EXPECT_NE(testing::invalid_argument_of([&] {
+              transformer_tp_plan(model_preset("tiny-bert"), 2);
+            }).find("has no tensor-parallel plan"),
+            std::string::npos);
   // The byte tokenizer has no mask token: the model's vocabulary needs a row for one.
   EXPECT_NE(testing::invalid_argument_of([&] {
               Trainer trainer(config("small", with(kBert, {"model.vocab_size=257"})));

@@ -255,6 +255,12 @@ TpPlan transformer_tp_plan(const ModelConfig& config, int tp) {
   if (config.moe())
     require(config.n_shared_experts * config.ffn_hidden, "the shared experts' width");
   require(config.vocab_size, "the vocabulary size (model.vocab_size)");
+  if (config.bidirectional()) {
+    throw std::invalid_argument(
+        "tensor parallelism: the " + to_string(config.family) +
+        " family (a masked-language model) has no tensor-parallel plan in this version; train it "
+        "under data parallelism");
+  }
   TpPlan plan{{"tok_emb", RowwiseParallel()}};
   if (config.family == ModelFamily::kGpt2) {
     plan.insert(plan.end(), {{"blocks.*.ln1", SequenceParallel()},
