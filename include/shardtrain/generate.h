@@ -65,10 +65,14 @@ Transformer load_trained_model(const std::string& checkpoint_dir);
 std::string checkpoint_tokenizer(const std::string& checkpoint_dir);
 std::string checkpoint_chat_template(const std::string& checkpoint_dir);
 
-// Continues `prompt`: with `chat_template`, the prompt is a user message rendered with the
-// assistant's turn opened and generation stops at a special token (the end of the turn);
-// without, the text continues until `tokens` ids or the end-of-text id. Returns the prompt (as
-// rendered) followed by the generated text.
+// Throws std::invalid_argument when a model of `config` does not continue text (a
+// masked-language model: BERT), naming its family.
+void require_text_generation(const ModelConfig& config);
+
+// Continues `prompt` (require_text_generation first): with `chat_template`, the prompt is a user
+// message rendered with the assistant's turn opened and generation stops at a special token (the
+// end of the turn); without, the text continues until `tokens` ids or the end-of-text id. Returns
+// the prompt (as rendered) followed by the generated text.
 std::string generate_text(Transformer& model, const Tokenizer& tokenizer,
                           const ChatTemplate* chat_template, const std::string& prompt,
                           const SampleOptions& options);

@@ -698,7 +698,6 @@ void validate_random_ltd(const TrainConfig& c) {
           "sequence a rank holds");
 }
 
-// fp8 training: its recipe, and what it runs with (the blocks' own, whole linear layers).
 // A bidirectional model (BERT) trains on masked tokens of a plain corpus, split by data
 // parallelism only: its layers have no tensor-parallel plan, and the pipeline, context and
 // expert splits and random layer-token dropping assume causal attention or decoder blocks.
@@ -720,6 +719,7 @@ void validate_masked_lm(const TrainConfig& c) {
               ": random layer-token dropping is implemented for decoders");
 }
 
+// fp8 training: its recipe, and what it runs with (the blocks' own, whole linear layers).
 void validate_fp8(const TrainConfig& c) {
   const PrecisionSection& p = c.precision;
   require(p.fp8 == "none" || p.fp8 == "e4m3" || p.fp8 == "hybrid",

@@ -378,7 +378,7 @@ std::string_view HfNormalizer::normalize(std::string_view text, std::string& buf
           work = std::move(lowered);
           now = work;
         }
-        if (changed) next = std::string(now);
+        if (changed) next = std::move(work);  // `now` views `work` once anything changed
         break;
       }
       case Kind::kReplace: {

@@ -26,6 +26,26 @@ void add(std::vector<ParameterShape>& shapes, std::string name, std::vector<int6
   shapes.push_back(ParameterShape{std::move(name), std::move(shape)});
 }
 
+// A LayerNorm's weight and bias under `prefix`.
+void add_layer_norm(std::vector<ParameterShape>& shapes, const std::string& prefix, int64_t d) {
+  add(shapes, prefix + "weight", {d});
+  add(shapes, prefix + "bias", {d});
+}
+
+// A linear layer with a bias under `prefix`: weight [out, in], bias [out].
+void add_biased_linear(std::vector<ParameterShape>& shapes, const std::string& prefix, int64_t out,
+                       int64_t in) {
+  add(shapes, prefix + "weight", {out, in});
+  add(shapes, prefix + "bias", {out});
+}
+
+// GPT-2's and BERT's MLP under `prefix`: fc, then proj, both with biases.
+void add_gelu_mlp(std::vector<ParameterShape>& shapes, const std::string& prefix, int64_t d,
+                  int64_t hidden) {
+  add_biased_linear(shapes, prefix + "fc.", hidden, d);
+  add_biased_linear(shapes, prefix + "proj.", d, hidden);
+}
+
 // A SwiGLU MLP's weights under `prefix`: gate, up, down.
 void add_swiglu(std::vector<ParameterShape>& shapes, const std::string& prefix, int64_t d,
                 int64_t hidden) {
@@ -201,37 +221,23 @@ std::vector<ParameterShape> ModelConfig::parameter_shapes() const {
   if (family != ModelFamily::kLlama) add(shapes, "pos_emb.weight", {context_length, d});
   if (bert) {
     add(shapes, "type_emb.weight", {type_vocab_size, d});
-    add(shapes, "emb_norm.weight", {d});
-    add(shapes, "emb_norm.bias", {d});
+    add_layer_norm(shapes, "emb_norm.", d);
   }
   for (int64_t i = 0; i < n_layers; ++i) {
     const std::string p = "blocks." + std::to_string(i) + ".";
     if (bert) {
       for (const char* layer : {"attn.q.", "attn.k.", "attn.v.", "attn.o."}) {
-        add(shapes, p + layer + "weight", {d, d});
-        add(shapes, p + layer + "bias", {d});
+        add_biased_linear(shapes, p + layer, d, d);
       }
-      add(shapes, p + "attn_norm.weight", {d});
-      add(shapes, p + "attn_norm.bias", {d});
-      add(shapes, p + "mlp.fc.weight", {ffn_hidden, d});
-      add(shapes, p + "mlp.fc.bias", {ffn_hidden});
-      add(shapes, p + "mlp.proj.weight", {d, ffn_hidden});
-      add(shapes, p + "mlp.proj.bias", {d});
-      add(shapes, p + "mlp_norm.weight", {d});
-      add(shapes, p + "mlp_norm.bias", {d});
+      add_layer_norm(shapes, p + "attn_norm.", d);
+      add_gelu_mlp(shapes, p + "mlp.", d, ffn_hidden);
+      add_layer_norm(shapes, p + "mlp_norm.", d);
     } else if (family == ModelFamily::kGpt2) {
-      add(shapes, p + "ln1.weight", {d});
-      add(shapes, p + "ln1.bias", {d});
-      add(shapes, p + "attn.qkv.weight", {3 * d, d});
-      add(shapes, p + "attn.qkv.bias", {3 * d});
-      add(shapes, p + "attn.proj.weight", {d, d});
-      add(shapes, p + "attn.proj.bias", {d});
-      add(shapes, p + "ln2.weight", {d});
-      add(shapes, p + "ln2.bias", {d});
-      add(shapes, p + "mlp.fc.weight", {ffn_hidden, d});
-      add(shapes, p + "mlp.fc.bias", {ffn_hidden});
-      add(shapes, p + "mlp.proj.weight", {d, ffn_hidden});
-      add(shapes, p + "mlp.proj.bias", {d});
+      add_layer_norm(shapes, p + "ln1.", d);
+      add_biased_linear(shapes, p + "attn.qkv.", 3 * d, d);
+      add_biased_linear(shapes, p + "attn.proj.", d, d);
+      add_layer_norm(shapes, p + "ln2.", d);
+      add_gelu_mlp(shapes, p + "mlp.", d, ffn_hidden);
     } else {
       add(shapes, p + "attn_norm.weight", {d});
       // The attention's registration order: q, k, v (each with its bias), o, the head norms.
@@ -263,13 +269,10 @@ std::vector<ParameterShape> ModelConfig::parameter_shapes() const {
   if (bert) {
     // The head's own parameter (the projection's bias) comes before its layers'.
     add(shapes, "mlm.bias", {vocab_size});
-    add(shapes, "mlm.dense.weight", {d, d});
-    add(shapes, "mlm.dense.bias", {d});
-    add(shapes, "mlm.norm.weight", {d});
-    add(shapes, "mlm.norm.bias", {d});
+    add_biased_linear(shapes, "mlm.dense.", d, d);
+    add_layer_norm(shapes, "mlm.norm.", d);
   } else if (family == ModelFamily::kGpt2) {
-    add(shapes, "ln_f.weight", {d});
-    add(shapes, "ln_f.bias", {d});
+    add_layer_norm(shapes, "ln_f.", d);
   } else {
     add(shapes, "norm.weight", {d});
   }

@@ -95,14 +95,18 @@ std::string checkpoint_chat_template(const std::string& checkpoint_dir) {
   return training_string(checkpoint_dir, "chat_template");
 }
 
-std::string generate_text(Transformer& model, const Tokenizer& tokenizer,
-                          const ChatTemplate* chat_template, const std::string& prompt,
-                          const SampleOptions& options) {
-  if (model->config().bidirectional()) {
-    throw std::invalid_argument("the " + to_string(model->config().family) +
+void require_text_generation(const ModelConfig& config) {
+  if (config.bidirectional()) {
+    throw std::invalid_argument("the " + to_string(config.family) +
                                 " model is a masked-language model: it fills in masked tokens "
                                 "and does not continue text");
   }
+}
+
+std::string generate_text(Transformer& model, const Tokenizer& tokenizer,
+                          const ChatTemplate* chat_template, const std::string& prompt,
+                          const SampleOptions& options) {
+  require_text_generation(model->config());
   if (!(options.temperature_ > 0) || !std::isfinite(options.temperature_)) {
     throw std::invalid_argument("sampling temperature must be a positive finite number, got " +
                                 std::to_string(options.temperature_));

@@ -551,11 +551,7 @@ double Trainer::evaluate() {
 }
 
 std::string Trainer::generate(const std::string& prompt, int64_t tokens) {
-  if (config_.model.bidirectional()) {
-    throw std::invalid_argument("the " + to_string(config_.model.family) +
-                                " model is a masked-language model: it fills in masked tokens "
-                                "and does not continue text");
-  }
+  require_text_generation(config_.model);
   torch::NoGradGuard no_grad;
   model_->eval();
   if (compression_) compression_->set_step(step_);
